@@ -1,0 +1,144 @@
+"""Advantage estimation over padded rollouts: masked GAE (FAST §DPSA/SMPO) and AcceRL's global
+advantage normalisation (one all-reduce of sum, sum of squares and count).
+
+Masked GAE, per env column, over a time-major ``[T, E]`` rollout:
+
+    next_v_t = bootstrap_values[t]   if truncated[t]   (unified truncation / time limit)
+               0                     if terminated[t]  (the MDP ended: no bootstrap)
+               V[t+1]                otherwise
+    δ_t = r_t + γ·next_v_t - V_t
+    A_t = δ_t + γλ·(1 - done_t)·A_{t+1}         done = terminated | truncated
+    R_t = A_t + V_t
+
+and ``A_t = R_t = 0`` where ``valid[t]`` is False. The :class:`~fastlight.rollout.Rollout`
+invariant (a valid step that is not done is followed by a valid step) guarantees that padding
+never feeds the recursion; :func:`masked_gae` checks it, because otherwise a DPSA dummy step
+would silently leak into the advantage of a real one.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from fastlight.losses.masked import check_mask, zero_invalid
+
+__all__ = ["global_advantage_moments", "masked_gae", "normalize_advantages"]
+
+
+def _check_gae_inputs(tensors: dict[str, Tensor], gamma: float, lam: float) -> None:
+    shape = tuple(tensors["valid"].shape)
+    if len(shape) != 2:
+        raise ValueError(f"masked_gae: valid must be [T, E], got shape {shape}")
+    for name, t in tensors.items():
+        if tuple(t.shape) != shape:
+            raise ValueError(f"masked_gae: {name} shape {tuple(t.shape)} != valid shape {shape}")
+    for name in ("terminated", "truncated", "valid"):
+        if tensors[name].dtype != torch.bool:
+            raise ValueError(f"masked_gae: {name} must be bool, got dtype {tensors[name].dtype}")
+    if not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"masked_gae: gamma must be in [0, 1], got {gamma}")
+    if not 0.0 <= lam <= 1.0:
+        raise ValueError(f"masked_gae: lam must be in [0, 1], got {lam}")
+
+
+def _check_episode_structure(terminated: Tensor, truncated: Tensor, valid: Tensor) -> None:
+    # Flags in padded slots are garbage by contract, so only valid steps are checked.
+    if bool((valid & terminated & truncated).any()):
+        raise ValueError("masked_gae: a valid step cannot be both terminated and truncated")
+    done = terminated | truncated
+    next_valid = torch.cat([valid[1:], torch.zeros_like(valid[:1])], dim=0)
+    if bool((valid & ~done & ~next_valid).any()):
+        raise ValueError(
+            "masked_gae: a valid step that is neither terminated nor truncated must be followed by "
+            "a valid step (padding inside an episode, or an episode still running at t = T-1)"
+        )
+
+
+def masked_gae(
+    *,
+    rewards: Tensor,
+    values: Tensor,
+    bootstrap_values: Tensor,
+    terminated: Tensor,
+    truncated: Tensor,
+    valid: Tensor,
+    gamma: float = 0.99,
+    lam: float = 0.95,
+) -> tuple[Tensor, Tensor]:
+    """GAE(γ, λ) over a padded ``[T, E]`` rollout; see the module docstring for the recursion.
+
+    Shapes: every input ``[T, E]``; ``terminated``, ``truncated``, ``valid`` bool. Returns
+    ``(advantages, returns)``, both ``[T, E]`` and exactly 0 where ``valid`` is False, whatever
+    (NaN, inf) the padded slots of ``rewards``/``values``/``bootstrap_values`` hold: every read
+    of a possibly-garbage slot goes through ``torch.where``. Vectorised over ``E``; the loop runs
+    over ``T`` only. Raises ``ValueError`` on a shape/dtype mismatch or a broken episode structure.
+    """
+    fields = {
+        "rewards": rewards,
+        "values": values,
+        "bootstrap_values": bootstrap_values,
+        "terminated": terminated,
+        "truncated": truncated,
+        "valid": valid,
+    }
+    _check_gae_inputs(fields, gamma, lam)
+    _check_episode_structure(terminated, truncated, valid)
+    done = terminated | truncated
+    zero = torch.zeros((), dtype=values.dtype, device=values.device)
+    adv_next = torch.zeros_like(values[0])
+    steps: list[Tensor] = []
+    for t in reversed(range(values.shape[0])):
+        # At t = T-1 a valid step is always done (checked above), so this 0 is never selected.
+        v_next = values[t + 1] if t + 1 < values.shape[0] else torch.zeros_like(values[t])
+        next_v = torch.where(truncated[t], bootstrap_values[t], torch.where(terminated[t], zero, v_next))
+        delta = rewards[t] + gamma * next_v - values[t]
+        carry = torch.where(done[t], zero, adv_next)
+        adv_next = torch.where(valid[t], delta + gamma * lam * carry, zero)
+        steps.append(adv_next)
+    advantages = torch.stack(steps[::-1], dim=0)
+    returns = torch.where(valid, advantages + values, zero)
+    return advantages, returns
+
+
+def _is_distributed(group: dist.ProcessGroup | None) -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
+
+
+def global_advantage_moments(
+    advantages: Tensor, valid: Tensor, *, group: dist.ProcessGroup | None = None
+) -> tuple[Tensor, Tensor]:
+    """Mean and std of the valid advantages over *all* ranks (AcceRL §global normalisation).
+
+    One ``all_reduce`` (SUM) of the stacked ``[Σ valid·A, Σ valid·A², Σ valid]`` when
+    ``torch.distributed`` is initialised with world size > 1 (in ``group``); otherwise no
+    collective is issued. Then ``mean = s/n``, ``var = max(s2/n - mean², 1e-12)``, ``std = √var``
+    (``n`` floored at 1). The sums are taken in float64 because ``s2/n - mean²`` cancels
+    catastrophically in float32; results are cast back to ``advantages.dtype``. Detached.
+
+    Shapes: ``advantages [*B, *R]`` (e.g. ``[T, E]``), ``valid [*B]`` bool; returns two ``[]``.
+    """
+    check_mask(advantages, valid, x_name="advantages", mask_name="valid")
+    adv = zero_invalid(advantages.detach(), valid).double()
+    per_entry = adv.numel() // max(valid.numel(), 1)
+    stats = torch.stack([adv.sum(), adv.square().sum(), valid.sum().double() * per_entry])
+    if _is_distributed(group):
+        dist.all_reduce(stats, op=dist.ReduceOp.SUM, group=group)
+    total, total_sq, count = stats.unbind()
+    count = count.clamp_min(1.0)
+    mean = total / count
+    var = (total_sq / count - mean.square()).clamp_min(1e-12)
+    return mean.to(advantages.dtype), var.sqrt().to(advantages.dtype)
+
+
+def normalize_advantages(
+    advantages: Tensor, valid: Tensor, *, group: dist.ProcessGroup | None = None, eps: float = 1e-8
+) -> Tensor:
+    """``(A - mean) / (std + eps)`` with the global moments of :func:`global_advantage_moments`.
+
+    Shapes: ``advantages [*B, *R]``, ``valid [*B]`` bool; returns ``advantages``' shape, exactly 0
+    on padding (so a padded slot never looks like a below-average step).
+    """
+    mean, std = global_advantage_moments(advantages, valid, group=group)
+    return zero_invalid((zero_invalid(advantages, valid) - mean) / (std + eps), valid)

@@ -1,0 +1,52 @@
+"""``fastlight`` command line: LightningCLI in omegaconf mode, with subclass modes.
+
+    fastlight fit --config configs/highway_dpsa.yaml
+    fastlight fit --config configs/highway_dpsa.yaml --trainer.max_steps 3
+    fastlight fit --config configs/highway_dpsa.yaml --print_config
+
+Constructor signatures are the schema. The env's observation and action sizes are linked from
+the DataModule to the model after the DataModule is built, so a config never repeats them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+
+from lightning.pytorch.cli import LightningCLI
+
+from fastlight.data.datamodule import RolloutDataModule
+from fastlight.modules.rl_module import RLModule
+
+
+class FastlightCLI(LightningCLI):
+    def add_arguments_to_parser(self, parser) -> None:  # noqa: ANN001 - jsonargparse parser
+        for key in ("obs_dim", "action_dim", "continuous"):
+            parser.link_arguments(f"data.{key}", f"model.init_args.{key}", apply_on="instantiate")
+
+
+def cli_main(args: list[str] | None = None, *, run: bool = True) -> FastlightCLI:
+    # Rendering backends for MuJoCo (Meta-World) without a display.
+    os.environ.setdefault("MUJOCO_GL", "egl")
+    # The step-ticket stream has a length on purpose (epochs for checkpointing); it is read in
+    # the main process only, so Lightning's multi-worker caveat does not apply.
+    warnings.filterwarnings("ignore", message=".*`IterableDataset` has `__len__` defined.*")
+    return FastlightCLI(
+        RLModule,
+        RolloutDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        parser_kwargs={"parser_mode": "omegaconf"},
+        save_config_kwargs={"overwrite": True},
+        args=args,
+        run=run,
+    )
+
+
+def main() -> None:
+    cli_main(sys.argv[1:])
+
+
+if __name__ == "__main__":
+    main()

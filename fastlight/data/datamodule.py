@@ -1,0 +1,210 @@
+"""``RolloutDataModule``: streams Rollouts from background sampler processes.
+
+``setup("fit")`` spawns ``num_workers`` sampler processes (spawn context, seeds offset by DDP
+rank and worker index), each stepping its share of the ``num_envs`` clips with a CPU copy of
+the policy. Weights reach them through shared memory, tagged with the module's
+``policy_version``. ``teardown`` and ``on_exception`` stop them, so no child outlives a fit.
+
+Why the dataset yields *tickets*: Lightning's data fetcher reads one batch ahead of the
+training step. A strictly on-policy Rollout can only exist after the previous update, so the
+``IterableDataset`` yields cheap step tickets and ``on_before_batch_transfer`` - which runs
+right before each ``training_step`` - publishes the current weights and resolves the ticket
+into the Rollout sampled with them.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+from typing_extensions import override
+
+from fastlight.envs.registry import make_env
+from fastlight.sampling.collector import check_collector_settings
+from fastlight.sampling.pool import SamplerPool
+from fastlight.sampling.worker import SamplerConfig
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """What the policy must match: flattened obs size, action size, action kind."""
+
+    obs_dim: int
+    action_dim: int
+    continuous: bool
+
+    @staticmethod
+    def from_env(env: gym.Env) -> EnvSpec:
+        obs_space, act_space = env.observation_space, env.action_space
+        obs_dim = int(math.prod(obs_space.shape)) if obs_space.shape else 0
+        if isinstance(act_space, gym.spaces.Discrete):
+            return EnvSpec(obs_dim, int(act_space.n), False)
+        if isinstance(act_space, gym.spaces.Box):
+            return EnvSpec(obs_dim, int(math.prod(act_space.shape)), True)
+        raise ValueError(f"unsupported action space {act_space}: fastlight supports Discrete and Box")
+
+
+class StepTickets(IterableDataset):
+    """Yields ``steps_per_epoch`` step tickets; ``RolloutDataModule`` turns each into a Rollout."""
+
+    def __init__(self, steps_per_epoch: int) -> None:
+        self.steps_per_epoch = steps_per_epoch
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.steps_per_epoch))
+
+    def __len__(self) -> int:
+        return self.steps_per_epoch
+
+
+class RolloutDataModule(L.LightningDataModule):
+    """Background sampling for on-policy RL.
+
+    Args:
+        env_id: gymnasium id (highway-env ids import ``highway_env`` on demand).
+        env_kwargs: keyword arguments for ``gym.make`` (e.g. ``{config: {...}}`` for highway-env).
+        num_envs: environment clips in total per trainer rank, spread over the samplers.
+        num_workers: sampler processes per trainer rank.
+        reset_mode: ``dpsa | sgr | autoreset | sequential`` (FAST §DPSA).
+        termination_threshold: DPSA unified truncation when this fraction of clips has ended.
+        max_horizon: DPSA/SGR cycle cap in steps (then truncate and bootstrap).
+        rollout_steps: steps per round in ``autoreset`` / ``sequential`` mode.
+        cycles_per_step: sampling cycles each sampler contributes to one training step.
+        max_staleness: 0 = strictly on-policy; k = accept data up to k versions old.
+        scenario_load_cost_s: emulated scenario-load latency per reset (``ScenarioLoadCost``).
+        steps_per_epoch: training steps per Lightning epoch (the stream itself never ends).
+        worker_timeout_s: fail if no rollout arrives for this long.
+        seed: base seed; rank ``r`` worker ``w`` uses ``seed + 10_000 r + 1_000 w``.
+    """
+
+    def __init__(
+        self,
+        env_id: str = "highway-fast-v0",
+        env_kwargs: dict[str, Any] | None = None,
+        num_envs: int = 8,
+        num_workers: int = 2,
+        reset_mode: str = "dpsa",
+        termination_threshold: float = 0.5,
+        max_horizon: int = 200,
+        rollout_steps: int = 128,
+        cycles_per_step: int = 1,
+        max_staleness: int = 0,
+        scenario_load_cost_s: float = 0.0,
+        steps_per_epoch: int = 50,
+        worker_timeout_s: float = 300.0,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        check_collector_settings(
+            mode=reset_mode, num_envs=num_envs if reset_mode != "sequential" else 1,
+            termination_threshold=termination_threshold, max_horizon=max_horizon, rollout_steps=rollout_steps,
+        )
+        _check_positive(num_workers=num_workers, cycles_per_step=cycles_per_step,
+                        steps_per_epoch=steps_per_epoch, worker_timeout_s=worker_timeout_s)
+        if num_workers > num_envs:
+            raise ValueError(f"--data.num_workers must be <= --data.num_envs ({num_envs}), got {num_workers}")
+        if reset_mode == "sequential" and num_workers != num_envs:
+            raise ValueError("--data.reset_mode sequential runs one env per sampler: set --data.num_envs equal "
+                             f"to --data.num_workers, got num_envs={num_envs}, num_workers={num_workers}")
+        if max_staleness < 0:
+            raise ValueError(f"--data.max_staleness must be >= 0, got {max_staleness}")
+        if scenario_load_cost_s < 0:
+            raise ValueError(f"--data.scenario_load_cost_s must be >= 0, got {scenario_load_cost_s}")
+        self.save_hyperparameters()
+        probe = make_env(env_id, env_kwargs=env_kwargs)
+        self.env_spec = EnvSpec.from_env(probe)
+        probe.close()
+        self.pool: SamplerPool | None = None
+        self._published = -1
+        self.dropped_stale = 0
+
+    # Sizes linked to the model by the CLI (``link_arguments`` with apply_on="instantiate").
+    @property
+    def obs_dim(self) -> int:
+        return self.env_spec.obs_dim
+
+    @property
+    def action_dim(self) -> int:
+        return self.env_spec.action_dim
+
+    @property
+    def continuous(self) -> bool:
+        return self.env_spec.continuous
+
+    def sampler_configs(self, rank: int) -> list[SamplerConfig]:
+        h = self.hparams
+        base, extra = divmod(h.num_envs, h.num_workers)
+        return [
+            SamplerConfig(
+                env_id=h.env_id, num_envs=base + (w < extra), env_kwargs=dict(h.env_kwargs or {}),
+                reset_mode=h.reset_mode, termination_threshold=h.termination_threshold,
+                max_horizon=h.max_horizon, rollout_steps=h.rollout_steps, cycles_per_step=h.cycles_per_step,
+                max_staleness=h.max_staleness, scenario_load_cost_s=h.scenario_load_cost_s,
+                seed=h.seed + 10_000 * rank + 1_000 * w,
+            )
+            for w in range(h.num_workers)
+        ]
+
+    @override
+    def setup(self, stage: str) -> None:
+        if stage != "fit" or self.pool is not None:
+            return
+        module = self.trainer.lightning_module
+        check = getattr(module, "check_env_spec", None)
+        if check is not None:
+            check(self.env_spec)
+        policy = copy.deepcopy(module.policy).to("cpu").eval()
+        self.pool = SamplerPool(self.sampler_configs(self.trainer.global_rank), policy,
+                                timeout_s=self.hparams.worker_timeout_s)
+        self.pool.start()
+
+    @override
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(StepTickets(self.hparams.steps_per_epoch), batch_size=None, num_workers=0)
+
+    @override
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        if not isinstance(batch, (int, torch.Tensor)) or self.pool is None:
+            return batch
+        module = self.trainer.lightning_module
+        version = int(module.policy_version)
+        if version != self._published:
+            self.pool.publish(module.policy, version)
+            self._published = version
+        rollout, dropped = self.pool.take(version=version, max_staleness=self.hparams.max_staleness)
+        self.dropped_stale += dropped
+        return rollout
+
+    @override
+    def teardown(self, stage: str) -> None:
+        self.stop()
+
+    def on_exception(self, exception: BaseException) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        if self.pool is not None:
+            self.pool.stop()
+            self.pool = None
+            self._published = -1
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"dropped_stale": self.dropped_stale}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.dropped_stale = int(state_dict.get("dropped_stale", 0))
+
+
+def _check_positive(**values: float) -> None:
+    for name, value in values.items():
+        if value <= 0:
+            raise ValueError(f"--data.{name} must be > 0, got {value}")

@@ -1,0 +1,113 @@
+"""Discretise continuous actions into bins and map bins onto the last vocabulary ids.
+
+OpenVLA-style action tokenisation, as used by AcceRL (§lm_head pruning): every action
+dimension in ``[low, high]`` is cut into ``n_bins`` equal-width bins, and bin ``b`` is spoken
+by one token of the language model. The action tokens are the **last** ``n_bins`` ids of the
+vocabulary, ``[first_id, last_id)`` with ``first_id = vocab_size - n_bins`` (inclusive) and
+``last_id = vocab_size`` (exclusive).
+
+Bin ``b`` maps to token ``first_id + b`` (ascending), so row ``b`` of an ``lm_head`` pruned to
+``[first_id, last_id)`` is the logit of bin ``b``. (OpenVLA itself counts down from the end of
+the vocabulary, ``vocab_size - 1 - b``; flip the pruned rows to load such weights.)
+
+Shapes: every method is element-wise and keeps the input shape, e.g. ``[N, K]``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+class ActionTokenizer:
+    """Continuous actions ``<->`` bin indices ``<->`` vocabulary token ids (AcceRL, OpenVLA).
+
+    Args:
+        vocab_size: size of the language model vocabulary; the action tokens are its last
+            ``n_bins`` ids.
+        n_bins: number of bins per action dimension, ``2 <= n_bins <= vocab_size``.
+        low, high: action range; actions outside it are clipped into it.
+    """
+
+    def __init__(self, vocab_size: int, n_bins: int = 256, low: float = -1.0, high: float = 1.0) -> None:
+        if vocab_size < 2:
+            raise ValueError(f"vocab_size must be >= 2, got {vocab_size}")
+        if not 2 <= n_bins <= vocab_size:
+            raise ValueError(f"n_bins must be in [2, vocab_size={vocab_size}], got {n_bins}")
+        if not low < high:
+            raise ValueError(f"low must be < high, got low={low}, high={high}")
+        self.vocab_size = int(vocab_size)
+        self.n_bins = int(n_bins)
+        self.low = float(low)
+        self.high = float(high)
+
+    # ------------------------------------------------------------------ id range
+    @property
+    def first_id(self) -> int:
+        """First action token id (inclusive): ``vocab_size - n_bins``."""
+        return self.vocab_size - self.n_bins
+
+    @property
+    def last_id(self) -> int:
+        """End of the action token ids (exclusive): ``vocab_size``."""
+        return self.vocab_size
+
+    @property
+    def bin_width(self) -> float:
+        """Width of one bin, ``(high - low) / n_bins``."""
+        return (self.high - self.low) / self.n_bins
+
+    # ------------------------------------------------------------------ actions <-> bins
+    def encode(self, actions: Tensor) -> Tensor:
+        """Float actions ``[...]`` -> long bins ``[...]`` in ``[0, n_bins)``; out-of-range is clipped.
+
+        Raises ``ValueError`` on NaN actions (they have no bin).
+        """
+        actions = torch.as_tensor(actions)
+        if not actions.is_floating_point():
+            actions = actions.float()
+        if bool(torch.isnan(actions).any()):
+            raise ValueError(f"ActionTokenizer.encode got NaN actions, shape {tuple(actions.shape)}")
+        clipped = actions.clamp(self.low, self.high)
+        scaled = (clipped - self.low) / (self.high - self.low) * self.n_bins
+        return scaled.floor().long().clamp_(0, self.n_bins - 1)
+
+    def decode(self, bins: Tensor) -> Tensor:
+        """Long bins ``[...]`` -> float actions ``[...]`` at the bin centres (within half a bin)."""
+        bins = self._check_bins(bins)
+        return self.low + (bins.float() + 0.5) * self.bin_width
+
+    # ------------------------------------------------------------------ bins <-> token ids
+    def bins_to_token_ids(self, bins: Tensor) -> Tensor:
+        """Bins ``[...]`` in ``[0, n_bins)`` -> token ids ``[...]`` in ``[first_id, last_id)``."""
+        return self._check_bins(bins) + self.first_id
+
+    def token_ids_to_bins(self, token_ids: Tensor) -> Tensor:
+        """Token ids ``[...]`` in ``[first_id, last_id)`` -> bins ``[...]``; other ids raise ValueError."""
+        token_ids = torch.as_tensor(token_ids)
+        if token_ids.is_floating_point():
+            raise ValueError(f"token ids must be integers, got dtype {token_ids.dtype}")
+        if token_ids.numel() and (
+            int(token_ids.min()) < self.first_id or int(token_ids.max()) >= self.last_id
+        ):
+            raise ValueError(
+                f"token ids must be action ids in [{self.first_id}, {self.last_id}), "
+                f"got range [{int(token_ids.min())}, {int(token_ids.max())}]"
+            )
+        return token_ids.long() - self.first_id
+
+    def _check_bins(self, bins: Tensor) -> Tensor:
+        bins = torch.as_tensor(bins)
+        if bins.is_floating_point():
+            raise ValueError(f"bins must be integers, got dtype {bins.dtype}")
+        if bins.numel() and (int(bins.min()) < 0 or int(bins.max()) >= self.n_bins):
+            raise ValueError(
+                f"bins must be in [0, {self.n_bins}), got range [{int(bins.min())}, {int(bins.max())}]"
+            )
+        return bins.long()
+
+    def __repr__(self) -> str:
+        return (
+            f"ActionTokenizer(vocab_size={self.vocab_size}, n_bins={self.n_bins}, "
+            f"low={self.low}, high={self.high})"
+        )

@@ -1,0 +1,168 @@
+"""Prune a causal LM's ``lm_head`` to the action-token rows (AcceRL §lm_head pruning).
+
+AcceRL replaces the ``[N_vocab, d_model]`` output layer of the VLA (≈32k rows for Llama-2) by a
+``[N_actions, d_model]`` layer holding only the action-token rows: it locates the action id
+range, clones those rows of ``lm_head.weight`` by slicing, builds a new ``Linear`` with
+``N_actions`` outputs and overwrites the original head in place. Gradients and optimizer state
+of the head shrink by ``N_vocab / N_actions`` and no probability mass leaks to text tokens.
+
+Logit ``j`` of the pruned head equals logit ``first_id + j`` of the original head (same rows,
+same fp arithmetic per row).
+
+Save / load. :func:`prune_lm_head` records ``config.action_token_range = [first_id, last_id]``
+and ``config.tie_word_embeddings = False``; ``config.vocab_size`` is left alone because it
+also sizes the (still full) input embeddings. ``save_pretrained`` then writes the pruned head
+as is. A plain ``AutoModelForCausalLM.from_pretrained`` of that folder fails on the head's
+size mismatch (``[N_actions, d]`` saved vs ``[vocab_size, d]`` expected);
+:func:`load_pruned_causal_lm` loads it: every other weight through ``from_pretrained``, then
+prunes the freshly built head to the recorded range and copies the saved head rows in.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+#: Config attribute recording the pruned range ``[first_id, last_id)``.
+PRUNED_RANGE_ATTR = "action_token_range"
+
+
+def _configs(model: nn.Module) -> list:
+    """The model's config and (for composite models) its text config, without duplicates."""
+    cfg = getattr(model, "config", None)
+    if cfg is None:
+        return []
+    out = [cfg]
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    if text is not cfg:
+        out.append(text)
+    return out
+
+
+def is_pruned(model: nn.Module) -> bool:
+    """True when ``model.config`` records a pruned ``lm_head`` range."""
+    return pruned_range(model) is not None
+
+
+def _untie(model: nn.Module) -> None:
+    """Stop tying the output head to the input embeddings (config flag + HF's tie mapping)."""
+    for cfg in _configs(model):
+        cfg.tie_word_embeddings = False
+    if hasattr(model, "all_tied_weights_keys") and hasattr(model, "get_expanded_tied_weights_keys"):
+        model.all_tied_weights_keys = model.get_expanded_tied_weights_keys(all_submodels=True)
+
+
+def prune_lm_head(model: nn.Module, first_id: int, last_id: int) -> nn.Linear:
+    """Replace ``model``'s output head by its rows ``[first_id, last_id)``, in place (AcceRL).
+
+    Shapes: the head goes from ``weight [V, d_model]`` (``bias [V]``) to ``weight [N, d_model]``
+    (``bias [N]``), ``N = last_id - first_id``; logits go from ``[..., V]`` to ``[..., N]``.
+    The new weights are clones (they share no storage with the old head) on the old head's
+    device and dtype.
+
+    Tied embeddings: when the head shares its weight with the input embeddings
+    (``tie_word_embeddings=True``), the model is untied first: ``config.tie_word_embeddings`` is
+    set to ``False`` (so no later ``tie_weights()`` re-ties it) and the input embedding keeps its
+    full ``[V, d_model]`` weight, untouched and still usable; only the new head is pruned.
+
+    The config records ``action_token_range = [first_id, last_id]`` (see the module docstring
+    for ``save_pretrained`` / :func:`load_pruned_causal_lm`).
+
+    Raises ``ValueError`` for a model without a ``Linear`` output head, a model already pruned,
+    or ids outside ``0 <= first_id < last_id <= V``.
+    """
+    head = model.get_output_embeddings()
+    if not isinstance(head, nn.Linear):
+        raise ValueError(f"prune_lm_head needs an nn.Linear output head, got {type(head).__name__}")
+    if is_pruned(model):
+        raise ValueError(f"model is already pruned to {PRUNED_RANGE_ATTR}={pruned_range(model)}")
+    vocab = head.out_features
+    if not (0 <= first_id < last_id <= vocab):
+        raise ValueError(
+            f"action ids must satisfy 0 <= first_id < last_id <= {vocab} (head rows), "
+            f"got first_id={first_id}, last_id={last_id}"
+        )
+    _untie(model)
+    weight = head.weight
+    # skip_init: no random init (it would be overwritten, and it would consume the global RNG).
+    new_head = nn.utils.skip_init(
+        nn.Linear, head.in_features, last_id - first_id, bias=head.bias is not None,
+        device=weight.device, dtype=weight.dtype,
+    )  # fmt: skip
+    with torch.no_grad():
+        new_head.weight.copy_(weight[first_id:last_id])
+        if head.bias is not None:
+            new_head.bias.copy_(head.bias[first_id:last_id])
+    new_head.weight.requires_grad_(weight.requires_grad)
+    model.set_output_embeddings(new_head)
+    for cfg in _configs(model):
+        setattr(cfg, PRUNED_RANGE_ATTR, [int(first_id), int(last_id)])
+    return new_head
+
+
+def pruned_range(model: nn.Module) -> tuple[int, int] | None:
+    """The ``(first_id, last_id)`` a model was pruned to, or ``None`` if it is not pruned."""
+    for cfg in _configs(model):
+        rng = getattr(cfg, PRUNED_RANGE_ATTR, None)
+        if rng is not None:
+            return int(rng[0]), int(rng[1])
+    return None
+
+
+def _param_name(model: nn.Module, param: nn.Parameter) -> str:
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if p is param:
+            return name
+    raise ValueError("output head weight is not a registered parameter of the model")
+
+
+def _read_tensor(folder: Path, key: str) -> torch.Tensor:
+    """Read one tensor from a (possibly sharded) safetensors checkpoint folder."""
+    from safetensors import safe_open
+
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        shard = json.loads(index.read_text())["weight_map"][key]
+    else:
+        shard = "model.safetensors"
+    with safe_open(str(folder / shard), framework="pt") as f:
+        if key not in f.keys():
+            raise ValueError(f"checkpoint {folder / shard} has no tensor {key!r}")
+        return f.get_tensor(key)
+
+
+def load_pruned_causal_lm(path: str, **kwargs) -> nn.Module:
+    """Load a causal LM saved after :func:`prune_lm_head` (or an unpruned one) from a local folder.
+
+    Unpruned folders go straight through ``AutoModelForCausalLM.from_pretrained``. Pruned ones
+    (config has ``action_token_range``) are loaded with ``ignore_mismatched_sizes=True`` (the
+    full-size head is re-initialised, transformers logs the mismatch), pruned to the recorded
+    range, and the saved ``[N, d_model]`` head weight (and bias) is copied in. Only safetensors
+    checkpoints are supported for pruned folders. ``kwargs`` go to ``from_pretrained``.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    folder = Path(path)
+    config = AutoConfig.from_pretrained(folder)
+    cfgs = [config, config.get_text_config() if hasattr(config, "get_text_config") else config]
+    rng = next((getattr(c, PRUNED_RANGE_ATTR) for c in cfgs if getattr(c, PRUNED_RANGE_ATTR, None)), None)
+    if rng is None:
+        return AutoModelForCausalLM.from_pretrained(folder, **kwargs)
+    for c in cfgs:
+        if hasattr(c, PRUNED_RANGE_ATTR):
+            delattr(c, PRUNED_RANGE_ATTR)
+    model = AutoModelForCausalLM.from_pretrained(
+        folder, config=config, ignore_mismatched_sizes=True, **kwargs
+    )
+    old_head = model.get_output_embeddings()
+    weight_key = _param_name(model, old_head.weight)
+    bias_key = _param_name(model, old_head.bias) if old_head.bias is not None else None
+    head = prune_lm_head(model, int(rng[0]), int(rng[1]))
+    with torch.no_grad():
+        head.weight.copy_(_read_tensor(folder, weight_key))
+        if bias_key is not None:
+            head.bias.copy_(_read_tensor(folder, bias_key))
+    return model

@@ -1,0 +1,71 @@
+"""Flat views of a Rollout for the update loop, and value recomputation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from fastlight.rollout import Obs, Rollout
+
+
+def index_obs(obs: Obs, idx: Tensor) -> Obs:
+    if isinstance(obs, dict):
+        return {k: v[idx] for k, v in obs.items()}
+    return obs[idx]
+
+
+@dataclass
+class Minibatch:
+    """Transitions flattened over ``[T, E]`` to ``[N, ...]`` (one minibatch, or all of them)."""
+
+    obs: Obs
+    actions: Tensor
+    logprobs: Tensor
+    values: Tensor
+    advantages: Tensor
+    returns: Tensor
+    valid: Tensor
+    step: Tensor
+    task_id: Tensor
+
+    @staticmethod
+    def from_rollout(rollout: Rollout, advantages: Tensor, returns: Tensor, values: Tensor) -> Minibatch:
+        return Minibatch(
+            obs=rollout.flat("obs"),
+            actions=rollout.flat("actions"),
+            logprobs=rollout.flat("logprobs"),
+            values=values.reshape(-1),
+            advantages=advantages.reshape(-1),
+            returns=returns.reshape(-1),
+            valid=rollout.flat("valid"),
+            step=rollout.flat("step"),
+            task_id=rollout.flat("task_id"),
+        )
+
+    def select(self, idx: Tensor) -> Minibatch:
+        return Minibatch(
+            obs=index_obs(self.obs, idx),
+            **{name: getattr(self, name)[idx] for name in
+               ("actions", "logprobs", "values", "advantages", "returns", "valid", "step", "task_id")},
+        )
+
+
+@torch.no_grad()
+def recompute_values(policy: nn.Module, rollout: Rollout, *, chunk: int = 4096) -> Tensor:
+    """V(s_t) from the *current* critic for every step, ``[T, E]``, 0 on padding.
+
+    AcceRL §value recomputation: stored values come from the critic that acted, which is stale
+    by the time the update runs; recomputing them before GAE realigns the targets. Bootstrap
+    values of truncated steps keep their sampled value (their successor state is not stored).
+    """
+    t_len, n_env = rollout.shape
+    obs, step = rollout.flat("obs"), rollout.flat("step")
+    n = t_len * n_env
+    out = []
+    for start in range(0, n, chunk):
+        idx = torch.arange(start, min(start + chunk, n), device=rollout.valid.device)
+        out.append(policy.value(index_obs(obs, idx), step=step[idx]).float())
+    values = torch.cat(out).reshape(t_len, n_env)
+    return torch.where(rollout.valid, values, torch.zeros_like(values))

@@ -1,0 +1,235 @@
+"""``RLModule``: PPO-family training on Rollouts with masked GAE and the SMPO loss.
+
+Manual optimisation: each Rollout is one Lightning training step, inside which the module runs
+``update_epochs`` epochs x ``num_minibatches`` minibatches over the valid transitions. Every
+loss term is a masked sum over valid transitions divided by their count (FAST §SMPO), and under
+DDP the count is all-reduced so the global mean is exact.
+
+Subclass hooks, in the order a step uses them:
+
+- :meth:`build_policy` - the actor-critic (default :class:`MLPActorCritic`);
+- :meth:`compute_advantages` - masked GAE (+ value recomputation, normalisation);
+- :meth:`evaluate_actions` - log-probs, entropy, values of a minibatch;
+- :meth:`compute_loss` - objective + value + entropy terms, returns ``(loss, info)``;
+- :meth:`param_groups` - optimizer parameter groups (e.g. a value-head learning rate).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from typing_extensions import override
+
+from fastlight.advantages import masked_gae, normalize_advantages
+from fastlight.losses import OBJECTIVES, entropy_bonus, explained_variance, value_loss
+from fastlight.losses.ratios import GRANULARITIES
+from fastlight.models.base import EvalOutput
+from fastlight.models.mlp import MLPActorCritic
+from fastlight.modules.minibatch import Minibatch, recompute_values
+from fastlight.modules.rollout_logging import rollout_metrics
+from fastlight.rollout import Rollout
+
+
+class RLModule(L.LightningModule):
+    """PPO / GIPO / SAPO on Rollouts.
+
+    Args:
+        obs_dim, action_dim, continuous: the env's sizes (linked from the DataModule by the CLI).
+        hidden_sizes: MLP widths of the default policy.
+        lr: Adam learning rate.
+        gamma, gae_lambda: discount and GAE lambda.
+        update_epochs, num_minibatches: K epochs x M minibatches per rollout.
+        objective: ``ppo | gipo | sapo`` (DESIGN formulas; AcceRL §GIPO).
+        clip_eps: PPO clip range (also the ``clip_frac`` threshold for the others).
+        gipo_sigma: GIPO trust width sigma.
+        sapo_tau_pos, sapo_tau_neg: SAPO temperatures for positive / negative advantages.
+        ratio_granularity: ``token | action | chunk`` importance ratios (token policies).
+        tokens_per_action: tokens per action group for ``action`` granularity.
+        vf_coef, ent_coef: value and entropy loss weights.
+        value_clip_eps: PPO2-style value clipping range, ``None`` for the unclipped loss.
+        max_grad_norm: gradient clipping by global norm (``None`` disables).
+        normalize_advantages: standardise advantages over valid steps (globally under DDP).
+        recompute_values: re-run the current critic before GAE (AcceRL §value recomputation).
+    """
+
+    def __init__(
+        self,
+        obs_dim: int = 0,
+        action_dim: int = 0,
+        continuous: bool = False,
+        hidden_sizes: tuple[int, ...] = (64, 64),
+        lr: float = 3e-4,
+        gamma: float = 0.99,
+        gae_lambda: float = 0.95,
+        update_epochs: int = 4,
+        num_minibatches: int = 4,
+        objective: str = "ppo",
+        clip_eps: float = 0.2,
+        gipo_sigma: float = 0.5,
+        sapo_tau_pos: float = 1.0,
+        sapo_tau_neg: float = 1.05,
+        ratio_granularity: str = "token",
+        tokens_per_action: int = 1,
+        vf_coef: float = 0.5,
+        ent_coef: float = 0.01,
+        value_clip_eps: float | None = None,
+        max_grad_norm: float | None = 0.5,
+        normalize_advantages: bool = True,
+        recompute_values: bool = False,
+    ) -> None:
+        super().__init__()
+        _validate(locals())
+        self.save_hyperparameters()
+        self.automatic_optimization = False
+        self.policy = self.build_policy()
+        # Number of updates so far; tags the weights the samplers act with. A buffer, so it is
+        # saved in checkpoints and a resumed run keeps counting.
+        self.register_buffer("_policy_version", torch.zeros((), dtype=torch.long))
+
+    # ------------------------------------------------------------------ hooks for subclasses
+    def build_policy(self) -> nn.Module:
+        """The actor-critic. Override for a new observation / action type."""
+        h = self.hparams
+        if h.obs_dim < 1 or h.action_dim < 1:
+            raise ValueError(
+                f"--model.obs_dim and --model.action_dim must be >= 1 (linked from the data module by "
+                f"`fastlight fit`), got {h.obs_dim} and {h.action_dim}"
+            )
+        return MLPActorCritic(h.obs_dim, h.action_dim, continuous=h.continuous, hidden_sizes=tuple(h.hidden_sizes))
+
+    def check_env_spec(self, spec: Any) -> None:
+        """Refuse a policy whose sizes do not match the env (called by the DataModule's setup)."""
+        mine = {k: getattr(self.policy, k, None) for k in ("obs_dim", "action_dim", "continuous")}
+        theirs = {"obs_dim": spec.obs_dim, "action_dim": spec.action_dim, "continuous": spec.continuous}
+        for key, value in mine.items():
+            if value is not None and value != theirs[key]:
+                raise ValueError(
+                    f"--model.{key}={value} does not match the env's {key}={theirs[key]} "
+                    f"(observation/action space of --data.env_id)"
+                )
+
+    def compute_advantages(self, rollout: Rollout) -> tuple[Tensor, Tensor, Tensor]:
+        """Masked GAE over ``[T, E]``; returns (advantages, returns, values used)."""
+        h = self.hparams
+        values = recompute_values(self.policy, rollout) if h.recompute_values else rollout.values
+        adv, ret = masked_gae(
+            rewards=rollout.rewards, values=values, bootstrap_values=rollout.bootstrap_values,
+            terminated=rollout.terminated, truncated=rollout.truncated, valid=rollout.valid,
+            gamma=h.gamma, lam=h.gae_lambda,
+        )
+        if h.normalize_advantages:
+            # One all-reduce of (sum, sum of squares, count) under DDP (AcceRL §global normalisation).
+            adv = normalize_advantages(adv, rollout.valid)
+        return adv, ret, values
+
+    def evaluate_actions(self, mb: Minibatch) -> EvalOutput:
+        return self.policy.evaluate(mb.obs, mb.actions, step=mb.step)
+
+    def compute_loss(self, mb: Minibatch, out: EvalOutput, count: Tensor | None) -> tuple[Tensor, dict[str, Tensor]]:
+        """Objective + ``vf_coef`` x value loss - ``ent_coef`` x entropy, all SMPO-reduced."""
+        h = self.hparams
+        kwargs: dict[str, Any] = {"sigma": h.gipo_sigma} if h.objective == "gipo" else {}
+        if h.objective == "sapo":
+            kwargs = {"tau_pos": h.sapo_tau_pos, "tau_neg": h.sapo_tau_neg}
+        pg, info = OBJECTIVES[h.objective](
+            logprobs=out.logprobs, old_logprobs=mb.logprobs, advantages=mb.advantages, valid=mb.valid,
+            clip_eps=h.clip_eps, granularity=h.ratio_granularity, tokens_per_action=h.tokens_per_action,
+            count=count, **kwargs,
+        )
+        vl = value_loss(values=out.values, returns=mb.returns, valid=mb.valid, old_values=mb.values,
+                        clip_eps=h.value_clip_eps, count=count)
+        ent = entropy_bonus(entropy=out.entropy, valid=mb.valid, count=count)
+        loss = pg + h.vf_coef * vl - h.ent_coef * ent
+        info = {**info, "policy": pg.detach(), "value": vl.detach(), "entropy": ent.detach(), "total": loss.detach()}
+        return loss, info
+
+    def param_groups(self) -> list[dict[str, Any]]:
+        return [{"params": [p for p in self.policy.parameters() if p.requires_grad]}]
+
+    # ------------------------------------------------------------------ Lightning
+    @property
+    def policy_version(self) -> int:
+        return int(self._policy_version)
+
+    @override
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.param_groups(), lr=self.hparams.lr, eps=1e-5)
+
+    @override
+    def training_step(self, batch: Rollout, batch_idx: int) -> None:
+        if not isinstance(batch, Rollout):
+            raise TypeError(f"RLModule.training_step expects a Rollout, got {type(batch).__name__}")
+        rollout = batch
+        with torch.no_grad():
+            adv, ret, values = self.compute_advantages(rollout)
+        infos = self._update(rollout, adv, ret, values)
+        self._policy_version += 1
+        self._log_step(rollout, infos, values, ret)
+
+    def _update(self, rollout: Rollout, adv: Tensor, ret: Tensor, values: Tensor) -> dict[str, Tensor]:
+        h = self.hparams
+        opt = self.optimizers()
+        flat_valid = rollout.valid.reshape(-1)
+        idx = flat_valid.nonzero().squeeze(-1)  # minibatches hold valid transitions only
+        data = Minibatch.from_rollout(rollout, adv, ret, values)
+        infos: list[dict[str, Tensor]] = []
+        for _ in range(h.update_epochs):
+            perm = idx[torch.randperm(idx.numel(), device=idx.device)]
+            for mb_idx in torch.tensor_split(perm, h.num_minibatches):
+                mb = data.select(mb_idx)
+                count = self._global_count(mb.valid)
+                out = self.evaluate_actions(mb)
+                loss, info = self.compute_loss(mb, out, count)
+                opt.zero_grad(set_to_none=True)
+                self.manual_backward(loss)
+                if h.max_grad_norm is not None:
+                    self.clip_gradients(opt, gradient_clip_val=h.max_grad_norm, gradient_clip_algorithm="norm")
+                opt.step()
+                infos.append(info)
+        # One stack + mean at the end: no host sync inside the minibatch loop.
+        return {k: torch.stack([i[k] for i in infos]).mean() for k in infos[0]}
+
+    def _global_count(self, valid: Tensor) -> Tensor | None:
+        """SMPO denominator under DDP: all-reduced valid count / world size, so that DDP's
+        gradient averaging yields the exact global masked mean. ``None`` in one process."""
+        if not (dist.is_available() and dist.is_initialized()) or self.trainer.world_size == 1:
+            return None
+        n = valid.sum().to(torch.float32)
+        dist.all_reduce(n)
+        return n / self.trainer.world_size
+
+    def _log_step(self, rollout: Rollout, infos: dict[str, Tensor], values: Tensor, ret: Tensor) -> None:
+        ev = explained_variance(values=values, returns=ret, valid=rollout.valid)
+        metrics = {f"loss/{k}": v for k, v in infos.items()}
+        metrics["loss/explained_variance"] = ev
+        metrics.update(rollout_metrics(rollout, current_version=self.policy_version - 1))
+        n = max(rollout.num_valid, 1)
+        shown = {k: metrics.pop(k) for k in ("rollout/return",) if k in metrics}
+        self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=n)
+        self.log_dict(shown, on_step=True, on_epoch=False, batch_size=n, prog_bar=True)
+
+
+def _validate(args: dict[str, Any]) -> None:
+    """Refuse bad settings up front, naming the CLI flag and the allowed values."""
+    if args["objective"] not in OBJECTIVES:
+        raise ValueError(f"--model.objective must be one of {' | '.join(OBJECTIVES)}, got {args['objective']!r}")
+    if args["ratio_granularity"] not in GRANULARITIES:
+        raise ValueError(
+            f"--model.ratio_granularity must be one of {' | '.join(GRANULARITIES)}, got {args['ratio_granularity']!r}"
+        )
+    for name in ("update_epochs", "num_minibatches", "tokens_per_action"):
+        if args[name] < 1:
+            raise ValueError(f"--model.{name} must be >= 1, got {args[name]}")
+    for name in ("gamma", "gae_lambda"):
+        if not 0.0 <= args[name] <= 1.0:
+            raise ValueError(f"--model.{name} must be in [0, 1], got {args[name]}")
+    for name in ("lr", "clip_eps", "gipo_sigma", "sapo_tau_pos", "sapo_tau_neg"):
+        if args[name] <= 0:
+            raise ValueError(f"--model.{name} must be > 0, got {args[name]}")
+    for name in ("value_clip_eps", "max_grad_norm"):
+        if args[name] is not None and args[name] <= 0:
+            raise ValueError(f"--model.{name} must be > 0 or null, got {args[name]}")

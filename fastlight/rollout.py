@@ -1,0 +1,257 @@
+"""The one batch contract of fastlight: a time-major ``Rollout`` of shape ``[T, E, ...]``.
+
+Every sampler produces Rollouts, every module consumes them. Fields:
+
+=================  ==================  ===========================================================
+field              shape               meaning
+=================  ==================  ===========================================================
+obs                [T, E, *obs] or     observation *before* step t (a dict of tensors for
+                   dict of such        multi-modal observations, e.g. image + proprio + text ids)
+actions            [T, E, *act]        action taken at step t (long for discrete / tokens)
+logprobs           [T, E] or [T, E, K] behaviour log-prob (K = action tokens for a VLA policy)
+values             [T, E]              behaviour critic's V(s_t)
+rewards            [T, E]              reward of step t
+terminated         [T, E] bool         the MDP ended at t: no bootstrap
+truncated          [T, E] bool         cut at t (unified truncation, time limit, rollout end):
+                                       bootstrap from ``bootstrap_values[t]`` = V(s_{t+1})
+valid              [T, E] bool         real transition; ``False`` = DPSA dummy step or padding
+step               [T, E] long         index of step t inside its episode
+task_id            [T, E] long         task of the episode (multi-task envs), else 0
+policy_version     [T, E] long         version of the weights that chose the action
+bootstrap_values   [T, E]              V(s_{t+1}) where ``truncated``, else 0
+=================  ==================  ===========================================================
+
+Invariant (checked by :meth:`Rollout.validate`): inside one env column a valid step that is
+not the end of its episode is followed by a valid step of the same episode, so the last valid
+step of every column is terminated or truncated. Padding therefore never sits *inside* an
+episode, and the masked GAE never reads it.
+
+``stats`` carries the sampler's counters for the throughput metrics and the finished
+episodes (length, return, outcome) for ``rollout/*`` logging and DWR.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+import torch
+from torch import Tensor
+
+Obs = Tensor | dict[str, Tensor]
+
+#: Per-step fields, in a fixed order (obs first; it may be a dict).
+STEP_FIELDS = (
+    "obs",
+    "actions",
+    "logprobs",
+    "values",
+    "rewards",
+    "terminated",
+    "truncated",
+    "valid",
+    "step",
+    "task_id",
+    "policy_version",
+    "bootstrap_values",
+)
+
+
+@dataclass
+class EpisodeRecord:
+    """One finished (or truncated) trajectory as the learner receives it.
+
+    ``length`` is the number of valid steps the trajectory contributed; a trajectory cut by a
+    unified truncation counts at its cut length (FAST §short-time bias).
+    """
+
+    length: int
+    ret: float
+    terminated: bool
+    truncated: bool
+    task_id: int = 0
+    success: bool = False
+    crashed: bool = False
+    info: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class RolloutStats:
+    """Sampler counters over the cycle(s) that produced a Rollout (FAST §effective throughput).
+
+    ``raw_steps`` counts every transition slot (dummy steps included), ``valid_steps`` only the
+    real ones. Times are seconds: ``step_time`` inside ``env.step``, ``reset_time`` inside
+    ``env.reset`` (wall time of the, possibly overlapped, resets), ``wall_time`` the whole
+    sampling cycle, policy inference and waiting included.
+    """
+
+    raw_steps: int = 0
+    valid_steps: int = 0
+    step_time: float = 0.0
+    reset_time: float = 0.0
+    wall_time: float = 0.0
+    global_resets: int = 0
+    episodes: list[EpisodeRecord] = field(default_factory=list)
+
+    def merge(self, other: RolloutStats) -> RolloutStats:
+        """Counters of two cycles taken one after the other (times add up)."""
+        return RolloutStats(
+            raw_steps=self.raw_steps + other.raw_steps,
+            valid_steps=self.valid_steps + other.valid_steps,
+            step_time=self.step_time + other.step_time,
+            reset_time=self.reset_time + other.reset_time,
+            wall_time=self.wall_time + other.wall_time,
+            global_resets=self.global_resets + other.global_resets,
+            episodes=self.episodes + other.episodes,
+        )
+
+
+def _map_obs(obs: Obs, fn) -> Obs:
+    if isinstance(obs, dict):
+        return {k: fn(v) for k, v in obs.items()}
+    return fn(obs)
+
+
+def _obs_leading(obs: Obs) -> tuple[int, ...]:
+    t = next(iter(obs.values())) if isinstance(obs, dict) else obs
+    return tuple(t.shape[:2])
+
+
+@dataclass
+class Rollout:
+    """Time-major batch ``[T, E, ...]``; see the module docstring for each field."""
+
+    obs: Obs
+    actions: Tensor
+    logprobs: Tensor
+    values: Tensor
+    rewards: Tensor
+    terminated: Tensor
+    truncated: Tensor
+    valid: Tensor
+    step: Tensor
+    task_id: Tensor
+    policy_version: Tensor
+    bootstrap_values: Tensor
+    stats: RolloutStats = field(default_factory=RolloutStats)
+
+    # ------------------------------------------------------------------ shape helpers
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(T, E)``."""
+        return tuple(self.valid.shape)  # type: ignore[return-value]
+
+    @property
+    def num_valid(self) -> int:
+        return int(self.valid.sum())
+
+    def validate(self) -> Rollout:
+        """Check shapes, dtypes and the padding invariant; raise ``ValueError`` naming the field."""
+        te = self.shape
+        if len(te) != 2:
+            raise ValueError(f"Rollout.valid must be [T, E], got shape {tuple(self.valid.shape)}")
+        if _obs_leading(self.obs) != te:
+            raise ValueError(f"Rollout.obs leading shape {_obs_leading(self.obs)} != valid shape {te}")
+        for name in STEP_FIELDS[1:]:
+            t = getattr(self, name)
+            if tuple(t.shape[:2]) != te:
+                raise ValueError(f"Rollout.{name} leading shape {tuple(t.shape[:2])} != valid shape {te}")
+        for name in ("terminated", "truncated", "valid"):
+            if getattr(self, name).dtype != torch.bool:
+                raise ValueError(f"Rollout.{name} must be bool, got {getattr(self, name).dtype}")
+        if bool((self.terminated & self.truncated).any()):
+            raise ValueError("Rollout: a step cannot be both terminated and truncated")
+        done = self.terminated | self.truncated
+        # A valid, non-final step must be followed by a valid step (no padding inside episodes).
+        inner = self.valid[:-1] & ~done[:-1]
+        if bool((inner & ~self.valid[1:]).any()):
+            raise ValueError("Rollout: padding found inside an episode (valid step not done, next invalid)")
+        if bool((self.valid[-1] & ~done[-1]).any()):
+            raise ValueError("Rollout: the last valid step of every env must be terminated or truncated")
+        return self
+
+    # ------------------------------------------------------------------ transforms
+    def map(self, fn) -> Rollout:
+        """Apply ``fn`` to every per-step tensor (obs dicts included); stats are kept."""
+        kw = {name: fn(getattr(self, name)) for name in STEP_FIELDS[1:]}
+        return replace(self, obs=_map_obs(self.obs, fn), **kw)
+
+    def to(self, device: torch.device | str) -> Rollout:
+        return self.map(lambda t: t.to(device, non_blocking=True))
+
+    def pin_memory(self) -> Rollout:
+        return self.map(lambda t: t.pin_memory())
+
+    def pad_to(self, horizon: int) -> Rollout:
+        """Append ``horizon - T`` padding rows (``valid=False``, zeros) at the end of time."""
+        t_len = self.shape[0]
+        if horizon < t_len:
+            raise ValueError(f"pad_to: horizon {horizon} < current T {t_len}")
+        if horizon == t_len:
+            return self
+
+        def pad(t: Tensor) -> Tensor:
+            extra = t.new_zeros((horizon - t_len, *t.shape[1:]))
+            return torch.cat([t, extra], dim=0)
+
+        return self.map(pad)
+
+    @staticmethod
+    def cat(rollouts: list[Rollout]) -> Rollout:
+        """Stack rollouts side by side along E (a super-batch), padding T to the longest.
+
+        Padding is ``valid=False``; with the SMPO reduction it has no effect on the loss.
+        """
+        if not rollouts:
+            raise ValueError("Rollout.cat needs at least one rollout")
+        horizon = max(r.shape[0] for r in rollouts)
+        padded = [r.pad_to(horizon) for r in rollouts]
+        first = padded[0]
+        kw: dict[str, Any] = {}
+        for name in STEP_FIELDS:
+            parts = [getattr(r, name) for r in padded]
+            if isinstance(first.obs, dict) and name == "obs":
+                kw[name] = {k: torch.cat([p[k] for p in parts], dim=1) for k in first.obs}
+            else:
+                kw[name] = torch.cat(parts, dim=1)
+        stats = padded[0].stats
+        for r in padded[1:]:
+            stats = stats.merge(r.stats)
+        return Rollout(**kw, stats=stats)
+
+    @staticmethod
+    def cat_time(rollouts: list[Rollout]) -> Rollout:
+        """Join consecutive rollouts of the same E envs along time (several sampling cycles).
+
+        Valid because every cycle ends each column with a done step (see ``validate``), so
+        the masked GAE never carries across the seam.
+        """
+        if not rollouts:
+            raise ValueError("Rollout.cat_time needs at least one rollout")
+        envs = {r.shape[1] for r in rollouts}
+        if len(envs) != 1:
+            raise ValueError(f"Rollout.cat_time needs the same E in every rollout, got {sorted(envs)}")
+        first = rollouts[0]
+        kw: dict[str, Any] = {}
+        for name in STEP_FIELDS:
+            parts = [getattr(r, name) for r in rollouts]
+            if isinstance(first.obs, dict) and name == "obs":
+                kw[name] = {k: torch.cat([p[k] for p in parts], dim=0) for k in first.obs}
+            else:
+                kw[name] = torch.cat(parts, dim=0)
+        stats = first.stats
+        for r in rollouts[1:]:
+            stats = stats.merge(r.stats)
+        return Rollout(**kw, stats=stats)
+
+    def flat(self, name: str) -> Tensor | dict[str, Tensor]:
+        """Field ``name`` flattened over ``[T, E]`` to ``[T*E, ...]``."""
+        t = getattr(self, name)
+        if isinstance(t, dict):
+            return {k: v.reshape(-1, *v.shape[2:]) for k, v in t.items()}
+        return t.reshape(-1, *t.shape[2:])
+
+
+def rollout_field_names() -> list[str]:
+    """Names of every dataclass field (per-step fields and ``stats``)."""
+    return [f.name for f in fields(Rollout)]

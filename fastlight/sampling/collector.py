@@ -1,0 +1,258 @@
+"""Stepping E gymnasium envs into Rollouts under one of four reset modes (FAST §DPSA).
+
+- ``dpsa``: an env that ends emits *dummy steps* (``valid=False``, observation frozen, reward 0,
+  no simulator call) while the others keep going. A *unified truncation* - one global reset
+  of every env - happens when the fraction of ended envs reaches ``termination_threshold`` or
+  when ``max_horizon`` steps have passed; the still-running envs are then marked ``truncated``
+  and bootstrapped from V(s_{t+1}). One ``collect()`` is one such sampling cycle.
+- ``sgr``: Synchronous Global Reset, the baseline FAST improves on: a global reset as soon as
+  any env ends (the same as ``dpsa`` with ``termination_threshold = 1/E``).
+- ``autoreset``: each env resets on its own when it ends, as gymnasium vector envs do; one
+  ``collect()`` is ``rollout_steps`` steps and episodes carry over between calls.
+- ``sequential``: ``autoreset`` over exactly one env, the baseline of FAST's speed-up table.
+
+Resets of several envs at one moment run on a thread pool: scenario loading is I/O bound
+(HD maps, traffic logs), so the resets of one sampler overlap (see ``ScenarioLoadCost``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import Tensor
+
+from fastlight.models.base import Policy
+from fastlight.rollout import EpisodeRecord, Rollout, RolloutStats
+from fastlight.sampling.obs import action_to_env, obs_to_tensor, stack_obs
+from fastlight.sampling.rows import Row, RowBuffer
+
+RESET_MODES = ("dpsa", "sgr", "autoreset", "sequential")
+
+
+def check_collector_settings(
+    *, mode: str, num_envs: int, termination_threshold: float, max_horizon: int, rollout_steps: int,
+    prefix: str = "--data.",
+) -> None:
+    """Validate collector settings; errors name the CLI flag and the allowed values."""
+    if mode not in RESET_MODES:
+        raise ValueError(f"{prefix}reset_mode must be one of {' | '.join(RESET_MODES)}, got {mode!r}")
+    if num_envs < 1:
+        raise ValueError(f"{prefix}num_envs must be >= 1, got {num_envs}")
+    if mode == "sequential" and num_envs != 1:
+        raise ValueError(f"{prefix}num_envs must be 1 with {prefix}reset_mode sequential, got {num_envs}")
+    if not 0.0 <= termination_threshold <= 1.0:
+        raise ValueError(f"{prefix}termination_threshold must be in [0, 1], got {termination_threshold}")
+    if max_horizon < 1:
+        raise ValueError(f"{prefix}max_horizon must be >= 1, got {max_horizon}")
+    if rollout_steps < 1:
+        raise ValueError(f"{prefix}rollout_steps must be >= 1, got {rollout_steps}")
+
+
+class _Episode:
+    """Running bookkeeping of one env's current episode."""
+
+    __slots__ = ("step", "ret", "task_id")
+
+    def __init__(self, task_id: int = 0) -> None:
+        self.step = 0
+        self.ret = 0.0
+        self.task_id = task_id
+
+
+class Collector:
+    """Steps ``envs`` with a policy and returns one :class:`~fastlight.rollout.Rollout` per call.
+
+    Args:
+        envs: the E environments (``len(envs) == 1`` for ``sequential``).
+        mode: ``dpsa | sgr | autoreset | sequential``.
+        termination_threshold: DPSA's unified-truncation threshold on the fraction of ended envs.
+        max_horizon: DPSA/SGR cycle length cap; reaching it truncates and bootstraps.
+        rollout_steps: steps per ``collect()`` in ``autoreset`` / ``sequential`` mode.
+        seed: env ``i`` is first reset with ``seed + i``; later resets continue its RNG.
+    """
+
+    def __init__(
+        self,
+        envs: Sequence[gym.Env],
+        *,
+        mode: str = "dpsa",
+        termination_threshold: float = 0.5,
+        max_horizon: int = 200,
+        rollout_steps: int = 128,
+        seed: int = 0,
+    ) -> None:
+        check_collector_settings(
+            mode=mode, num_envs=len(envs), termination_threshold=termination_threshold,
+            max_horizon=max_horizon, rollout_steps=rollout_steps,
+        )
+        self.envs = list(envs)
+        self.mode = mode
+        self.termination_threshold = termination_threshold
+        self.max_horizon = max_horizon
+        self.rollout_steps = rollout_steps
+        self.seed = seed
+        self._pool = ThreadPoolExecutor(max_workers=len(self.envs), thread_name_prefix="fastlight-reset")
+        self._seeded = False
+        self._obs: list[Any] | None = None  # current observation of each env (autoreset carry-over)
+        self._eps: list[_Episode] = []
+
+    @property
+    def num_envs(self) -> int:
+        return len(self.envs)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for env in self.envs:
+            env.close()
+
+    # ------------------------------------------------------------------ resets
+    def _reset(self, indices: Sequence[int], stats: RolloutStats) -> None:
+        """Reset the given envs concurrently (I/O-bound scenario loads overlap)."""
+        if self._obs is None:
+            self._obs = [None] * self.num_envs
+            self._eps = [_Episode() for _ in self.envs]
+
+        def one(i: int) -> tuple[int, Any, dict]:
+            seed = None if self._seeded else self.seed + i
+            obs, info = self.envs[i].reset(seed=seed)
+            return i, obs, info
+
+        t0 = time.perf_counter()
+        for i, obs, info in self._pool.map(one, indices):
+            self._obs[i] = obs
+            self._eps[i] = _Episode(task_id=int(info.get("task_id", 0)))
+        stats.reset_time += time.perf_counter() - t0
+        if len(indices) == self.num_envs:
+            self._seeded = True
+
+    # ------------------------------------------------------------------ one step of a subset
+    def _step_envs(
+        self, policy: Policy, active: list[int], stats: RolloutStats
+    ) -> tuple[Any, Tensor, Tensor, Tensor, Tensor, list[tuple[Any, float, bool, bool, dict]]]:
+        """Act on the active envs' observations and step them; returns policy outputs and results."""
+        obs_batch = obs_to_tensor(stack_obs([self._obs[i] for i in active]))
+        step = torch.tensor([self._eps[i].step for i in active], dtype=torch.long)
+        out = policy.act(obs_batch, step=step)
+        env_actions = action_to_env(policy, out.actions)
+        results = []
+        for j, i in enumerate(active):
+            t0 = time.perf_counter()
+            res = self.envs[i].step(env_actions[j])
+            stats.step_time += time.perf_counter() - t0
+            results.append(res)
+        return obs_batch, step, out.actions, out.logprobs, out.values, results
+
+    # ------------------------------------------------------------------ public API
+    @torch.no_grad()
+    def collect(self, policy: Policy, *, policy_version: int = 0) -> Rollout:
+        """One sampling cycle (``dpsa``/``sgr``) or ``rollout_steps`` steps (``autoreset``)."""
+        stats = RolloutStats()
+        t0 = time.perf_counter()
+        if self.mode in ("dpsa", "sgr"):
+            rows = self._collect_cycle(policy, stats)
+        else:
+            rows = self._collect_autoreset(policy, stats)
+        rollout = RowBuffer.to_rollout(rows, policy_version=policy_version, stats=stats)
+        stats.raw_steps = rollout.valid.numel()
+        stats.valid_steps = int(rollout.valid.sum())
+        stats.wall_time = time.perf_counter() - t0
+        return rollout
+
+    def _should_truncate(self, n_ended: int, t: int) -> bool:
+        if t >= self.max_horizon:
+            return True
+        if self.mode == "sgr":
+            return n_ended >= 1
+        return n_ended / self.num_envs >= self.termination_threshold
+
+    def _collect_cycle(self, policy: Policy, stats: RolloutStats) -> RowBuffer:
+        self._reset(range(self.num_envs), stats)
+        stats.global_resets += 1
+        rows = RowBuffer(self.num_envs)
+        alive = [True] * self.num_envs
+        t = 0
+        while True:
+            active = [i for i in range(self.num_envs) if alive[i]]
+            obs, step, actions, logprobs, values, results = self._step_envs(policy, active, stats)
+            row = rows.new_row(self._obs, self._eps, obs, step, actions, logprobs, values, active)
+            for j, i in enumerate(active):
+                nobs, reward, term, trunc, info = results[j]
+                row.set_step(i, float(reward), bool(term), bool(trunc))
+                ep = self._eps[i]
+                ep.step += 1
+                ep.ret += float(reward)
+                self._obs[i] = nobs
+                if term or trunc:
+                    alive[i] = False
+                    rows.episodes.append(_record(ep, terminated=bool(term), truncated=bool(trunc), info=info))
+            t += 1
+            cut = self._should_truncate(self.num_envs - sum(alive), t)
+            if cut:
+                # Unified truncation: every env still running is cut here and bootstrapped.
+                for i in range(self.num_envs):
+                    if alive[i]:
+                        row.set_truncated(i)
+                        rows.episodes.append(_record(self._eps[i], terminated=False, truncated=True, info={}))
+            self._bootstrap(policy, row)
+            if cut:
+                return rows
+
+    def _collect_autoreset(self, policy: Policy, stats: RolloutStats) -> RowBuffer:
+        if self._obs is None:
+            self._reset(range(self.num_envs), stats)
+            stats.global_resets += 1
+        rows = RowBuffer(self.num_envs)
+        everyone = list(range(self.num_envs))
+        for t in range(self.rollout_steps):
+            obs, step, actions, logprobs, values, results = self._step_envs(policy, everyone, stats)
+            row = rows.new_row(self._obs, self._eps, obs, step, actions, logprobs, values, everyone)
+            ended = []
+            for i in everyone:
+                nobs, reward, term, trunc, info = results[i]
+                row.set_step(i, float(reward), bool(term), bool(trunc))
+                ep = self._eps[i]
+                ep.step += 1
+                ep.ret += float(reward)
+                self._obs[i] = nobs
+                if term or trunc:
+                    ended.append(i)
+                    rows.episodes.append(_record(ep, terminated=bool(term), truncated=bool(trunc), info=info))
+                elif t == self.rollout_steps - 1:
+                    # Rollout boundary: bootstrap, but the episode goes on in the next call.
+                    row.set_truncated(i)
+            self._bootstrap(policy, row)
+            if ended:
+                self._reset(ended, stats)
+        return rows
+
+    def _bootstrap(self, policy: Policy, row: Row) -> None:
+        """V(s_{t+1}) for every env truncated in this row, in one batched critic call."""
+        idx = [i for i in range(self.num_envs) if row.truncated[i]]
+        if not idx:
+            return
+        # Called before any reset, so self._obs[i] is still s_{t+1} of the ended episode.
+        obs = obs_to_tensor(stack_obs([self._obs[i] for i in idx]))
+        step = torch.tensor([self._eps[i].step for i in idx], dtype=torch.long)
+        values = policy.value(obs, step=step)
+        for j, i in enumerate(idx):
+            row.bootstrap[i] = float(values[j])
+
+
+def _record(ep: _Episode, *, terminated: bool, truncated: bool, info: dict) -> EpisodeRecord:
+    numeric = {k: float(v) for k, v in info.items() if isinstance(v, (int, float, np.floating, np.integer))}
+    return EpisodeRecord(
+        length=ep.step,
+        ret=ep.ret,
+        terminated=terminated,
+        truncated=truncated,
+        task_id=ep.task_id,
+        success=bool(info.get("success", info.get("is_success", False))),
+        crashed=bool(info.get("crashed", False)),
+        info=numeric,
+    )

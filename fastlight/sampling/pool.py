@@ -1,0 +1,121 @@
+"""``SamplerPool``: the trainer-side handle on a rank's sampler processes.
+
+It spawns them, publishes weights, takes Rollouts (dropping data older than the staleness
+bound), and stops them. A sampler that raises sends its traceback, which is re-raised here
+naming the worker; one that dies without a word is found through its exit code. Nothing
+waits forever: ``take`` gives up after ``timeout_s`` without data.
+"""
+
+from __future__ import annotations
+
+import atexit
+import queue
+import time
+import weakref
+
+import torch.multiprocessing as tmp
+from torch import nn
+
+from fastlight.rollout import Rollout
+from fastlight.sampling.shared_weights import SharedWeights
+from fastlight.sampling.worker import SamplerConfig, rollout_from_numpy, sampler_main
+
+
+class SamplerError(RuntimeError):
+    """A sampler process failed; the message names it and carries its traceback."""
+
+
+class SamplerPool:
+    def __init__(self, configs: list[SamplerConfig], policy: nn.Module, *, timeout_s: float = 300.0) -> None:
+        self.configs = configs
+        self.policy = policy
+        self.timeout_s = timeout_s
+        self.ctx = tmp.get_context("spawn")
+        self.weights = SharedWeights(policy, self.ctx)
+        self.queue = self.ctx.Queue(maxsize=2 * len(configs))
+        self.stop_event = self.ctx.Event()
+        self.procs: list = []
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.configs)
+
+    def start(self) -> None:
+        for i, cfg in enumerate(self.configs):
+            p = self.ctx.Process(
+                target=sampler_main, args=(i, cfg, self.policy, self.weights, self.queue, self.stop_event),
+                name=f"fastlight-sampler-{i}", daemon=True,
+            )
+            p.start()
+            self.procs.append(p)
+        # Last line of defence if the trainer exits without teardown.
+        atexit.register(_stop_ref, weakref.ref(self))
+
+    def publish(self, policy: nn.Module, version: int) -> None:
+        self.weights.publish(policy, version)
+
+    def take(self, *, version: int, max_staleness: int) -> tuple[Rollout, int]:
+        """One item per sampler (or as many as arrive first, asynchronously), stacked along E.
+
+        Returns the super-batch and how many stale items were dropped.
+        """
+        items: list[Rollout] = []
+        dropped = 0
+        deadline = time.monotonic() + self.timeout_s
+        while len(items) < self.num_workers:
+            try:
+                kind, tag, payload = self.queue.get(timeout=0.2)
+            except queue.Empty:
+                self._check_alive()
+                if time.monotonic() > deadline:
+                    raise SamplerError(
+                        f"no rollout from the samplers for {self.timeout_s:.0f} s (--data.worker_timeout_s); "
+                        f"alive: {[p.is_alive() for p in self.procs]}"
+                    ) from None
+                continue
+            if kind == "error":  # tag = worker index
+                raise SamplerError(f"sampler worker {tag} ({self.procs[tag].name}) crashed:\n{payload}")
+            if version - tag > max_staleness:  # tag = behaviour policy version
+                dropped += 1  # older than the staleness bound: never trained on
+                continue
+            items.append(rollout_from_numpy(payload))
+        return Rollout.cat(items), dropped
+
+    def _check_alive(self) -> None:
+        for i, p in enumerate(self.procs):
+            if not p.is_alive():
+                # Give a dying worker's error message a moment to arrive through the queue.
+                try:
+                    kind, who, payload = self.queue.get(timeout=1.0)
+                    if kind == "error":
+                        raise SamplerError(f"sampler worker {who} ({self.procs[who].name}) crashed:\n{payload}")
+                except queue.Empty:
+                    pass
+                raise SamplerError(f"sampler worker {i} ({p.name}, pid {p.pid}) died with exit code {p.exitcode}")
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop every sampler: ask, then terminate, then kill. Idempotent."""
+        self.stop_event.set()
+        deadline = time.monotonic() + timeout
+        for p in self.procs:
+            p.join(timeout=max(0.0, deadline - time.monotonic()))
+        for p in self.procs:
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=2.0)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=2.0)
+        self.procs = []
+        # Drain so the queue's feeder thread can exit.
+        try:
+            while True:
+                self.queue.get_nowait()
+        except (queue.Empty, OSError, ValueError):
+            pass
+
+
+def _stop_ref(ref: weakref.ref) -> None:
+    pool = ref()
+    if pool is not None:
+        pool.stop()

@@ -1,0 +1,99 @@
+"""Row-by-row assembly of a Rollout while a Collector steps its envs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fastlight.rollout import EpisodeRecord, Rollout, RolloutStats
+from fastlight.sampling.obs import obs_to_tensor, stack_obs
+
+
+class Row:
+    """One time step of E envs while it is being filled (numpy, cheap to write per env)."""
+
+    def __init__(self, num_envs: int) -> None:
+        self.reward = np.zeros(num_envs, dtype=np.float32)
+        self.terminated = np.zeros(num_envs, dtype=bool)
+        self.truncated = np.zeros(num_envs, dtype=bool)
+        self.bootstrap = np.zeros(num_envs, dtype=np.float32)
+        self.valid = np.zeros(num_envs, dtype=bool)
+        self.step = np.zeros(num_envs, dtype=np.int64)
+        self.task_id = np.zeros(num_envs, dtype=np.int64)
+        self.obs: Any = None
+        self.actions: Tensor | None = None
+        self.logprobs: Tensor | None = None
+        self.values: Tensor | None = None
+
+    def set_step(self, i: int, reward: float, terminated: bool, truncated: bool) -> None:
+        self.reward[i] = reward
+        self.terminated[i] = terminated
+        self.truncated[i] = truncated and not terminated
+
+    def set_truncated(self, i: int) -> None:
+        self.truncated[i] = True
+
+
+def _scatter(values: Tensor, active: list[int], num_envs: int) -> Tensor:
+    """[len(active), ...] -> [E, ...] with zeros for the envs that were not stepped (dummy steps)."""
+    out = values.new_zeros((num_envs, *values.shape[1:]))
+    out[torch.as_tensor(active, dtype=torch.long)] = values
+    return out
+
+
+class RowBuffer:
+    """Collects Rows and finished episodes; ``to_rollout`` stacks them into ``[T, E, ...]``."""
+
+    def __init__(self, num_envs: int) -> None:
+        self.num_envs = num_envs
+        self.rows: list[Row] = []
+        self.episodes: list[EpisodeRecord] = []
+
+    def new_row(
+        self, all_obs: list[Any], episodes: list[Any], obs: Any, step: Tensor, actions: Tensor,
+        logprobs: Tensor, values: Tensor, active: list[int],
+    ) -> Row:
+        """Start row t. ``all_obs`` holds every env's pre-step observation: the stepped envs'
+        current one and, for ended envs, their frozen final one (DPSA dummy steps)."""
+        row = Row(self.num_envs)
+        row.obs = stack_obs(all_obs)
+        row.actions = _scatter(actions, active, self.num_envs)
+        row.logprobs = _scatter(logprobs, active, self.num_envs)
+        row.values = _scatter(values, active, self.num_envs)
+        row.valid[active] = True
+        row.step[active] = step.numpy()
+        row.task_id[:] = [ep.task_id for ep in episodes]
+        self.rows.append(row)
+        return row
+
+    @staticmethod
+    def to_rollout(buf: RowBuffer, *, policy_version: int, stats: RolloutStats) -> Rollout:
+        rows = buf.rows
+        stats.episodes.extend(buf.episodes)
+        if isinstance(rows[0].obs, dict):
+            obs: Any = {k: np.stack([r.obs[k] for r in rows]) for k in rows[0].obs}
+        else:
+            obs = np.stack([r.obs for r in rows])
+
+        def stack(name: str) -> Tensor:
+            return torch.from_numpy(np.stack([getattr(r, name) for r in rows]))
+
+        valid = stack("valid")
+        return Rollout(
+            obs=obs_to_tensor(obs),
+            actions=torch.stack([r.actions for r in rows]),
+            logprobs=torch.stack([r.logprobs for r in rows]),
+            values=torch.stack([r.values for r in rows]).float(),
+            rewards=stack("reward"),
+            terminated=stack("terminated"),
+            truncated=stack("truncated"),
+            valid=valid,
+            step=stack("step"),
+            task_id=stack("task_id"),
+            policy_version=torch.full(valid.shape, policy_version, dtype=torch.long),
+            bootstrap_values=stack("bootstrap"),
+            stats=stats,
+        )

@@ -1,0 +1,60 @@
+"""Trainer -> sampler weights through one shared-memory buffer, tagged with a version.
+
+The trainer writes every floating-point entry of the policy's ``state_dict`` into a flat
+float32 tensor in shared memory and bumps ``version``; samplers copy it back in place before a
+new round. One buffer, one lock, no pickling and no files on the hot path.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+
+import torch
+from torch import nn
+
+
+def _float_entries(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    return [(k, v) for k, v in module.state_dict().items() if v.is_floating_point()]
+
+
+class SharedWeights:
+    """A versioned, shared-memory copy of a module's floating-point state.
+
+    ``version`` is -1 until the first ``publish``. Built in the trainer process and passed to
+    spawned samplers as a ``Process`` argument (the buffer travels as a shared-memory handle).
+    """
+
+    def __init__(self, module: nn.Module, ctx: mp.context.BaseContext) -> None:
+        entries = _float_entries(module)
+        self.numel = sum(v.numel() for _, v in entries)
+        self.buffer = torch.zeros(self.numel, dtype=torch.float32).share_memory_()
+        self._version = ctx.Value("q", -1, lock=False)
+        self._lock = ctx.Lock()
+
+    @property
+    def version(self) -> int:
+        return int(self._version.value)
+
+    def publish(self, module: nn.Module, version: int) -> None:
+        """Copy ``module``'s current weights in and make them visible as ``version``."""
+        entries = _float_entries(module)
+        with self._lock, torch.no_grad():
+            offset = 0
+            for _, v in entries:
+                n = v.numel()
+                self.buffer[offset : offset + n].copy_(v.detach().reshape(-1).to("cpu", torch.float32))
+                offset += n
+            if offset != self.numel:
+                raise ValueError(f"SharedWeights.publish: module has {offset} floats, buffer holds {self.numel}")
+            self._version.value = version
+
+    def load_into(self, module: nn.Module) -> int:
+        """Copy the published weights into ``module`` in place; returns their version."""
+        entries = _float_entries(module)
+        with self._lock, torch.no_grad():
+            offset = 0
+            for _, v in entries:
+                n = v.numel()
+                v.copy_(self.buffer[offset : offset + n].view_as(v).to(v.dtype))
+                offset += n
+            return int(self._version.value)

@@ -1,0 +1,145 @@
+"""Sampler processes: each owns a Collector over its envs and a CPU copy of the policy.
+
+A sampler loops: take the newest published weights, run ``cycles_per_step`` collection cycles,
+push them as one Rollout (a super-batch along E) into the output queue. With
+``max_staleness = 0`` (strictly on-policy) it then waits until the trainer publishes newer
+weights, so no round starts on weights older than the current version.
+
+Errors never hang the trainer: a Python exception is sent back with its traceback, and a
+hard crash (segfault, kill) is seen by the trainer through the process's exit code. A sampler
+whose trainer dies exits too (``PR_SET_PDEATHSIG`` plus a parent-pid watchdog).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import queue
+import random
+import signal
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from fastlight.rollout import Rollout
+from fastlight.sampling.collector import Collector
+from fastlight.sampling.shared_weights import SharedWeights
+
+
+@dataclass
+class SamplerConfig:
+    """Everything a sampler process needs to build its envs and Collector (picklable)."""
+
+    env_id: str
+    num_envs: int
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    reset_mode: str = "dpsa"
+    termination_threshold: float = 0.5
+    max_horizon: int = 200
+    rollout_steps: int = 128
+    cycles_per_step: int = 1
+    max_staleness: int = 0
+    scenario_load_cost_s: float = 0.0
+    seed: int = 0
+    env_factory: Any = None  # optional picklable callable(config, index) -> list[gym.Env]
+
+
+def build_envs(cfg: SamplerConfig, worker_index: int) -> list:
+    """The sampler's envs: ``cfg.env_factory`` if given, else ``make_env`` (+ ScenarioLoadCost)."""
+    if cfg.env_factory is not None:
+        return list(cfg.env_factory(cfg, worker_index))
+    from fastlight.envs.registry import make_env
+    from fastlight.envs.scenario_cost import ScenarioLoadCost
+
+    envs = [make_env(cfg.env_id, env_kwargs=cfg.env_kwargs) for _ in range(cfg.num_envs)]
+    if cfg.scenario_load_cost_s > 0:
+        envs = [ScenarioLoadCost(e, seconds=cfg.scenario_load_cost_s) for e in envs]
+    return envs
+
+
+def _die_with_parent() -> None:
+    """Make the kernel SIGKILL us when the trainer dies; a watchdog covers non-Linux systems."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+    parent = os.getppid()
+
+    def watchdog() -> None:
+        while True:
+            if os.getppid() != parent:
+                os._exit(1)
+            time.sleep(1.0)
+
+    threading.Thread(target=watchdog, daemon=True, name="fastlight-parent-watchdog").start()
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def rollout_to_numpy(r: Rollout) -> Rollout:
+    """Plain numpy arrays pickle by value: nothing depends on the sender staying alive."""
+    return r.map(lambda t: t.numpy())
+
+
+def rollout_from_numpy(r: Rollout) -> Rollout:
+    return r.map(torch.from_numpy)
+
+
+def sampler_main(
+    index: int,
+    cfg: SamplerConfig,
+    policy: nn.Module,
+    weights: SharedWeights,
+    out_queue: Any,
+    stop: Any,
+) -> None:
+    """Entry point of sampler process ``index`` (spawned)."""
+    _die_with_parent()
+    torch.set_num_threads(1)
+    seed_everything(cfg.seed)
+    collector = None
+    try:
+        envs = build_envs(cfg, index)
+        collector = Collector(
+            envs, mode=cfg.reset_mode, termination_threshold=cfg.termination_threshold,
+            max_horizon=cfg.max_horizon, rollout_steps=cfg.rollout_steps, seed=cfg.seed,
+        )
+        policy.eval()
+        _loop(cfg, collector, policy, weights, out_queue, stop)
+    except Exception:
+        out_queue.put(("error", index, traceback.format_exc()))
+    finally:
+        if collector is not None:
+            collector.close()
+
+
+def _loop(cfg: SamplerConfig, collector: Collector, policy: nn.Module, weights: SharedWeights,
+          out_queue: Any, stop: Any) -> None:
+    version = -1
+    while not stop.is_set():
+        latest = weights.version
+        if latest < 0 or (cfg.max_staleness == 0 and latest == version):
+            time.sleep(0.002)  # wait for the first / a newer policy (strictly on-policy)
+            continue
+        if latest != version:
+            version = weights.load_into(policy)
+        parts = [collector.collect(policy, policy_version=version) for _ in range(cfg.cycles_per_step)]
+        item = rollout_to_numpy(Rollout.cat_time(parts))
+        while not stop.is_set():
+            try:
+                out_queue.put(("rollout", version, item), timeout=0.5)
+                break
+            except queue.Full:
+                continue

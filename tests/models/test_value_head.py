@@ -1,0 +1,87 @@
+"""ActionAwareValueHead (AcceRL §value head): detached pooling, step embedding, gradient isolation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fastlight.models.value_heads import ActionAwareValueHead
+from fastlight.models.vla import VLAPolicy
+
+TINY = {"vocab_size": 600, "hidden_size": 32, "intermediate_size": 64, "n_bins": 32, "image_size": 16,
+        "patch_size": 8, "proprio_dim": 3, "max_episode_steps": 50, "value_mlp_hidden": 16}  # fmt: skip
+
+
+def _obs(n: int = 3) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return {
+        "image": torch.randint(0, 256, (n, 16, 16, 3), dtype=torch.uint8, generator=g),
+        "proprio": torch.randn(n, 3, generator=g),
+        "instruction_ids": torch.randint(3, 500, (n, 5), generator=g),
+        "instruction_mask": torch.tensor([[1, 1, 1, 0, 0]] * n),
+    }
+
+
+def test_shapes_and_detach() -> None:
+    head = ActionAwareValueHead(hidden_size=8, max_episode_steps=10, mlp_hidden=16)
+    hidden = torch.randn(5, 4, 8, requires_grad=True)
+    v = head(hidden, torch.arange(5))
+    assert v.shape == (5,)
+    v.sum().backward()
+    assert hidden.grad is None
+    assert all(p.grad is not None for p in head.parameters())
+
+
+def test_step_embedding_changes_value_and_clamps() -> None:
+    torch.manual_seed(0)
+    head = ActionAwareValueHead(hidden_size=8, max_episode_steps=10)
+    hidden = torch.randn(1, 3, 8).expand(3, -1, -1)
+    v = head(hidden, torch.tensor([0, 9, 10_000]))
+    assert not torch.allclose(v[0], v[1])
+    assert torch.equal(v[1], v[2])  # beyond the table: clamped to the last step
+    assert torch.equal(head(hidden[:1]), head(hidden[:1], torch.tensor([0])))  # step=None means 0
+
+
+def test_attention_pooling_weights_tokens() -> None:
+    torch.manual_seed(0)
+    head = ActionAwareValueHead(hidden_size=4, max_episode_steps=2)
+    with torch.no_grad():
+        head.score.weight.zero_()
+        head.score.bias.zero_()
+    hidden = torch.randn(2, 3, 4)
+    assert torch.allclose(head.pool(hidden), hidden.mean(1))  # equal scores: a plain mean
+
+
+@pytest.mark.parametrize(
+    ("hidden", "step"),
+    [(torch.randn(2, 8), None), (torch.randn(2, 3, 7), None), (torch.randn(2, 3, 8), torch.zeros(3))],
+)
+def test_wrong_shapes_raise(hidden: torch.Tensor, step: torch.Tensor | None) -> None:
+    with pytest.raises(ValueError, match="shape"):
+        ActionAwareValueHead(8, 10)(hidden, step)
+
+
+@pytest.mark.parametrize("decoding", ["parallel", "autoregressive"])
+def test_value_loss_does_not_reach_the_policy(decoding: str) -> None:
+    torch.manual_seed(0)
+    policy = VLAPolicy(decoding=decoding, **TINY)
+    obs, step = _obs(), torch.tensor([0, 3, 7])
+    actions = policy.act(obs, step=step).actions
+    values = policy.evaluate(obs, actions, step=step).values
+    value_loss = ((values - torch.tensor([1.0, -1.0, 0.5])) ** 2).mean()
+    value_loss.backward()
+    for name, p in policy.named_parameters():
+        if name.startswith("value_head."):
+            continue
+        assert p.grad is None or not bool(p.grad.any()), name
+    grads = [p.grad for p in policy.value_parameters()]
+    assert all(g is not None and bool(g.any()) for g in grads)
+
+
+def test_parameter_groups_partition_the_module() -> None:
+    policy = VLAPolicy(**TINY)
+    pol, val = policy.policy_parameters(), policy.value_parameters()
+    ids = {id(p) for p in pol} | {id(p) for p in val}
+    assert len(ids) == len(pol) + len(val) == len(list(policy.parameters()))
+    assert {id(p) for p in val} == {id(p) for p in policy.value_head.parameters()}
+    assert any(p is policy.backbone.get_input_embeddings().weight for p in pol)

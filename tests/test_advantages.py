@@ -1,0 +1,275 @@
+"""Masked GAE against a naive per-episode loop; global advantage normalisation (1 and 2 ranks)."""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from fastlight.advantages import global_advantage_moments, masked_gae, normalize_advantages
+
+NAN = float("nan")
+
+
+# ---------------------------------------------------------------------------- data
+def _random_column(t_len: int, rng: random.Random) -> tuple[list[bool], list[bool], list[bool]]:
+    """Episodes of random length ending terminated or truncated, separated by padding rows."""
+    valid, term, trunc = [False] * t_len, [False] * t_len, [False] * t_len
+    t = rng.choice([0, 0, 1])  # sometimes leading padding
+    while t < t_len:
+        length = rng.randint(1, 6)
+        end = min(t + length, t_len) - 1
+        for i in range(t, end + 1):
+            valid[i] = True
+        if t + length > t_len or rng.random() < 0.4:
+            trunc[end] = True  # cut by the rollout end / unified truncation / time limit
+        else:
+            term[end] = True
+        t = end + 1 + rng.choice([0, 0, 1, 2, 3])  # DPSA dummy steps after the episode end
+    return valid, term, trunc
+
+
+def _random_rollout(t_len: int, n_env: int, seed: int, garbage: bool) -> dict[str, torch.Tensor]:
+    rng = random.Random(seed)
+    cols = [_random_column(t_len, rng) for _ in range(n_env)]
+    valid, term, trunc = (torch.tensor([c[i] for c in cols]).T.contiguous() for i in range(3))
+    g = torch.Generator().manual_seed(seed)
+    rewards = torch.randn(t_len, n_env, generator=g, dtype=torch.float64)
+    values = torch.randn(t_len, n_env, generator=g, dtype=torch.float64)
+    boot = torch.where(trunc, torch.randn(t_len, n_env, generator=g, dtype=torch.float64), 0.0)
+    if garbage:
+        rewards = torch.where(valid, rewards, NAN)
+        values = torch.where(valid, values, float("inf"))
+        boot = torch.where(trunc & valid, boot, NAN)
+        # Flags in padded slots are garbage by contract too (even both set at once).
+        noise = torch.rand(t_len, n_env, generator=g) < 0.5
+        term, trunc = torch.where(valid, term, noise), torch.where(valid, trunc, noise)
+    return {"rewards": rewards, "values": values, "bootstrap_values": boot,
+            "terminated": term, "truncated": trunc, "valid": valid}  # fmt: skip
+
+
+def _naive_gae(ro: dict[str, torch.Tensor], gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pure-Python reference: split each column into episodes, run GAE backwards inside each."""
+    t_len, n_env = ro["valid"].shape
+    adv = [[0.0] * n_env for _ in range(t_len)]
+    ret = [[0.0] * n_env for _ in range(t_len)]
+    for e in range(n_env):
+        col = {k: v[:, e].tolist() for k, v in ro.items()}
+        episodes, current = [], []
+        for t in range(t_len):
+            if col["valid"][t]:
+                current.append(t)
+                if col["terminated"][t] or col["truncated"][t]:
+                    episodes.append(current)
+                    current = []
+        assert not current
+        for ep in episodes:
+            gae = 0.0
+            for j in reversed(range(len(ep))):
+                t = ep[j]
+                if j == len(ep) - 1:
+                    next_v = 0.0 if col["terminated"][t] else col["bootstrap_values"][t]
+                else:
+                    next_v = col["values"][ep[j + 1]]
+                delta = col["rewards"][t] + gamma * next_v - col["values"][t]
+                gae = delta + gamma * lam * gae
+                adv[t][e] = gae
+                ret[t][e] = gae + col["values"][t]
+    return torch.tensor(adv, dtype=torch.float64), torch.tensor(ret, dtype=torch.float64)
+
+
+# ---------------------------------------------------------------------------- masked GAE
+def test_random_data_has_the_interesting_structure() -> None:
+    ro = _random_rollout(40, 16, seed=0, garbage=False)
+    v = ro["valid"]
+    assert (v[:-1] & ~v[1:]).any() and (~v[:-1] & v[1:]).any()  # padding, then a new episode
+    assert (~v[-1]).any()  # trailing padding
+    assert (ro["terminated"] & v).any() and (ro["truncated"] & v).any()
+
+
+@pytest.mark.parametrize("garbage", [False, True])
+@pytest.mark.parametrize(("gamma", "lam"), [(0.99, 0.95), (0.9, 1.0), (0.5, 0.0)])
+def test_masked_gae_matches_naive_loop(garbage: bool, gamma: float, lam: float) -> None:
+    for seed in range(3):
+        ro = _random_rollout(40, 16, seed=seed, garbage=garbage)
+        adv, ret = masked_gae(**ro, gamma=gamma, lam=lam)
+        ref_adv, ref_ret = _naive_gae(ro, gamma, lam)
+        torch.testing.assert_close(adv, ref_adv, rtol=0, atol=1e-10)
+        torch.testing.assert_close(ret, ref_ret, rtol=0, atol=1e-10)
+        assert torch.equal(adv[~ro["valid"]], torch.zeros(int((~ro["valid"]).sum()), dtype=torch.float64))
+
+
+def test_garbage_does_not_change_result() -> None:
+    clean = masked_gae(**_random_rollout(30, 8, seed=5, garbage=False))
+    dirty = masked_gae(**_random_rollout(30, 8, seed=5, garbage=True))
+    assert torch.equal(clean[0], dirty[0]) and torch.equal(clean[1], dirty[1])
+
+
+def test_hand_computed_terminated_vs_truncated() -> None:
+    def one_env(last_terminated: bool) -> torch.Tensor:
+        col = lambda xs: torch.tensor(xs).reshape(3, 1)  # noqa: E731
+        adv, _ = masked_gae(
+            rewards=col([1.0, 1.0, 1.0]), values=col([0.5, 0.5, 0.5]), bootstrap_values=col([0.0, 0.0, 2.0]),
+            terminated=col([False, False, last_terminated]),
+            truncated=col([False, False, not last_terminated]),
+            valid=col([True, True, True]), gamma=0.5, lam=0.5,
+        )  # fmt: skip
+        return adv[:, 0]
+
+    # terminated: δ = [1+0.25-0.5, 0.75, 1-0.5] = [0.75, 0.75, 0.5]; A2=0.5, A1=0.75+0.25·0.5, A0=0.75+0.25·A1
+    torch.testing.assert_close(one_env(True), torch.tensor([0.96875, 0.875, 0.5]))
+    # truncated: bootstrap V(s_3)=2 → δ2 = 1 + 0.5·2 - 0.5 = 1.5
+    torch.testing.assert_close(one_env(False), torch.tensor([1.03125, 1.125, 1.5]))
+
+
+def test_gae_shape_and_dtype_errors() -> None:
+    ro = _random_rollout(6, 3, seed=1, garbage=False)
+    with pytest.raises(ValueError) as exc:
+        masked_gae(**{**ro, "values": torch.zeros(6, 4, dtype=torch.float64)})
+    assert "(6, 4)" in str(exc.value) and "(6, 3)" in str(exc.value) and "values" in str(exc.value)
+    with pytest.raises(ValueError, match="terminated must be bool"):
+        masked_gae(**{**ro, "terminated": ro["terminated"].float()})
+    with pytest.raises(ValueError, match=r"\[T, E\]"):
+        masked_gae(**{k: v[:, 0] for k, v in ro.items()})
+    with pytest.raises(ValueError, match="gamma"):
+        masked_gae(**ro, gamma=1.5)
+
+
+def test_gae_rejects_broken_episode_structure() -> None:
+    f, t = False, True
+    base = {"rewards": torch.zeros(3, 1), "values": torch.zeros(3, 1), "bootstrap_values": torch.zeros(3, 1)}
+    col = lambda xs: torch.tensor(xs).reshape(3, 1)  # noqa: E731
+    with pytest.raises(ValueError, match="padding inside an episode"):  # valid, not done, then padding
+        masked_gae(**base, terminated=col([f, t, f]), truncated=col([f, f, f]), valid=col([t, f, t]))
+    with pytest.raises(ValueError, match="T-1"):  # still running at the end of the rollout
+        masked_gae(**base, terminated=col([f, f, f]), truncated=col([f, f, f]), valid=col([t, t, t]))
+    with pytest.raises(ValueError, match="both terminated and truncated"):
+        masked_gae(**base, terminated=col([f, f, t]), truncated=col([f, f, t]), valid=col([t, t, t]))
+
+
+# ---------------------------------------------------------------------------- normalisation
+def _reference_moments(shards: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[float, float]:
+    data = torch.cat([a[v].double() for a, v in shards])
+    return data.mean().item(), data.std(unbiased=False).item()
+
+
+def _shards() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(7)
+    a0 = 3.0 + 2.0 * torch.randn(5, 3, generator=g)
+    v0 = torch.rand(5, 3, generator=g) > 0.4
+    a1 = -1.0 + 0.5 * torch.randn(9, 4, generator=g)
+    v1 = torch.rand(9, 4, generator=g) > 0.2
+    return [(torch.where(v0, a0, NAN), v0), (torch.where(v1, a1, NAN), v1)]
+
+
+def test_single_process_moments_exact_and_no_collective(monkeypatch: pytest.MonkeyPatch) -> None:
+    adv, valid = _shards()[1]
+    mean, std = global_advantage_moments(adv, valid)
+    ref_mean, ref_std = _reference_moments([(adv, valid)])
+    assert mean.item() == pytest.approx(ref_mean, abs=1e-6) and std.item() == pytest.approx(ref_std, abs=1e-6)
+
+    def boom(*args, **kwargs):
+        raise AssertionError("no collective expected")
+
+    # An initialised world of size 1 must not issue a collective either.
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 1)
+    monkeypatch.setattr(dist, "all_reduce", boom)
+    assert torch.equal(torch.stack(global_advantage_moments(adv, valid)), torch.stack([mean, std]))
+
+
+def test_normalize_single_process() -> None:
+    adv, valid = _shards()[0]
+    out = normalize_advantages(adv, valid)
+    assert torch.equal(out[~valid], torch.zeros(int((~valid).sum())))
+    assert out[valid].mean().item() == pytest.approx(0.0, abs=1e-6)
+    assert out[valid].std(unbiased=False).item() == pytest.approx(1.0, abs=1e-5)
+
+
+def test_constant_advantages_hit_the_variance_floor() -> None:
+    adv, valid = torch.full((4,), 2.0), torch.tensor([True, True, True, False])
+    mean, std = global_advantage_moments(adv, valid)
+    assert mean.item() == 2.0 and std.item() == pytest.approx(1e-6)
+    assert torch.equal(normalize_advantages(adv, valid), torch.zeros(4))
+    mean, std = global_advantage_moments(adv, torch.zeros(4, dtype=torch.bool))  # nothing valid: no NaN
+    assert mean.item() == 0.0 and std.item() == pytest.approx(1e-6)
+
+
+def test_moments_shape_error() -> None:
+    with pytest.raises(ValueError) as exc:
+        global_advantage_moments(torch.zeros(4, 2), torch.ones(2, dtype=torch.bool))
+    assert "(4, 2)" in str(exc.value) and "(2,)" in str(exc.value)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _moments_worker(rank: int, world: int, port: int, shards: list, out_dir: str) -> None:
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=30))
+    try:
+        calls = []
+        real_all_reduce = dist.all_reduce
+
+        def counting_all_reduce(*args, **kwargs):
+            calls.append(1)
+            return real_all_reduce(*args, **kwargs)
+
+        dist.all_reduce = counting_all_reduce
+        adv, valid = shards[rank]
+        mean, std = global_advantage_moments(adv, valid)
+        n_calls = len(calls)
+        norm = normalize_advantages(adv, valid)
+        torch.save(
+            {"mean": mean, "std": std, "calls": n_calls, "norm": norm}, Path(out_dir) / f"rank{rank}.pt"
+        )
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.multiproc
+def test_global_moments_two_gloo_ranks_uneven_shards(tmp_path: Path) -> None:
+    shards = _shards()
+    ctx = mp.start_processes(
+        _moments_worker,
+        args=(2, _free_port(), shards, str(tmp_path)),
+        nprocs=2,
+        join=False,
+        start_method="spawn",
+    )
+    deadline = time.monotonic() + 60
+    try:
+        while not ctx.join(timeout=1):  # raises with the child's traceback if a rank fails
+            if time.monotonic() > deadline:
+                pytest.fail("gloo ranks did not finish within 60 s")
+    finally:
+        for proc in ctx.processes:
+            if proc.is_alive():
+                proc.kill()
+    ref_mean, ref_std = _reference_moments(shards)
+    norms = []
+    for rank in range(2):
+        out = torch.load(tmp_path / f"rank{rank}.pt")
+        assert out["calls"] == 1  # exactly one collective
+        assert out["mean"].item() == pytest.approx(ref_mean, abs=1e-6)
+        assert out["std"].item() == pytest.approx(ref_std, abs=1e-6)
+        valid = shards[rank][1]
+        assert torch.equal(out["norm"][~valid], torch.zeros(int((~valid).sum())))
+        norms.append(out["norm"][valid].double())
+    # Normalised with global statistics, the *union* of valid advantages is standardised
+    # (neither shard is on its own: their means are 3 and -1).
+    union = torch.cat(norms)
+    assert union.mean().item() == pytest.approx(0.0, abs=1e-5)
+    assert union.std(unbiased=False).item() == pytest.approx(1.0, abs=1e-5)
+    assert abs(norms[0].mean().item()) > 0.5
