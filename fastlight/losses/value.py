@@ -81,4 +81,4 @@ def explained_variance(*, values: Tensor, returns: Tensor, valid: Tensor) -> Ten
     var_r = masked_var(ret, valid)
     var_res = masked_var(ret - zero_invalid(values, valid), valid)
     safe = torch.where(var_r > 0, var_r, torch.ones_like(var_r))
-    return 1.0 - var_res / var_r
+    return torch.where(var_r > 0, 1.0 - var_res / safe, torch.zeros_like(var_r))

@@ -278,9 +278,13 @@ def test_info_dict_values_and_detached() -> None:
 def test_count_override_rescales_loss(objective: str) -> None:
     lp, old, adv, valid = _leaf_inputs(seed=8)
     kw = {"logprobs": lp, "old_logprobs": old, "advantages": adv, "valid": valid}
-    local, _ = OBJECTIVES[objective](**kw)
-    scaled, _ = OBJECTIVES[objective](**kw, count=3.0)  # 6 valid rows locally, 'global/W' = 3
+    local, local_info = OBJECTIVES[objective](**kw)
+    scaled, scaled_info = OBJECTIVES[objective](**kw, count=3.0)  # 6 valid rows locally, 'global/W' = 3
     torch.testing.assert_close(scaled, 2 * local)
+    # Diagnostics use the same denominator, so their rank average is the exact global mean too.
+    assert local_info["clip_frac"] > 0
+    for key, value in local_info.items():
+        torch.testing.assert_close(scaled_info[key], 2 * value)
 
 
 # ---------------------------------------------------------------------------- errors
