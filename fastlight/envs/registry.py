@@ -1,7 +1,9 @@
 """Building environments by id, with errors that name the setting and suggest close ids.
 
 Ids are gymnasium ids. Packages that register envs on import (``highway_env``, the Meta-World
-adapter) are imported on demand, so ``--data.env_id merge-v0`` just works.
+adapter) are imported on demand, so ``--data.env_id merge-v0`` just works. gymnasium's
+``"my_package.envs:MyEnv-v0"`` form imports ``my_package.envs`` first, which is how a user's
+own envs reach the (spawned) sampler processes.
 """
 
 from __future__ import annotations
@@ -36,6 +38,12 @@ def _import_registering_package(env_id: str) -> None:
 
 def check_env_id(env_id: str, *, flag: str = "--data.env_id") -> None:
     """Raise ``ValueError`` naming ``flag`` if ``env_id`` is not a registered gymnasium id."""
+    if ":" in env_id:
+        module, env_id = env_id.split(":", 1)
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            raise ValueError(f"{flag}: cannot import module {module!r} named before ':' ({e})") from e
     _import_registering_package(env_id)
     if env_id in gym.registry:
         return

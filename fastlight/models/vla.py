@@ -316,10 +316,14 @@ class VLAPolicy(nn.Module):
         return EvalOutput(_token_logprobs(logits, actions), entropy, self.value_head(value_hidden, step))
 
     def value(self, obs: dict[str, Tensor], *, step: Tensor | None = None) -> Tensor:
-        """Critic only: values ``[N]`` from the placeholder slots' detached hidden states and ``step``."""
-        prefix = self._prefix(obs)
-        n = prefix[0].shape[0]
+        """Critic only: values ``[N]`` from the placeholder slots' detached hidden states and ``step``.
+
+        The backbone runs under ``no_grad`` (its states are detached anyway); the value head keeps
+        its gradients, for value recomputation / critic updates with the latest weights (AcceRL).
+        """
         with torch.no_grad():
+            prefix = self._prefix(obs)
+            n = prefix[0].shape[0]
             hidden = self._hidden(prefix, self._slots(n, None))
         return self.value_head(hidden, self._check_step(step, n, hidden.device))
 

@@ -9,6 +9,7 @@ waits forever: ``take`` gives up after ``timeout_s`` without data.
 from __future__ import annotations
 
 import atexit
+import os
 import queue
 import time
 import weakref
@@ -43,7 +44,7 @@ class SamplerPool:
     def start(self) -> None:
         for i, cfg in enumerate(self.configs):
             p = self.ctx.Process(
-                target=sampler_main, args=(i, cfg, self.policy, self.weights, self.queue, self.stop_event),
+                target=sampler_main, args=(i, cfg, self.policy, self.weights, self.queue, self.stop_event, os.getpid()),
                 name=f"fastlight-sampler-{i}", daemon=True,
             )
             p.start()

@@ -64,14 +64,17 @@ def build_envs(cfg: SamplerConfig, worker_index: int) -> list:
     return envs
 
 
-def _die_with_parent() -> None:
-    """Make the kernel SIGKILL us when the trainer dies; a watchdog covers non-Linux systems."""
+def _die_with_parent(parent: int) -> None:
+    """Exit when the trainer (pid ``parent``) dies: the kernel's PR_SET_PDEATHSIG on Linux, plus
+    a watchdog thread. ``parent`` is passed in rather than read here, because the trainer may
+    die while this process is still importing, before this function runs."""
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
         except OSError:
             pass
-    parent = os.getppid()
+    if os.getppid() != parent:
+        os._exit(1)
 
     def watchdog() -> None:
         while True:
@@ -104,9 +107,10 @@ def sampler_main(
     weights: SharedWeights,
     out_queue: Any,
     stop: Any,
+    parent_pid: int,
 ) -> None:
     """Entry point of sampler process ``index`` (spawned)."""
-    _die_with_parent()
+    _die_with_parent(parent_pid)
     torch.set_num_threads(1)
     seed_everything(cfg.seed)
     collector = None

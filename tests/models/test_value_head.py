@@ -85,3 +85,11 @@ def test_parameter_groups_partition_the_module() -> None:
     assert len(ids) == len(pol) + len(val) == len(list(policy.parameters()))
     assert {id(p) for p in val} == {id(p) for p in policy.value_head.parameters()}
     assert any(p is policy.backbone.get_input_embeddings().weight for p in pol)
+
+
+def test_value_method_trains_only_the_head() -> None:
+    policy = VLAPolicy(**TINY)
+    v = policy.value(_obs(), step=torch.tensor([1, 2, 3]))
+    v.sum().backward()
+    assert all(p.grad is None for p in policy.policy_parameters())
+    assert all(p.grad is not None for p in policy.value_parameters())

@@ -1,0 +1,42 @@
+# fastlight: `make train` and `make test` work on a fresh machine (they create .venv).
+PYTHON ?= python3
+VENV   ?= .venv
+# Pinned here so a CPU machine gets the CPU wheel; override with e.g. `make TORCH=torch==2.6.0 test`.
+TORCH  ?= torch==2.13.0
+CONFIG ?= configs/highway_dpsa.yaml
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.fastlight-installed
+export MUJOCO_GL ?= egl
+
+.PHONY: install train test test-slow test-all bench lint clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(TORCH)"
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+train: install
+	$(BIN)/fastlight fit --config $(CONFIG)
+
+test: install
+	$(BIN)/python -m pytest -q -m "not slow and not benchmark and not gpu"
+
+test-slow: install
+	$(BIN)/python -m pytest -q -m "slow"
+
+test-all: install
+	$(BIN)/python -m pytest -q -m "not gpu"
+
+bench: install
+	$(BIN)/python -m fastlight.bench.sampling
+	$(BIN)/python -m fastlight.bench.pruning
+
+lint: install
+	$(BIN)/ruff check fastlight tests examples
+
+clean:
+	rm -rf runs lightning_logs .pytest_cache

@@ -1,0 +1,172 @@
+"""Outputs of the sampling benchmark: ``sampling.json`` (rows), ``sampling.png`` (effective
+throughput against clip count, one line per mode) and ``sampling.md`` (tables, the exact
+command, the emulation model, a time profile, and the targets with met/missed and why)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fastlight.bench.sampling_targets import analysis_lines, target_lines
+
+Row = dict[str, Any]
+
+TITLES = {
+    "native": "(a) real stepping, the environment's own reset",
+    "emulated_reset": "(b) real stepping, emulated scenario load on every env reset",
+    "shared_sim": "(c) shared simulator (FAST's setting), fully emulated",
+}
+
+
+def label(row: Row) -> str:
+    return f"dpsa@{row['threshold']:g}" if row["mode"] == "dpsa" else row["mode"]
+
+
+def _f(x: float | None, fmt: str = ".2f") -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
+
+
+def _table(rows: list[Row]) -> list[str]:
+    out = [
+        "| mode | clips | raw tps | effective tps | sample eff. | time eff. | mean ep. len (± s.e.) "
+        "| trunc. share | resets / 1k valid | speed-up vs sequential |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        same = " †" if r["same_as"] else ""
+        out.append(
+            f"| {label(r)}{same} | {r['clips']} | {r['raw_tps']:.1f} | {r['effective_tps']:.1f} "
+            f"| {r['sample_efficiency']:.3f} | {r['time_efficiency']:.3f} "
+            f"| {_f(r['mean_episode_length'])} ± {_f(r['mean_episode_length_se'])} "
+            f"| {_f(r['truncated_episode_share'])} | {r['resets_per_1k_valid']:.1f} "
+            f"| {r['speedup_vs_sequential']:.2f}× |"
+        )
+    return out
+
+
+def _profile(rows: list[Row]) -> list[str]:
+    out = [
+        "| mode | clips | step s / 1k valid | reset s / 1k valid | other s / 1k valid | total s / 1k valid "
+        "| valid per global reset |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        if r["same_as"]:
+            continue
+        k = 1000.0 / max(r["valid_steps"], 1)
+        cycles = r["mode"] in ("sgr", "dpsa")  # autoreset modes reset envs one by one
+        per_reset = r["valid_steps"] / r["global_resets"] if cycles and r["global_resets"] else math.nan
+        out.append(
+            f"| {label(r)} | {r['clips']} | {r['step_s'] * k:.2f} | {r['reset_s'] * k:.2f} "
+            f"| {r['other_s'] * k:.2f} | {r['wall_s'] * k:.2f} | {_f(per_reset, '.1f')} |"
+        )
+    return out
+
+
+def _pool_line(pool: list[list[int] | tuple[int, bool]]) -> str:
+    if not pool:
+        return "no complete episodes measured"
+    lengths = np.asarray([p[0] for p in pool], dtype=float)
+    term = np.mean([bool(p[1]) for p in pool])
+    p10, p50, p90 = np.percentile(lengths, [10, 50, 90])
+    return (f"{len(pool)} complete episodes, length mean {lengths.mean():.1f}, p10/p50/p90 "
+            f"{p10:.0f}/{p50:.0f}/{p90:.0f}, max {lengths.max():.0f}; {term:.0%} terminated "
+            f"(crash), {1 - term:.0%} hit the time limit")
+
+
+def _model_lines(meta: dict[str, Any]) -> list[str]:
+    r, s = meta["reset_cost_s"], meta["shared_step_s"]
+    return [
+        "## What is real and what is emulated",
+        "",
+        f"- **Policy**: a fixed uniform-random policy over the discrete actions (no network), so the "
+        f"runs measure sampling only. Episodes here: {_pool_line(meta['episode_pool'])}.",
+        f"- **(a) native**: real `{meta['env']}` stepping and resets on this machine, one process: "
+        "the Collector steps its envs one after another (pure-Python simulator, one core).",
+        f"- **(b) emulated_reset**: as (a), and every env reset also sleeps {r:g} s "
+        "(`ScenarioLoadCost`, an I/O-bound scenario load). The resets of one sampler happen on a "
+        "thread pool, so a global reset of N envs costs about one load, not N.",
+        f"- **(c) shared_sim**: FAST's setting, emulated (`fastlight/bench/shared_sim.py`). All clips live "
+        f"in one simulator; only a global reset exists and it reloads the clips one after another "
+        f"({r:g} s each, so N × {r:g} s); one simulator tick steps all clips in parallel, as on "
+        f"FAST's 8-GPU node, and costs {s * 1000:.1f} ms (the real env's mean step time measured in "
+        "this run). Episode lengths are replayed from the complete episodes of (a)/(b). "
+        "`sequential` is one clip in its own simulator. `autoreset` does not exist there.",
+        "- Every cell collects the same number of valid transitions (whole cycles, so up to one "
+        "cycle more); speed-ups are effective-throughput ratios against `sequential` in the same "
+        "setting and the same invocation, rounds interleaved.",
+        "- † at 1 clip, `autoreset` runs the same code as `sequential`, and `dpsa` at any threshold "
+        "in (0, 1] the same as `sgr` (the cycle ends at the first termination): measured once.",
+        "",
+    ]
+
+
+def markdown(rows: list[Row], meta: dict[str, Any]) -> str:
+    lines = [
+        "# Sampling benchmark: sequential vs SGR vs autoreset vs DPSA (FAST)",
+        "",
+        "Produced by:",
+        "",
+        "```",
+        meta["command"],
+        "```",
+        "",
+        f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores visible (shared with other jobs), "
+        f"Python {platform.python_version()}. Valid transitions per cell: {meta['valid_steps']} over "
+        f"{meta['rounds']} interleaved round(s); seed {meta['seed']}; total time {meta['total_s']:.0f} s.",
+        "",
+        *_model_lines(meta),
+    ]
+    for setting, title in TITLES.items():
+        part = [r for r in rows if r["setting"] == setting]
+        if not part:
+            continue
+        lines += [f"## {title}", "", *_table(part), "", "Time profile (seconds per 1,000 valid transitions):",
+                  "", *_profile(part), ""]
+    lines += ["## Targets", "", *target_lines(rows), "", "## Why (from the profile)", "",
+              *analysis_lines(rows, meta), ""]
+    return "\n".join(lines)
+
+
+def plot(rows: list[Row], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    settings = [s for s in TITLES if any(r["setting"] == s for r in rows)]
+    fig, axes = plt.subplots(1, len(settings), figsize=(5.5 * len(settings), 4.2), squeeze=False)
+    for ax, setting in zip(axes[0], settings, strict=True):
+        part = [r for r in rows if r["setting"] == setting]
+        clips = sorted({r["clips"] for r in part})
+        for name in dict.fromkeys(label(r) for r in part):
+            if name == "sequential":
+                seq = next(r for r in part if r["mode"] == "sequential")
+                ax.axhline(seq["effective_tps"], color="black", ls="--", label="sequential")
+                continue
+            pts = sorted((r["clips"], r["effective_tps"]) for r in part if label(r) == name)
+            ax.plot([c for c, _ in pts], [v for _, v in pts], marker="o", label=name)
+        ax.set_ylim(bottom=0)
+        ax.set_xticks(clips)
+        ax.set_xlabel("parallel clips")
+        ax.set_ylabel("effective throughput (valid transitions / s)")
+        ax.set_title(TITLES[setting], fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_outputs(rows: list[Row], meta: dict[str, Any], out: Path) -> None:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sampling.json").write_text(json.dumps(rows, indent=1) + "\n")
+    plot(rows, out / "sampling.png")
+    (out / "sampling.md").write_text(markdown(rows, meta))

@@ -1,0 +1,148 @@
+"""The sampling benchmark's targets (met / missed) and the arithmetic that explains them.
+
+Targets are judged on setting ``emulated_reset`` (real stepping, emulated scenario load) and,
+for FAST's shared-simulator claims (FAST §execution time: SGR-30 < 1×, FAST-30 > 2×), on
+``shared_sim``. The explanations are ceilings computed from the measured time profile: in a
+single sampler process the envs are stepped one after another, so every valid transition
+costs at least one real ``env.step``, whatever the reset mode.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+Row = dict[str, Any]
+REAL = "emulated_reset"
+
+
+def _get(rows: list[Row], setting: str, mode: str, clips: int, threshold: float | None = None) -> Row | None:
+    for r in rows:
+        if (r["setting"], r["mode"], r["clips"]) == (setting, mode, clips) and (
+            threshold is None or r["threshold"] == threshold
+        ):
+            return r
+    return None
+
+
+def _best_dpsa(rows: list[Row], setting: str, clips: int) -> Row | None:
+    cands = [r for r in rows if (r["setting"], r["mode"], r["clips"]) == (setting, "dpsa", clips)]
+    return max(cands, key=lambda r: r["effective_tps"]) if cands else None
+
+
+def _line(ok: bool | None, target: str, measured: str) -> str:
+    tag = "not run" if ok is None else ("**met**" if ok else "**MISSED**")
+    return f"- {tag}: {target} — {measured}"
+
+
+def _ratio_target(rows: list[Row], clips: int, need: float) -> str:
+    d, s = _best_dpsa(rows, REAL, clips), _get(rows, REAL, "sgr", clips)
+    target = f"{clips} clips: best dpsa ≥ {need}× sgr effective throughput"
+    if d is None or s is None:
+        return _line(None, target, "")
+    ratio = d["effective_tps"] / s["effective_tps"]
+    return _line(ratio >= need, target, f"dpsa@{d['threshold']:g} {d['effective_tps']:.1f} vs sgr "
+                 f"{s['effective_tps']:.1f} valid/s = {ratio:.2f}×")
+
+
+def _length_lines(rows: list[Row]) -> list[str]:
+    seq = _get(rows, REAL, "sequential", 1)
+    out = []
+    for clips in sorted({r["clips"] for r in rows if r["clips"] > 1}):
+        d, s = _get(rows, REAL, "dpsa", clips, 1.0), _get(rows, REAL, "sgr", clips)
+        if seq is None or d is None or seq["mean_episode_length"] is None:
+            continue
+        lq, ld = seq["mean_episode_length"], d["mean_episode_length"] or math.nan
+        se = math.hypot(seq["mean_episode_length_se"] or 0.0, d["mean_episode_length_se"] or 0.0)
+        out.append(_line(abs(ld / lq - 1) <= 0.05, f"{clips} clips: dpsa@1 mean episode length within 5% "
+                         f"of sequential", f"{ld:.2f} vs {lq:.2f} ({ld / lq - 1:+.1%}; difference "
+                         f"{abs(ld - lq) / se if se else math.nan:.1f} standard errors)"))
+        if s is not None and s["mean_episode_length"] is not None:
+            shrink = 1 - s["mean_episode_length"] / lq
+            out.append(_line(shrink > 0, f"{clips} clips: sgr's mean episode length shrinks",
+                             f"{s['mean_episode_length']:.2f} vs {lq:.2f}: {shrink:.0%} shorter"))
+    return out
+
+
+def target_lines(rows: list[Row]) -> list[str]:
+    """One line per target of the issue, with the measured figures."""
+    out = [_ratio_target(rows, 10, 1.5)]
+    d = _best_dpsa(rows, REAL, 10)
+    out.append(_line(None if d is None else d["speedup_vs_sequential"] >= 3.5,
+                     "10 clips: best dpsa ≥ 3.5× sequential",
+                     "" if d is None else f"{d['speedup_vs_sequential']:.2f}×"))
+    out.append(_ratio_target(rows, 30, 1.25))
+    s = _get(rows, REAL, "sgr", 10)
+    te = None if d is None or s is None else d["time_efficiency"] - s["time_efficiency"]
+    out.append(_line(None if te is None else te >= 0.2, "10 clips: dpsa time efficiency ≥ sgr + 0.2",
+                     "" if te is None else f"{d['time_efficiency']:.3f} vs {s['time_efficiency']:.3f} "
+                     f"({te:+.3f})"))
+    out += _length_lines(rows)
+    sg, dp = _get(rows, "shared_sim", "sgr", 30), _best_dpsa(rows, "shared_sim", 30)
+    out.append(_line(None if sg is None else sg["speedup_vs_sequential"] < 1.0, "shared simulator, 30 clips: "
+                     "sgr < 1× sequential", "" if sg is None else f"{sg['speedup_vs_sequential']:.2f}×"))
+    out.append(_line(None if dp is None else dp["speedup_vs_sequential"] > 2.0, "shared simulator, 30 clips: "
+                     "dpsa > 2× sequential", "" if dp is None else
+                     f"dpsa@{dp['threshold']:g} {dp['speedup_vs_sequential']:.2f}×"))
+    return out
+
+
+def _per_valid(r: Row, key: str) -> float:
+    return r[key] / max(r["valid_steps"], 1)
+
+
+def _real_ceiling(rows: list[Row]) -> list[str]:
+    seq = _get(rows, REAL, "sequential", 1)
+    if seq is None:
+        return []
+    step = _per_valid(seq, "step_s")
+    out = [
+        f"- **Serial stepping caps every speed-up with real stepping.** One `env.step` costs "
+        f"{step * 1e3:.1f} ms here and each valid transition needs one, in every mode, on one core. "
+        f"Sequential spends {_per_valid(seq, 'wall_s') * 1e3:.1f} ms per valid transition "
+        f"({_per_valid(seq, 'reset_s') * 1e3:.1f} ms of it in resets). So even with resets and "
+        f"bookkeeping free, no mode can beat sequential by more than "
+        f"{_per_valid(seq, 'wall_s') / step:.2f}× (= 1 + reset / (episode length × step time)). "
+        "FAST's 10-clip figures come from clips stepping in parallel on 8 GPUs, which one Python "
+        "process cannot do; a 3.5× target needs it.",
+    ]
+    for clips in sorted({r["clips"] for r in rows if r["clips"] > 1}):
+        d, s = _best_dpsa(rows, REAL, clips), _get(rows, REAL, "sgr", clips)
+        if d is None or s is None:
+            continue
+        ceil = _per_valid(s, "wall_s") / _per_valid(d, "step_s")
+        out.append(
+            f"- **{clips} clips, dpsa@{d['threshold']:g} vs sgr.** Per valid transition sgr spends "
+            f"{_per_valid(s, 'step_s') * 1e3:.1f} ms stepping, {_per_valid(s, 'reset_s') * 1e3:.1f} ms "
+            f"resetting, {_per_valid(s, 'other_s') * 1e3:.1f} ms elsewhere (policy calls, bookkeeping); "
+            f"dpsa {_per_valid(d, 'step_s') * 1e3:.1f} / {_per_valid(d, 'reset_s') * 1e3:.1f} / "
+            f"{_per_valid(d, 'other_s') * 1e3:.1f} ms. Removing every reset and overhead would give "
+            f"at most {ceil:.2f}× sgr; dpsa reaches {d['effective_tps'] / s['effective_tps']:.2f}×. "
+            f"sgr's global resets overlap (one sampler resets its envs on a thread pool), so one "
+            f"reset of {clips} envs costs about one scenario load; that is what keeps sgr close."
+        )
+    return out
+
+
+def _shared_ceiling(rows: list[Row], meta: dict[str, Any]) -> list[str]:
+    seq = _get(rows, "shared_sim", "sequential", 1)
+    if seq is None or not seq["mean_episode_length"]:
+        return []
+    reset, tick, length = meta["reset_cost_s"], meta["shared_step_s"], seq["mean_episode_length"]
+    ceil = (reset + length * tick) / reset if reset > 0 else math.inf
+    return [
+        f"- **Shared simulator.** Reloads are serialised, so every episode costs one full "
+        f"{reset:g} s reload in every mode; what parallel clips save is stepping time. A clip's "
+        f"episode steps for {length:.1f} × {tick * 1e3:.1f} ms = {length * tick:.2f} s against a "
+        f"{reset:g} s reload, so no clip count can beat sequential by more than "
+        f"1 + {length * tick:.2f} / {reset:g} = {ceil:.2f}×. FAST's > 2× at 30 clips implies "
+        "episodes whose simulated time exceeds a clip's reload (their episodes average ~35 steps "
+        "of a heavier simulator); with highway-env's short (crash-ended) random-policy episodes "
+        "against a 0.3 s reload this model cannot show it. SGR's collapse below 1× does not need "
+        "that: it pays N reloads for about N × (shortest episode) transitions.",
+    ]
+
+
+def analysis_lines(rows: list[Row], meta: dict[str, Any]) -> list[str]:
+    """The measured ceilings behind the met / missed targets."""
+    return [*_real_ceiling(rows), *_shared_ceiling(rows, meta)]

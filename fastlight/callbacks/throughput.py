@@ -1,0 +1,111 @@
+"""``ThroughputMonitor``: logs FAST's throughput family (§Problem Definition) under ``perf/*``.
+
+It reads the sampler counters every :class:`~fastlight.rollout.Rollout` batch carries
+(``batch.stats``), so it works on any run whose training batches are Rollouts (every run
+built on ``RolloutDataModule``); other batches are ignored.
+
+**Clock.** The rates ``perf/raw_tps`` and ``perf/effective_tps`` divide by the *trainer-side*
+wall clock between consecutive Rollout batches, not by the samplers' ``wall_time``: with
+several sampler processes per trainer the Rollout's stats are merged (times added), so the
+summed ``wall_time`` would understate a parallel job's rate. The trainer clock gives what the
+job delivers to the learner, including any time the samplers wait for new weights. The
+samplers' own figure is ``perf/per_sampler_tps`` (valid steps per second of one sampler's
+busy time). The first Rollout after ``on_train_start`` only starts the clock (sampler start-up
+and prefetched data would distort it); it still counts in the totals.
+
+**DDP.** The underlying :class:`~fastlight.metrics.throughput.ThroughputMetrics` sums counts
+over ranks and takes the max of the clocks, so every rank logs the whole job's figures.
+
+Logged keys: ``perf/raw_tps``, ``perf/effective_tps`` (progress bar), ``perf/sample_efficiency``,
+``perf/time_efficiency``, ``perf/per_sampler_tps``, ``perf/mean_episode_length``,
+``perf/resets_per_1k_valid``, ``perf/truncated_episode_share`` and the cumulative
+``perf/valid_steps_total`` / ``perf/raw_steps_total`` (kept in the checkpoint). A ratio that
+is undefined over a window (e.g. no episode ended) is not logged.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
+
+from fastlight.metrics.throughput import ThroughputMetrics
+from fastlight.rollout import Rollout
+
+#: The clock; a module attribute so tests can substitute a deterministic one.
+_now = time.perf_counter
+
+_TOTALS = ("raw_steps", "valid_steps", "episodes", "global_resets")
+
+
+class ThroughputMonitor(Callback):
+    """Logs raw/effective throughput, sample and time efficiency, episode length, resets.
+
+    Args:
+        window: number of Rollout batches aggregated into each logged value (the metric is
+            reset after every log); larger windows smooth the figures.
+        prog_bar: show ``perf/effective_tps`` in the progress bar.
+    """
+
+    def __init__(self, window: int = 1, prog_bar: bool = True) -> None:
+        super().__init__()
+        if window < 1:
+            raise ValueError(f"ThroughputMonitor window must be >= 1, got {window}")
+        self.window = window
+        self.prog_bar = prog_bar
+        self.metric = ThroughputMetrics()
+        self.totals: dict[str, int] = dict.fromkeys(_TOTALS, 0)
+        self._last: float | None = None
+        self._pending = 0
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.metric = self.metric.to(pl_module.device)  # NCCL gathers need states on the device
+        self.metric.reset()
+        self._last = None
+        self._pending = 0
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if not isinstance(batch, Rollout):
+            return
+        stats = batch.stats
+        self.totals["raw_steps"] += stats.raw_steps
+        self.totals["valid_steps"] += stats.valid_steps
+        self.totals["episodes"] += len(stats.episodes)
+        self.totals["global_resets"] += stats.global_resets
+        now = _now()
+        last, self._last = self._last, now
+        if last is None:  # the first Rollout only starts the clock
+            return
+        self.metric.update(stats, elapsed=now - last)
+        self._pending += 1
+        if self._pending >= self.window:
+            self._log(pl_module)
+
+    def _log(self, pl_module: pl.LightningModule) -> None:
+        values = {f"perf/{k}": float(v) for k, v in self.metric.compute().items()}
+        self.metric.reset()
+        self._pending = 0
+        values = {k: v for k, v in values.items() if not math.isnan(v)}
+        values["perf/valid_steps_total"] = float(self.totals["valid_steps"])
+        values["perf/raw_steps_total"] = float(self.totals["raw_steps"])
+        bar = {k: values.pop(k) for k in ("perf/effective_tps",) if k in values}
+        kw: dict[str, Any] = {"on_step": True, "on_epoch": False, "batch_size": 1}
+        if bar:
+            pl_module.log_dict(bar, prog_bar=self.prog_bar, **kw)
+        pl_module.log_dict(values, prog_bar=False, **kw)
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"totals": dict(self.totals)}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.totals = dict.fromkeys(_TOTALS, 0) | {k: int(v) for k, v in state_dict["totals"].items()}

@@ -1,0 +1,158 @@
+"""The throughput family of FAST (§Problem Definition) as one torchmetrics ``Metric``.
+
+FAST splits *effective throughput* (valid on-policy transitions per second) into three
+factors. From the sampler counters of :class:`~fastlight.rollout.RolloutStats`:
+
+======================  ==========================================  ==========================
+key                     formula                                     FAST
+======================  ==========================================  ==========================
+raw_tps                 raw_steps / elapsed (dummy steps included)  raw sampling throughput
+sample_efficiency       valid_steps / raw_steps                     sample efficiency
+time_efficiency         step_time / wall_time                       time-efficiency ratio
+effective_tps           valid_steps / elapsed                       effective throughput
+per_sampler_tps         valid_steps / wall_time                     (one sampler's rate)
+mean_episode_length     Σ episode lengths / episodes                §average episode length
+resets_per_1k_valid     1000 · global_resets / valid_steps          (reset frequency)
+truncated_episode_share truncated episodes / episodes               (short-time bias)
+======================  ==========================================  ==========================
+
+``effective_tps = raw_tps × sample_efficiency`` holds exactly. ``wall_time`` is the whole
+sampling cycle (stepping + resets + policy inference + waiting); an episode cut by a
+truncation (unified truncation or time limit) counts at its cut length.
+
+**Clocks.** Two times are kept apart:
+
+- ``wall_time`` (summed, like every counter) is *busy time of samplers*. Several sampler
+  processes feeding one trainer merge their stats (``RolloutStats.merge`` adds times), so a
+  super-batch from 2 parallel workers carries the sum of both workers' cycle times. It is only
+  ever the denominator of per-sampler ratios (``time_efficiency``, ``per_sampler_tps``),
+  which stay correct under that merge.
+- ``elapsed`` is the *wall clock* over which the counts were produced; it is the denominator
+  of the rates ``raw_tps`` / ``effective_tps``. ``update(stats)`` defaults it to
+  ``stats.wall_time``, which is right for a single sampler (the sampling benchmark); a caller
+  with several parallel samplers passes its own clock (``ThroughputMonitor`` passes the
+  trainer-side time between batches).
+
+**DDP.** Counters are summed across ranks (``dist_reduce_fx="sum"``); ``elapsed`` is reduced
+with ``max``: ranks sample in parallel over the same period, so summing their clocks would
+divide the job's rate by the world size. Rates are therefore whole-job figures
+(Σ transitions over all ranks / the period), ratios are ratios of job-wide sums.
+States are float64 (exact for integer counts below 2**53).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+from torchmetrics import Metric
+
+from fastlight.rollout import RolloutStats
+
+#: Summed counters (names of the metric states), in a fixed order.
+SUM_STATES = (
+    "raw_steps",
+    "valid_steps",
+    "step_time",
+    "reset_time",
+    "wall_time",
+    "global_resets",
+    "episodes",
+    "episode_length_sum",
+    "truncated_episodes",
+)
+
+#: Keys returned by :meth:`ThroughputMetrics.compute`.
+METRIC_KEYS = (
+    "raw_tps",
+    "effective_tps",
+    "sample_efficiency",
+    "time_efficiency",
+    "per_sampler_tps",
+    "mean_episode_length",
+    "resets_per_1k_valid",
+    "truncated_episode_share",
+)
+
+
+def _ratio(num: Tensor, den: Tensor, scale: float = 1.0) -> Tensor:
+    """``scale · num / den``; NaN when ``den == 0`` (undefined, e.g. no episode ended yet)."""
+    if float(den) <= 0.0:
+        return torch.tensor(math.nan, dtype=torch.float64, device=num.device)
+    return scale * num / den
+
+
+class ThroughputMetrics(Metric):
+    """FAST's throughput family from sampler counters; see the module docstring for formulas.
+
+    Example::
+
+        metric = ThroughputMetrics()
+        for rollout in rollouts:
+            metric.update(rollout.stats)           # one sampler: elapsed = its wall_time
+        metric.compute()["effective_tps"]
+    """
+
+    is_differentiable = False
+    higher_is_better = None
+    # ``elapsed`` is summed within a process but max-reduced across ranks, so the batch-local
+    # fast path of ``forward`` (which reduces with dist_reduce_fx) would be wrong for it.
+    full_state_update = True
+
+    raw_steps: Tensor
+    valid_steps: Tensor
+    step_time: Tensor
+    reset_time: Tensor
+    wall_time: Tensor
+    global_resets: Tensor
+    episodes: Tensor
+    episode_length_sum: Tensor
+    truncated_episodes: Tensor
+    elapsed: Tensor
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        for name in SUM_STATES:
+            self.add_state(name, default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("elapsed", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="max")
+
+    def update(self, stats: RolloutStats, elapsed: float | None = None) -> None:  # type: ignore[override]
+        """Add one Rollout's counters.
+
+        Args:
+            stats: the sampler counters of one Rollout (possibly merged over workers/cycles).
+            elapsed: wall-clock seconds in which they were produced; ``None`` means
+                ``stats.wall_time`` (right for one sampler, wrong for merged parallel ones).
+        """
+        if not isinstance(stats, RolloutStats):
+            raise TypeError(f"ThroughputMetrics.update expects RolloutStats, got {type(stats).__name__}")
+        if elapsed is not None and elapsed < 0:
+            raise ValueError(f"ThroughputMetrics.update: elapsed must be >= 0, got {elapsed}")
+        self.raw_steps += stats.raw_steps
+        self.valid_steps += stats.valid_steps
+        self.step_time += stats.step_time
+        self.reset_time += stats.reset_time
+        self.wall_time += stats.wall_time
+        self.global_resets += stats.global_resets
+        self.episodes += len(stats.episodes)
+        self.episode_length_sum += sum(ep.length for ep in stats.episodes)
+        self.truncated_episodes += sum(1 for ep in stats.episodes if ep.truncated)
+        self.elapsed += stats.wall_time if elapsed is None else float(elapsed)
+
+    def compute(self) -> dict[str, Tensor]:
+        """The family as 0-d float64 tensors keyed by :data:`METRIC_KEYS` (NaN where undefined)."""
+        return {
+            "raw_tps": _ratio(self.raw_steps, self.elapsed),
+            "effective_tps": _ratio(self.valid_steps, self.elapsed),
+            "sample_efficiency": _ratio(self.valid_steps, self.raw_steps),
+            "time_efficiency": _ratio(self.step_time, self.wall_time),
+            "per_sampler_tps": _ratio(self.valid_steps, self.wall_time),
+            "mean_episode_length": _ratio(self.episode_length_sum, self.episodes),
+            "resets_per_1k_valid": _ratio(self.global_resets, self.valid_steps, 1000.0),
+            "truncated_episode_share": _ratio(self.truncated_episodes, self.episodes),
+        }
+
+    def totals(self) -> dict[str, float]:
+        """The raw (local, unsynced) counters as floats, for reports and checkpoints."""
+        return {name: float(getattr(self, name)) for name in (*SUM_STATES, "elapsed")}

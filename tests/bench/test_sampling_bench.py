@@ -1,0 +1,143 @@
+"""The sampling benchmark on tiny settings, in-process: outputs, invariants, and the models."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from fastlight.bench.sampling import main, plan
+from fastlight.bench.sampling_runs import EpisodeLengths, RandomPolicy, RunSpec, drain
+from fastlight.bench.shared_sim import shared_sim_clips
+from fastlight.sampling.collector import Collector
+from tests.fake_envs import FixedLengthEnv
+
+KEYS = {"mode", "threshold", "clips", "reset_cost_s", "raw_tps", "effective_tps", "sample_efficiency",
+        "time_efficiency", "mean_episode_length", "speedup_vs_sequential"}
+RESET = 0.02
+
+
+class RandomLengthEnv(gym.Env):
+    """Episodes of 1..12 steps drawn from the env's seeded RNG; crash (terminate) unless 12."""
+
+    def __init__(self) -> None:
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+        self.action_space = gym.spaces.Discrete(3)
+        self.t, self.n = 0, 1
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t, self.n = 0, int(self.np_random.integers(1, 13))
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        end = self.t >= self.n
+        return np.zeros(3, np.float32), 1.0, end and self.n < 12, end and self.n == 12, {}
+
+
+gym.register("BenchRandomLength-v0", entry_point=RandomLengthEnv)
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict], Path]:
+    out = tmp_path_factory.mktemp("bench")
+    argv = ["--env", "BenchRandomLength-v0", "--clips", "1", "4", "--valid-steps", "60", "--rounds", "2",
+            "--reset-cost", str(RESET), "--shared-step-s", "0.002", "--out", str(out)]
+    return main(argv), out
+
+
+def _row(rows: list[dict], setting: str, mode: str, clips: int, threshold: float | None = None) -> dict:
+    return next(r for r in rows if (r["setting"], r["mode"], r["clips"], r["threshold"])
+                == (setting, mode, clips, threshold))
+
+
+def test_outputs_and_json_keys(bench: tuple[list[dict], Path]) -> None:
+    rows, out = bench
+    on_disk = json.loads((out / "sampling.json").read_text())
+    assert isinstance(on_disk, list) and len(on_disk) == len(plan(
+        ["native", "emulated_reset", "shared_sim"], [1, 4], [0.5, 0.75, 1.0]))
+    assert all(KEYS <= set(r) for r in on_disk)
+    md = (out / "sampling.md").read_text()
+    assert "python -m fastlight.bench.sampling --env BenchRandomLength-v0" in md
+    assert "## Targets" in md and "shared simulator" in md
+    assert (out / "sampling.png").stat().st_size > 10_000
+    assert not any(r["mode"] == "autoreset" for r in rows if r["setting"] == "shared_sim")
+
+
+def test_invariants(bench: tuple[list[dict], Path]) -> None:
+    rows, _ = bench
+    for r in rows:
+        assert r["valid_steps"] >= 60
+        assert r["effective_tps"] == pytest.approx(r["raw_tps"] * r["sample_efficiency"])
+        assert 0.0 < r["time_efficiency"] <= 1.0
+        if r["mode"] == "dpsa":
+            assert r["sample_efficiency"] <= 1.0
+        else:
+            assert r["sample_efficiency"] == 1.0
+        if r["mode"] == "sequential":
+            assert r["speedup_vs_sequential"] == 1.0
+    for setting in ("native", "emulated_reset", "shared_sim"):
+        assert _row(rows, setting, "dpsa", 4, 1.0)["sample_efficiency"] < 1.0  # dummy steps
+
+
+def test_one_clip_rows_share_the_identical_run(bench: tuple[list[dict], Path]) -> None:
+    rows, _ = bench
+    sgr = _row(rows, "native", "sgr", 1)
+    dpsa = _row(rows, "native", "dpsa", 1, 0.5)
+    assert dpsa["same_as"] and dpsa["effective_tps"] == sgr["effective_tps"]
+    assert _row(rows, "native", "autoreset", 1)["same_as"]
+    zero = RunSpec("native", "dpsa", 1, 0.0)  # threshold 0 cuts after one step: a different run
+    assert zero.canonical() == zero
+
+
+def test_sgr_cuts_episodes_short(bench: tuple[list[dict], Path]) -> None:
+    rows, _ = bench
+    seq = _row(rows, "native", "sequential", 1)["mean_episode_length"]
+    assert _row(rows, "native", "sgr", 4)["mean_episode_length"] < 0.8 * seq
+    assert _row(rows, "native", "sgr", 4)["truncated_episode_share"] > 0.3
+
+
+def test_reset_models(bench: tuple[list[dict], Path]) -> None:
+    rows, _ = bench
+    # emulated_reset: one sampler's resets overlap, a global reset of 4 envs costs ~ one load
+    real = _row(rows, "emulated_reset", "sgr", 4)
+    assert real["reset_s"] / real["global_resets"] < 2 * RESET
+    # shared simulator: the 4 clips reload one after another
+    shared = _row(rows, "shared_sim", "sgr", 4)
+    assert shared["reset_s"] / shared["global_resets"] >= 4 * RESET * 0.95
+
+
+def test_shared_simulator_steps_clips_in_one_tick() -> None:
+    clips = shared_sim_clips(
+        5, [(2, True), (7, True), (12, False)], step_s=0.0, reset_s=0.0,
+        observation_space=gym.spaces.Box(-1, 1, (3,)), action_space=gym.spaces.Discrete(2),
+    )
+    collector = Collector(clips, mode="dpsa", termination_threshold=1.0, max_horizon=50)
+    rollout = collector.collect(RandomPolicy(2))
+    sim = clips[0].sim
+    assert sim.ticks == rollout.shape[0]  # one tick per row, however many clips are active
+    assert sim.scenario_loads == 5
+    assert int(rollout.valid.sum()) == sum(ep.length for ep in rollout.stats.episodes)
+
+
+def test_drain_finishes_running_episodes() -> None:
+    env = EpisodeLengths(FixedLengthEnv(lengths=(5, 3)))
+    env.reset(seed=0)
+    env.step(0)
+    env.step(0)
+    drain([env], seed=0)
+    assert env.ended == [(5, True)] and not env.running
+
+
+def test_random_policy_is_uniform_and_seeded() -> None:
+    a = RandomPolicy(4, seed=1).act(torch.zeros(4000, 3))
+    b = RandomPolicy(4, seed=1).act(torch.zeros(4000, 3))
+    assert torch.equal(a.actions, b.actions)
+    counts = torch.bincount(a.actions, minlength=4).float() / 4000
+    assert torch.allclose(counts, torch.full((4,), 0.25), atol=0.03)
+    assert torch.equal(a.values, torch.zeros(4000))

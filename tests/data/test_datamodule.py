@@ -1,0 +1,162 @@
+"""RolloutDataModule with real spawned sampler processes: on-policy data, errors, no orphans."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import lightning as L
+import pytest
+import torch
+
+from fastlight.data.datamodule import RolloutDataModule
+from fastlight.modules.rl_module import RLModule
+from fastlight.sampling.pool import SamplerError
+
+pytestmark = pytest.mark.multiproc
+FIXED = "tests.fake_envs:FixedLength-v0"
+
+
+def trainer(**kw) -> L.Trainer:
+    return L.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                     enable_model_summary=False, accelerator="cpu", **kw)
+
+
+class RecordingModule(RLModule):
+    """Records the behaviour version of every trained transition and the sampler pids."""
+
+    def on_train_start(self) -> None:
+        self.pids = [p.pid for p in self.trainer.datamodule.pool.procs]
+        self.seen: list[tuple[int, list[int]]] = []
+
+    def training_step(self, batch, batch_idx):
+        self.seen.append((self.policy_version, batch.policy_version[batch.valid].unique().tolist()))
+        return super().training_step(batch, batch_idx)
+
+
+def assert_no_children(pids: list[int] | None = None) -> None:
+    deadline = time.monotonic() + 10
+    while multiprocessing.active_children() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert multiprocessing.active_children() == []
+    for pid in pids or []:
+        assert not os.path.exists(f"/proc/{pid}") or "Z" in open(f"/proc/{pid}/stat").read().split()[2]
+
+
+def test_fit_is_strictly_on_policy_and_leaves_no_children():
+    dm = RolloutDataModule(env_id=FIXED, env_kwargs={"lengths": (3, 6, 2)}, num_envs=4, num_workers=2,
+                           termination_threshold=0.5, cycles_per_step=2)
+    model = RecordingModule(obs_dim=3, action_dim=2, update_epochs=1, num_minibatches=2)
+    # Lightning counts optimizer steps: 4 rollouts x 1 epoch x 2 minibatches.
+    trainer(max_steps=8).fit(model, datamodule=dm)
+    assert model.policy_version == 4 and model.global_step == 8
+    # Every transition trained at version v was sampled with version v (max_staleness = 0).
+    assert model.seen == [(v, [v]) for v in range(4)]
+    assert len(model.pids) == 2
+    assert_no_children(model.pids)
+
+
+def test_sampler_exception_stops_fit_naming_worker_and_traceback():
+    dm = RolloutDataModule(env_id="tests.fake_envs:Crashing-v0", num_envs=2, num_workers=2)
+    t0 = time.monotonic()
+    with pytest.raises(SamplerError, match=r"sampler worker \d \(fastlight-sampler-\d\) crashed") as e:
+        trainer(max_steps=3).fit(RLModule(obs_dim=3, action_dim=2), datamodule=dm)
+    assert "RuntimeError: simulator exploded on purpose" in str(e.value)
+    assert time.monotonic() - t0 < 60
+    assert_no_children()
+
+
+def test_sampler_hard_crash_is_reported_with_exit_code():
+    dm = RolloutDataModule(env_id="tests.fake_envs:Crashing-v0", env_kwargs={"hard": True},
+                           num_envs=1, num_workers=1)
+    with pytest.raises(SamplerError, match="died with exit code 3"):
+        trainer(max_steps=3).fit(RLModule(obs_dim=3, action_dim=2), datamodule=dm)
+    assert_no_children()
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"env_id": "highway-fats-v0"}, r"--data.env_id must be a registered gymnasium id.*highway-fast-v0"),
+        ({"termination_threshold": 1.5}, r"--data.termination_threshold must be in \[0, 1\], got 1.5"),
+        ({"num_envs": 0}, "--data.num_envs must be >= 1, got 0"),
+        ({"reset_mode": "vectorised"}, "--data.reset_mode must be one of dpsa | sgr | autoreset | sequential"),
+        ({"num_workers": 0}, "--data.num_workers must be > 0"),
+        ({"max_staleness": -1}, "--data.max_staleness must be >= 0"),
+    ],
+)
+def test_bad_data_settings_are_refused(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        RolloutDataModule(**{"num_envs": 2, "num_workers": 1, **kwargs})
+
+
+def test_policy_not_matching_env_is_refused():
+    dm = RolloutDataModule(env_id="highway-fast-v0", num_envs=1, num_workers=1)
+    model = RLModule(obs_dim=25, action_dim=3)  # highway-fast-v0 has 5 discrete actions
+    with pytest.raises(ValueError, match="--model.action_dim=3 does not match the env's action_dim=5"):
+        trainer(max_steps=1).fit(model, datamodule=dm)
+    assert_no_children()
+
+
+KILL_SCRIPT = textwrap.dedent(
+    """
+    import lightning as L, sys
+    from fastlight.data.datamodule import RolloutDataModule
+    from fastlight.modules.rl_module import RLModule
+
+    class Announce(RLModule):
+        def on_train_start(self):
+            print("PIDS", *[p.pid for p in self.trainer.datamodule.pool.procs], flush=True)
+
+    dm = RolloutDataModule(env_id="tests.fake_envs:FixedLength-v0", num_envs=2, num_workers=2)
+    L.Trainer(max_steps=100000, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+              accelerator="cpu").fit(Announce(obs_dim=3, action_dim=2), datamodule=dm)
+    """
+)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
+def test_no_orphans_when_trainer_is_interrupted_or_killed(sig):
+    proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT], stdout=subprocess.PIPE, text=True,
+                            cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    pids: list[int] = []
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if line.startswith("PIDS"):
+            pids = [int(p) for p in line.split()[1:]]
+            break
+    assert len(pids) == 2, "trainer never started its samplers"
+    time.sleep(1.0)
+    proc.send_signal(sig)
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.2)
+    assert not any(_alive(p) for p in pids), f"orphaned samplers after {sig.name}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_rollouts_are_tensors_on_the_module_device():
+    dm = RolloutDataModule(env_id=FIXED, num_envs=2, num_workers=1)
+
+    class Check(RLModule):
+        def training_step(self, batch, batch_idx):
+            assert isinstance(batch.obs, torch.Tensor) and batch.obs.device == self.device
+            batch.validate()
+            return super().training_step(batch, batch_idx)
+
+    trainer(max_steps=1).fit(Check(obs_dim=3, action_dim=2), datamodule=dm)
+    assert_no_children()

@@ -1,0 +1,167 @@
+"""DPSA / SGR / autoreset stepping against a naive reference and exact expectations."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from fastlight.sampling.collector import Collector
+from tests.fake_envs import FixedLengthEnv
+
+
+def naive_dpsa_masks(lengths: list[int], threshold: float, max_horizon: int) -> tuple[list, list, list]:
+    """Reference: step t by t, env by env, with plain Python lists (one cycle)."""
+    n = len(lengths)
+    valid, term, trunc = [], [], []
+    ended = [False] * n
+    t = 0
+    while True:
+        v_row, te_row, tr_row = [], [], []
+        for e in range(n):
+            v_row.append(not ended[e])
+            te_row.append(not ended[e] and t + 1 == lengths[e])
+            tr_row.append(False)
+        for e in range(n):
+            if te_row[e]:
+                ended[e] = True
+        t += 1
+        stop = sum(ended) / n >= threshold or t >= max_horizon
+        if stop:
+            for e in range(n):
+                if v_row[e] and not te_row[e]:
+                    tr_row[e] = True
+        valid.append(v_row)
+        term.append(te_row)
+        trunc.append(tr_row)
+        if stop:
+            return valid, term, trunc
+
+
+def make_envs(lengths: list[int]) -> list[FixedLengthEnv]:
+    return [FixedLengthEnv(lengths=(n,), tag=i) for i, n in enumerate(lengths)]
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("threshold", [0.0, 0.25, 0.5, 0.75, 1.0])
+def test_dpsa_masks_match_naive_loop(seed, threshold, obs_value_policy):
+    rng = random.Random(seed)
+    lengths = [rng.randint(1, 12) for _ in range(rng.randint(1, 7))]
+    c = Collector(make_envs(lengths), mode="dpsa", termination_threshold=threshold, max_horizon=9)
+    r = c.collect(obs_value_policy).validate()
+    valid, term, trunc = naive_dpsa_masks(lengths, threshold, 9)
+    assert r.valid.tolist() == valid
+    assert r.terminated.tolist() == term
+    assert r.truncated.tolist() == trunc
+
+
+def test_dummy_steps_never_call_env_step(obs_value_policy):
+    envs = make_envs([2, 3, 7, 9])
+    r = Collector(envs, mode="dpsa", termination_threshold=1.0, max_horizon=50).collect(obs_value_policy)
+    assert r.shape == (9, 4)
+    # One env.step per valid slot, none for dummy slots.
+    assert [e.step_calls for e in envs] == r.valid.sum(0).tolist() == [2, 3, 7, 9]
+    # Dummy steps: obs frozen at the final observation, reward 0, zero actions/values.
+    dummy = ~r.valid
+    assert torch.equal(r.rewards[dummy], torch.zeros(int(dummy.sum())))
+    assert torch.equal(r.values[dummy], torch.zeros(int(dummy.sum())))
+    for e, n in enumerate([2, 3, 7, 9]):
+        for t in range(n, 9):
+            assert r.obs[t, e].tolist() == [float(e), float(n), 1.0]  # final obs, frozen
+    assert r.stats.raw_steps == 36 and r.stats.valid_steps == 21
+
+
+def test_truncation_exactly_at_threshold(obs_value_policy):
+    lengths = [2, 3, 5, 9]
+    for threshold, horizon in [(0.25, 2), (0.5, 3), (0.75, 5), (1.0, 9), (0.51, 5)]:
+        r = Collector(make_envs(lengths), mode="dpsa", termination_threshold=threshold).collect(obs_value_policy)
+        assert r.shape[0] == horizon, threshold
+        last = r.shape[0] - 1
+        # Still-running envs are truncated on the last row, the ended ones are not.
+        assert r.truncated[last].tolist() == [n > horizon for n in lengths]
+        assert not r.truncated[:last].any()
+        assert r.stats.global_resets == 1
+
+
+def test_max_horizon_truncation_bootstraps(obs_value_policy):
+    envs = make_envs([10, 10, 3])
+    r = Collector(envs, mode="dpsa", termination_threshold=1.0, max_horizon=4).collect(obs_value_policy)
+    assert r.shape == (4, 3)
+    assert r.truncated[3].tolist() == [True, True, False]
+    assert r.terminated[2].tolist() == [False, False, True]
+    # V(s_{t+1}) of ObsValuePolicy = 10*tag + step, and s_4 has step 4.
+    assert r.bootstrap_values[3].tolist() == [4.0, 14.0, 0.0]
+    assert r.bootstrap_values[:3].abs().sum() == 0
+    cut = [ep for ep in r.stats.episodes if ep.truncated]
+    assert sorted(ep.length for ep in cut) == [4, 4]
+
+
+def test_env_time_limit_is_truncated_not_terminated(obs_value_policy):
+    envs = [FixedLengthEnv(lengths=(3,), tag=1, truncate=True), FixedLengthEnv(lengths=(5,), tag=2)]
+    r = Collector(envs, mode="dpsa", termination_threshold=1.0).collect(obs_value_policy)
+    assert r.truncated[2, 0] and not r.terminated[2, 0]
+    assert r.bootstrap_values[2, 0] == 13.0  # V of the final obs (tag 1, step 3)
+    assert r.terminated[4, 1] and r.bootstrap_values[4, 1] == 0
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_sgr_equals_dpsa_with_threshold_one_over_e(seed, obs_value_policy):
+    rng = random.Random(seed)
+    lengths = [tuple(rng.randint(1, 15) for _ in range(5)) for _ in range(6)]
+    a = Collector([FixedLengthEnv(lengths=n, tag=i) for i, n in enumerate(lengths)], mode="sgr")
+    b = Collector([FixedLengthEnv(lengths=n, tag=i) for i, n in enumerate(lengths)], mode="dpsa",
+                  termination_threshold=1 / 6)
+    for _ in range(4):
+        ra, rb = a.collect(obs_value_policy), b.collect(obs_value_policy)
+        for name in ("obs", "valid", "terminated", "truncated", "rewards", "bootstrap_values", "step"):
+            assert torch.equal(getattr(ra, name), getattr(rb, name)), name
+        assert ra.valid.all()  # SGR never emits dummy steps
+
+
+def test_autoreset_resets_each_env_alone(obs_value_policy):
+    envs = make_envs([2, 5])
+    c = Collector(envs, mode="autoreset", rollout_steps=6)
+    r = c.collect(obs_value_policy).validate()
+    assert r.shape == (6, 2) and r.valid.all()
+    assert r.terminated[:, 0].tolist() == [False, True, False, True, False, True]
+    assert r.terminated[:, 1].tolist() == [False, False, False, False, True, False]
+    # Rollout boundary: env 1 is mid-episode, so it is truncated and bootstrapped ...
+    assert r.truncated[5].tolist() == [False, True]
+    assert r.bootstrap_values[5, 1] == 10 + 1
+    # ... and its episode carries over into the next call (no reset in between).
+    assert envs[1].reset_calls == 2
+    r2 = c.collect(obs_value_policy)
+    assert r2.step[0, 1] == 1  # step 1 of the episode that began at t=5
+    assert [e.length for e in r.stats.episodes] == [2, 2, 5, 2]
+
+
+def test_sequential_requires_one_env():
+    with pytest.raises(ValueError, match="num_envs must be 1"):
+        Collector(make_envs([2, 3]), mode="sequential")
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"mode": "bogus"}, "reset_mode must be one of dpsa | sgr | autoreset | sequential"),
+        ({"termination_threshold": 1.5}, r"termination_threshold must be in \[0, 1\], got 1.5"),
+        ({"max_horizon": 0}, "max_horizon must be >= 1"),
+    ],
+)
+def test_bad_settings_name_the_flag(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        Collector(make_envs([2]), **kwargs)
+
+
+def test_collector_on_highway_validates():
+    import gymnasium as gym
+    import highway_env  # noqa: F401
+
+    from fastlight.models.mlp import MLPActorCritic
+
+    envs = [gym.make("highway-fast-v0") for _ in range(3)]
+    r = Collector(envs, mode="dpsa", termination_threshold=0.5, max_horizon=8).collect(MLPActorCritic(25, 5))
+    r.validate()
+    assert r.shape[1] == 3 and 1 <= r.shape[0] <= 8
+    assert r.stats.step_time > 0 and r.stats.wall_time >= r.stats.step_time + 0.0
