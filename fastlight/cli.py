@@ -14,6 +14,7 @@ import os
 import sys
 import warnings
 
+from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningCLI
 
 from fastlight.data.datamodule import RolloutDataModule
@@ -24,6 +25,23 @@ class FastlightCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:  # noqa: ANN001 - jsonargparse parser
         for key in ("obs_dim", "action_dim", "continuous"):
             parser.link_arguments(f"data.{key}", f"model.init_args.{key}", apply_on="instantiate")
+
+    def before_instantiate_classes(self) -> None:
+        """Default loggers: TensorBoard and CSV under ``--trainer.default_root_dir``.
+
+        Done here rather than in the YAML so that overriding the root dir on the command line
+        moves every output (a YAML interpolation would be resolved before the override).
+        """
+        cfg = self.config[self.subcommand] if self.subcommand else self.config
+        trainer = cfg["trainer"]
+        if trainer.get("logger") in (None, True):
+            root = trainer.get("default_root_dir") or "runs"
+            trainer["logger"] = [
+                Namespace(class_path="lightning.pytorch.loggers.TensorBoardLogger",
+                          init_args=Namespace(save_dir=root, name="tb")),
+                Namespace(class_path="lightning.pytorch.loggers.CSVLogger",
+                          init_args=Namespace(save_dir=root, name="csv")),
+            ]
 
 
 def cli_main(args: list[str] | None = None, *, run: bool = True) -> FastlightCLI:
