@@ -22,8 +22,12 @@ from fastlight.modules.rl_module import RLModule
 def main(max_steps: int = 160) -> L.Trainer:
     data = RolloutDataModule(env_id="highway-fast-v0", num_envs=4, num_workers=1)
     model = RLModule(obs_dim=data.obs_dim, action_dim=data.action_dim, continuous=data.continuous)
-    trainer = L.Trainer(max_steps=max_steps, callbacks=[ThroughputMonitor()], accelerator="cpu",
-                        default_root_dir="runs/attach_example")
+    trainer = L.Trainer(
+        max_steps=max_steps,
+        callbacks=[ThroughputMonitor()],
+        accelerator="cpu",
+        default_root_dir="runs/attach_example",
+    )
     trainer.fit(model, datamodule=data)
     return trainer
 

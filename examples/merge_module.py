@@ -46,5 +46,6 @@ class MergeModule(RLModule):
 
     def build_policy(self) -> nn.Module:
         h = self.hparams
-        return LayerNormMLP(h.obs_dim, h.action_dim, continuous=h.continuous,
-                            hidden_sizes=(self.width,) * self.depth)
+        return LayerNormMLP(
+            h.obs_dim, h.action_dim, continuous=h.continuous, hidden_sizes=(self.width,) * self.depth
+        )

@@ -37,10 +37,14 @@ class FastlightCLI(LightningCLI):
         if trainer.get("logger") in (None, True):
             root = trainer.get("default_root_dir") or "runs"
             trainer["logger"] = [
-                Namespace(class_path="lightning.pytorch.loggers.TensorBoardLogger",
-                          init_args=Namespace(save_dir=root, name="tb")),
-                Namespace(class_path="lightning.pytorch.loggers.CSVLogger",
-                          init_args=Namespace(save_dir=root, name="csv")),
+                Namespace(
+                    class_path="lightning.pytorch.loggers.TensorBoardLogger",
+                    init_args=Namespace(save_dir=root, name="tb"),
+                ),
+                Namespace(
+                    class_path="lightning.pytorch.loggers.CSVLogger",
+                    init_args=Namespace(save_dir=root, name="csv"),
+                ),
             ]
 
 

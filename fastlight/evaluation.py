@@ -25,8 +25,11 @@ def policy_act_fn(policy: torch.nn.Module, *, deterministic: bool = False) -> Ac
 
     @torch.no_grad()
     def act(obs: Any, step: int) -> Any:
-        batch = obs_to_tensor(np.asarray(obs)[None] if not isinstance(obs, dict) else
-                              {k: np.asarray(v)[None] for k, v in obs.items()})
+        batch = obs_to_tensor(
+            np.asarray(obs)[None]
+            if not isinstance(obs, dict)
+            else {k: np.asarray(v)[None] for k, v in obs.items()}
+        )
         out = policy.act(batch, step=torch.tensor([step]), deterministic=deterministic)
         return action_to_env(policy, out.actions)[0]
 
@@ -39,7 +42,11 @@ def random_act_fn(env: gym.Env, seed: int) -> ActFn:
 
 
 def run_episodes(
-    env_id: str, act_fn: ActFn | None, *, episodes: int = 20, seed: int = 10_000,
+    env_id: str,
+    act_fn: ActFn | None,
+    *,
+    episodes: int = 20,
+    seed: int = 10_000,
     env_kwargs: dict[str, Any] | None = None,
 ) -> list[EpisodeRecord]:
     """Play ``episodes`` episodes with seeds ``seed, seed+1, ...``; ``act_fn=None`` acts at random."""
@@ -54,8 +61,15 @@ def run_episodes(
             ret += float(reward)
             steps += 1
             done = term or trunc
-        records.append(EpisodeRecord(length=steps, ret=ret, terminated=bool(term), truncated=bool(trunc),
-                                     crashed=bool(info.get("crashed", False)),
-                                     success=bool(info.get("success", False))))
+        records.append(
+            EpisodeRecord(
+                length=steps,
+                ret=ret,
+                terminated=bool(term),
+                truncated=bool(trunc),
+                crashed=bool(info.get("crashed", False)),
+                success=bool(info.get("success", False)),
+            )
+        )
     env.close()
     return records

@@ -16,8 +16,16 @@ CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.yaml")))
 FRAGMENTS = sorted(glob.glob(os.path.join(ROOT, "callbacks", "*.yaml")))
 
 #: Shrinks any config to a one-step smoke run (keys every RolloutDataModule accepts).
-TINY = ["--trainer.max_steps", "1", "--data.num_workers", "1", "--data.steps_per_epoch", "1",
-        "--trainer.enable_progress_bar", "false"]
+TINY = [
+    "--trainer.max_steps",
+    "1",
+    "--data.num_workers",
+    "1",
+    "--data.steps_per_epoch",
+    "1",
+    "--trainer.enable_progress_bar",
+    "false",
+]
 
 
 def tiny_overrides(config: str) -> list[str]:
@@ -30,7 +38,9 @@ def tiny_overrides(config: str) -> list[str]:
 @pytest.mark.multiproc
 @pytest.mark.parametrize("config", CONFIGS, ids=os.path.basename)
 def test_config_runs_one_step(config, tmp_path):
-    cli = cli_main(["fit", "--config", config, *tiny_overrides(config), "--trainer.default_root_dir", str(tmp_path)])
+    cli = cli_main(
+        ["fit", "--config", config, *tiny_overrides(config), "--trainer.default_root_dir", str(tmp_path)]
+    )
     assert cli.trainer.global_step >= 1
     assert cli.model.policy_version == 1
     # Sizes were linked from the data module, not written in the config.
@@ -43,10 +53,22 @@ def test_config_runs_one_step(config, tmp_path):
 def test_callback_fragment_attaches(fragment, tmp_path):
     import yaml
 
-    wanted = [c["class_path"].rsplit(".", 1)[1] for c in yaml.safe_load(open(fragment))["trainer"]["callbacks+"]]
+    wanted = [
+        c["class_path"].rsplit(".", 1)[1] for c in yaml.safe_load(open(fragment))["trainer"]["callbacks+"]
+    ]
     config = os.path.join(ROOT, "configs", "highway_dpsa.yaml")
-    cli = cli_main(["fit", "--config", config, "--config", fragment, *tiny_overrides(config),
-                    "--trainer.default_root_dir", str(tmp_path)])
+    cli = cli_main(
+        [
+            "fit",
+            "--config",
+            config,
+            "--config",
+            fragment,
+            *tiny_overrides(config),
+            "--trainer.default_root_dir",
+            str(tmp_path),
+        ]
+    )
     names = [type(c).__name__ for c in cli.trainer.callbacks]
     for name in wanted:
         assert name in names
@@ -54,20 +76,49 @@ def test_callback_fragment_attaches(fragment, tmp_path):
 
 def test_print_config_shows_the_full_config():
     out = subprocess.run(
-        [sys.executable, "-m", "fastlight.cli", "fit", "--config", os.path.join(ROOT, "configs", "highway_dpsa.yaml"),
-         "--print_config"], capture_output=True, text=True, cwd=ROOT, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "fastlight.cli",
+            "fit",
+            "--config",
+            os.path.join(ROOT, "configs", "highway_dpsa.yaml"),
+            "--print_config",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
     )
     assert out.returncode == 0, out.stderr
-    for key in ("termination_threshold: 0.5", "reset_mode: dpsa", "class_path: fastlight.modules.rl_module.RLModule",
-                "gae_lambda: 0.95", "max_staleness: 0"):
+    for key in (
+        "termination_threshold: 0.5",
+        "reset_mode: dpsa",
+        "class_path: fastlight.modules.rl_module.RLModule",
+        "gae_lambda: 0.95",
+        "max_staleness: 0",
+    ):
         assert key in out.stdout, key
 
 
 def test_cli_error_names_the_flag():
     out = subprocess.run(
-        [sys.executable, "-m", "fastlight.cli", "fit", "--config", os.path.join(ROOT, "configs", "highway_dpsa.yaml"),
-         "--data.termination_threshold", "1.5", "--trainer.max_steps", "1"],
-        capture_output=True, text=True, cwd=ROOT, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "fastlight.cli",
+            "fit",
+            "--config",
+            os.path.join(ROOT, "configs", "highway_dpsa.yaml"),
+            "--data.termination_threshold",
+            "1.5",
+            "--trainer.max_steps",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
     )
     assert out.returncode != 0
     assert "--data.termination_threshold must be in [0, 1], got 1.5" in out.stderr

@@ -14,9 +14,25 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.mark.multiproc
 def test_merge_subclass_runs_through_the_cli(tmp_path):
-    cli = cli_main(["fit", "--config", os.path.join(ROOT, "examples", "merge.yaml"), "--trainer.max_steps", "1",
-                    "--data.num_envs", "2", "--data.num_workers", "1", "--data.max_horizon", "4",
-                    "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path)])
+    cli = cli_main(
+        [
+            "fit",
+            "--config",
+            os.path.join(ROOT, "examples", "merge.yaml"),
+            "--trainer.max_steps",
+            "1",
+            "--data.num_envs",
+            "2",
+            "--data.num_workers",
+            "1",
+            "--data.max_horizon",
+            "4",
+            "--trainer.enable_progress_bar",
+            "false",
+            "--trainer.default_root_dir",
+            str(tmp_path),
+        ]
+    )
     policy = cli.model.policy
     assert type(policy).__name__ == "LayerNormMLP"
     assert policy.actor[0].weight.shape == (128, cli.datamodule.obs_dim)

@@ -25,25 +25,42 @@ from fastlight.modules.rl_module import RLModule
 def summarise(returns: list[float]) -> dict[str, float]:
     arr = np.asarray(returns, dtype=np.float64)
     ci = stats.bootstrap((arr,), np.mean, confidence_level=0.95, random_state=0).confidence_interval
-    return {"mean": float(arr.mean()), "std": float(arr.std(ddof=1)), "ci_low": float(ci.low),
-            "ci_high": float(ci.high), "n": int(arr.size)}
+    return {
+        "mean": float(arr.mean()),
+        "std": float(arr.std(ddof=1)),
+        "ci_low": float(ci.low),
+        "ci_high": float(ci.high),
+        "n": int(arr.size),
+    }
 
 
 def compare(ckpt: str, *, env_id: str, episodes: int, seed: int, deterministic: bool) -> dict:
     module = RLModule.load_from_checkpoint(ckpt, map_location="cpu")
     module.eval()
-    trained = run_episodes(env_id, policy_act_fn(module.policy, deterministic=deterministic),
-                           episodes=episodes, seed=seed)
+    trained = run_episodes(
+        env_id, policy_act_fn(module.policy, deterministic=deterministic), episodes=episodes, seed=seed
+    )
     rand = run_episodes(env_id, None, episodes=episodes, seed=seed)
     t = stats.ttest_ind([e.ret for e in trained], [e.ret for e in rand], equal_var=False)
     return {
-        "ckpt": ckpt, "env_id": env_id, "episodes": episodes, "seed": seed, "deterministic": deterministic,
+        "ckpt": ckpt,
+        "env_id": env_id,
+        "episodes": episodes,
+        "seed": seed,
+        "deterministic": deterministic,
         "policy_version": module.policy_version,
-        "trained": {**summarise([e.ret for e in trained]), "mean_length": float(np.mean([e.length for e in trained])),
-                    "crash_rate": float(np.mean([e.crashed for e in trained]))},
-        "random": {**summarise([e.ret for e in rand]), "mean_length": float(np.mean([e.length for e in rand])),
-                   "crash_rate": float(np.mean([e.crashed for e in rand]))},
-        "welch_t": float(t.statistic), "p_value": float(t.pvalue),
+        "trained": {
+            **summarise([e.ret for e in trained]),
+            "mean_length": float(np.mean([e.length for e in trained])),
+            "crash_rate": float(np.mean([e.crashed for e in trained])),
+        },
+        "random": {
+            **summarise([e.ret for e in rand]),
+            "mean_length": float(np.mean([e.length for e in rand])),
+            "crash_rate": float(np.mean([e.crashed for e in rand])),
+        },
+        "welch_t": float(t.statistic),
+        "p_value": float(t.pvalue),
         "episodes_trained": [asdict(e) for e in trained],
     }
 
@@ -52,20 +69,34 @@ def write_markdown(result: dict, path: str, command: str) -> None:
     rows = []
     for name in ("random", "trained"):
         r = result[name]
-        rows.append(f"| {name} | {r['mean']:.2f} | [{r['ci_low']:.2f}, {r['ci_high']:.2f}] | {r['std']:.2f} | "
-                    f"{r['mean_length']:.1f} | {r['crash_rate']:.0%} |")
+        rows.append(
+            f"| {name} | {r['mean']:.2f} | [{r['ci_low']:.2f}, {r['ci_high']:.2f}] | {r['std']:.2f} | "
+            f"{r['mean_length']:.1f} | {r['crash_rate']:.0%} |"
+        )
     ratio = result["trained"]["mean"] / max(result["random"]["mean"], 1e-9)
-    text = "\n".join([
-        "# Main job: learning check (PPO + SMPO, DPSA rollouts, highway-fast-v0)", "",
-        f"Evaluation over {result['episodes']} episodes (seeds {result['seed']}..{result['seed'] + result['episodes'] - 1}),"
-        f" each played to its natural end; policy after {result['policy_version']} updates"
-        f" ({'greedy' if result['deterministic'] else 'sampled'} actions).", "",
-        "| policy | mean return | 95% bootstrap CI | std | mean episode length | crash rate |",
-        "|---|---|---|---|---|---|", *rows, "",
-        f"Trained / random mean return: **{ratio:.2f}x**; Welch's t = {result['welch_t']:.2f}, "
-        f"p = {result['p_value']:.2g}.", "",
-        "Command:", "", "```bash", command, "```", "",
-    ])
+    text = "\n".join(
+        [
+            "# Main job: learning check (PPO + SMPO, DPSA rollouts, highway-fast-v0)",
+            "",
+            f"Evaluation over {result['episodes']} episodes (seeds {result['seed']} onwards),"
+            f" each played to its natural end; policy after {result['policy_version']} updates"
+            f" ({'greedy' if result['deterministic'] else 'sampled'} actions).",
+            "",
+            "| policy | mean return | 95% bootstrap CI | std | mean episode length | crash rate |",
+            "|---|---|---|---|---|---|",
+            *rows,
+            "",
+            f"Trained / random mean return: **{ratio:.2f}x**; Welch's t = {result['welch_t']:.2f}, "
+            f"p = {result['p_value']:.2g}.",
+            "",
+            "Command:",
+            "",
+            "```bash",
+            command,
+            "```",
+            "",
+        ]
+    )
     with open(path, "w") as f:
         f.write(text)
 
@@ -80,8 +111,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out", default="benchmarks/results")
     p.add_argument("--train-command", default="make train", help="recorded in the results file")
     args = p.parse_args(argv)
-    result = compare(args.ckpt, env_id=args.env, episodes=args.episodes, seed=args.seed,
-                     deterministic=args.deterministic)
+    result = compare(
+        args.ckpt, env_id=args.env, episodes=args.episodes, seed=args.seed, deterministic=args.deterministic
+    )
     os.makedirs(args.out, exist_ok=True)
     command = f"{args.train_command}\npython -m fastlight.bench.learning {' '.join(argv or sys.argv[1:])}"
     write_markdown(result, os.path.join(args.out, "main_job.md"), command)

@@ -103,16 +103,25 @@ class RolloutDataModule(L.LightningDataModule):
     ) -> None:
         super().__init__()
         check_collector_settings(
-            mode=reset_mode, num_envs=num_envs if reset_mode != "sequential" else 1,
-            termination_threshold=termination_threshold, max_horizon=max_horizon, rollout_steps=rollout_steps,
+            mode=reset_mode,
+            num_envs=num_envs if reset_mode != "sequential" else 1,
+            termination_threshold=termination_threshold,
+            max_horizon=max_horizon,
+            rollout_steps=rollout_steps,
         )
-        _check_positive(num_workers=num_workers, cycles_per_step=cycles_per_step,
-                        steps_per_epoch=steps_per_epoch, worker_timeout_s=worker_timeout_s)
+        _check_positive(
+            num_workers=num_workers,
+            cycles_per_step=cycles_per_step,
+            steps_per_epoch=steps_per_epoch,
+            worker_timeout_s=worker_timeout_s,
+        )
         if num_workers > num_envs:
             raise ValueError(f"--data.num_workers must be <= --data.num_envs ({num_envs}), got {num_workers}")
         if reset_mode == "sequential" and num_workers != num_envs:
-            raise ValueError("--data.reset_mode sequential runs one env per sampler: set --data.num_envs equal "
-                             f"to --data.num_workers, got num_envs={num_envs}, num_workers={num_workers}")
+            raise ValueError(
+                "--data.reset_mode sequential runs one env per sampler: set --data.num_envs equal "
+                f"to --data.num_workers, got num_envs={num_envs}, num_workers={num_workers}"
+            )
         if max_staleness < 0:
             raise ValueError(f"--data.max_staleness must be >= 0, got {max_staleness}")
         if scenario_load_cost_s < 0:
@@ -143,10 +152,16 @@ class RolloutDataModule(L.LightningDataModule):
         base, extra = divmod(h.num_envs, h.num_workers)
         return [
             SamplerConfig(
-                env_id=h.env_id, num_envs=base + (w < extra), env_kwargs=dict(h.env_kwargs or {}),
-                reset_mode=h.reset_mode, termination_threshold=h.termination_threshold,
-                max_horizon=h.max_horizon, rollout_steps=h.rollout_steps, cycles_per_step=h.cycles_per_step,
-                max_staleness=h.max_staleness, scenario_load_cost_s=h.scenario_load_cost_s,
+                env_id=h.env_id,
+                num_envs=base + (w < extra),
+                env_kwargs=dict(h.env_kwargs or {}),
+                reset_mode=h.reset_mode,
+                termination_threshold=h.termination_threshold,
+                max_horizon=h.max_horizon,
+                rollout_steps=h.rollout_steps,
+                cycles_per_step=h.cycles_per_step,
+                max_staleness=h.max_staleness,
+                scenario_load_cost_s=h.scenario_load_cost_s,
                 seed=h.seed + 10_000 * rank + 1_000 * w,
             )
             for w in range(h.num_workers)
@@ -161,8 +176,9 @@ class RolloutDataModule(L.LightningDataModule):
         if check is not None:
             check(self.env_spec)
         policy = copy.deepcopy(module.policy).to("cpu").eval()
-        self.pool = SamplerPool(self.sampler_configs(self.trainer.global_rank), policy,
-                                timeout_s=self.hparams.worker_timeout_s)
+        self.pool = SamplerPool(
+            self.sampler_configs(self.trainer.global_rank), policy, timeout_s=self.hparams.worker_timeout_s
+        )
         self.pool.start()
 
     @override

@@ -52,7 +52,9 @@ def check_env_id(env_id: str, *, flag: str = "--data.env_id") -> None:
     raise ValueError(f"{flag} must be a registered gymnasium id, got {env_id!r}{hint}")
 
 
-def make_env(env_id: str, *, env_kwargs: dict[str, Any] | None = None, flag: str = "--data.env_id") -> gym.Env:
+def make_env(
+    env_id: str, *, env_kwargs: dict[str, Any] | None = None, flag: str = "--data.env_id"
+) -> gym.Env:
     """``gym.make(env_id, **env_kwargs)`` after checking the id (and importing its package)."""
     check_env_id(env_id, flag=flag)
     return gym.make(env_id, **(env_kwargs or {}))

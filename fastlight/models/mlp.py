@@ -53,7 +53,9 @@ class MLPActorCritic(nn.Module):
     ) -> None:
         super().__init__()
         if obs_dim < 1 or action_dim < 1:
-            raise ValueError(f"MLPActorCritic needs obs_dim >= 1 and action_dim >= 1, got {obs_dim}, {action_dim}")
+            raise ValueError(
+                f"MLPActorCritic needs obs_dim >= 1 and action_dim >= 1, got {obs_dim}, {action_dim}"
+            )
         self.obs_dim = obs_dim
         self.action_dim = action_dim
         self.continuous = continuous
@@ -67,7 +69,9 @@ class MLPActorCritic(nn.Module):
     def _flat(self, obs: Tensor) -> Tensor:
         x = obs.reshape(obs.shape[0], -1).float()
         if x.shape[1] != self.obs_dim:
-            raise ValueError(f"MLPActorCritic: observation flattens to {x.shape[1]} features, expected {self.obs_dim}")
+            raise ValueError(
+                f"MLPActorCritic: observation flattens to {x.shape[1]} features, expected {self.obs_dim}"
+            )
         return x
 
     def _dist(self, x: Tensor) -> Categorical | Normal:

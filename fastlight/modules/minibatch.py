@@ -47,8 +47,19 @@ class Minibatch:
     def select(self, idx: Tensor) -> Minibatch:
         return Minibatch(
             obs=index_obs(self.obs, idx),
-            **{name: getattr(self, name)[idx] for name in
-               ("actions", "logprobs", "values", "advantages", "returns", "valid", "step", "task_id")},
+            **{
+                name: getattr(self, name)[idx]
+                for name in (
+                    "actions",
+                    "logprobs",
+                    "values",
+                    "advantages",
+                    "returns",
+                    "valid",
+                    "step",
+                    "task_id",
+                )
+            },
         )
 
 

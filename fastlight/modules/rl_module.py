@@ -99,7 +99,9 @@ class RLModule(L.LightningModule):
                 f"--model.obs_dim and --model.action_dim must be >= 1 (linked from the data module by "
                 f"`fastlight fit`), got {h.obs_dim} and {h.action_dim}"
             )
-        return MLPActorCritic(h.obs_dim, h.action_dim, continuous=h.continuous, hidden_sizes=tuple(h.hidden_sizes))
+        return MLPActorCritic(
+            h.obs_dim, h.action_dim, continuous=h.continuous, hidden_sizes=tuple(h.hidden_sizes)
+        )
 
     def check_env_spec(self, spec: Any) -> None:
         """Refuse a policy whose sizes do not match the env (called by the DataModule's setup)."""
@@ -117,9 +119,14 @@ class RLModule(L.LightningModule):
         h = self.hparams
         values = recompute_values(self.policy, rollout) if h.recompute_values else rollout.values
         adv, ret = masked_gae(
-            rewards=rollout.rewards, values=values, bootstrap_values=rollout.bootstrap_values,
-            terminated=rollout.terminated, truncated=rollout.truncated, valid=rollout.valid,
-            gamma=h.gamma, lam=h.gae_lambda,
+            rewards=rollout.rewards,
+            values=values,
+            bootstrap_values=rollout.bootstrap_values,
+            terminated=rollout.terminated,
+            truncated=rollout.truncated,
+            valid=rollout.valid,
+            gamma=h.gamma,
+            lam=h.gae_lambda,
         )
         if h.normalize_advantages:
             # One all-reduce of (sum, sum of squares, count) under DDP (AcceRL §global normalisation).
@@ -129,22 +136,42 @@ class RLModule(L.LightningModule):
     def evaluate_actions(self, mb: Minibatch) -> EvalOutput:
         return self.policy.evaluate(mb.obs, mb.actions, step=mb.step)
 
-    def compute_loss(self, mb: Minibatch, out: EvalOutput, count: Tensor | None) -> tuple[Tensor, dict[str, Tensor]]:
+    def compute_loss(
+        self, mb: Minibatch, out: EvalOutput, count: Tensor | None
+    ) -> tuple[Tensor, dict[str, Tensor]]:
         """Objective + ``vf_coef`` x value loss - ``ent_coef`` x entropy, all SMPO-reduced."""
         h = self.hparams
         kwargs: dict[str, Any] = {"sigma": h.gipo_sigma} if h.objective == "gipo" else {}
         if h.objective == "sapo":
             kwargs = {"tau_pos": h.sapo_tau_pos, "tau_neg": h.sapo_tau_neg}
         pg, info = OBJECTIVES[h.objective](
-            logprobs=out.logprobs, old_logprobs=mb.logprobs, advantages=mb.advantages, valid=mb.valid,
-            clip_eps=h.clip_eps, granularity=h.ratio_granularity, tokens_per_action=h.tokens_per_action,
-            count=count, **kwargs,
+            logprobs=out.logprobs,
+            old_logprobs=mb.logprobs,
+            advantages=mb.advantages,
+            valid=mb.valid,
+            clip_eps=h.clip_eps,
+            granularity=h.ratio_granularity,
+            tokens_per_action=h.tokens_per_action,
+            count=count,
+            **kwargs,
         )
-        vl = value_loss(values=out.values, returns=mb.returns, valid=mb.valid, old_values=mb.values,
-                        clip_eps=h.value_clip_eps, count=count)
+        vl = value_loss(
+            values=out.values,
+            returns=mb.returns,
+            valid=mb.valid,
+            old_values=mb.values,
+            clip_eps=h.value_clip_eps,
+            count=count,
+        )
         ent = entropy_bonus(entropy=out.entropy, valid=mb.valid, count=count)
         loss = pg + h.vf_coef * vl - h.ent_coef * ent
-        info = {**info, "policy": pg.detach(), "value": vl.detach(), "entropy": ent.detach(), "total": loss.detach()}
+        info = {
+            **info,
+            "policy": pg.detach(),
+            "value": vl.detach(),
+            "entropy": ent.detach(),
+            "total": loss.detach(),
+        }
         return loss, info
 
     def param_groups(self) -> list[dict[str, Any]]:
@@ -187,7 +214,9 @@ class RLModule(L.LightningModule):
                 opt.zero_grad(set_to_none=True)
                 self.manual_backward(loss)
                 if h.max_grad_norm is not None:
-                    self.clip_gradients(opt, gradient_clip_val=h.max_grad_norm, gradient_clip_algorithm="norm")
+                    self.clip_gradients(
+                        opt, gradient_clip_val=h.max_grad_norm, gradient_clip_algorithm="norm"
+                    )
                 opt.step()
                 infos.append(info)
         # One stack + mean at the end: no host sync inside the minibatch loop.
@@ -216,10 +245,13 @@ class RLModule(L.LightningModule):
 def _validate(args: dict[str, Any]) -> None:
     """Refuse bad settings up front, naming the CLI flag and the allowed values."""
     if args["objective"] not in OBJECTIVES:
-        raise ValueError(f"--model.objective must be one of {' | '.join(OBJECTIVES)}, got {args['objective']!r}")
+        raise ValueError(
+            f"--model.objective must be one of {' | '.join(OBJECTIVES)}, got {args['objective']!r}"
+        )
     if args["ratio_granularity"] not in GRANULARITIES:
         raise ValueError(
-            f"--model.ratio_granularity must be one of {' | '.join(GRANULARITIES)}, got {args['ratio_granularity']!r}"
+            f"--model.ratio_granularity must be one of {' | '.join(GRANULARITIES)}, "
+            f"got {args['ratio_granularity']!r}"
         )
     for name in ("update_epochs", "num_minibatches", "tokens_per_action"):
         if args[name] < 1:

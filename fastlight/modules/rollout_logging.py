@@ -18,7 +18,9 @@ def rollout_metrics(rollout: Rollout, *, current_version: int) -> dict[str, Tens
     eps = rollout.stats.episodes
     if eps:
         out["rollout/return"] = torch.tensor(sum(e.ret for e in eps) / len(eps))
-        out["rollout/episode_length"] = torch.tensor(sum(e.length for e in eps) / len(eps), dtype=torch.float32)
+        out["rollout/episode_length"] = torch.tensor(
+            sum(e.length for e in eps) / len(eps), dtype=torch.float32
+        )
         out["rollout/crash_rate"] = torch.tensor(sum(e.crashed for e in eps) / len(eps))
         out["rollout/success_rate"] = torch.tensor(sum(e.success for e in eps) / len(eps))
         out["rollout/episodes"] = torch.tensor(float(len(eps)))

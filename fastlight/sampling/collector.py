@@ -36,7 +36,12 @@ RESET_MODES = ("dpsa", "sgr", "autoreset", "sequential")
 
 
 def check_collector_settings(
-    *, mode: str, num_envs: int, termination_threshold: float, max_horizon: int, rollout_steps: int,
+    *,
+    mode: str,
+    num_envs: int,
+    termination_threshold: float,
+    max_horizon: int,
+    rollout_steps: int,
     prefix: str = "--data.",
 ) -> None:
     """Validate collector settings; errors name the CLI flag and the allowed values."""
@@ -88,8 +93,11 @@ class Collector:
         seed: int = 0,
     ) -> None:
         check_collector_settings(
-            mode=mode, num_envs=len(envs), termination_threshold=termination_threshold,
-            max_horizon=max_horizon, rollout_steps=rollout_steps,
+            mode=mode,
+            num_envs=len(envs),
+            termination_threshold=termination_threshold,
+            max_horizon=max_horizon,
+            rollout_steps=rollout_steps,
         )
         self.envs = list(envs)
         self.mode = mode

@@ -44,8 +44,10 @@ class SamplerPool:
     def start(self) -> None:
         for i, cfg in enumerate(self.configs):
             p = self.ctx.Process(
-                target=sampler_main, args=(i, cfg, self.policy, self.weights, self.queue, self.stop_event, os.getpid()),
-                name=f"fastlight-sampler-{i}", daemon=True,
+                target=sampler_main,
+                args=(i, cfg, self.policy, self.weights, self.queue, self.stop_event, os.getpid()),
+                name=f"fastlight-sampler-{i}",
+                daemon=True,
             )
             p.start()
             self.procs.append(p)
@@ -89,10 +91,14 @@ class SamplerPool:
                 try:
                     kind, who, payload = self.queue.get(timeout=1.0)
                     if kind == "error":
-                        raise SamplerError(f"sampler worker {who} ({self.procs[who].name}) crashed:\n{payload}")
+                        raise SamplerError(
+                            f"sampler worker {who} ({self.procs[who].name}) crashed:\n{payload}"
+                        )
                 except queue.Empty:
                     pass
-                raise SamplerError(f"sampler worker {i} ({p.name}, pid {p.pid}) died with exit code {p.exitcode}")
+                raise SamplerError(
+                    f"sampler worker {i} ({p.name}, pid {p.pid}) died with exit code {p.exitcode}"
+                )
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop every sampler: ask, then terminate, then kill. Idempotent."""

@@ -53,8 +53,15 @@ class RowBuffer:
         self.episodes: list[EpisodeRecord] = []
 
     def new_row(
-        self, all_obs: list[Any], episodes: list[Any], obs: Any, step: Tensor, actions: Tensor,
-        logprobs: Tensor, values: Tensor, active: list[int],
+        self,
+        all_obs: list[Any],
+        episodes: list[Any],
+        obs: Any,
+        step: Tensor,
+        actions: Tensor,
+        logprobs: Tensor,
+        values: Tensor,
+        active: list[int],
     ) -> Row:
         """Start row t. ``all_obs`` holds every env's pre-step observation: the stepped envs'
         current one and, for ended envs, their frozen final one (DPSA dummy steps)."""

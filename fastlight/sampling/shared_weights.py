@@ -45,7 +45,9 @@ class SharedWeights:
                 self.buffer[offset : offset + n].copy_(v.detach().reshape(-1).to("cpu", torch.float32))
                 offset += n
             if offset != self.numel:
-                raise ValueError(f"SharedWeights.publish: module has {offset} floats, buffer holds {self.numel}")
+                raise ValueError(
+                    f"SharedWeights.publish: module has {offset} floats, buffer holds {self.numel}"
+                )
             self._version.value = version
 
     def load_into(self, module: nn.Module) -> int:

@@ -117,8 +117,12 @@ def sampler_main(
     try:
         envs = build_envs(cfg, index)
         collector = Collector(
-            envs, mode=cfg.reset_mode, termination_threshold=cfg.termination_threshold,
-            max_horizon=cfg.max_horizon, rollout_steps=cfg.rollout_steps, seed=cfg.seed,
+            envs,
+            mode=cfg.reset_mode,
+            termination_threshold=cfg.termination_threshold,
+            max_horizon=cfg.max_horizon,
+            rollout_steps=cfg.rollout_steps,
+            seed=cfg.seed,
         )
         policy.eval()
         _loop(cfg, collector, policy, weights, out_queue, stop)
@@ -129,8 +133,14 @@ def sampler_main(
             collector.close()
 
 
-def _loop(cfg: SamplerConfig, collector: Collector, policy: nn.Module, weights: SharedWeights,
-          out_queue: Any, stop: Any) -> None:
+def _loop(
+    cfg: SamplerConfig,
+    collector: Collector,
+    policy: nn.Module,
+    weights: SharedWeights,
+    out_queue: Any,
+    stop: Any,
+) -> None:
     version = -1
     while not stop.is_set():
         latest = weights.version

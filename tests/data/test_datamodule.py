@@ -23,8 +23,14 @@ FIXED = "tests.fake_envs:FixedLength-v0"
 
 
 def trainer(**kw) -> L.Trainer:
-    return L.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                     enable_model_summary=False, accelerator="cpu", **kw)
+    return L.Trainer(
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        **kw,
+    )
 
 
 class RecordingModule(RLModule):
@@ -49,8 +55,14 @@ def assert_no_children(pids: list[int] | None = None) -> None:
 
 
 def test_fit_is_strictly_on_policy_and_leaves_no_children():
-    dm = RolloutDataModule(env_id=FIXED, env_kwargs={"lengths": (3, 6, 2)}, num_envs=4, num_workers=2,
-                           termination_threshold=0.5, cycles_per_step=2)
+    dm = RolloutDataModule(
+        env_id=FIXED,
+        env_kwargs={"lengths": (3, 6, 2)},
+        num_envs=4,
+        num_workers=2,
+        termination_threshold=0.5,
+        cycles_per_step=2,
+    )
     model = RecordingModule(obs_dim=3, action_dim=2, update_epochs=1, num_minibatches=2)
     # Lightning counts optimizer steps: 4 rollouts x 1 epoch x 2 minibatches.
     trainer(max_steps=8).fit(model, datamodule=dm)
@@ -72,8 +84,9 @@ def test_sampler_exception_stops_fit_naming_worker_and_traceback():
 
 
 def test_sampler_hard_crash_is_reported_with_exit_code():
-    dm = RolloutDataModule(env_id="tests.fake_envs:Crashing-v0", env_kwargs={"hard": True},
-                           num_envs=1, num_workers=1)
+    dm = RolloutDataModule(
+        env_id="tests.fake_envs:Crashing-v0", env_kwargs={"hard": True}, num_envs=1, num_workers=1
+    )
     with pytest.raises(SamplerError, match="died with exit code 3"):
         trainer(max_steps=3).fit(RLModule(obs_dim=3, action_dim=2), datamodule=dm)
     assert_no_children()
@@ -85,7 +98,10 @@ def test_sampler_hard_crash_is_reported_with_exit_code():
         ({"env_id": "highway-fats-v0"}, r"--data.env_id must be a registered gymnasium id.*highway-fast-v0"),
         ({"termination_threshold": 1.5}, r"--data.termination_threshold must be in \[0, 1\], got 1.5"),
         ({"num_envs": 0}, "--data.num_envs must be >= 1, got 0"),
-        ({"reset_mode": "vectorised"}, "--data.reset_mode must be one of dpsa | sgr | autoreset | sequential"),
+        (
+            {"reset_mode": "vectorised"},
+            "--data.reset_mode must be one of dpsa | sgr | autoreset | sequential",
+        ),
         ({"num_workers": 0}, "--data.num_workers must be > 0"),
         ({"max_staleness": -1}, "--data.max_staleness must be >= 0"),
     ],
@@ -122,8 +138,12 @@ KILL_SCRIPT = textwrap.dedent(
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
 def test_no_orphans_when_trainer_is_interrupted_or_killed(sig):
-    proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT], stdout=subprocess.PIPE, text=True,
-                            cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILL_SCRIPT],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
+    )
     pids: list[int] = []
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:

@@ -64,17 +64,34 @@ def run_update(seed: int = 0, **kwargs) -> dict[str, torch.Tensor]:
     module = RLModule(obs_dim=3, action_dim=2, **kwargs)
     rollout = sample_rollout()
     L.seed_everything(seed)
-    trainer = L.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, accelerator="cpu")
+    trainer = L.Trainer(
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+    )
     trainer.fit(module, train_dataloaders=DataLoader([rollout], batch_size=None, collate_fn=None))
     assert module.policy_version == 1
     return copy.deepcopy(module.policy.state_dict())
 
 
 SETTINGS = {
-    "lr": 1e-2, "gamma": 0.5, "gae_lambda": 0.5, "update_epochs": 2, "num_minibatches": 1,
-    "objective": "gipo", "clip_eps": 0.01, "gipo_sigma": 0.05, "vf_coef": 2.0, "ent_coef": 0.5,
-    "value_clip_eps": 0.01, "max_grad_norm": 0.001, "normalize_advantages": False, "recompute_values": True,
+    "lr": 1e-2,
+    "gamma": 0.5,
+    "gae_lambda": 0.5,
+    "update_epochs": 2,
+    "num_minibatches": 1,
+    "objective": "gipo",
+    "clip_eps": 0.01,
+    "gipo_sigma": 0.05,
+    "vf_coef": 2.0,
+    "ent_coef": 0.5,
+    "value_clip_eps": 0.01,
+    "max_grad_norm": 0.001,
+    "normalize_advantages": False,
+    "recompute_values": True,
     "hidden_sizes": (8,),
 }
 
@@ -127,12 +144,27 @@ def test_bad_model_settings_are_refused(kwargs, match):
 
 def test_training_step_logs_ppo_diagnostics():
     module = RLModule(obs_dim=3, action_dim=2)
-    trainer = L.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, accelerator="cpu")
+    trainer = L.Trainer(
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+    )
     trainer.fit(module, train_dataloaders=DataLoader([sample_rollout()], batch_size=None))
     logged = trainer.logged_metrics
-    for key in ("loss/approx_kl", "loss/clip_frac", "loss/explained_variance", "loss/entropy", "loss/policy",
-                "loss/value", "rollout/return", "rollout/episode_length", "rollout/policy_lag"):
+    for key in (
+        "loss/approx_kl",
+        "loss/clip_frac",
+        "loss/explained_variance",
+        "loss/entropy",
+        "loss/policy",
+        "loss/value",
+        "rollout/return",
+        "rollout/episode_length",
+        "rollout/policy_lag",
+    ):
         assert key in logged, key
     assert logged["rollout/policy_lag"] == 0
     assert 0 <= logged["loss/clip_frac"] <= 1

@@ -75,7 +75,9 @@ def test_dummy_steps_never_call_env_step(obs_value_policy):
 def test_truncation_exactly_at_threshold(obs_value_policy):
     lengths = [2, 3, 5, 9]
     for threshold, horizon in [(0.25, 2), (0.5, 3), (0.75, 5), (1.0, 9), (0.51, 5)]:
-        r = Collector(make_envs(lengths), mode="dpsa", termination_threshold=threshold).collect(obs_value_policy)
+        r = Collector(make_envs(lengths), mode="dpsa", termination_threshold=threshold).collect(
+            obs_value_policy
+        )
         assert r.shape[0] == horizon, threshold
         last = r.shape[0] - 1
         # Still-running envs are truncated on the last row, the ended ones are not.
@@ -110,8 +112,11 @@ def test_sgr_equals_dpsa_with_threshold_one_over_e(seed, obs_value_policy):
     rng = random.Random(seed)
     lengths = [tuple(rng.randint(1, 15) for _ in range(5)) for _ in range(6)]
     a = Collector([FixedLengthEnv(lengths=n, tag=i) for i, n in enumerate(lengths)], mode="sgr")
-    b = Collector([FixedLengthEnv(lengths=n, tag=i) for i, n in enumerate(lengths)], mode="dpsa",
-                  termination_threshold=1 / 6)
+    b = Collector(
+        [FixedLengthEnv(lengths=n, tag=i) for i, n in enumerate(lengths)],
+        mode="dpsa",
+        termination_threshold=1 / 6,
+    )
     for _ in range(4):
         ra, rb = a.collect(obs_value_policy), b.collect(obs_value_policy)
         for name in ("obs", "valid", "terminated", "truncated", "rewards", "bootstrap_values", "step"):
