@@ -92,6 +92,10 @@ class RolloutStats:
     wall_time: float = 0.0
     global_resets: int = 0
     episodes: list[EpisodeRecord] = field(default_factory=list)
+    #: Trainer side: how long the training step waited for this batch, and how many stale
+    #: sampler items were dropped while it was assembled (set by the DataModule).
+    data_wait_s: float = 0.0
+    dropped_stale: int = 0
 
     def merge(self, other: RolloutStats) -> RolloutStats:
         """Counters of two cycles taken one after the other (times add up)."""
@@ -103,6 +107,8 @@ class RolloutStats:
             wall_time=self.wall_time + other.wall_time,
             global_resets=self.global_resets + other.global_resets,
             episodes=self.episodes + other.episodes,
+            data_wait_s=self.data_wait_s + other.data_wait_s,
+            dropped_stale=self.dropped_stale + other.dropped_stale,
         )
 
 

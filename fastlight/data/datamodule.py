@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
@@ -26,6 +26,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 from typing_extensions import override
 
+from fastlight.data.prefetch import Prefetcher
 from fastlight.envs.registry import make_env
 from fastlight.sampling.collector import check_collector_settings
 from fastlight.sampling.pool import SamplerPool
@@ -34,20 +35,25 @@ from fastlight.sampling.worker import SamplerConfig
 
 @dataclass(frozen=True)
 class EnvSpec:
-    """What the policy must match: flattened obs size, action size, action kind."""
+    """What the policy must match: flattened obs size, action size, action kind.
+
+    ``observation_space`` is the env's own space, for policies over dict observations (their
+    ``obs_dim`` is 0) to check keys and shapes (e.g. ``VLAModule.check_env_spec``).
+    """
 
     obs_dim: int
     action_dim: int
     continuous: bool
+    observation_space: gym.Space | None = field(default=None, compare=False, repr=False)
 
     @staticmethod
     def from_env(env: gym.Env) -> EnvSpec:
         obs_space, act_space = env.observation_space, env.action_space
         obs_dim = int(math.prod(obs_space.shape)) if obs_space.shape else 0
         if isinstance(act_space, gym.spaces.Discrete):
-            return EnvSpec(obs_dim, int(act_space.n), False)
+            return EnvSpec(obs_dim, int(act_space.n), False, obs_space)
         if isinstance(act_space, gym.spaces.Box):
-            return EnvSpec(obs_dim, int(math.prod(act_space.shape)), True)
+            return EnvSpec(obs_dim, int(math.prod(act_space.shape)), True, obs_space)
         raise ValueError(f"unsupported action space {act_space}: fastlight supports Discrete and Box")
 
 
@@ -77,7 +83,9 @@ class RolloutDataModule(L.LightningDataModule):
         max_horizon: DPSA/SGR cycle cap in steps (then truncate and bootstrap).
         rollout_steps: steps per round in ``autoreset`` / ``sequential`` mode.
         cycles_per_step: sampling cycles each sampler contributes to one training step.
-        max_staleness: 0 = strictly on-policy; k = accept data up to k versions old.
+        max_staleness: 0 = strictly on-policy; k = accept data up to k versions old (older
+            data is dropped and counted as ``rollout/dropped_stale``).
+        prefetch: super-batches the background prefetcher keeps ready (AcceRL §prefetch).
         scenario_load_cost_s: emulated scenario-load latency per reset (``ScenarioLoadCost``).
         steps_per_epoch: training steps per Lightning epoch (the stream itself never ends).
         worker_timeout_s: fail if no rollout arrives for this long.
@@ -96,6 +104,7 @@ class RolloutDataModule(L.LightningDataModule):
         rollout_steps: int = 128,
         cycles_per_step: int = 1,
         max_staleness: int = 0,
+        prefetch: int = 2,
         scenario_load_cost_s: float = 0.0,
         steps_per_epoch: int = 50,
         worker_timeout_s: float = 300.0,
@@ -110,6 +119,7 @@ class RolloutDataModule(L.LightningDataModule):
             rollout_steps=rollout_steps,
         )
         _check_positive(
+            prefetch=prefetch,
             num_workers=num_workers,
             cycles_per_step=cycles_per_step,
             steps_per_epoch=steps_per_epoch,
@@ -131,6 +141,7 @@ class RolloutDataModule(L.LightningDataModule):
         self.env_spec = EnvSpec.from_env(probe)
         probe.close()
         self.pool: SamplerPool | None = None
+        self.prefetcher: Prefetcher | None = None
         self._published = -1
         self.dropped_stale = 0
 
@@ -180,6 +191,10 @@ class RolloutDataModule(L.LightningDataModule):
             self.sampler_configs(self.trainer.global_rank), policy, timeout_s=self.hparams.worker_timeout_s
         )
         self.pool.start()
+        self.prefetcher = Prefetcher(
+            self.pool.next_item, lambda: int(module.policy_version), items_per_batch=self.pool.num_workers,
+            max_staleness=self.hparams.max_staleness, depth=self.hparams.prefetch,
+        ).start()
 
     @override
     def train_dataloader(self) -> DataLoader:
@@ -194,8 +209,8 @@ class RolloutDataModule(L.LightningDataModule):
         if version != self._published:
             self.pool.publish(module.policy, version)
             self._published = version
-        rollout, dropped = self.pool.take(version=version, max_staleness=self.hparams.max_staleness)
-        self.dropped_stale += dropped
+        rollout = self.prefetcher.get(timeout=self.hparams.worker_timeout_s)
+        self.dropped_stale += rollout.stats.dropped_stale
         return rollout
 
     @override
@@ -206,6 +221,9 @@ class RolloutDataModule(L.LightningDataModule):
         self.stop()
 
     def stop(self) -> None:
+        if self.prefetcher is not None:
+            self.prefetcher.stop()
+            self.prefetcher = None
         if self.pool is not None:
             self.pool.stop()
             self.pool = None

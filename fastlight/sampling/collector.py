@@ -107,6 +107,7 @@ class Collector:
         self.seed = seed
         self._pool = ThreadPoolExecutor(max_workers=len(self.envs), thread_name_prefix="fastlight-reset")
         self._seeded = False
+        self._row_version = -1
         self._obs: list[Any] | None = None  # current observation of each env (autoreset carry-over)
         self._eps: list[_Episode] = []
 
@@ -147,6 +148,7 @@ class Collector:
         obs_batch = obs_to_tensor(stack_obs([self._obs[i] for i in active]))
         step = torch.tensor([self._eps[i].step for i in active], dtype=torch.long)
         out = policy.act(obs_batch, step=step)
+        self._row_version = int(getattr(policy, "last_version", -1))
         env_actions = action_to_env(policy, out.actions)
         results = []
         for j, i in enumerate(active):
@@ -189,6 +191,7 @@ class Collector:
             active = [i for i in range(self.num_envs) if alive[i]]
             obs, step, actions, logprobs, values, results = self._step_envs(policy, active, stats)
             row = rows.new_row(self._obs, self._eps, obs, step, actions, logprobs, values, active)
+            row.version = self._row_version
             for j, i in enumerate(active):
                 nobs, reward, term, trunc, info = results[j]
                 row.set_step(i, float(reward), bool(term), bool(trunc))
@@ -220,6 +223,7 @@ class Collector:
         for t in range(self.rollout_steps):
             obs, step, actions, logprobs, values, results = self._step_envs(policy, everyone, stats)
             row = rows.new_row(self._obs, self._eps, obs, step, actions, logprobs, values, everyone)
+            row.version = self._row_version
             ended = []
             for i in everyone:
                 nobs, reward, term, trunc, info = results[i]

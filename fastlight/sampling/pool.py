@@ -1,9 +1,9 @@
 """``SamplerPool``: the trainer-side handle on a rank's sampler processes.
 
-It spawns them, publishes weights, takes Rollouts (dropping data older than the staleness
-bound), and stops them. A sampler that raises sends its traceback, which is re-raised here
+It spawns them, publishes weights, hands out their Rollouts one item at a time (the
+DataModule's prefetcher assembles super-batches), and stops them. A sampler that raises sends its traceback, which is re-raised here
 naming the worker; one that dies without a word is found through its exit code. Nothing
-waits forever: ``take`` gives up after ``timeout_s`` without data.
+waits forever: ``next_item`` gives up after ``timeout_s`` without data.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ class SamplerPool:
         self.queue = self.ctx.Queue(maxsize=2 * len(configs))
         self.stop_event = self.ctx.Event()
         self.procs: list = []
+        self._last_item = time.monotonic()
 
     @property
     def num_workers(self) -> int:
@@ -51,38 +52,33 @@ class SamplerPool:
             )
             p.start()
             self.procs.append(p)
+        self._last_item = time.monotonic()
         # Last line of defence if the trainer exits without teardown.
         atexit.register(_stop_ref, weakref.ref(self))
 
     def publish(self, policy: nn.Module, version: int) -> None:
         self.weights.publish(policy, version)
 
-    def take(self, *, version: int, max_staleness: int) -> tuple[Rollout, int]:
-        """One item per sampler (or as many as arrive first, asynchronously), stacked along E.
+    def next_item(self, timeout: float) -> Rollout | None:
+        """One sampler item (a Rollout), or None if none arrived within ``timeout``.
 
-        Returns the super-batch and how many stale items were dropped.
+        Raises :class:`SamplerError` naming the worker if a sampler crashed, and if nothing at
+        all arrived for ``timeout_s`` (``--data.worker_timeout_s``).
         """
-        items: list[Rollout] = []
-        dropped = 0
-        deadline = time.monotonic() + self.timeout_s
-        while len(items) < self.num_workers:
-            try:
-                kind, tag, payload = self.queue.get(timeout=0.2)
-            except queue.Empty:
-                self._check_alive()
-                if time.monotonic() > deadline:
-                    raise SamplerError(
-                        f"no rollout from the samplers for {self.timeout_s:.0f} s (--data.worker_timeout_s); "
-                        f"alive: {[p.is_alive() for p in self.procs]}"
-                    ) from None
-                continue
-            if kind == "error":  # tag = worker index
-                raise SamplerError(f"sampler worker {tag} ({self.procs[tag].name}) crashed:\n{payload}")
-            if version - tag > max_staleness:  # tag = behaviour policy version
-                dropped += 1  # older than the staleness bound: never trained on
-                continue
-            items.append(rollout_from_numpy(payload))
-        return Rollout.cat(items), dropped
+        try:
+            kind, tag, payload = self.queue.get(timeout=timeout)
+        except queue.Empty:
+            self._check_alive()
+            if time.monotonic() - self._last_item > self.timeout_s:
+                raise SamplerError(
+                    f"no rollout from the samplers for {self.timeout_s:.0f} s (--data.worker_timeout_s); "
+                    f"alive: {[p.is_alive() for p in self.procs]}"
+                ) from None
+            return None
+        if kind == "error":  # tag = worker index
+            raise SamplerError(f"sampler worker {tag} ({self.procs[tag].name}) crashed:\n{payload}")
+        self._last_item = time.monotonic()
+        return rollout_from_numpy(payload)
 
     def _check_alive(self) -> None:
         for i, p in enumerate(self.procs):

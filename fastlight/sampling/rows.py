@@ -27,6 +27,7 @@ class Row:
         self.actions: Tensor | None = None
         self.logprobs: Tensor | None = None
         self.values: Tensor | None = None
+        self.version = -1  # -1: the Collector's policy_version argument applies
 
     def set_step(self, i: int, reward: float, terminated: bool, truncated: bool) -> None:
         self.reward[i] = reward
@@ -100,7 +101,11 @@ class RowBuffer:
             valid=valid,
             step=stack("step"),
             task_id=stack("task_id"),
-            policy_version=torch.full(valid.shape, policy_version, dtype=torch.long),
+            # Per-row version when the policy reports one (a remote policy whose weights may
+            # change mid-round), else the version the round was started with.
+            policy_version=torch.tensor(
+                [[r.version if r.version >= 0 else policy_version] * buf.num_envs for r in rows], dtype=torch.long
+            ),
             bootstrap_values=stack("bootstrap"),
             stats=stats,
         )
