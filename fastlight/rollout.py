@@ -62,7 +62,9 @@ class EpisodeRecord:
     """One finished (or truncated) trajectory as the learner receives it.
 
     ``length`` is the number of valid steps the trajectory contributed; a trajectory cut by a
-    unified truncation counts at its cut length (FAST §short-time bias).
+    unified truncation counts at its cut length (FAST §short-time bias). ``cut`` marks exactly
+    those: the episode did not end by itself (neither terminated nor hit the env's own time
+    limit), so its outcome (``success``, ``crashed``) is unknown.
     """
 
     length: int
@@ -72,6 +74,7 @@ class EpisodeRecord:
     task_id: int = 0
     success: bool = False
     crashed: bool = False
+    cut: bool = False
     info: dict[str, float] = field(default_factory=dict)
 
 

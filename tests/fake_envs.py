@@ -63,3 +63,34 @@ class CrashingEnv(FixedLengthEnv):
 
 gym.register("FixedLength-v0", entry_point=FixedLengthEnv)
 gym.register("Crashing-v0", entry_point=CrashingEnv)
+
+
+class TwoTaskEnv(FixedLengthEnv):
+    """Task 0 always fails (time limit after 3 steps), task 1 always succeeds (terminates after 2).
+
+    Tasks are drawn at reset from the weights set through ``set_task_weights`` (uniform before).
+    """
+
+    def __init__(self) -> None:
+        super().__init__(lengths=(3,))
+        self.weights = np.array([0.5, 0.5])
+        self.task = 0
+
+    def set_task_weights(self, weights) -> None:
+        self.weights = np.asarray(weights, dtype=np.float64)
+
+    def reset(self, *, seed=None, options=None):
+        obs, _ = super().reset(seed=seed)
+        self.task = int(self.np_random.choice(len(self.weights), p=self.weights / self.weights.sum()))
+        return obs, {"task_id": self.task}
+
+    def step(self, action):
+        self.step_calls += 1
+        self.t += 1
+        info = {"task_id": self.task, "success": self.task == 1 and self.t >= 2}
+        if self.task == 1:
+            return self._obs(), 1.0, self.t >= 2, False, info
+        return self._obs(), 0.0, False, self.t >= 3, info
+
+
+gym.register("TwoTask-v0", entry_point=TwoTaskEnv)

@@ -192,8 +192,11 @@ class RolloutDataModule(L.LightningDataModule):
         )
         self.pool.start()
         self.prefetcher = Prefetcher(
-            self.pool.next_item, lambda: int(module.policy_version), items_per_batch=self.pool.num_workers,
-            max_staleness=self.hparams.max_staleness, depth=self.hparams.prefetch,
+            self.pool.next_item,
+            lambda: int(module.policy_version),
+            items_per_batch=self.pool.num_workers,
+            max_staleness=self.hparams.max_staleness,
+            depth=self.hparams.prefetch,
         ).start()
 
     @override
@@ -212,6 +215,11 @@ class RolloutDataModule(L.LightningDataModule):
         rollout = self.prefetcher.get(timeout=self.hparams.worker_timeout_s)
         self.dropped_stale += rollout.stats.dropped_stale
         return rollout
+
+    def set_task_weights(self, weights: list[float]) -> None:
+        """Task-sampling weights for every sampler's envs (pushed by DynamicWeightedResampling)."""
+        if self.pool is not None:
+            self.pool.task_weights.set(weights)
 
     @override
     def teardown(self, stage: str) -> None:

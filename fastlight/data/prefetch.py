@@ -34,8 +34,15 @@ class Prefetcher:
         depth: ready super-batches kept (``prefetch``).
     """
 
-    def __init__(self, next_item: NextItem, version: Callable[[], int], *, items_per_batch: int,
-                 max_staleness: int, depth: int = 2) -> None:
+    def __init__(
+        self,
+        next_item: NextItem,
+        version: Callable[[], int],
+        *,
+        items_per_batch: int,
+        max_staleness: int,
+        depth: int = 2,
+    ) -> None:
         self.next_item = next_item
         self.version = version
         self.items_per_batch = items_per_batch

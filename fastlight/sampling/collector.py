@@ -209,7 +209,9 @@ class Collector:
                 for i in range(self.num_envs):
                     if alive[i]:
                         row.set_truncated(i)
-                        rows.episodes.append(_record(self._eps[i], terminated=False, truncated=True, info={}))
+                        rows.episodes.append(
+                            _record(self._eps[i], terminated=False, truncated=True, info={}, cut=True)
+                        )
             self._bootstrap(policy, row)
             if cut:
                 return rows
@@ -256,7 +258,9 @@ class Collector:
             row.bootstrap[i] = float(values[j])
 
 
-def _record(ep: _Episode, *, terminated: bool, truncated: bool, info: dict) -> EpisodeRecord:
+def _record(
+    ep: _Episode, *, terminated: bool, truncated: bool, info: dict, cut: bool = False
+) -> EpisodeRecord:
     numeric = {k: float(v) for k, v in info.items() if isinstance(v, (int, float, np.floating, np.integer))}
     return EpisodeRecord(
         length=ep.step,
@@ -266,5 +270,6 @@ def _record(ep: _Episode, *, terminated: bool, truncated: bool, info: dict) -> E
         task_id=ep.task_id,
         success=bool(info.get("success", info.get("is_success", False))),
         crashed=bool(info.get("crashed", False)),
+        cut=cut,
         info=numeric,
     )

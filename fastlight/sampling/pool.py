@@ -19,6 +19,7 @@ from torch import nn
 
 from fastlight.rollout import Rollout
 from fastlight.sampling.shared_weights import SharedWeights
+from fastlight.sampling.task_weights import SharedTaskWeights
 from fastlight.sampling.worker import SamplerConfig, rollout_from_numpy, sampler_main
 
 
@@ -33,6 +34,7 @@ class SamplerPool:
         self.timeout_s = timeout_s
         self.ctx = tmp.get_context("spawn")
         self.weights = SharedWeights(policy, self.ctx)
+        self.task_weights = SharedTaskWeights(self.ctx)
         self.queue = self.ctx.Queue(maxsize=2 * len(configs))
         self.stop_event = self.ctx.Event()
         self.procs: list = []
@@ -46,7 +48,16 @@ class SamplerPool:
         for i, cfg in enumerate(self.configs):
             p = self.ctx.Process(
                 target=sampler_main,
-                args=(i, cfg, self.policy, self.weights, self.queue, self.stop_event, os.getpid()),
+                args=(
+                    i,
+                    cfg,
+                    self.policy,
+                    self.weights,
+                    self.queue,
+                    self.stop_event,
+                    os.getpid(),
+                    self.task_weights,
+                ),
                 name=f"fastlight-sampler-{i}",
                 daemon=True,
             )

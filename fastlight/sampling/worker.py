@@ -108,6 +108,7 @@ def sampler_main(
     out_queue: Any,
     stop: Any,
     parent_pid: int,
+    task_weights: Any = None,
 ) -> None:
     """Entry point of sampler process ``index`` (spawned)."""
     _die_with_parent(parent_pid)
@@ -125,7 +126,7 @@ def sampler_main(
             seed=cfg.seed,
         )
         policy.eval()
-        _loop(cfg, collector, policy, weights, out_queue, stop)
+        _loop(cfg, collector, policy, weights, out_queue, stop, task_weights)
     except Exception:
         out_queue.put(("error", index, traceback.format_exc()))
     finally:
@@ -140,8 +141,10 @@ def _loop(
     weights: SharedWeights,
     out_queue: Any,
     stop: Any,
+    task_weights: Any = None,
 ) -> None:
     version = -1
+    task_version = 0
     while not stop.is_set():
         latest = weights.version
         if latest < 0 or (cfg.max_staleness == 0 and latest == version):
@@ -149,6 +152,8 @@ def _loop(
             continue
         if latest != version:
             version = weights.load_into(policy)
+        if task_weights is not None:  # DWR: newest task weights before the round starts
+            task_version = task_weights.apply(collector.envs, task_version)
         parts = [collector.collect(policy, policy_version=version) for _ in range(cfg.cycles_per_step)]
         item = rollout_to_numpy(Rollout.cat_time(parts))
         while not stop.is_set():

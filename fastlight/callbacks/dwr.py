@@ -1,0 +1,141 @@
+"""``DynamicWeightedResampling``: sample tasks in proportion to their recent failures (AcceRL §DWR).
+
+Per task ``k`` a sliding window holds the outcomes of its last ``window`` episodes; with
+``f_k`` failures in it the sampling weight is
+
+    p_k = (f_k + eps) / sum_j (f_j + eps)
+
+so struggling tasks get more episodes while ``eps`` (Laplace smoothing) keeps every task,
+mastered ones included, at a probability of at least ``eps / sum_j (f_j + eps)``.
+
+Statistics are *pooled*: outcomes from every sampler and every DDP rank enter the same
+windows (one ``all_gather`` per step), so all ranks hold identical weights. AcceRL keeps them
+per worker; pooling estimates rare-task failure rates from more data. Only episodes that ended
+by themselves count: an episode cut by a DPSA unified truncation has no outcome.
+
+The weights are pushed to the samplers (``datamodule.set_task_weights``) after every update,
+logged as ``dwr/weight_<task>`` and ``dwr/success_rate_<task>``, and saved in checkpoints.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+from torch import Tensor
+from typing_extensions import override
+
+from fastlight.rollout import Rollout
+
+
+def dwr_weights(failures: Tensor, *, eps: float) -> Tensor:
+    """``p_k = (f_k + eps) / sum_j (f_j + eps)`` (AcceRL §DWR).
+
+    Shapes: ``failures [K]`` (counts, any dtype) -> ``[K]`` float64 probabilities.
+    """
+    if failures.dim() != 1:
+        raise ValueError(f"dwr_weights: failures must be [K], got shape {tuple(failures.shape)}")
+    if eps <= 0:
+        raise ValueError(f"dwr_weights: eps must be > 0, got {eps}")
+    w = failures.to(torch.float64) + eps
+    return w / w.sum()
+
+
+class DynamicWeightedResampling(Callback):
+    """Task weights from pooled, windowed failure counts.
+
+    Args:
+        num_tasks: number of tasks (task ids ``0 .. num_tasks-1``).
+        window: outcomes kept per task (the sliding window).
+        eps: Laplace smoothing; must be > 0.
+        task_names: names used in the logged keys (default: the task ids).
+    """
+
+    def __init__(
+        self, num_tasks: int, window: int = 100, eps: float = 1.0, task_names: list[str] | None = None
+    ) -> None:
+        super().__init__()
+        if num_tasks < 1:
+            raise ValueError(f"DynamicWeightedResampling num_tasks must be >= 1, got {num_tasks}")
+        if window < 1:
+            raise ValueError(f"DynamicWeightedResampling window must be >= 1, got {window}")
+        if eps <= 0:
+            raise ValueError(f"DynamicWeightedResampling eps must be > 0, got {eps}")
+        if task_names is not None and len(task_names) != num_tasks:
+            raise ValueError(
+                f"DynamicWeightedResampling task_names has {len(task_names)} names, num_tasks is {num_tasks}"
+            )
+        self.num_tasks, self.window, self.eps = num_tasks, window, eps
+        self.task_names = list(task_names) if task_names else [str(k) for k in range(num_tasks)]
+        self.outcomes: list[deque[bool]] = [deque(maxlen=window) for _ in range(num_tasks)]
+
+    # ------------------------------------------------------------------ statistics
+    def record(self, task_ids: list[int], successes: list[bool]) -> None:
+        """Append outcomes (already pooled over ranks) to the task windows."""
+        for k, ok in zip(task_ids, successes, strict=True):
+            if not 0 <= k < self.num_tasks:
+                raise ValueError(f"DynamicWeightedResampling: task id {k} outside [0, {self.num_tasks})")
+            self.outcomes[k].append(bool(ok))
+
+    def failures(self) -> Tensor:
+        return torch.tensor([sum(not ok for ok in w) for w in self.outcomes], dtype=torch.float64)
+
+    def weights(self) -> Tensor:
+        return dwr_weights(self.failures(), eps=self.eps)
+
+    def success_rates(self) -> Tensor:
+        return torch.tensor([sum(w) / len(w) if w else float("nan") for w in self.outcomes])
+
+    # ------------------------------------------------------------------ Lightning
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._push(trainer)
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if not isinstance(batch, Rollout):
+            return
+        ended = [e for e in batch.stats.episodes if not e.cut]
+        local = torch.tensor([[e.task_id, int(e.success)] for e in ended], dtype=torch.long).reshape(-1, 2)
+        pooled = _gather_rows(trainer, local)
+        self.record(pooled[:, 0].tolist(), pooled[:, 1].bool().tolist())
+        self._push(trainer)
+        metrics: dict[str, float] = {}
+        for name, w, sr in zip(
+            self.task_names, self.weights().tolist(), self.success_rates().tolist(), strict=True
+        ):
+            metrics[f"dwr/weight_{name}"] = w
+            if sr == sr:  # not NaN: the task has outcomes
+                metrics[f"dwr/success_rate_{name}"] = sr
+        pl_module.log_dict(metrics, on_step=True, on_epoch=False, batch_size=1)
+
+    def _push(self, trainer: pl.Trainer) -> None:
+        setter = getattr(trainer.datamodule, "set_task_weights", None)
+        if setter is not None:
+            setter(self.weights().tolist())
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"outcomes": [list(w) for w in self.outcomes], "window": self.window, "eps": self.eps}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.outcomes = [deque(w, maxlen=self.window) for w in state_dict["outcomes"]]
+
+
+def _gather_rows(trainer: pl.Trainer, rows: Tensor) -> Tensor:
+    """Concatenate every rank's ``[n_r, 2]`` rows (uneven ``n_r``) in rank order."""
+    if trainer.world_size == 1:
+        return rows
+    n = torch.tensor([rows.shape[0]], device=trainer.strategy.root_device)
+    counts = trainer.strategy.all_gather(n).reshape(-1)
+    longest = int(counts.max())
+    padded = torch.zeros(longest, 2, dtype=torch.long, device=n.device)
+    padded[: rows.shape[0]] = rows.to(n.device)
+    everything = trainer.strategy.all_gather(padded).reshape(-1, longest, 2)
+    return torch.cat([everything[r, : int(c)] for r, c in enumerate(counts)]).cpu()

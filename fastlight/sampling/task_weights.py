@@ -1,0 +1,51 @@
+"""Task-sampling weights shared from the trainer (DWR) with every sampler of a rank.
+
+A fixed-capacity shared-memory vector plus a version counter: the trainer writes new weights
+after each update, samplers apply them to their envs (``env.unwrapped.set_task_weights``)
+before their next round. Version 0 means "never set" (envs keep their uniform default).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from collections.abc import Sequence
+
+import torch
+
+MAX_TASKS = 1024
+
+
+class SharedTaskWeights:
+    def __init__(self, ctx: mp.context.BaseContext) -> None:
+        self.values = torch.zeros(MAX_TASKS, dtype=torch.float64).share_memory_()
+        self._count = ctx.Value("i", 0, lock=False)
+        self._version = ctx.Value("q", 0, lock=False)
+        self._lock = ctx.Lock()
+
+    @property
+    def version(self) -> int:
+        return int(self._version.value)
+
+    def set(self, weights: Sequence[float]) -> None:
+        if not 0 < len(weights) <= MAX_TASKS:
+            raise ValueError(f"task weights: need 1..{MAX_TASKS} weights, got {len(weights)}")
+        with self._lock:
+            self.values[: len(weights)] = torch.as_tensor(list(weights), dtype=torch.float64)
+            self._count.value = len(weights)
+            self._version.value += 1
+
+    def get(self) -> tuple[int, list[float]]:
+        with self._lock:
+            return int(self._version.value), self.values[: self._count.value].tolist()
+
+    def apply(self, envs: Sequence, seen: int) -> int:
+        """Push newer weights into the envs that accept them; returns the version applied."""
+        version = self.version
+        if version == seen:
+            return seen
+        version, weights = self.get()
+        for env in envs:
+            setter = getattr(env.unwrapped, "set_task_weights", None)
+            if setter is not None:
+                setter(weights)
+        return version
