@@ -1,9 +1,9 @@
 """``SamplerPool``: the trainer-side handle on a rank's sampler processes.
 
 It spawns them, publishes weights, hands out their Rollouts one item at a time (the
-DataModule's prefetcher assembles super-batches), and stops them. A sampler that raises sends its traceback, which is re-raised here
-naming the worker; one that dies without a word is found through its exit code. Nothing
-waits forever: ``next_item`` gives up after ``timeout_s`` without data.
+DataModule's prefetcher assembles super-batches), and stops them. A sampler that raises sends
+its traceback, which is re-raised here naming the worker; one that dies without a word is
+found through its exit code. Nothing waits forever: ``next_item`` gives up after ``timeout_s`` without data.
 """
 
 from __future__ import annotations

@@ -104,7 +104,8 @@ class RowBuffer:
             # Per-row version when the policy reports one (a remote policy whose weights may
             # change mid-round), else the version the round was started with.
             policy_version=torch.tensor(
-                [[r.version if r.version >= 0 else policy_version] * buf.num_envs for r in rows], dtype=torch.long
+                [[r.version if r.version >= 0 else policy_version] * buf.num_envs for r in rows],
+                dtype=torch.long,
             ),
             bootstrap_values=stack("bootstrap"),
             stats=stats,
