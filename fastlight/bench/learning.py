@@ -115,7 +115,9 @@ def main(argv: list[str] | None = None) -> dict:
         args.ckpt, env_id=args.env, episodes=args.episodes, seed=args.seed, deterministic=args.deterministic
     )
     os.makedirs(args.out, exist_ok=True)
-    command = f"{args.train_command}\npython -m fastlight.bench.learning {' '.join(argv or sys.argv[1:])}"
+    shown = f"--ckpt {args.ckpt} --env {args.env} --episodes {args.episodes} --seed {args.seed}"
+    shown += " --deterministic" if args.deterministic else ""
+    command = f"{args.train_command}\npython -m fastlight.bench.learning {shown}"
     write_markdown(result, os.path.join(args.out, "main_job.md"), command)
     with open(os.path.join(args.out, "main_job.json"), "w") as f:
         json.dump(result, f, indent=1)
