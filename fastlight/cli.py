@@ -51,6 +51,10 @@ class FastlightCLI(LightningCLI):
 def cli_main(args: list[str] | None = None, *, run: bool = True) -> FastlightCLI:
     # Rendering backends for MuJoCo (Meta-World) without a display.
     os.environ.setdefault("MUJOCO_GL", "egl")
+    # Like `python -m`, resolve class paths of the project being run (e.g. examples.*, a
+    # user's own module) from the working directory; console scripts do not add it.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     # The step-ticket stream has a length on purpose (epochs for checkpointing); it is read in
     # the main process only, so Lightning's multi-worker caveat does not apply.
     warnings.filterwarnings("ignore", message=".*`IterableDataset` has `__len__` defined.*")
