@@ -29,6 +29,7 @@ from typing_extensions import override
 from fastlight.data.prefetch import Prefetcher
 from fastlight.envs.registry import make_env
 from fastlight.sampling.collector import check_collector_settings
+from fastlight.sampling.obs import obs_to_tensor, stack_obs
 from fastlight.sampling.pool import SamplerPool
 from fastlight.sampling.worker import SamplerConfig
 
@@ -86,6 +87,11 @@ class RolloutDataModule(L.LightningDataModule):
         max_staleness: 0 = strictly on-policy; k = accept data up to k versions old (older
             data is dropped and counted as ``rollout/dropped_stale``).
         prefetch: super-batches the background prefetcher keeps ready (AcceRL §prefetch).
+        inference_server: serve every sampler from one inference worker process that holds the
+            policy (on a GPU when there is one) instead of a policy copy per sampler.
+        max_batch, max_wait_ms: the inference worker's dynamic batching.
+        sync_bucket_mb, sync_timeout_s: trainer -> inference worker weight broadcast (flat
+            buckets of this size; a peer silent for this long is an error).
         scenario_load_cost_s: emulated scenario-load latency per reset (``ScenarioLoadCost``).
         steps_per_epoch: training steps per Lightning epoch (the stream itself never ends).
         worker_timeout_s: fail if no rollout arrives for this long.
@@ -105,6 +111,11 @@ class RolloutDataModule(L.LightningDataModule):
         cycles_per_step: int = 1,
         max_staleness: int = 0,
         prefetch: int = 2,
+        inference_server: bool = False,
+        max_batch: int = 256,
+        max_wait_ms: float = 2.0,
+        sync_bucket_mb: float = 64.0,
+        sync_timeout_s: float = 60.0,
         scenario_load_cost_s: float = 0.0,
         steps_per_epoch: int = 50,
         worker_timeout_s: float = 300.0,
@@ -120,6 +131,10 @@ class RolloutDataModule(L.LightningDataModule):
         )
         _check_positive(
             prefetch=prefetch,
+            max_batch=max_batch,
+            max_wait_ms=max_wait_ms,
+            sync_bucket_mb=sync_bucket_mb,
+            sync_timeout_s=sync_timeout_s,
             num_workers=num_workers,
             cycles_per_step=cycles_per_step,
             steps_per_epoch=steps_per_epoch,
@@ -139,6 +154,8 @@ class RolloutDataModule(L.LightningDataModule):
         self.save_hyperparameters()
         probe = make_env(env_id, env_kwargs=env_kwargs)
         self.env_spec = EnvSpec.from_env(probe)
+        # One observation, for the inference worker's shared-memory layout.
+        self.example_obs = obs_to_tensor(stack_obs([probe.reset(seed=seed)[0]]))
         probe.close()
         self.pool: SamplerPool | None = None
         self.prefetcher: Prefetcher | None = None
@@ -187,8 +204,21 @@ class RolloutDataModule(L.LightningDataModule):
         if check is not None:
             check(self.env_spec)
         policy = copy.deepcopy(module.policy).to("cpu").eval()
+        h = self.hparams
+        inference = None
+        if h.inference_server:
+            inference = {
+                "max_batch": h.max_batch,
+                "max_wait_ms": h.max_wait_ms,
+                "bucket_mb": h.sync_bucket_mb,
+                "sync_timeout_s": h.sync_timeout_s,
+            }
         self.pool = SamplerPool(
-            self.sampler_configs(self.trainer.global_rank), policy, timeout_s=self.hparams.worker_timeout_s
+            self.sampler_configs(self.trainer.global_rank),
+            policy,
+            timeout_s=h.worker_timeout_s,
+            inference=inference,
+            example_obs=self.example_obs,
         )
         self.pool.start()
         self.prefetcher = Prefetcher(
@@ -207,14 +237,27 @@ class RolloutDataModule(L.LightningDataModule):
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         if not isinstance(batch, (int, torch.Tensor)) or self.pool is None:
             return batch
-        module = self.trainer.lightning_module
-        version = int(module.policy_version)
-        if version != self._published:
-            self.pool.publish(module.policy, version)
-            self._published = version
+        self.publish(self.trainer.lightning_module)
         rollout = self.prefetcher.get(timeout=self.hparams.worker_timeout_s)
         self.dropped_stale += rollout.stats.dropped_stale
         return rollout
+
+    def publish(self, module: Any) -> bool:
+        """Make ``module.policy``'s weights current for the samplers, once per version.
+
+        Returns True if weights were sent. Called before each batch is taken and, earlier, by
+        the ``WeightSync`` callback right after the update.
+        """
+        version = int(module.policy_version)
+        if self.pool is None or version == self._published:
+            return False
+        self.pool.publish(module.policy, version)
+        self._published = version
+        return True
+
+    def request_drain(self) -> None:
+        if self.pool is not None:
+            self.pool.request_drain()
 
     def set_task_weights(self, weights: list[float]) -> None:
         """Task-sampling weights for every sampler's envs (pushed by DynamicWeightedResampling)."""

@@ -182,6 +182,11 @@ class RLModule(L.LightningModule):
     def policy_version(self) -> int:
         return int(self._policy_version)
 
+    @property
+    def optimizer_steps_per_update(self) -> int:
+        """Optimizer steps in one training step (what ``--trainer.max_steps`` counts)."""
+        return self.hparams.update_epochs * self.hparams.num_minibatches
+
     @override
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.Adam(self.param_groups(), lr=self.hparams.lr, eps=1e-5)

@@ -164,6 +164,8 @@ class Collector:
         """One sampling cycle (``dpsa``/``sgr``) or ``rollout_steps`` steps (``autoreset``)."""
         stats = RolloutStats()
         t0 = time.perf_counter()
+        if hasattr(policy, "new_round"):  # a remote policy ranks stragglers by progress per round
+            policy.new_round()
         if self.mode in ("dpsa", "sgr"):
             rows = self._collect_cycle(policy, stats)
         else:

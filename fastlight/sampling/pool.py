@@ -13,11 +13,13 @@ import os
 import queue
 import time
 import weakref
+from typing import Any
 
 import torch.multiprocessing as tmp
 from torch import nn
 
 from fastlight.rollout import Rollout
+from fastlight.sampling.inference_client import InferenceClient
 from fastlight.sampling.shared_weights import SharedWeights
 from fastlight.sampling.task_weights import SharedTaskWeights
 from fastlight.sampling.worker import SamplerConfig, rollout_from_numpy, sampler_main
@@ -28,12 +30,31 @@ class SamplerError(RuntimeError):
 
 
 class SamplerPool:
-    def __init__(self, configs: list[SamplerConfig], policy: nn.Module, *, timeout_s: float = 300.0) -> None:
+    """Sampler processes of one trainer rank, each with a policy copy - or, with ``inference``
+    settings (``max_batch``, ``max_wait_ms``, ``bucket_mb``, ``sync_timeout_s``), all served by
+    one inference worker (``example_obs`` then gives the observation layout)."""
+
+    def __init__(
+        self,
+        configs: list[SamplerConfig],
+        policy: nn.Module,
+        *,
+        timeout_s: float = 300.0,
+        inference: dict[str, float] | None = None,
+        example_obs: Any = None,
+    ) -> None:
         self.configs = configs
         self.policy = policy
         self.timeout_s = timeout_s
         self.ctx = tmp.get_context("spawn")
-        self.weights = SharedWeights(policy, self.ctx)
+        self.client: InferenceClient | None = None
+        if inference is not None:
+            self.client = InferenceClient(
+                self.ctx, policy, example_obs, [c.num_envs for c in configs], **inference
+            )
+        self.weights = (
+            SharedWeights(policy, self.ctx) if self.client is None else self.client.weights_source()
+        )
         self.task_weights = SharedTaskWeights(self.ctx)
         self.queue = self.ctx.Queue(maxsize=2 * len(configs))
         self.stop_event = self.ctx.Event()
@@ -46,12 +67,13 @@ class SamplerPool:
 
     def start(self) -> None:
         for i, cfg in enumerate(self.configs):
+            policy = self.policy if self.client is None else self.client.remote_policy(i, self.policy)
             p = self.ctx.Process(
                 target=sampler_main,
                 args=(
                     i,
                     cfg,
-                    self.policy,
+                    policy,
                     self.weights,
                     self.queue,
                     self.stop_event,
@@ -63,12 +85,27 @@ class SamplerPool:
             )
             p.start()
             self.procs.append(p)
+        if self.client is not None:
+            self.client.close_sampler_ends()
+            self.client.start(self.stop_event, os.getpid())
         self._last_item = time.monotonic()
         # Last line of defence if the trainer exits without teardown.
         atexit.register(_stop_ref, weakref.ref(self))
 
     def publish(self, policy: nn.Module, version: int) -> None:
-        self.weights.publish(policy, version)
+        """New weights for the samplers: shared memory, or the broadcast to the inference worker."""
+        if self.client is not None:
+            try:
+                self.client.publish(policy, version)
+            except Exception as e:
+                raise SamplerError(f"weight sync with the inference worker failed: {e}") from e
+        else:
+            self.weights.publish(policy, version)
+
+    def request_drain(self) -> None:
+        """Ask the inference worker to drain ahead of the next ``publish`` (no-op without one)."""
+        if self.client is not None:
+            self.client.request_drain()
 
     def next_item(self, timeout: float) -> Rollout | None:
         """One sampler item (a Rollout), or None if none arrived within ``timeout``.
@@ -92,6 +129,11 @@ class SamplerPool:
         return rollout_from_numpy(payload)
 
     def _check_alive(self) -> None:
+        if self.client is not None:
+            try:
+                self.client.check_alive()
+            except RuntimeError as e:
+                raise SamplerError(str(e)) from None
         for i, p in enumerate(self.procs):
             if not p.is_alive():
                 # Give a dying worker's error message a moment to arrive through the queue.
@@ -121,6 +163,8 @@ class SamplerPool:
                 p.kill()
                 p.join(timeout=2.0)
         self.procs = []
+        if self.client is not None:
+            self.client.stop()
         # Drain so the queue's feeder thread can exit.
         try:
             while True:

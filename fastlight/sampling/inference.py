@@ -1,0 +1,273 @@
+"""Batched inference worker: one process holds the policy and serves every sampler of a rank.
+
+Large policies do not fit a copy per sampler (AcceRL §architecture), so samplers send
+observations to this worker and get back actions, log-probs and values, each tagged with the
+``policy_version`` that produced them.
+
+**Transport.** Each sampler owns a fixed *slot* of shared-memory tensors (observation rows in,
+actions / log-probs / values out) sized for its envs, plus one ``multiprocessing`` pipe that
+carries only tiny tuples (``("act", n_rows, progress)`` and the reply ``version``). Arrays are
+never pickled on the hot path: the worker gathers the rows straight from the slots, runs one
+forward pass, and scatters the results back. Pipes (not queues) because the worker can wait
+on all of them at once with ``multiprocessing.connection.wait`` and a reply goes to exactly
+one sampler.
+
+**Dynamic batching.** After the first request the worker waits up to ``max_wait_ms`` for more,
+stopping early at ``max_batch`` rows. Stragglers are served first: requests are ordered by the
+sampler's progress (env steps taken in its current round), smallest first.
+
+**Drain** (AcceRL §inference drain). When the trainer raises ``drain``, the worker finishes the
+forward pass in flight, schedules no new one, sets ``ready`` and joins the weight broadcast;
+after it, the new weights are live and serving resumes.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from fastlight.models.base import ActOutput
+
+ObsSpec = dict[str, tuple[tuple[int, ...], torch.dtype]]
+
+
+@dataclass
+class Slot:
+    """One sampler's shared-memory request/response buffers (``rows`` = its env count)."""
+
+    obs: dict[str, Tensor]
+    step: Tensor
+    actions: Tensor
+    logprobs: Tensor
+    values: Tensor
+
+    @staticmethod
+    def allocate(rows: int, obs_spec: ObsSpec, act_spec: ObsSpec) -> Slot:
+        def shm(shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+            return torch.zeros((rows, *shape), dtype=dtype).share_memory_()
+
+        return Slot(
+            obs={k: shm(s, d) for k, (s, d) in obs_spec.items()},
+            step=shm((), torch.long),
+            actions=shm(*act_spec["actions"]),
+            logprobs=shm(*act_spec["logprobs"]),
+            values=shm((), torch.float32),
+        )
+
+
+def tensor_spec(batch: Tensor | dict[str, Tensor]) -> ObsSpec:
+    """Per-row shape and dtype of a batch (a tensor is stored under the key ``""``)."""
+    items = batch.items() if isinstance(batch, dict) else [("", batch)]
+    return {k: (tuple(v.shape[1:]), v.dtype) for k, v in items}
+
+
+class RemotePolicy(nn.Module):
+    """The sampler-side proxy: ``act`` / ``value`` are served by the inference worker.
+
+    ``last_version`` is the version of the weights behind the latest reply; the Collector
+    stamps it on the transitions it records.
+    """
+
+    def __init__(self, slot: Slot, conn: Connection, env_action: Any | None = None) -> None:
+        super().__init__()
+        self.slot = slot
+        self.conn = conn
+        self.last_version = -1
+        self.progress = 0
+        self._env_action = env_action
+
+    def _request(self, kind: str, obs: Tensor | dict[str, Tensor], step: Tensor | None) -> int:
+        items = obs.items() if isinstance(obs, dict) else [("", obs)]
+        n = 0
+        for k, v in items:
+            n = v.shape[0]
+            self.slot.obs[k][:n].copy_(v)
+        self.slot.step[:n].copy_(step if step is not None else torch.zeros(n, dtype=torch.long))
+        self.progress += n
+        self.conn.send((kind, n, self.progress))
+        reply = self.conn.recv()
+        if isinstance(reply, tuple) and reply[0] == "error":
+            raise RuntimeError(f"inference worker failed:\n{reply[1]}")
+        self.last_version = int(reply)
+        return n
+
+    def act(self, obs, *, step=None, deterministic: bool = False) -> ActOutput:
+        n = self._request("act", obs, step)
+        s = self.slot
+        return ActOutput(s.actions[:n].clone(), s.logprobs[:n].clone(), s.values[:n].clone())
+
+    def value(self, obs, *, step=None) -> Tensor:
+        n = self._request("value", obs, step)
+        return self.slot.values[:n].clone()
+
+    def new_round(self) -> None:
+        self.progress = 0
+
+    def env_action(self, actions: Tensor) -> Tensor:
+        return self._env_action(actions) if self._env_action is not None else actions
+
+
+@dataclass
+class Request:
+    index: int  # sampler index
+    kind: str
+    rows: int
+    progress: int
+
+
+class InferenceServer:
+    """The worker's serving loop over the samplers' slots and pipes (runs in its own process)."""
+
+    def __init__(
+        self,
+        policy: nn.Module,
+        slots: list[Slot],
+        conns: list[Connection],
+        *,
+        max_batch: int,
+        max_wait_ms: float,
+        device: torch.device,
+    ) -> None:
+        self.policy = policy.to(device).eval()
+        self.slots, self.conns = slots, conns
+        self.max_batch, self.max_wait_s = max_batch, max_wait_ms / 1000.0
+        self.device = device
+        self.version = -1
+        self.pending: list[Request] = []
+        self.forwards = 0
+        # Debug audit (tests, incident analysis): one "version checksum" line per forward pass.
+        self.audit_path = os.environ.get("FASTLIGHT_AUDIT_FORWARDS")
+
+    def poll(self, timeout: float) -> None:
+        """Receive every request that is waiting (or arrives within ``timeout``)."""
+        for conn in wait(self.conns, timeout=timeout):
+            i = self.conns.index(conn)
+            kind, rows, progress = conn.recv()
+            self.pending.append(Request(i, kind, rows, progress))
+
+    def gather(self) -> list[Request]:
+        """Dynamic batching: wait up to ``max_wait_ms`` for ``max_batch`` rows; stragglers first."""
+        deadline = time.monotonic() + self.max_wait_s
+        while sum(r.rows for r in self.pending) < self.max_batch and time.monotonic() < deadline:
+            self.poll(max(0.0, deadline - time.monotonic()))
+        self.pending.sort(key=lambda r: r.progress)
+        batch, rows = [], 0
+        for r in list(self.pending):
+            if batch and rows + r.rows > self.max_batch:
+                break
+            batch.append(r)
+            rows += r.rows
+            self.pending.remove(r)
+        return batch
+
+    @torch.no_grad()
+    def serve(self, batch: list[Request]) -> None:
+        """One forward pass for a batch of requests (acts and value queries apart)."""
+        for kind in ("act", "value"):
+            reqs = [r for r in batch if r.kind == kind]
+            if not reqs:
+                continue
+            obs = {
+                k: torch.cat([self.slots[r.index].obs[k][: r.rows] for r in reqs]).to(self.device)
+                for k in self.slots[reqs[0].index].obs
+            }
+            step = torch.cat([self.slots[r.index].step[: r.rows] for r in reqs]).to(self.device)
+            x = obs[""] if set(obs) == {""} else obs
+            if self.audit_path:
+                with open(self.audit_path, "a") as f:
+                    f.write(f"{self.version} {weights_checksum(self.policy)!r}\n")
+            if kind == "act":
+                out = self.policy.act(x, step=step)
+                parts = (out.actions.cpu(), out.logprobs.cpu(), out.values.float().cpu())
+            else:
+                parts = (None, None, self.policy.value(x, step=step).float().cpu())
+            self.forwards += 1
+            offset = 0
+            for r in reqs:
+                s = self.slots[r.index]
+                sl = slice(offset, offset + r.rows)
+                if parts[0] is not None:
+                    s.actions[: r.rows].copy_(parts[0][sl])
+                    s.logprobs[: r.rows].copy_(parts[1][sl])
+                s.values[: r.rows].copy_(parts[2][sl])
+                offset += r.rows
+        for r in batch:
+            self.conns[r.index].send(self.version)
+
+    def fail_all(self, message: str) -> None:
+        for conn in self.conns:
+            try:
+                conn.send(("error", message))
+            except (BrokenPipeError, OSError):
+                pass
+
+
+def weights_checksum(module: nn.Module) -> float:
+    """Order-dependent float64 checksum of a module's parameters (a half-updated model differs)."""
+    total = 0.0
+    for i, p in enumerate(module.parameters()):
+        total += float(p.detach().double().sum()) * (i + 1)
+    return total
+
+
+class ServerVersion:
+    """Sampler-side view of the inference worker's weight version (replaces ``SharedWeights``
+    for remote policies: there is nothing to load, the server holds the weights)."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    @property
+    def version(self) -> int:
+        return int(self.value.value)
+
+    def load_into(self, policy: nn.Module) -> int:
+        return self.version
+
+
+def inference_main(
+    policy: nn.Module,
+    slots: list[Slot],
+    conns: list[Connection],
+    sync_config: Any,
+    version: Any,
+    stop: Any,
+    max_batch: int,
+    max_wait_ms: float,
+    bucket_mb: float,
+    parent_pid: int,
+) -> None:
+    """Entry point of the inference worker process (spawned).
+
+    Serves batches until ``stop``; between two forward passes it checks the trainer's drain
+    signal and, when set, joins the weight broadcast (nothing is in flight at that point).
+    """
+    from fastlight.sampling.weight_sync import WeightReceiver
+    from fastlight.sampling.worker import _die_with_parent
+
+    _die_with_parent(parent_pid)
+    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    server = InferenceServer(
+        policy, slots, conns, max_batch=max_batch, max_wait_ms=max_wait_ms, device=device
+    )
+    try:
+        receiver = WeightReceiver(server.policy, sync_config, bucket_mb=bucket_mb)
+        while not stop.is_set():
+            if receiver.sync_pending():  # AcceRL §inference drain: no new forward, join the sync
+                server.version = receiver.receive(server.policy)
+                version.value = server.version
+                continue
+            if not server.pending:
+                server.poll(0.005)
+            if server.pending and server.version >= 0:
+                server.serve(server.gather())
+    except Exception:
+        server.fail_all(traceback.format_exc())
+        raise

@@ -1,0 +1,123 @@
+"""Trainer-side handle on a rank's inference worker: start it, wire samplers to it, sync weights.
+
+Used by :class:`~fastlight.sampling.pool.SamplerPool` when ``--data.inference_server true``.
+Each sampler gets a :class:`~fastlight.sampling.inference.RemotePolicy` (its shared-memory slot
+and pipe end) instead of a policy copy; the worker gets the other pipe ends and the real policy.
+Weights travel over a dedicated broadcast group (:mod:`fastlight.sampling.weight_sync`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+from fastlight.sampling.inference import RemotePolicy, ServerVersion, Slot, inference_main, tensor_spec
+from fastlight.sampling.weight_sync import SyncGroupConfig, WeightBroadcaster
+
+
+class InferenceClient:
+    """Owns the inference worker process and the trainer end of the weight broadcast."""
+
+    def __init__(
+        self,
+        ctx: Any,
+        policy: nn.Module,
+        example_obs: Any,
+        rows: list[int],
+        *,
+        max_batch: int,
+        max_wait_ms: float,
+        bucket_mb: float,
+        sync_timeout_s: float,
+    ) -> None:
+        self.ctx, self.policy = ctx, policy
+        with torch.no_grad():
+            out = policy.act(example_obs, step=torch.zeros(_rows(example_obs), dtype=torch.long))
+        obs_spec = tensor_spec(example_obs)
+        act_spec = {
+            "actions": (tuple(out.actions.shape[1:]), out.actions.dtype),
+            "logprobs": (tuple(out.logprobs.shape[1:]), out.logprobs.dtype),
+        }
+        self.slots = [Slot.allocate(n, obs_spec, act_spec) for n in rows]
+        pipes = [ctx.Pipe() for _ in rows]
+        self.server_ends = [a for a, _ in pipes]
+        self.sampler_ends = [b for _, b in pipes]
+        self.version = ctx.Value("q", -1, lock=False)
+        self.sync_config = SyncGroupConfig.local(timeout_s=sync_timeout_s)
+        self.max_batch, self.max_wait_ms, self.bucket_mb = max_batch, max_wait_ms, bucket_mb
+        self.proc: Any = None
+        self.broadcaster: WeightBroadcaster | None = None
+        self.last_wait_ms = self.last_latency_ms = 0.0
+
+    def start(self, stop: Any, parent_pid: int) -> None:
+        self.proc = self.ctx.Process(
+            target=inference_main,
+            args=(
+                self.policy,
+                self.slots,
+                self.server_ends,
+                self.sync_config,
+                self.version,
+                stop,
+                self.max_batch,
+                self.max_wait_ms,
+                self.bucket_mb,
+                parent_pid,
+            ),
+            name="fastlight-inference",
+            daemon=True,
+        )
+        self.proc.start()
+        # The worker holds the server ends now; closing ours lets samplers see EOF if it dies.
+        for conn in self.server_ends:
+            conn.close()
+        self.broadcaster = WeightBroadcaster(self.policy, self.sync_config, bucket_mb=self.bucket_mb)
+
+    def remote_policy(self, index: int, policy: nn.Module) -> RemotePolicy:
+        mapper = getattr(policy, "env_action_fn", None)
+        return RemotePolicy(self.slots[index], self.sampler_ends[index], mapper() if mapper else None)
+
+    def weights_source(self) -> ServerVersion:
+        return ServerVersion(self.version)
+
+    def close_sampler_ends(self) -> None:
+        for conn in self.sampler_ends:
+            conn.close()
+
+    def request_drain(self) -> None:
+        """AcceRL §inference drain: announce the sync before the update finishes."""
+        self.broadcaster.signal_drain()
+
+    def publish(self, policy: nn.Module, version: int) -> None:
+        """Broadcast ``policy``'s weights as ``version``; blocks until the worker has them."""
+        self.check_alive()
+        t0 = time.perf_counter()
+        self.broadcaster.signal_drain()  # no-op if the WeightSync callback already drained
+        stats = self.broadcaster.broadcast(version, policy)
+        self.last_wait_ms = 1000.0 * (time.perf_counter() - t0)
+        self.last_latency_ms = stats.latency_ms
+
+    def check_alive(self) -> None:
+        if self.proc is not None and not self.proc.is_alive():
+            raise RuntimeError(
+                f"inference worker ({self.proc.name}, pid {self.proc.pid}) died with exit "
+                f"code {self.proc.exitcode}"
+            )
+
+    def stop(self) -> None:
+        if self.broadcaster is not None:
+            self.broadcaster.close()
+            self.broadcaster = None
+        if self.proc is not None:
+            self.proc.join(timeout=3.0)
+            if self.proc.is_alive():
+                self.proc.kill()
+                self.proc.join(timeout=2.0)
+            self.proc = None
+
+
+def _rows(obs: Any) -> int:
+    return next(iter(obs.values())).shape[0] if isinstance(obs, dict) else obs.shape[0]

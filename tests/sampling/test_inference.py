@@ -1,0 +1,101 @@
+"""Inference worker: drain keeps forwards on whole models, on-policy data, failures, no orphans."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+
+import lightning as L
+import pytest
+
+from fastlight.callbacks.weight_sync import WeightSync
+from fastlight.data.datamodule import RolloutDataModule
+from fastlight.modules.rl_module import RLModule
+from fastlight.sampling.inference import weights_checksum
+from fastlight.sampling.pool import SamplerError
+
+pytestmark = pytest.mark.multiproc
+FIXED = "tests.fake_envs:FixedLength-v0"
+
+
+def trainer(**kw) -> L.Trainer:
+    return L.Trainer(
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        **kw,
+    )
+
+
+class Audited(RLModule):
+    """Records the checksum of every published version and the behaviour versions it trains on."""
+
+    def on_train_start(self):
+        self.published = {}
+        self.seen = []
+        self.pids = [p.pid for p in self.trainer.datamodule.pool.procs]
+        self.pids.append(self.trainer.datamodule.pool.client.proc.pid)
+
+    def training_step(self, batch, batch_idx):
+        self.published[self.policy_version] = weights_checksum(self.policy)
+        self.seen.append((self.policy_version, batch.policy_version[batch.valid].unique().tolist()))
+        out = super().training_step(batch, batch_idx)
+        self.published[self.policy_version] = weights_checksum(self.policy)  # what WeightSync sends next
+        return out
+
+
+def wait_no_children() -> None:
+    deadline = time.monotonic() + 10
+    while multiprocessing.active_children() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert multiprocessing.active_children() == []
+
+
+@pytest.mark.parametrize("drain", [True, False])
+def test_every_forward_uses_a_whole_published_model(drain, tmp_path, monkeypatch):
+    audit = tmp_path / "forwards.txt"
+    monkeypatch.setenv("FASTLIGHT_AUDIT_FORWARDS", str(audit))
+    dm = RolloutDataModule(
+        env_id=FIXED,
+        env_kwargs={"lengths": (3, 5)},
+        num_envs=4,
+        num_workers=2,
+        inference_server=True,
+        max_wait_ms=1.0,
+    )
+    model = Audited(obs_dim=3, action_dim=2, update_epochs=2, num_minibatches=2)
+    sync = WeightSync(drain=drain)
+    trainer(max_steps=4 * 6, callbacks=[sync]).fit(model, datamodule=dm)
+    assert sync.drains == (6 if drain else 0)
+    lines = [line.split() for line in audit.read_text().splitlines()]
+    assert len(lines) > 20
+    for version, checksum in lines:
+        # The checksum of the weights each forward used equals the trainer's at that version:
+        # no forward ever ran on a half-updated model.
+        assert float(checksum) == model.published[int(version)], (version, checksum)
+    assert set(range(6)) <= {int(v) for v, _ in lines} <= set(range(7))
+    # Strictly on-policy through the inference worker too.
+    assert model.seen == [(v, [v]) for v in range(6)]
+    wait_no_children()
+
+
+def test_killing_the_inference_worker_stops_fit_with_a_clear_error():
+    class Killer(Audited):
+        def training_step(self, batch, batch_idx):
+            if self.policy_version == 2:
+                os.kill(self.pids[-1], signal.SIGKILL)
+            return super().training_step(batch, batch_idx)
+
+    dm = RolloutDataModule(env_id=FIXED, num_envs=2, num_workers=2, inference_server=True, sync_timeout_s=10)
+    model = Killer(obs_dim=3, action_dim=2, update_epochs=1, num_minibatches=1)
+    t0 = time.monotonic()
+    with pytest.raises(SamplerError, match="inference worker"):
+        trainer(max_steps=50, callbacks=[WeightSync()]).fit(model, datamodule=dm)
+    assert time.monotonic() - t0 < 60
+    wait_no_children()
+    for pid in model.pids:
+        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
