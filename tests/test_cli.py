@@ -29,10 +29,7 @@ TINY = [
 
 
 def tiny_overrides(config: str) -> list[str]:
-    extra = ["--data.num_envs", "2"]
-    if "highway" in os.path.basename(config) or "merge" in os.path.basename(config):
-        extra += ["--data.max_horizon", "5"]
-    return TINY + extra
+    return TINY + ["--data.num_envs", "2", "--data.max_horizon", "5"]
 
 
 @pytest.mark.multiproc

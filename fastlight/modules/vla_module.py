@@ -82,18 +82,29 @@ class VLAModule(RLModule):
         **kwargs: Any,
     ) -> None:
         _validate_vla(locals(), kwargs)
-        super().__init__(obs_dim=obs_dim, action_dim=action_dim, continuous=continuous, objective=objective,
-                         **kwargs)
+        super().__init__(
+            obs_dim=obs_dim, action_dim=action_dim, continuous=continuous, objective=objective, **kwargs
+        )
 
     # ------------------------------------------------------------------ RLModule hooks
     def build_policy(self) -> nn.Module:
         h = self.hparams
         return VLAPolicy(
-            backbone=h.backbone, action_dim=h.action_dim, n_bins=h.n_bins, image_size=h.image_size,
-            patch_size=h.patch_size, proprio_dim=h.proprio_dim, max_text_len=h.max_text_len,
-            max_episode_steps=h.max_episode_steps, decoding=h.decoding, prune_head=h.prune_head,
-            vocab_size=h.vocab_size, hidden_size=h.hidden_size, num_hidden_layers=h.num_hidden_layers,
-            num_attention_heads=h.num_attention_heads, intermediate_size=h.intermediate_size,
+            backbone=h.backbone,
+            action_dim=h.action_dim,
+            n_bins=h.n_bins,
+            image_size=h.image_size,
+            patch_size=h.patch_size,
+            proprio_dim=h.proprio_dim,
+            max_text_len=h.max_text_len,
+            max_episode_steps=h.max_episode_steps,
+            decoding=h.decoding,
+            prune_head=h.prune_head,
+            vocab_size=h.vocab_size,
+            hidden_size=h.hidden_size,
+            num_hidden_layers=h.num_hidden_layers,
+            num_attention_heads=h.num_attention_heads,
+            intermediate_size=h.intermediate_size,
             value_mlp_hidden=h.value_mlp_hidden,
         )
 
@@ -134,7 +145,9 @@ def _check_obs_space(space: gym.Space, h: Any) -> None:
     obs = space.spaces
     text_len = obs["instruction_ids"].shape[0]
     if text_len > h.max_text_len:
-        raise ValueError(f"--model.max_text_len={h.max_text_len} is shorter than the env's instructions ({text_len})")
+        raise ValueError(
+            f"--model.max_text_len={h.max_text_len} is shorter than the env's instructions ({text_len})"
+        )
     if "image" in obs and tuple(obs["image"].shape) != (h.image_size, h.image_size, 3):
         raise ValueError(
             f"--model.image_size={h.image_size} does not match the env's image {tuple(obs['image'].shape)}"
@@ -150,7 +163,9 @@ def _check_obs_space(space: gym.Space, h: Any) -> None:
 def _validate_vla(args: dict[str, Any], rl_kwargs: dict[str, Any]) -> None:
     """VLA settings, checked up front with the CLI flag in the message."""
     if args["decoding"] not in DECODING_MODES:
-        raise ValueError(f"--model.decoding must be one of {' | '.join(DECODING_MODES)}, got {args['decoding']!r}")
+        raise ValueError(
+            f"--model.decoding must be one of {' | '.join(DECODING_MODES)}, got {args['decoding']!r}"
+        )
     for name in ("action_dim", "max_text_len", "max_episode_steps", "patch_size", "hidden_size"):
         if args[name] < 1:
             raise ValueError(f"--model.{name} must be >= 1, got {args[name]}")

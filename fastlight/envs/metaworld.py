@@ -1,0 +1,357 @@
+"""Meta-World (v3) as a gymnasium env with image + proprio + instruction observations (AcceRL).
+
+AcceRL fine-tunes a VLA on multi-task manipulation (§experiments) and re-weights the tasks by
+recent failures (§Dynamic Weighted Resampling). :class:`MetaWorldEnv` wraps one or several
+Meta-World tasks behind a single gymnasium env:
+
+- each ``reset`` samples a task (uniformly, or by the weights given to :meth:`set_task_weights`;
+  ``options={"task_id": k}`` forces one), then one of the task's goal variations: the 50 goals
+  ``metaworld.MT1(name, seed=goal_seed)`` generates (goal-observable, as in the MT benchmarks);
+- observation (a ``Dict``)::
+
+      image             uint8 [S, S, 3]     camera frame (absent with ``image=False``)
+      proprio           float32 [P]         the first P dims of Meta-World's 39-d state:
+                                            [0:3] hand xyz, [3] gripper opening, [4:18] object
+                                            poses, [18:36] the same 18 dims one step earlier,
+                                            [36:39] goal xyz; P=4 is the robot's own state
+                                            (absent with ``proprio_dim=0``)
+      instruction_ids   int64 [L]           the task's sentence, tokenized (``[BOS]`` first),
+      instruction_mask  int64 [L]           right-padded to ``L = max_text_len``; 1 = real token
+
+  The sentences (:data:`INSTRUCTIONS`, one per MT10 task; other task names get their name as
+  the sentence) are tokenized by the local WordLevel tokenizer of
+  :mod:`fastlight.models.text`, built in memory over every known sentence, so ids agree across
+  envs and processes whatever ``tasks`` they run; ``env.unwrapped.tokenizer`` decodes them;
+- actions ``Box(-1, 1, (4,))``: hand xyz displacement and gripper effort;
+- the episode *terminates* on ``info["success"]`` (``terminate_on_success``) and is
+  *truncated* after ``max_path_length`` steps (default 200, not Meta-World's 500, to keep CPU
+  runs short; reach usually succeeds well within 200 steps when it succeeds at all);
+- ``info`` carries ``success`` (bool) and ``task_id`` (index into ``env.unwrapped.task_names``)
+  at reset and at every step, plus Meta-World's own step metrics.
+
+Rendering is offscreen MuJoCo; ``MUJOCO_GL`` defaults to ``egl`` (set before MuJoCo is imported;
+on a CPU-only machine EGL runs on Mesa's llvmpipe). ``fast_render`` turns off shadows and
+multisampling, which on llvmpipe cost ~95% of a 64x64 frame (about 180 ms -> 10 ms). Meta-World's
+cameras render upside down; ``flip_image`` turns the frame upright.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import tempfile
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+#: The MT10 benchmark's tasks, in Meta-World's order.
+MT10_TASKS = (
+    "reach-v3", "push-v3", "pick-place-v3", "door-open-v3", "drawer-open-v3", "drawer-close-v3",
+    "button-press-topdown-v3", "peg-insert-side-v3", "window-open-v3", "window-close-v3",
+)  # fmt: skip
+
+#: One instruction per MT10 task (lower case, no punctuation: decoding gives them back verbatim).
+INSTRUCTIONS = {
+    "reach-v3": "reach the goal position with the gripper",
+    "push-v3": "push the puck to the goal",
+    "pick-place-v3": "pick up the puck and place it at the goal",
+    "door-open-v3": "open the door by pulling its handle",
+    "drawer-open-v3": "open the drawer",
+    "drawer-close-v3": "push the drawer closed",
+    "button-press-topdown-v3": "press the button from the top",
+    "peg-insert-side-v3": "insert the peg into the hole from the side",
+    "window-open-v3": "slide the window open",
+    "window-close-v3": "slide the window closed",
+}
+
+#: Size of Meta-World's state vector.
+STATE_DIM = 39
+
+#: Serialises offscreen rendering in a process: an OpenGL context is current in one thread at
+#: a time, and every Meta-World env owns its own context.
+_GL_LOCK = threading.RLock()
+
+
+def parse_tasks(tasks: str | Sequence[str]) -> tuple[str, ...]:
+    """``"MT10"``, one task name, a comma-separated string or a list -> task names."""
+    if isinstance(tasks, str):
+        names = list(MT10_TASKS) if tasks.strip() == "MT10" else [t.strip() for t in tasks.split(",")]
+    else:
+        names = [str(t) for t in tasks]
+    names = [n for n in names if n]
+    if not names or len(set(names)) != len(names):
+        raise ValueError(
+            f"--data.env_kwargs.tasks must name distinct Meta-World tasks or 'MT10', got {tasks!r}"
+        )
+    import metaworld
+
+    unknown = [n for n in names if n not in metaworld.ALL_V3_ENVIRONMENTS]
+    if unknown:
+        raise ValueError(
+            f"--data.env_kwargs.tasks: unknown Meta-World v3 task(s) {unknown}, e.g. {MT10_TASKS[:3]}"
+        )
+    return tuple(names)
+
+
+def instruction_for(name: str) -> str:
+    """The sentence of task ``name`` (MT10: :data:`INSTRUCTIONS`; others: the name in words)."""
+    return INSTRUCTIONS.get(name, name.removesuffix("-v3").replace("-", " "))
+
+
+@functools.cache
+def instruction_tokenizer(extra: tuple[str, ...] = ()):
+    """WordLevel tokenizer over every MT10 sentence plus ``extra`` (built once per process)."""
+    from fastlight.models.text import build_instruction_tokenizer
+
+    sentences = sorted(set(INSTRUCTIONS.values()) | set(extra))
+    with tempfile.TemporaryDirectory(prefix="fastlight-instr-") as folder:
+        return build_instruction_tokenizer(sentences, folder)
+
+
+_GOALS: dict[tuple[str, int], tuple[Any, ...]] = {}
+_GOALS_LOCK = threading.Lock()
+
+
+def goal_variations(name: str, seed: int) -> tuple[Any, ...]:
+    """The ``metaworld.Task`` goal variations of task ``name`` (MT1, goal observable), cached.
+
+    Built under a lock: ``metaworld.MT1`` reseeds the global numpy RNG while it draws the goals,
+    so two threads building at once (concurrent resets) would corrupt each other's goals.
+    """
+    import metaworld
+
+    with _GOALS_LOCK:
+        if (name, seed) not in _GOALS:
+            _GOALS[(name, seed)] = tuple(metaworld.MT1(name, seed=seed).train_tasks)
+        return _GOALS[(name, seed)]
+
+
+class MetaWorldEnv(gym.Env):
+    """Multi-task Meta-World with a Dict observation (see the module docstring).
+
+    Args:
+        tasks: ``"MT10"``, one task name (``"reach-v3"``), a comma-separated list, or a list.
+        image: render a camera frame into ``obs["image"]``; ``False`` is a state-only mode.
+        image_size: side ``S`` of the square frame.
+        camera_name: Meta-World camera (``corner``, ``corner2``, ``corner3``, ``topview``, ...).
+        proprio_dim: leading state dims in ``obs["proprio"]`` (0..39; 0 drops the key).
+        max_text_len: instruction length ``L`` (must fit the longest sentence plus ``[BOS]``).
+        max_path_length: steps before truncation.
+        terminate_on_success: end the episode (``terminated``) at the first success.
+        reward_scale: multiplies Meta-World's reward (0..10 per step).
+        goal_seed: seed of the 50 goal variations per task (shared by every env and worker).
+        fast_render: no shadows / multisampling (about 18x faster on a CPU renderer).
+        flip_image: turn Meta-World's upside-down frames upright.
+    """
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 80}
+
+    def __init__(
+        self,
+        tasks: str | Sequence[str] = "MT10",
+        image: bool = True,
+        image_size: int = 64,
+        camera_name: str = "corner2",
+        proprio_dim: int = STATE_DIM,
+        max_text_len: int = 16,
+        max_path_length: int = 200,
+        terminate_on_success: bool = True,
+        reward_scale: float = 1.0,
+        goal_seed: int = 0,
+        fast_render: bool = True,
+        flip_image: bool = True,
+        render_mode: str | None = "rgb_array",
+    ) -> None:
+        super().__init__()
+        self.task_names = parse_tasks(tasks)
+        if not 0 <= proprio_dim <= STATE_DIM:
+            raise ValueError(f"--data.env_kwargs.proprio_dim must be in [0, {STATE_DIM}], got {proprio_dim}")
+        if not image and proprio_dim == 0:
+            raise ValueError("--data.env_kwargs: image=false needs proprio_dim >= 1 (state-only mode)")
+        for name, val in (("image_size", image_size), ("max_path_length", max_path_length)):
+            if val < 1:
+                raise ValueError(f"--data.env_kwargs.{name} must be >= 1, got {val}")
+        self.image, self.image_size, self.camera_name = image, image_size, camera_name
+        self.proprio_dim, self.max_text_len, self.max_path_length = proprio_dim, max_text_len, max_path_length
+        self.terminate_on_success, self.reward_scale = terminate_on_success, reward_scale
+        self.goal_seed, self.fast_render, self.flip_image = goal_seed, fast_render, flip_image
+        self.render_mode = render_mode
+        self.instructions = tuple(instruction_for(n) for n in self.task_names)
+        extra = tuple(sorted(s for s in self.instructions if s not in INSTRUCTIONS.values()))
+        self.tokenizer = instruction_tokenizer(extra)
+        self._ids, self._mask = self._encode(max_text_len)
+        self.task_weights = np.full(len(self.task_names), 1.0 / len(self.task_names))
+        self.observation_space = self._observation_space()
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (4,), dtype=np.float32)
+        self._envs: dict[str, Any] = {}  # built on first use (probe envs never start MuJoCo)
+        self._task, self._steps = -1, 0
+
+    # ------------------------------------------------------------------ construction
+    def _encode(self, max_text_len: int) -> tuple[np.ndarray, np.ndarray]:
+        from fastlight.models.text import encode_instructions
+
+        longest = max(len(self.tokenizer(s)["input_ids"]) for s in self.instructions)
+        if max_text_len < longest:
+            raise ValueError(
+                f"--data.env_kwargs.max_text_len must be >= {longest} (longest instruction + [BOS]), "
+                f"got {max_text_len}"
+            )
+        ids, mask = encode_instructions(self.tokenizer, list(self.instructions), max_text_len)
+        return ids.numpy().astype(np.int64), mask.numpy().astype(np.int64)
+
+    def _observation_space(self) -> gym.spaces.Dict:
+        spaces: dict[str, gym.Space] = {}
+        if self.image:
+            spaces["image"] = gym.spaces.Box(0, 255, (self.image_size, self.image_size, 3), dtype=np.uint8)
+        if self.proprio_dim:
+            spaces["proprio"] = gym.spaces.Box(-np.inf, np.inf, (self.proprio_dim,), dtype=np.float32)
+        vocab = len(self.tokenizer)
+        spaces["instruction_ids"] = gym.spaces.Box(0, vocab - 1, (self.max_text_len,), dtype=np.int64)
+        spaces["instruction_mask"] = gym.spaces.Box(0, 1, (self.max_text_len,), dtype=np.int64)
+        return gym.spaces.Dict(spaces)
+
+    def _inner(self, name: str) -> Any:
+        """The Meta-World env of task ``name`` (one MuJoCo model per task, built lazily)."""
+        env = self._envs.get(name)
+        if env is None:
+            import metaworld
+
+            with _GL_LOCK:  # MuJoCo model compilation, once per task, kept out of concurrent resets
+                env = metaworld.ALL_V3_ENVIRONMENTS[name](
+                    render_mode="rgb_array" if self.image else None,
+                    camera_name=self.camera_name,
+                    width=self.image_size,
+                    height=self.image_size,
+                )
+            env.max_path_length = self.max_path_length  # its own step guard must not fire first
+            if self.fast_render:  # before the first render creates the GL context
+                env.model.vis.quality.shadowsize = 0
+                env.model.vis.quality.offsamples = 0
+            self._envs[name] = env
+        return env
+
+    # ------------------------------------------------------------------ task sampling (DWR)
+    def set_task_weights(self, weights: Sequence[float]) -> None:
+        """Sampling weights of the tasks (normalised here); AcceRL's DWR sets them from failures."""
+        w = np.asarray(weights, dtype=np.float64)
+        if w.shape != (len(self.task_names),) or not np.all(np.isfinite(w)) or (w < 0).any() or w.sum() <= 0:
+            raise ValueError(
+                f"task weights must be {len(self.task_names)} finite non-negative numbers with a positive "
+                f"sum (tasks {list(self.task_names)}), got {list(np.atleast_1d(w))}"
+            )
+        self.task_weights = w / w.sum()
+
+    @property
+    def task_id(self) -> int:
+        """Index of the current episode's task in :attr:`task_names` (-1 before the first reset)."""
+        return self._task
+
+    def instruction(self, task_id: int) -> str:
+        return self.instructions[task_id]
+
+    # ------------------------------------------------------------------ gymnasium API
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        forced = (options or {}).get("task_id")
+        if forced is not None:
+            if not 0 <= int(forced) < len(self.task_names):
+                raise ValueError(f"options['task_id'] must be in [0, {len(self.task_names)}), got {forced}")
+            self._task = int(forced)
+        else:
+            self._task = int(self.np_random.choice(len(self.task_names), p=self.task_weights))
+        name = self.task_names[self._task]
+        goals = goal_variations(name, self.goal_seed)
+        goal = int(self.np_random.integers(len(goals)))
+        env = self._inner(name)
+        env.set_task(goals[goal])
+        state, _ = env.reset()
+        self._steps = 0
+        return self._obs(state), {"success": False, "task_id": self._task, "goal_id": goal}
+
+    def step(self, action):
+        if self._task < 0:
+            raise RuntimeError("MetaWorldEnv.step called before reset")
+        env = self._inner(self.task_names[self._task])
+        act = np.clip(np.asarray(action, dtype=np.float32).reshape(4), -1.0, 1.0)
+        state, reward, _, _, info = env.step(act)
+        self._steps += 1
+        success = bool(info.get("success", 0.0))
+        terminated = success and self.terminate_on_success
+        truncated = not terminated and self._steps >= self.max_path_length
+        out = {k: float(v) for k, v in info.items() if isinstance(v, (int, float, np.floating, np.integer))}
+        out.update(success=success, task_id=self._task)
+        return self._obs(state), float(reward) * self.reward_scale, terminated, truncated, out
+
+    def _obs(self, state: np.ndarray) -> dict[str, np.ndarray]:
+        obs: dict[str, np.ndarray] = {}
+        if self.image:
+            obs["image"] = self.render()
+        if self.proprio_dim:
+            obs["proprio"] = np.asarray(state[: self.proprio_dim], dtype=np.float32)
+        obs["instruction_ids"] = self._ids[self._task].copy()
+        obs["instruction_mask"] = self._mask[self._task].copy()
+        return obs
+
+    def render(self) -> np.ndarray | None:
+        """The current camera frame ``uint8 [S, S, 3]`` (upright with ``flip_image``)."""
+        if self._task < 0 or not self.image:
+            return None
+        frame = render_offscreen(self._inner(self.task_names[self._task]))
+        return np.array(frame[::-1] if self.flip_image else frame, dtype=np.uint8, order="C")
+
+    def close(self) -> None:
+        with _GL_LOCK:
+            for env in self._envs.values():
+                env.close()
+        self._envs.clear()
+
+
+def render_offscreen(env: Any) -> np.ndarray:
+    """One ``rgb_array`` frame of a MuJoCo env, safe with several envs and threads per process.
+
+    gymnasium's MuJoCo renderer makes its context current only when it creates it, so with
+    several envs in one process a frame would be drawn with another env's context, and a frame
+    asked for in a thread other than the creating one (the Collector resets envs on a thread
+    pool) comes back black. Here each frame makes its env's context current and (EGL) releases
+    it afterwards, under one process-wide lock.
+    """
+    renderer = env.mujoco_renderer
+    with _GL_LOCK:
+        viewer = renderer._get_viewer("rgb_array")
+        viewer.make_context_current()
+        try:
+            return renderer.render("rgb_array")
+        finally:
+            _release_gl_context()
+
+
+def _release_gl_context() -> None:
+    """Detach the calling thread's current EGL context, so another thread may make it current."""
+    if os.environ.get("MUJOCO_GL") != "egl":
+        return
+    from mujoco import egl
+
+    if egl.EGL_DISPLAY is not None:
+        egl.EGL.eglMakeCurrent(
+            egl.EGL_DISPLAY, egl.EGL.EGL_NO_SURFACE, egl.EGL.EGL_NO_SURFACE, egl.EGL.EGL_NO_CONTEXT
+        )
+
+
+def register_envs() -> None:
+    """``fastlight/MetaWorld-v0`` (MT10; ``tasks`` kwarg to change) and ``fastlight/MetaWorld-<task>``
+    for each MT10 task, e.g. ``fastlight/MetaWorld-reach-v3``."""
+    entry = f"{__name__}:MetaWorldEnv"
+    if "fastlight/MetaWorld-v0" not in gym.registry:
+        gym.register("fastlight/MetaWorld-v0", entry_point=entry, kwargs={"tasks": "MT10"})
+    for name in MT10_TASKS:
+        env_id = f"fastlight/MetaWorld-{name}"
+        if env_id not in gym.registry:
+            gym.register(env_id, entry_point=entry, kwargs={"tasks": name})
+
+
+register_envs()

@@ -1,0 +1,29 @@
+"""A callback for DDP tests: each rank writes its parameter checksum and seeds at the end of fit."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+
+from fastlight.sampling.inference import weights_checksum
+
+
+class DumpRankState(Callback):
+    def __init__(self, out_dir: str) -> None:
+        self.out_dir = out_dir
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        dm = trainer.datamodule
+        state = {
+            "rank": trainer.global_rank,
+            "world_size": trainer.world_size,
+            "checksum": weights_checksum(pl_module.policy),
+            "version": pl_module.policy_version,
+            "seeds": [c.seed for c in dm.sampler_configs(trainer.global_rank)],
+        }
+        os.makedirs(self.out_dir, exist_ok=True)
+        with open(os.path.join(self.out_dir, f"rank{trainer.global_rank}.json"), "w") as f:
+            json.dump(state, f)
