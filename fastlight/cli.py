@@ -71,7 +71,7 @@ def cli_main(args: list[str] | None = None, *, run: bool = True) -> FastlightCLI
 
 
 def main() -> None:
-    cli_main(sys.argv[1:])
+    cli_main()  # LightningCLI reads sys.argv itself
 
 
 if __name__ == "__main__":

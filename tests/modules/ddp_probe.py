@@ -23,6 +23,16 @@ class DumpRankState(Callback):
             "checksum": weights_checksum(pl_module.policy),
             "version": pl_module.policy_version,
             "seeds": [c.seed for c in dm.sampler_configs(trainer.global_rank)],
+            "dwr_weights": [
+                c.weights().tolist()
+                for c in trainer.callbacks
+                if type(c).__name__ == "DynamicWeightedResampling"
+            ],
+            "dwr_outcomes": [
+                sum(len(w) for w in c.outcomes)
+                for c in trainer.callbacks
+                if type(c).__name__ == "DynamicWeightedResampling"
+            ],
         }
         os.makedirs(self.out_dir, exist_ok=True)
         with open(os.path.join(self.out_dir, f"rank{trainer.global_rank}.json"), "w") as f:

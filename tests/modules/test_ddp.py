@@ -12,14 +12,30 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def run_ddp(tmp_path, config: str, *extra: str) -> list[dict]:
+def run_ddp(tmp_path, config: str, *extra: str, strategy: str = "ddp") -> list[dict]:
     out = tmp_path / "ranks"
     cmd = [
-        sys.executable, "-m", "fastlight.cli", "fit", "--config", os.path.join(ROOT, config),
-        "--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu",
-        "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path),
-        "--trainer.callbacks+", "tests.modules.ddp_probe.DumpRankState",
-        "--trainer.callbacks.out_dir", str(out), *extra,
+        sys.executable,
+        "-m",
+        "fastlight.cli",
+        "fit",
+        "--config",
+        os.path.join(ROOT, config),
+        "--trainer.strategy",
+        strategy,
+        "--trainer.devices",
+        "2",
+        "--trainer.accelerator",
+        "cpu",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.default_root_dir",
+        str(tmp_path),
+        "--trainer.callbacks+",
+        "tests.modules.ddp_probe.DumpRankState",
+        "--trainer.callbacks.out_dir",
+        str(out),
+        *extra,
     ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -29,9 +45,18 @@ def run_ddp(tmp_path, config: str, *extra: str) -> list[dict]:
 @pytest.mark.multiproc
 def test_two_rank_ddp_keeps_models_identical(tmp_path):
     ranks = run_ddp(
-        tmp_path, "examples/merge.yaml",
-        "--data.env_id", "highway-fast-v0", "--data.num_envs", "2", "--data.num_workers", "1",
-        "--data.max_horizon", "6", "--trainer.max_steps", str(2 * 4 * 4),  # 2 updates of 4x4 minibatches
+        tmp_path,
+        "examples/merge.yaml",
+        "--data.env_id",
+        "highway-fast-v0",
+        "--data.num_envs",
+        "2",
+        "--data.num_workers",
+        "1",
+        "--data.max_horizon",
+        "6",
+        "--trainer.max_steps",
+        str(2 * 4 * 4),  # 2 updates of 4x4 minibatches
     )
     assert [r["world_size"] for r in ranks] == [2, 2]
     assert [r["version"] for r in ranks] == [2, 2]
@@ -39,3 +64,30 @@ def test_two_rank_ddp_keeps_models_identical(tmp_path):
     assert ranks[0]["checksum"] == ranks[1]["checksum"]
     # ... although each rank sampled its own data (seeds offset by rank).
     assert ranks[0]["seeds"] != ranks[1]["seeds"]
+
+
+@pytest.mark.multiproc
+def test_two_rank_ddp_on_mt10_state_only_with_dwr_pooled(tmp_path):
+    ranks = run_ddp(
+        tmp_path,
+        "configs/vla_metaworld_mt10.yaml",
+        "--data.env_kwargs",
+        "{tasks: MT10, image: false, max_path_length: 6}",
+        "--data.num_envs",
+        "2",
+        "--data.num_workers",
+        "1",
+        "--data.max_horizon",
+        "6",
+        "--data.cycles_per_step",
+        "2",
+        "--trainer.max_steps",
+        str(2 * 2 * 2),  # 2 updates of 2x2 minibatches
+        # State-only: the VLA's image encoder gets no input, hence no gradient.
+        strategy="ddp_find_unused_parameters_true",
+    )
+    assert [r["version"] for r in ranks] == [2, 2]
+    assert ranks[0]["checksum"] == ranks[1]["checksum"]
+    # DWR statistics are pooled over ranks: both hold the same windows and weights.
+    assert ranks[0]["dwr_weights"] == ranks[1]["dwr_weights"] and ranks[0]["dwr_weights"]
+    assert ranks[0]["dwr_outcomes"] == ranks[1]["dwr_outcomes"] and ranks[0]["dwr_outcomes"][0] > 0
