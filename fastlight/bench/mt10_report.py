@@ -70,10 +70,9 @@ def main(argv: list[str] | None = None) -> None:
     w0, w1 = df.iloc[0], df.iloc[-1]
     os.makedirs(args.out, exist_ok=True)
     plot(df, names, os.path.join(args.out, "mt10_dwr_weights.png"))
-    rows = [
-        f"| {n} | {early[n]:.2f} | {late[n]:.2f} | {w0[f'dwr/weight_{n}']:.3f} | {w1[f'dwr/weight_{n}']:.3f} |"
-        for n in names
-    ]
+    first = {n: w0[f"dwr/weight_{n}"] for n in names}
+    last = {n: w1[f"dwr/weight_{n}"] for n in names}
+    rows = [f"| {n} | {early[n]:.2f} | {late[n]:.2f} | {first[n]:.3f} | {last[n]:.3f} |" for n in names]
     text = "\n".join(
         [
             "# Meta-World MT10: tiny VLA + GIPO + DPSA + DWR on CPU",
