@@ -34,6 +34,7 @@ test-all: install
 bench: install
 	$(BIN)/python -m fastlight.bench.sampling
 	$(BIN)/python -m fastlight.bench.pruning
+	$(BIN)/python -m fastlight.bench.sync
 
 lint: install
 	$(BIN)/ruff check fastlight tests examples
