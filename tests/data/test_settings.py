@@ -1,0 +1,92 @@
+"""Each RolloutDataModule setting changes what the samplers do (checked in-process, no spawn)."""
+
+from __future__ import annotations
+
+import torch
+
+from fastlight.data.datamodule import RolloutDataModule
+from fastlight.rollout import Rollout
+from fastlight.sampling.collector import Collector
+from fastlight.sampling.worker import build_envs, seed_everything
+from tests.conftest import ObsValuePolicy
+
+FIXED = "tests.fake_envs:FixedLength-v0"
+
+
+def sample(dm: RolloutDataModule, worker: int = 0, rank: int = 0, policy=None) -> Rollout:
+    """What sampler ``worker`` of ``rank`` pushes for one step (same code path as the process)."""
+    cfg = dm.sampler_configs(rank)[worker]
+    seed_everything(cfg.seed)
+    envs = build_envs(cfg, worker)
+    c = Collector(
+        envs,
+        mode=cfg.reset_mode,
+        termination_threshold=cfg.termination_threshold,
+        max_horizon=cfg.max_horizon,
+        rollout_steps=cfg.rollout_steps,
+        seed=cfg.seed,
+    )
+    policy = policy or ObsValuePolicy()
+    return Rollout.cat_time([c.collect(policy) for _ in range(cfg.cycles_per_step)])
+
+
+def test_num_envs_are_spread_over_workers_and_seeds_offset_by_rank():
+    dm = RolloutDataModule(env_id=FIXED, num_envs=5, num_workers=2, seed=3)
+    assert [c.num_envs for c in dm.sampler_configs(0)] == [3, 2]
+    assert [c.seed for c in dm.sampler_configs(0)] == [3, 1003]
+    assert [c.seed for c in dm.sampler_configs(1)] == [10003, 11003]
+
+
+def test_cycles_per_step_joins_cycles_in_time():
+    one = sample(RolloutDataModule(env_id=FIXED, env_kwargs={"lengths": (4,)}, num_envs=2, num_workers=1))
+    two = sample(
+        RolloutDataModule(
+            env_id=FIXED, env_kwargs={"lengths": (4,)}, num_envs=2, num_workers=1, cycles_per_step=2
+        )
+    )
+    assert one.shape == (4, 2) and two.shape == (8, 2)
+    assert two.stats.global_resets == 2
+
+
+def test_max_horizon_reaches_the_collector():
+    kw = {"env_id": FIXED, "env_kwargs": {"lengths": (9,)}, "num_envs": 2, "num_workers": 1}
+    assert sample(RolloutDataModule(**kw)).shape[0] == 9
+    r = sample(RolloutDataModule(**kw, max_horizon=5))
+    assert r.shape[0] == 5 and r.truncated[-1].all()
+
+
+def test_reset_mode_and_rollout_steps():
+    r = sample(
+        RolloutDataModule(
+            env_id=FIXED,
+            env_kwargs={"lengths": (2,)},
+            num_envs=2,
+            num_workers=1,
+            reset_mode="autoreset",
+            rollout_steps=7,
+        )
+    )
+    assert r.shape == (7, 2) and r.valid.all() and int(r.terminated.sum()) == 6
+
+
+def test_scenario_load_cost_adds_reset_time():
+    kw = {"env_id": FIXED, "num_envs": 2, "num_workers": 1}
+    fast = sample(RolloutDataModule(**kw))
+    slow = sample(RolloutDataModule(**kw, scenario_load_cost_s=0.2))
+    assert fast.stats.reset_time < 0.05
+    assert 0.2 <= slow.stats.reset_time < 0.39  # two resets overlap: about one load, not two
+
+
+def test_seed_changes_the_data():
+    from fastlight.models.mlp import MLPActorCritic
+
+    kw = {"env_id": "highway-fast-v0", "num_envs": 1, "num_workers": 1, "max_horizon": 3}
+    policy = MLPActorCritic(25, 5)
+    a, b = (sample(RolloutDataModule(**kw, seed=s), policy=policy) for s in (0, 1))
+    a2 = sample(RolloutDataModule(**kw, seed=0), policy=policy)
+    assert torch.equal(a.obs, a2.obs) and not torch.equal(a.obs[0], b.obs[0])
+
+
+def test_steps_per_epoch_sets_the_epoch_length():
+    dm = RolloutDataModule(env_id=FIXED, num_envs=1, num_workers=1, steps_per_epoch=7)
+    assert len(dm.train_dataloader()) == 7
