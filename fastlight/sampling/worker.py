@@ -64,6 +64,18 @@ def build_envs(cfg: SamplerConfig, worker_index: int) -> list:
     return envs
 
 
+def build_collector(cfg: SamplerConfig, worker_index: int) -> Collector:
+    """The Collector sampler ``worker_index`` runs, over its envs."""
+    return Collector(
+        build_envs(cfg, worker_index),
+        mode=cfg.reset_mode,
+        termination_threshold=cfg.termination_threshold,
+        max_horizon=cfg.max_horizon,
+        rollout_steps=cfg.rollout_steps,
+        seed=cfg.seed,
+    )
+
+
 def _die_with_parent(parent: int) -> None:
     """Exit when the trainer (pid ``parent``) dies: the kernel's PR_SET_PDEATHSIG on Linux, plus
     a watchdog thread. ``parent`` is passed in rather than read here, because the trainer may
@@ -116,15 +128,7 @@ def sampler_main(
     seed_everything(cfg.seed)
     collector = None
     try:
-        envs = build_envs(cfg, index)
-        collector = Collector(
-            envs,
-            mode=cfg.reset_mode,
-            termination_threshold=cfg.termination_threshold,
-            max_horizon=cfg.max_horizon,
-            rollout_steps=cfg.rollout_steps,
-            seed=cfg.seed,
-        )
+        collector = build_collector(cfg, index)
         policy.eval()
         _loop(cfg, collector, policy, weights, out_queue, stop, task_weights)
     except Exception:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import signal
 import subprocess
@@ -10,27 +9,16 @@ import sys
 import textwrap
 import time
 
-import lightning as L
 import pytest
 import torch
 
 from fastlight.data.datamodule import RolloutDataModule
 from fastlight.modules.rl_module import RLModule
 from fastlight.sampling.pool import SamplerError
+from tests.lightning_helpers import quiet_trainer, wait_no_children
 
 pytestmark = pytest.mark.multiproc
 FIXED = "tests.fake_envs:FixedLength-v0"
-
-
-def trainer(**kw) -> L.Trainer:
-    return L.Trainer(
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        accelerator="cpu",
-        **kw,
-    )
 
 
 class RecordingModule(RLModule):
@@ -46,10 +34,7 @@ class RecordingModule(RLModule):
 
 
 def assert_no_children(pids: list[int] | None = None) -> None:
-    deadline = time.monotonic() + 10
-    while multiprocessing.active_children() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert multiprocessing.active_children() == []
+    wait_no_children()
     for pid in pids or []:
         assert not os.path.exists(f"/proc/{pid}") or "Z" in open(f"/proc/{pid}/stat").read().split()[2]
 
@@ -65,7 +50,7 @@ def test_fit_is_strictly_on_policy_and_leaves_no_children():
     )
     model = RecordingModule(obs_dim=3, action_dim=2, update_epochs=1, num_minibatches=2)
     # Lightning counts optimizer steps: 4 rollouts x 1 epoch x 2 minibatches.
-    trainer(max_steps=8).fit(model, datamodule=dm)
+    quiet_trainer(max_steps=8).fit(model, datamodule=dm)
     assert model.policy_version == 4 and model.global_step == 8
     # Every transition trained at version v was sampled with version v (max_staleness = 0).
     assert model.seen == [(v, [v]) for v in range(4)]
@@ -77,7 +62,7 @@ def test_sampler_exception_stops_fit_naming_worker_and_traceback():
     dm = RolloutDataModule(env_id="tests.fake_envs:Crashing-v0", num_envs=2, num_workers=2)
     t0 = time.monotonic()
     with pytest.raises(SamplerError, match=r"sampler worker \d \(fastlight-sampler-\d\) crashed") as e:
-        trainer(max_steps=3).fit(RLModule(obs_dim=3, action_dim=2), datamodule=dm)
+        quiet_trainer(max_steps=3).fit(RLModule(obs_dim=3, action_dim=2), datamodule=dm)
     assert "RuntimeError: simulator exploded on purpose" in str(e.value)
     assert time.monotonic() - t0 < 60
     assert_no_children()
@@ -88,7 +73,7 @@ def test_sampler_hard_crash_is_reported_with_exit_code():
         env_id="tests.fake_envs:Crashing-v0", env_kwargs={"hard": True}, num_envs=1, num_workers=1
     )
     with pytest.raises(SamplerError, match="died with exit code 3"):
-        trainer(max_steps=3).fit(RLModule(obs_dim=3, action_dim=2), datamodule=dm)
+        quiet_trainer(max_steps=3).fit(RLModule(obs_dim=3, action_dim=2), datamodule=dm)
     assert_no_children()
 
 
@@ -115,7 +100,7 @@ def test_policy_not_matching_env_is_refused():
     dm = RolloutDataModule(env_id="highway-fast-v0", num_envs=1, num_workers=1)
     model = RLModule(obs_dim=25, action_dim=3)  # highway-fast-v0 has 5 discrete actions
     with pytest.raises(ValueError, match="--model.action_dim=3 does not match the env's action_dim=5"):
-        trainer(max_steps=1).fit(model, datamodule=dm)
+        quiet_trainer(max_steps=1).fit(model, datamodule=dm)
     assert_no_children()
 
 
@@ -178,7 +163,7 @@ def test_rollouts_are_tensors_on_the_module_device():
             batch.validate()
             return super().training_step(batch, batch_idx)
 
-    trainer(max_steps=1).fit(Check(obs_dim=3, action_dim=2), datamodule=dm)
+    quiet_trainer(max_steps=1).fit(Check(obs_dim=3, action_dim=2), datamodule=dm)
     assert_no_children()
 
 
@@ -189,10 +174,11 @@ def test_async_sampling_respects_the_staleness_bound_and_counts_drops():
             self.dropped = getattr(self, "dropped", 0) + batch.stats.dropped_stale
             return super().training_step(batch, batch_idx)
 
-    dm = RolloutDataModule(env_id=FIXED, env_kwargs={"lengths": (2, 3)}, num_envs=2, num_workers=2,
-                           max_staleness=1, prefetch=1)
+    dm = RolloutDataModule(
+        env_id=FIXED, env_kwargs={"lengths": (2, 3)}, num_envs=2, num_workers=2, max_staleness=1, prefetch=1
+    )
     model = Slow(obs_dim=3, action_dim=2, update_epochs=1, num_minibatches=1)
-    trainer(max_steps=8).fit(model, datamodule=dm)
+    quiet_trainer(max_steps=8).fit(model, datamodule=dm)
     lags = [v - b for v, behaviour in model.seen for b in behaviour]
     assert max(lags) <= 1  # never older than max_staleness
     assert 1 in lags  # and sampling really ran ahead of the trainer

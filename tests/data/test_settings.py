@@ -6,8 +6,7 @@ import torch
 
 from fastlight.data.datamodule import RolloutDataModule
 from fastlight.rollout import Rollout
-from fastlight.sampling.collector import Collector
-from fastlight.sampling.worker import build_envs, seed_everything
+from fastlight.sampling.worker import build_collector, seed_everything
 from tests.conftest import ObsValuePolicy
 
 FIXED = "tests.fake_envs:FixedLength-v0"
@@ -17,15 +16,7 @@ def sample(dm: RolloutDataModule, worker: int = 0, rank: int = 0, policy=None) -
     """What sampler ``worker`` of ``rank`` pushes for one step (same code path as the process)."""
     cfg = dm.sampler_configs(rank)[worker]
     seed_everything(cfg.seed)
-    envs = build_envs(cfg, worker)
-    c = Collector(
-        envs,
-        mode=cfg.reset_mode,
-        termination_threshold=cfg.termination_threshold,
-        max_horizon=cfg.max_horizon,
-        rollout_steps=cfg.rollout_steps,
-        seed=cfg.seed,
-    )
+    c = build_collector(cfg, worker)
     policy = policy or ObsValuePolicy()
     return Rollout.cat_time([c.collect(policy) for _ in range(cfg.cycles_per_step)])
 

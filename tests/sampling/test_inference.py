@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import signal
 import time
 
-import lightning as L
 import pytest
 
 from fastlight.callbacks.weight_sync import WeightSync
@@ -15,20 +13,10 @@ from fastlight.data.datamodule import RolloutDataModule
 from fastlight.modules.rl_module import RLModule
 from fastlight.sampling.inference import weights_checksum
 from fastlight.sampling.pool import SamplerError
+from tests.lightning_helpers import quiet_trainer, wait_no_children
 
 pytestmark = pytest.mark.multiproc
 FIXED = "tests.fake_envs:FixedLength-v0"
-
-
-def trainer(**kw) -> L.Trainer:
-    return L.Trainer(
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        accelerator="cpu",
-        **kw,
-    )
 
 
 class Audited(RLModule):
@@ -48,13 +36,6 @@ class Audited(RLModule):
         return out
 
 
-def wait_no_children() -> None:
-    deadline = time.monotonic() + 10
-    while multiprocessing.active_children() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert multiprocessing.active_children() == []
-
-
 @pytest.mark.parametrize("drain", [True, False])
 def test_every_forward_uses_a_whole_published_model(drain, tmp_path, monkeypatch):
     audit = tmp_path / "forwards.txt"
@@ -69,7 +50,7 @@ def test_every_forward_uses_a_whole_published_model(drain, tmp_path, monkeypatch
     )
     model = Audited(obs_dim=3, action_dim=2, update_epochs=2, num_minibatches=2)
     sync = WeightSync(drain=drain)
-    trainer(max_steps=4 * 6, callbacks=[sync]).fit(model, datamodule=dm)
+    quiet_trainer(max_steps=4 * 6, callbacks=[sync]).fit(model, datamodule=dm)
     assert sync.drains == (6 if drain else 0)
     lines = [line.split() for line in audit.read_text().splitlines()]
     assert len(lines) > 20
@@ -94,7 +75,7 @@ def test_killing_the_inference_worker_stops_fit_with_a_clear_error():
     model = Killer(obs_dim=3, action_dim=2, update_epochs=1, num_minibatches=1)
     t0 = time.monotonic()
     with pytest.raises(SamplerError, match="inference worker"):
-        trainer(max_steps=50, callbacks=[WeightSync()]).fit(model, datamodule=dm)
+        quiet_trainer(max_steps=50, callbacks=[WeightSync()]).fit(model, datamodule=dm)
     assert time.monotonic() - t0 < 60
     wait_no_children()
     for pid in model.pids:
