@@ -80,6 +80,22 @@ def _pool_line(pool: list[list[int] | tuple[int, bool]]) -> str:
             f"(crash), {1 - term:.0%} hit the time limit")
 
 
+def _load(avg: tuple[float, ...] | list[float]) -> str:
+    return "/".join(f"{x:.1f}" for x in avg)
+
+
+def _load_warning(rows: list[Row]) -> list[str]:
+    """Flag a table whose real step time moved between cells (other jobs on the machine)."""
+    if rows[0]["setting"] == "shared_sim":
+        return []
+    ms = [1e3 * r["step_s"] / max(r["valid_steps"], 1) for r in rows if not r["same_as"]]
+    if max(ms) <= 1.25 * min(ms):
+        return [f"Real step time across cells: {min(ms):.1f}-{max(ms):.1f} ms (steady).", ""]
+    return [f"**Warning: machine load varied during this table** - one real env step cost between "
+            f"{min(ms):.1f} and {max(ms):.1f} ms across cells (see the profile), so ratios between "
+            "cells carry that error.", ""]
+
+
 def _model_lines(meta: dict[str, Any]) -> list[str]:
     r, s = meta["reset_cost_s"], meta["shared_step_s"]
     return [
@@ -95,8 +111,9 @@ def _model_lines(meta: dict[str, Any]) -> list[str]:
         f"- **(c) shared_sim**: FAST's setting, emulated (`fastlight/bench/shared_sim.py`). All clips live "
         f"in one simulator; only a global reset exists and it reloads the clips one after another "
         f"({r:g} s each, so N × {r:g} s); one simulator tick steps all clips in parallel, as on "
-        f"FAST's 8-GPU node, and costs {s * 1000:.1f} ms (the real env's mean step time measured in "
-        "this run). Episode lengths are replayed from the complete episodes of (a)/(b). "
+        f"FAST's 8-GPU node, and costs a fixed {s * 1000:.1f} ms (the issue's model: a {r:g} s "
+        f"reset ≈ {r / s if s > 0 else math.inf:.0f}× a step; fixed so that machine load cannot move "
+        "it). Episode lengths are replayed from the complete episodes of the first real setting. "
         "`sequential` is one clip in its own simulator. `autoreset` does not exist there.",
         "- Every cell collects the same number of valid transitions (whole cycles, so up to one "
         "cycle more); speed-ups are effective-throughput ratios against `sequential` in the same "
@@ -119,7 +136,9 @@ def markdown(rows: list[Row], meta: dict[str, Any]) -> str:
         "",
         f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores visible (shared with other jobs), "
         f"Python {platform.python_version()}. Valid transitions per cell: {meta['valid_steps']} over "
-        f"{meta['rounds']} interleaved round(s); seed {meta['seed']}; total time {meta['total_s']:.0f} s.",
+        f"{meta['rounds']} interleaved round(s); seed {meta['seed']}; total time {meta['total_s']:.0f} s. "
+        f"Load average (1/5/15 min) before: {_load(meta['load_before'])}, "
+        f"after: {_load(meta['load_after'])}.",
         "",
         *_model_lines(meta),
     ]
@@ -127,8 +146,8 @@ def markdown(rows: list[Row], meta: dict[str, Any]) -> str:
         part = [r for r in rows if r["setting"] == setting]
         if not part:
             continue
-        lines += [f"## {title}", "", *_table(part), "", "Time profile (seconds per 1,000 valid transitions):",
-                  "", *_profile(part), ""]
+        lines += [f"## {title}", "", *_load_warning(part), *_table(part), "",
+                  "Time profile (seconds per 1,000 valid transitions):", "", *_profile(part), ""]
     lines += ["## Targets", "", *target_lines(rows), "", "## Why (from the profile)", "",
               *analysis_lines(rows, meta), ""]
     return "\n".join(lines)
