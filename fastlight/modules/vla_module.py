@@ -162,6 +162,12 @@ def _check_obs_space(space: gym.Space, h: Any) -> None:
 
 def _validate_vla(args: dict[str, Any], rl_kwargs: dict[str, Any]) -> None:
     """VLA settings, checked up front with the CLI flag in the message."""
+    if tuple(rl_kwargs.get("hidden_sizes", (64, 64))) != (64, 64):
+        # Inherited from RLModule, where it sizes the MLP policy; a VLA has no such MLP.
+        raise ValueError(
+            "--model.hidden_sizes sizes RLModule's MLP policy and has no effect on a VLA: use "
+            "--model.hidden_size / num_hidden_layers / intermediate_size / value_mlp_hidden"
+        )
     if args["decoding"] not in DECODING_MODES:
         raise ValueError(
             f"--model.decoding must be one of {' | '.join(DECODING_MODES)}, got {args['decoding']!r}"

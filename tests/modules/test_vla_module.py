@@ -190,3 +190,12 @@ def test_backbone_from_pretrained_via_cli(tmp_path):
     assert backbone.config.hidden_size == 48 and backbone.config.num_hidden_layers == 1
     torch.testing.assert_close(backbone.get_input_embeddings().weight, saved.get_input_embeddings().weight)
     assert cli.model.hparams.action_dim == K and cli.model.hparams.continuous  # linked from the env
+
+
+def test_mlp_only_setting_is_refused_instead_of_ignored():
+    import pytest
+
+    from fastlight.modules.vla_module import VLAModule
+
+    with pytest.raises(ValueError, match="--model.hidden_sizes sizes RLModule's MLP policy"):
+        VLAModule(hidden_sizes=(8,))
