@@ -153,6 +153,13 @@ def markdown(rows: list[Row], meta: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _color(name: str) -> str:
+    """One colour per mode, the same in every panel."""
+    fixed = {"sgr": "tab:blue", "autoreset": "tab:orange", "dpsa@0.5": "tab:green",
+             "dpsa@0.75": "tab:red", "dpsa@1": "tab:purple"}
+    return fixed.get(name, "tab:gray")
+
+
 def plot(rows: list[Row], path: Path) -> None:
     import matplotlib
 
@@ -170,7 +177,7 @@ def plot(rows: list[Row], path: Path) -> None:
                 ax.axhline(seq["effective_tps"], color="black", ls="--", label="sequential")
                 continue
             pts = sorted((r["clips"], r["effective_tps"]) for r in part if label(r) == name)
-            ax.plot([c for c, _ in pts], [v for _, v in pts], marker="o", label=name)
+            ax.plot([c for c, _ in pts], [v for _, v in pts], marker="o", label=name, color=_color(name))
         ax.set_ylim(bottom=0)
         ax.set_xticks(clips)
         ax.set_xlabel("parallel clips")

@@ -139,7 +139,11 @@ class EpisodeLengths(gym.Wrapper):
 
 
 def drain(envs: list[EpisodeLengths], seed: int) -> None:
-    """Step every still-running episode to its end with random actions (untimed, lengths only)."""
+    """Step every still-running episode to its end with random actions (untimed, lengths only).
+
+    An env that autoreset just before the run stopped is played through too: one more episode
+    that did not start later because it is long, so the length sample stays unbiased.
+    """
     for env in envs:
         env.action_space.seed(seed)
         while env.running:
