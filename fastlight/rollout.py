@@ -32,7 +32,7 @@ episodes (length, return, outcome) for ``rollout/*`` logging and DWR.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -185,12 +185,6 @@ class Rollout:
         kw = {name: fn(getattr(self, name)) for name in STEP_FIELDS[1:]}
         return replace(self, obs=_map_obs(self.obs, fn), **kw)
 
-    def to(self, device: torch.device | str) -> Rollout:
-        return self.map(lambda t: t.to(device, non_blocking=True))
-
-    def pin_memory(self) -> Rollout:
-        return self.map(lambda t: t.pin_memory())
-
     def pad_to(self, horizon: int) -> Rollout:
         """Append ``horizon - T`` padding rows (``valid=False``, zeros) at the end of time."""
         t_len = self.shape[0]
@@ -259,8 +253,3 @@ class Rollout:
         if isinstance(t, dict):
             return {k: v.reshape(-1, *v.shape[2:]) for k, v in t.items()}
         return t.reshape(-1, *t.shape[2:])
-
-
-def rollout_field_names() -> list[str]:
-    """Names of every dataclass field (per-step fields and ``stats``)."""
-    return [f.name for f in fields(Rollout)]

@@ -25,12 +25,11 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import torch
-from torch import Tensor
 
 from fastlight.models.base import Policy
 from fastlight.rollout import EpisodeRecord, Rollout, RolloutStats
 from fastlight.sampling.obs import action_to_env, obs_to_tensor, stack_obs
-from fastlight.sampling.rows import Row, RowBuffer
+from fastlight.sampling.rows import Row, RowBuffer, Step
 
 RESET_MODES = ("dpsa", "sgr", "autoreset", "sequential")
 
@@ -107,7 +106,6 @@ class Collector:
         self.seed = seed
         self._pool = ThreadPoolExecutor(max_workers=len(self.envs), thread_name_prefix="fastlight-reset")
         self._seeded = False
-        self._row_version = -1
         self._obs: list[Any] | None = None  # current observation of each env (autoreset carry-over)
         self._eps: list[_Episode] = []
 
@@ -141,22 +139,38 @@ class Collector:
             self._seeded = True
 
     # ------------------------------------------------------------------ one step of a subset
-    def _step_envs(
-        self, policy: Policy, active: list[int], stats: RolloutStats
-    ) -> tuple[Any, Tensor, Tensor, Tensor, Tensor, list[tuple[Any, float, bool, bool, dict]]]:
-        """Act on the active envs' observations and step them; returns policy outputs and results."""
-        obs_batch = obs_to_tensor(stack_obs([self._obs[i] for i in active]))
+    def _step_envs(self, policy: Policy, active: list[int], stats: RolloutStats) -> Step:
+        """Act on the active envs and step them. Every env's observation is stacked once: the
+        row stores all of them (frozen ones for DPSA dummy steps), the policy sees the active ones."""
+        all_obs = stack_obs(self._obs)
+        if len(active) < self.num_envs:
+            idx = np.asarray(active)
+            sel = {k: v[idx] for k, v in all_obs.items()} if isinstance(all_obs, dict) else all_obs[idx]
+        else:
+            sel = all_obs
         step = torch.tensor([self._eps[i].step for i in active], dtype=torch.long)
-        out = policy.act(obs_batch, step=step)
-        self._row_version = int(getattr(policy, "last_version", -1))
+        out = policy.act(obs_to_tensor(sel), step=step)
         env_actions = action_to_env(policy, out.actions)
         results = []
         for j, i in enumerate(active):
             t0 = time.perf_counter()
-            res = self.envs[i].step(env_actions[j])
+            results.append(self.envs[i].step(env_actions[j]))
             stats.step_time += time.perf_counter() - t0
-            results.append(res)
-        return obs_batch, step, out.actions, out.logprobs, out.values, results
+        # A remote policy reports the version of the weights that answered (may change mid-round).
+        return Step(all_obs, step, out, int(getattr(policy, "last_version", -1)), results)
+
+    def _advance(self, row: Row, i: int, result: tuple, rows: RowBuffer) -> bool:
+        """Record env ``i``'s step in ``row``; returns True if its episode ended."""
+        nobs, reward, term, trunc, info = result
+        row.set_step(i, float(reward), bool(term), bool(trunc))
+        ep = self._eps[i]
+        ep.step += 1
+        ep.ret += float(reward)
+        self._obs[i] = nobs
+        if term or trunc:
+            rows.episodes.append(_record(ep, terminated=bool(term), truncated=bool(trunc), info=info))
+            return True
+        return False
 
     # ------------------------------------------------------------------ public API
     @torch.no_grad()
@@ -191,19 +205,11 @@ class Collector:
         t = 0
         while True:
             active = [i for i in range(self.num_envs) if alive[i]]
-            obs, step, actions, logprobs, values, results = self._step_envs(policy, active, stats)
-            row = rows.new_row(self._obs, self._eps, obs, step, actions, logprobs, values, active)
-            row.version = self._row_version
+            out = self._step_envs(policy, active, stats)
+            row = rows.new_row(out, self._eps, active)
             for j, i in enumerate(active):
-                nobs, reward, term, trunc, info = results[j]
-                row.set_step(i, float(reward), bool(term), bool(trunc))
-                ep = self._eps[i]
-                ep.step += 1
-                ep.ret += float(reward)
-                self._obs[i] = nobs
-                if term or trunc:
+                if self._advance(row, i, out.results[j], rows):
                     alive[i] = False
-                    rows.episodes.append(_record(ep, terminated=bool(term), truncated=bool(trunc), info=info))
             t += 1
             cut = self._should_truncate(self.num_envs - sum(alive), t)
             if cut:
@@ -225,20 +231,12 @@ class Collector:
         rows = RowBuffer(self.num_envs)
         everyone = list(range(self.num_envs))
         for t in range(self.rollout_steps):
-            obs, step, actions, logprobs, values, results = self._step_envs(policy, everyone, stats)
-            row = rows.new_row(self._obs, self._eps, obs, step, actions, logprobs, values, everyone)
-            row.version = self._row_version
+            out = self._step_envs(policy, everyone, stats)
+            row = rows.new_row(out, self._eps, everyone)
             ended = []
             for i in everyone:
-                nobs, reward, term, trunc, info = results[i]
-                row.set_step(i, float(reward), bool(term), bool(trunc))
-                ep = self._eps[i]
-                ep.step += 1
-                ep.ret += float(reward)
-                self._obs[i] = nobs
-                if term or trunc:
+                if self._advance(row, i, out.results[i], rows):
                     ended.append(i)
-                    rows.episodes.append(_record(ep, terminated=bool(term), truncated=bool(trunc), info=info))
                 elif t == self.rollout_steps - 1:
                     # Rollout boundary: bootstrap, but the episode goes on in the next call.
                     row.set_truncated(i)

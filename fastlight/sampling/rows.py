@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from fastlight.models.base import ActOutput
 from fastlight.rollout import EpisodeRecord, Rollout, RolloutStats
-from fastlight.sampling.obs import obs_to_tensor, stack_obs
+from fastlight.sampling.obs import obs_to_tensor
+
+
+class Step(NamedTuple):
+    """One policy step of a Collector: all E observations (stacked once), the active envs' episode
+    steps and policy outputs, the weights' version (-1: unknown) and the envs' step results."""
+
+    obs: Any
+    step: Tensor
+    act: ActOutput
+    version: int
+    results: list[tuple]
 
 
 class Row:
@@ -53,27 +65,19 @@ class RowBuffer:
         self.rows: list[Row] = []
         self.episodes: list[EpisodeRecord] = []
 
-    def new_row(
-        self,
-        all_obs: list[Any],
-        episodes: list[Any],
-        obs: Any,
-        step: Tensor,
-        actions: Tensor,
-        logprobs: Tensor,
-        values: Tensor,
-        active: list[int],
-    ) -> Row:
-        """Start row t. ``all_obs`` holds every env's pre-step observation: the stepped envs'
-        current one and, for ended envs, their frozen final one (DPSA dummy steps)."""
+    def new_row(self, out: Step, episodes: list[Any], active: list[int]) -> Row:
+        """Start row t from one policy step over the ``active`` envs. ``out.obs`` holds every
+        env's pre-step observation: the stepped envs' current one and, for ended envs, their
+        frozen final one (DPSA dummy steps)."""
         row = Row(self.num_envs)
-        row.obs = stack_obs(all_obs)
-        row.actions = _scatter(actions, active, self.num_envs)
-        row.logprobs = _scatter(logprobs, active, self.num_envs)
-        row.values = _scatter(values, active, self.num_envs)
+        row.obs = out.obs
+        row.actions = _scatter(out.act.actions, active, self.num_envs)
+        row.logprobs = _scatter(out.act.logprobs, active, self.num_envs)
+        row.values = _scatter(out.act.values, active, self.num_envs)
         row.valid[active] = True
-        row.step[active] = step.numpy()
+        row.step[active] = out.step.numpy()
         row.task_id[:] = [ep.task_id for ep in episodes]
+        row.version = out.version
         self.rows.append(row)
         return row
 

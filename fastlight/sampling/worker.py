@@ -48,13 +48,10 @@ class SamplerConfig:
     max_staleness: int = 0
     scenario_load_cost_s: float = 0.0
     seed: int = 0
-    env_factory: Any = None  # optional picklable callable(config, index) -> list[gym.Env]
 
 
-def build_envs(cfg: SamplerConfig, worker_index: int) -> list:
-    """The sampler's envs: ``cfg.env_factory`` if given, else ``make_env`` (+ ScenarioLoadCost)."""
-    if cfg.env_factory is not None:
-        return list(cfg.env_factory(cfg, worker_index))
+def build_envs(cfg: SamplerConfig) -> list:
+    """The sampler's envs: ``make_env`` (+ ``ScenarioLoadCost`` when a load cost is set)."""
     from fastlight.envs.registry import make_env
     from fastlight.envs.scenario_cost import ScenarioLoadCost
 
@@ -67,7 +64,7 @@ def build_envs(cfg: SamplerConfig, worker_index: int) -> list:
 def build_collector(cfg: SamplerConfig, worker_index: int) -> Collector:
     """The Collector sampler ``worker_index`` runs, over its envs."""
     return Collector(
-        build_envs(cfg, worker_index),
+        build_envs(cfg),
         mode=cfg.reset_mode,
         termination_threshold=cfg.termination_threshold,
         max_horizon=cfg.max_horizon,
