@@ -53,7 +53,11 @@ def sapo_loss(
         granularity=granularity,
         tokens_per_action=tokens_per_action,
     )
-    tau = torch.where(adv > 0, tau_pos, tau_neg).to(log_r.dtype)
+    # Build τ in the inputs' dtype: torch.where on Python floats gives float32, which would turn
+    # τ_neg = 1.05 into 1.0499999523 for float64 inputs.
+    pos = torch.tensor(tau_pos, dtype=log_r.dtype, device=log_r.device)
+    neg = torch.tensor(tau_neg, dtype=log_r.dtype, device=log_r.device)
+    tau = torch.where(adv > 0, pos, neg)
     gate = torch.sigmoid(tau * (log_r.exp() - 1.0))
     loss = masked_mean(-(4.0 / tau) * gate * adv, valid, count=count)
     return loss, ratio_diagnostics(log_r=log_r.detach(), valid=valid, clip_eps=clip_eps, count=count)

@@ -158,6 +158,25 @@ def test_sapo_gradient_is_gate_4p1mp_times_policy_gradient() -> None:
     torch.testing.assert_close(loss, (-(4 / tau) * p * a)[valid].mean(), rtol=1e-10, atol=1e-12)
 
 
+def test_sapo_float64_uses_exact_temperatures() -> None:
+    """τ is built in the inputs' dtype: with float64 inputs, τ_neg = 1.05 exactly.
+
+    A float32 τ (``torch.where`` on Python floats) gives 1.0499999523, a relative error of 4.5e-8
+    in the loss, far above the 1e-13 tolerance here.
+    """
+    lp, old, adv, valid = _leaf_inputs(seed=6)
+    adv = adv - adv[valid].mean()  # both signs, so both temperatures are exercised
+    loss, _ = sapo_loss(logprobs=lp, old_logprobs=old, advantages=adv, valid=valid, tau_pos=1.0, tau_neg=1.05)
+    r = (lp - old).detach().exp()
+    a = adv[:, None].expand(-1, K)
+    tau = torch.full_like(a, 1.05)
+    tau[a > 0] = 1.0  # float64 throughout: the formula's τ, not a float32 rounding of it
+    ref = (-(4 / tau) * torch.sigmoid(tau * (r - 1)) * a)[valid].mean()
+    assert (adv[valid] < 0).any() and (adv[valid] > 0).any()
+    assert loss.dtype == torch.float64
+    torch.testing.assert_close(loss.detach(), ref, rtol=1e-13, atol=0)
+
+
 def test_sapo_on_policy_gradient_equals_plain_policy_gradient() -> None:
     _, old, adv, valid = _leaf_inputs(seed=4)
     lp = old.clone().requires_grad_()
