@@ -97,6 +97,8 @@ def prune_lm_head(model: nn.Module, first_id: int, last_id: int) -> nn.Linear:
         if head.bias is not None:
             new_head.bias.copy_(head.bias[first_id:last_id])
     new_head.weight.requires_grad_(weight.requires_grad)
+    if head.bias is not None:  # a frozen head stays frozen, bias included
+        new_head.bias.requires_grad_(head.bias.requires_grad)
     model.set_output_embeddings(new_head)
     for cfg in _configs(model):
         setattr(cfg, PRUNED_RANGE_ATTR, [int(first_id), int(last_id)])

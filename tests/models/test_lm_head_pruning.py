@@ -25,7 +25,10 @@ def test_pruned_logits_equal_original_at_action_ids() -> None:
         prune_lm_head(model, V - N_ACT, V)
         pruned = model(input_ids=ids).logits
     assert pruned.shape == (3, 9, N_ACT)
-    assert torch.equal(pruned, full[..., V - N_ACT :])
+    # An [N_ACT, D] GEMM against a sliced [V, D] one: equal up to rounding. 1e-5 (logits are O(1));
+    # a head cut one row off differs by ~0.1, checked below.
+    torch.testing.assert_close(pruned, full[..., V - N_ACT :], rtol=1e-5, atol=1e-5)
+    assert (pruned - full[..., V - N_ACT - 1 : V - 1]).abs().max() > 1e-2
 
 
 def test_head_param_count_drops_by_vocab_over_actions() -> None:
@@ -81,6 +84,16 @@ def test_bias_is_sliced_too() -> None:
     prune_lm_head(model, 6, 10)
     assert model.head.bias.shape == (4,)
     assert torch.allclose(model.head(x), full[:, 6:])
+
+
+@pytest.mark.parametrize("frozen", [True, False])
+def test_bias_keeps_requires_grad_of_the_head(frozen: bool) -> None:
+    """A frozen head stays frozen after pruning, bias included (and a trainable one stays trainable)."""
+    model = _HeadWithBias()
+    model.head.requires_grad_(not frozen)
+    prune_lm_head(model, 6, 10)
+    assert model.head.weight.requires_grad is (not frozen)
+    assert model.head.bias.requires_grad is (not frozen)
 
 
 @pytest.mark.parametrize(("first", "last"), [(-1, 10), (10, 10), (20, 10), (0, V + 1)])
