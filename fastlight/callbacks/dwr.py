@@ -1,12 +1,17 @@
-"""``DynamicWeightedResampling``: sample tasks in proportion to their recent failures (AcceRL §DWR).
+"""``DynamicWeightedResampling``: sample tasks in proportion to their recent failure rate (AcceRL §DWR).
 
-Per task ``k`` a sliding window holds the outcomes of its last ``window`` episodes; with
-``f_k`` failures in it the sampling weight is
+Per task ``k`` a sliding window holds the outcomes of its last ``window`` episodes, and ``f_k``
+is the task's failure *rate* in it (failures / outcomes in the window, in ``[0, 1]``). The
+sampling weight is
 
     p_k = (f_k + eps) / sum_j (f_j + eps)
 
 so struggling tasks get more episodes while ``eps`` (Laplace smoothing) keeps every task,
-mastered ones included, at a probability of at least ``eps / sum_j (f_j + eps)``.
+mastered ones included, at a probability of at least ``eps / sum_j (f_j + eps)``. A task with
+no outcome yet counts as ``f_k = 1``, so untried tasks are sampled at least as much as the
+hardest tried ones. AcceRL (§DWR, "proportional to the recent failure rate, complemented by a
+Laplace smoothing factor") uses the rate, not the failure count: the two differ whenever the
+windows are unequally full, since a count favours tasks that merely logged more episodes.
 
 Statistics are *pooled*: outcomes from every sampler and every DDP rank enter the same
 windows (one ``all_gather`` per step), so all ranks hold identical weights. AcceRL keeps them
@@ -31,26 +36,38 @@ from typing_extensions import override
 from fastlight.rollout import Rollout
 
 
-def dwr_weights(failures: Tensor, *, eps: float) -> Tensor:
+def dwr_weights(failure_rates: Tensor, *, eps: float) -> Tensor:
     """``p_k = (f_k + eps) / sum_j (f_j + eps)`` (AcceRL §DWR).
 
-    Shapes: ``failures [K]`` (counts, any dtype) -> ``[K]`` float64 probabilities.
+    ``failure_rates`` holds each task's windowed failure *rate* ``f_k`` in ``[0, 1]`` (not a
+    failure count; see ``DynamicWeightedResampling.failure_rates``).
+
+    Shapes: ``failure_rates [K]`` (any real dtype) -> ``[K]`` float64 probabilities.
+    Raises ``ValueError`` on another shape, on ``eps <= 0``, and on a rate outside ``[0, 1]``
+    (NaN included), which usually means counts were passed.
     """
-    if failures.dim() != 1:
-        raise ValueError(f"dwr_weights: failures must be [K], got shape {tuple(failures.shape)}")
+    if failure_rates.dim() != 1:
+        raise ValueError(f"dwr_weights: failure_rates must be [K], got shape {tuple(failure_rates.shape)}")
     if eps <= 0:
         raise ValueError(f"dwr_weights: eps must be > 0, got {eps}")
-    w = failures.to(torch.float64) + eps
+    f = failure_rates.to(torch.float64)
+    if not bool(((f >= 0) & (f <= 1)).all()):
+        raise ValueError(
+            f"dwr_weights: failure rates must lie in [0, 1] (failures / outcomes per task, not counts), "
+            f"got {f.tolist()}"
+        )
+    w = f + eps
     return w / w.sum()
 
 
 class DynamicWeightedResampling(Callback):
-    """Task weights from pooled, windowed failure counts.
+    """Task weights from pooled, windowed failure rates (an untried task counts as rate 1).
 
     Args:
         num_tasks: number of tasks (task ids ``0 .. num_tasks-1``).
         window: outcomes kept per task (the sliding window).
-        eps: Laplace smoothing; must be > 0.
+        eps: Laplace smoothing; must be > 0. As rates lie in ``[0, 1]``, the largest weight is at most
+            ``(1 + eps) / eps`` times the smallest (2x at ``eps = 1``).
         task_names: names used in the logged keys (default: the task ids).
     """
 
@@ -80,11 +97,15 @@ class DynamicWeightedResampling(Callback):
                 raise ValueError(f"DynamicWeightedResampling: task id {k} outside [0, {self.num_tasks})")
             self.outcomes[k].append(bool(ok))
 
-    def failures(self) -> Tensor:
-        return torch.tensor([sum(not ok for ok in w) for w in self.outcomes], dtype=torch.float64)
+    def failure_rates(self) -> Tensor:
+        """``[K]`` float64: failures / outcomes in each task's window; 1.0 for a task with none yet."""
+        return torch.tensor(
+            [sum(not ok for ok in w) / len(w) if w else 1.0 for w in self.outcomes], dtype=torch.float64
+        )
 
     def weights(self) -> Tensor:
-        return dwr_weights(self.failures(), eps=self.eps)
+        """``[K]`` float64 sampling probabilities, ``dwr_weights(self.failure_rates(), eps=self.eps)``."""
+        return dwr_weights(self.failure_rates(), eps=self.eps)
 
     def success_rates(self) -> Tensor:
         return torch.tensor([sum(w) / len(w) if w else float("nan") for w in self.outcomes])

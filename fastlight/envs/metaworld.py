@@ -1,7 +1,7 @@
 """Meta-World (v3) as a gymnasium env with image + proprio + instruction observations (AcceRL).
 
 AcceRL fine-tunes a VLA on multi-task manipulation (§experiments) and re-weights the tasks by
-recent failures (§Dynamic Weighted Resampling). :class:`MetaWorldEnv` wraps one or several
+recent failure rates (§Dynamic Weighted Resampling). :class:`MetaWorldEnv` wraps one or several
 Meta-World tasks behind a single gymnasium env:
 
 - each ``reset`` samples a task (uniformly, or by the weights given to :meth:`set_task_weights`;
@@ -237,7 +237,7 @@ class MetaWorldEnv(gym.Env):
 
     # ------------------------------------------------------------------ task sampling (DWR)
     def set_task_weights(self, weights: Sequence[float]) -> None:
-        """Sampling weights of the tasks (normalised here); AcceRL's DWR sets them from failures."""
+        """Sampling weights of the tasks (normalised here); AcceRL's DWR sets them from failure rates."""
         w = np.asarray(weights, dtype=np.float64)
         if w.shape != (len(self.task_names),) or not np.all(np.isfinite(w)) or (w < 0).any() or w.sum() <= 0:
             raise ValueError(

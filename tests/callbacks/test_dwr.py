@@ -10,40 +10,78 @@ from fastlight.callbacks.dwr import DynamicWeightedResampling, dwr_weights
 from fastlight.data.datamodule import RolloutDataModule
 from fastlight.modules.rl_module import RLModule
 
+TOL = {"rtol": 0.0, "atol": 1e-12}  # float64 sums of a handful of terms
+
 
 def test_weights_match_the_formula_on_a_hand_built_history():
     dwr = DynamicWeightedResampling(num_tasks=3, window=4, eps=1.0)
-    # task 0: 3 failures, task 1: 1 failure, task 2: 0 failures
+    # task 0: 3 failures of 3 -> f=1; task 1: 1 failure of 2 -> f=0.5; task 2: 0 of 2 -> f=0
     dwr.record([0, 0, 0, 1, 1, 2, 2], [False, False, False, True, False, True, True])
-    expected = torch.tensor([3 + 1.0, 1 + 1.0, 0 + 1.0], dtype=torch.float64) / 7.0
-    torch.testing.assert_close(dwr.weights(), expected, rtol=0, atol=1e-12)
+    torch.testing.assert_close(dwr.failure_rates(), torch.tensor([1.0, 0.5, 0.0], dtype=torch.float64), **TOL)
+    # (f + 1) = (2, 1.5, 1), sum 4.5
+    expected = torch.tensor([2 / 4.5, 1.5 / 4.5, 1 / 4.5], dtype=torch.float64)
+    torch.testing.assert_close(dwr.weights(), expected, **TOL)
+
+
+def test_unequal_windows_use_the_rate_not_the_count():
+    """Task 0: 1 outcome, a failure; task 1: 10 outcomes, 5 failures; task 2: no outcome yet.
+
+    Rates f = (1, 0.5, 1) -> (f + 1) = (2, 1.5, 2), sum 5.5 -> (0.3636, 0.2727, 0.3636): the half-solved
+    task 1 is sampled least. Counts would give f = (1, 5, 0) -> (2, 6, 1) / 9 = (0.222, 0.667, 0.111),
+    sampling task 1 most only because it logged more episodes, so a count implementation fails here.
+    """
+    dwr = DynamicWeightedResampling(num_tasks=3, window=20, eps=1.0)
+    dwr.record([0], [False])
+    dwr.record([1] * 10, [False, True] * 5)
+    torch.testing.assert_close(dwr.failure_rates(), torch.tensor([1.0, 0.5, 1.0], dtype=torch.float64), **TOL)
+    w = dwr.weights()
+    torch.testing.assert_close(w, torch.tensor([2 / 5.5, 1.5 / 5.5, 2 / 5.5], dtype=torch.float64), **TOL)
+    by_count = torch.tensor([2 / 9, 6 / 9, 1 / 9], dtype=torch.float64)
+    assert float((w - by_count).abs().max()) > 0.3
+    assert int(w.argmin()) == 1 and int(by_count.argmax()) == 1
+
+
+def test_untried_task_counts_as_always_failing():
+    dwr = DynamicWeightedResampling(num_tasks=3, window=5, eps=0.5)
+    torch.testing.assert_close(dwr.weights(), torch.full((3,), 1 / 3, dtype=torch.float64), **TOL)  # fresh
+    dwr.record([0] * 5 + [2] * 5, [False] * 5 + [True] * 5)  # task 0 always fails, task 1 untried
+    torch.testing.assert_close(dwr.failure_rates(), torch.tensor([1.0, 1.0, 0.0], dtype=torch.float64), **TOL)
+    w = dwr.weights()
+    assert w[1] >= w[0]
+    # (1.5, 1.5, 0.5) / 3.5
+    torch.testing.assert_close(w, torch.tensor([1.5 / 3.5, 1.5 / 3.5, 0.5 / 3.5], dtype=torch.float64), **TOL)
 
 
 def test_always_failing_task_gets_the_largest_weight_and_mastered_keeps_eps():
     dwr = DynamicWeightedResampling(num_tasks=3, window=10, eps=0.5)
-    for _ in range(10):
-        dwr.record([0, 1, 2], [False, True, torch.rand(()) > 0.5])
+    for i in range(10):
+        dwr.record([0, 1, 2], [False, True, i % 2 == 0])
+    # f = (1, 0, 0.5) -> (1.5, 0.5, 1.0) / 3.0
     w = dwr.weights()
+    torch.testing.assert_close(w, torch.tensor([0.5, 0.5 / 3.0, 1 / 3.0], dtype=torch.float64), **TOL)
     assert int(w.argmax()) == 0
-    assert w[1] >= 0.5 / float((dwr.failures() + 0.5).sum()) - 1e-12
     assert w[1] > 0
 
 
 def test_window_forgets_old_outcomes():
     dwr = DynamicWeightedResampling(num_tasks=2, window=3, eps=1.0)
-    dwr.record([0, 0, 0], [False, False, False])
-    assert dwr.failures().tolist() == [3.0, 0.0]
-    dwr.record([0, 0, 0], [True, True, True])  # pushes every failure out of the window
-    assert dwr.failures().tolist() == [0.0, 0.0]
-    torch.testing.assert_close(dwr.weights(), torch.tensor([0.5, 0.5], dtype=torch.float64))
+    dwr.record([0, 0, 0, 1], [False, False, False, True])
+    torch.testing.assert_close(dwr.failure_rates(), torch.tensor([1.0, 0.0], dtype=torch.float64), **TOL)
+    dwr.record([0], [True])  # window of task 0 is now (F, F, T)
+    torch.testing.assert_close(dwr.failure_rates(), torch.tensor([2 / 3, 0.0], dtype=torch.float64), **TOL)
+    dwr.record([0, 0], [True, True])  # pushes every failure out of the window
+    torch.testing.assert_close(dwr.failure_rates(), torch.tensor([0.0, 0.0], dtype=torch.float64), **TOL)
+    torch.testing.assert_close(dwr.weights(), torch.tensor([0.5, 0.5], dtype=torch.float64), **TOL)
 
 
 def test_state_round_trip():
-    a = DynamicWeightedResampling(num_tasks=2, window=5, eps=1.0)
+    a = DynamicWeightedResampling(num_tasks=3, window=5, eps=1.0)
     a.record([0, 1, 1], [False, True, False])
-    b = DynamicWeightedResampling(num_tasks=2, window=5, eps=1.0)
+    b = DynamicWeightedResampling(num_tasks=3, window=5, eps=1.0)
     b.load_state_dict(a.state_dict())
-    assert torch.equal(a.weights(), b.weights()) and b.outcomes[1].maxlen == 5
+    torch.testing.assert_close(b.failure_rates(), torch.tensor([1.0, 0.5, 1.0], dtype=torch.float64), **TOL)
+    torch.testing.assert_close(a.weights(), b.weights(), **TOL)
+    assert b.outcomes[1].maxlen == 5
 
 
 @pytest.mark.parametrize(
@@ -60,8 +98,23 @@ def test_bad_settings_are_refused(kwargs, match):
 
 
 def test_dwr_weights_shape_error():
-    with pytest.raises(ValueError, match=r"failures must be \[K\], got shape \(2, 2\)"):
+    with pytest.raises(ValueError, match=r"failure_rates must be \[K\], got shape \(2, 2\)"):
         dwr_weights(torch.zeros(2, 2), eps=1.0)
+
+
+@pytest.mark.parametrize("bad", [[0.5, 2.0], [-0.1, 0.5], [float("nan"), 0.5], [3.0, 0.0]])
+def test_dwr_weights_refuses_rates_outside_0_1(bad):
+    """Counts (e.g. 3 failures) are not rates: refused rather than silently reweighted."""
+    with pytest.raises(ValueError, match=r"failure rates must lie in \[0, 1\].*not counts"):
+        dwr_weights(torch.tensor(bad), eps=1.0)
+
+
+def test_dwr_weights_is_a_pure_float64_function_of_the_rates():
+    rates = torch.tensor([0.25, 1.0], dtype=torch.float32)
+    w = dwr_weights(rates, eps=0.25)
+    assert w.dtype == torch.float64 and w.shape == (2,)
+    torch.testing.assert_close(w, torch.tensor([0.5 / 1.75, 1.25 / 1.75], dtype=torch.float64), **TOL)
+    assert rates.tolist() == [0.25, 1.0]  # input untouched
 
 
 @pytest.mark.multiproc
@@ -97,5 +150,10 @@ def test_weights_reach_the_samplers_and_shift_the_task_mix():
     first = model.tasks[0]
     late = [t for step in model.tasks[-4:] for t in step]
     assert 0.2 < sum(t == 0 for t in first) / len(first) < 0.8  # uniform at the start
-    assert sum(t == 0 for t in late) / len(late) > 0.8  # weights ~ (20.1, 0.1) later
-    assert dwr.weights()[0] > 0.9
+    # Once both tasks have outcomes, f = (1, 0): weights (1 + 0.1, 0 + 0.1) / 1.2 = (11/12, 1/12).
+    torch.testing.assert_close(dwr.weights(), torch.tensor([11 / 12, 1 / 12], dtype=torch.float64), **TOL)
+    # So ~0.917 of the late episodes are task 0 (uniform would be ~0.5). The last 4 updates end
+    # ~65 episodes (65 in the seeded run, 0.95 of them task 0): binomial sd ~ sqrt(0.917 * 0.083 / 65)
+    # ~ 0.034, so 0.8 is a > 3 sd margin below the expected 0.917 and far above no shift.
+    assert len(late) >= 40, len(late)
+    assert sum(t == 0 for t in late) / len(late) > 0.8
