@@ -3,6 +3,7 @@ import os
 import pytest
 import torch
 
+from fastlight.models.action_mapping import IdentityActions
 from fastlight.models.base import ActOutput, EvalOutput
 
 os.environ.setdefault("MUJOCO_GL", "egl")
@@ -33,6 +34,12 @@ class ObsValuePolicy(torch.nn.Module):
 
     def value(self, obs, *, step=None):
         return self._v(obs)
+
+    def action_mapping(self):
+        return IdentityActions()
+
+    def env_action(self, actions):
+        return actions
 
 
 @pytest.fixture

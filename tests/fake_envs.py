@@ -94,3 +94,45 @@ class TwoTaskEnv(FixedLengthEnv):
 
 
 gym.register("TwoTask-v0", entry_point=TwoTaskEnv)
+
+
+class ActionEchoEnv(gym.Env):
+    """Echoes the action ``env.step`` received in the next observation, so a Rollout shows what
+    the env got: ``obs[t + 1]``'s echo part is the env action taken at ``t``.
+
+    ``kind="vector"``: obs ``[x (4), echo (action_dim)]``. ``kind="vla"``: a dict with
+    ``proprio = [x (4), echo]`` and fixed random ``instruction_ids`` (a VLA's observation).
+    ``x`` is drawn at reset from the seeded ``np_random``, so runs with the same seeds see the
+    same observations. Episodes last ``length`` steps.
+    """
+
+    def __init__(self, kind: str = "vector", action_dim: int = 2, length: int = 6, vocab: int = 32) -> None:
+        self.kind, self.action_dim, self.length, self.vocab = kind, action_dim, length, vocab
+        n = 4 + action_dim
+        vec = gym.spaces.Box(-np.inf, np.inf, (n,), np.float32)
+        if kind == "vector":
+            self.observation_space = vec
+        else:
+            ids = gym.spaces.Box(0, vocab - 1, (5,), np.int64)
+            self.observation_space = gym.spaces.Dict({"proprio": vec, "instruction_ids": ids})
+        self.action_space = gym.spaces.Box(-np.inf, np.inf, (action_dim,), np.float32)
+        self.t = 0
+
+    def _obs(self, echo: np.ndarray):
+        vec = np.concatenate([self.x, echo]).astype(np.float32)
+        return vec if self.kind == "vector" else {"proprio": vec, "instruction_ids": self.ids.copy()}
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        self.x = self.np_random.normal(size=4).astype(np.float32)
+        self.ids = self.np_random.integers(1, self.vocab, size=5).astype(np.int64)
+        return self._obs(np.zeros(self.action_dim, np.float32)), {}
+
+    def step(self, action):
+        self.t += 1
+        echo = np.asarray(action, dtype=np.float32).reshape(self.action_dim)
+        return self._obs(echo), 0.0, self.t >= self.length, False, {}
+
+
+gym.register("ActionEcho-v0", entry_point=ActionEchoEnv)

@@ -24,7 +24,8 @@ from fastlight.bench.shared_sim import shared_sim_clips
 from fastlight.envs.registry import make_env
 from fastlight.envs.scenario_cost import ScenarioLoadCost
 from fastlight.metrics.throughput import ThroughputMetrics
-from fastlight.models.base import ActOutput, EvalOutput, Obs
+from fastlight.models.action_mapping import IdentityActions
+from fastlight.models.base import ActionMapping, ActOutput, EvalOutput, Obs
 from fastlight.sampling.collector import Collector
 
 SETTINGS = ("native", "emulated_reset", "shared_sim")
@@ -64,6 +65,12 @@ class RandomPolicy(nn.Module):
 
     def value(self, obs: Obs, *, step: Tensor | None = None) -> Tensor:
         return torch.zeros(self._n(obs))
+
+    def action_mapping(self) -> ActionMapping:
+        return IdentityActions()
+
+    def env_action(self, actions: Tensor) -> Tensor:
+        return actions
 
 
 @dataclass(frozen=True)

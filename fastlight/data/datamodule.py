@@ -88,7 +88,11 @@ class RolloutDataModule(L.LightningDataModule):
             data is dropped and counted as ``rollout/dropped_stale``).
         prefetch: super-batches the background prefetcher keeps ready (AcceRL §prefetch).
         inference_server: serve every sampler from one inference worker process that holds the
-            policy (on a GPU when there is one) instead of a policy copy per sampler.
+            policy instead of a policy copy per sampler.
+        inference_device: where the inference worker holds the policy: ``None`` = the trainer's
+            device (``cpu``, or the rank's GPU), else ``cpu`` or ``cuda:N``. Weights go over NCCL
+            when trainer and worker are on two different GPUs, over gloo otherwise (NCCL cannot
+            group two processes on one GPU).
         max_batch, max_wait_ms: the inference worker's dynamic batching.
         sync_bucket_mb, sync_timeout_s: trainer -> inference worker weight broadcast (flat
             buckets of this size; a peer silent for this long is an error).
@@ -112,6 +116,7 @@ class RolloutDataModule(L.LightningDataModule):
         max_staleness: int = 0,
         prefetch: int = 2,
         inference_server: bool = False,
+        inference_device: str | None = None,
         max_batch: int = 256,
         max_wait_ms: float = 2.0,
         sync_bucket_mb: float = 64.0,
@@ -147,6 +152,7 @@ class RolloutDataModule(L.LightningDataModule):
                 "--data.reset_mode sequential runs one env per sampler: set --data.num_envs equal "
                 f"to --data.num_workers, got num_envs={num_envs}, num_workers={num_workers}"
             )
+        _check_device(inference_device)
         if max_staleness < 0:
             raise ValueError(f"--data.max_staleness must be >= 0, got {max_staleness}")
         if scenario_load_cost_s < 0:
@@ -212,6 +218,9 @@ class RolloutDataModule(L.LightningDataModule):
                 "max_wait_ms": h.max_wait_ms,
                 "bucket_mb": h.sync_bucket_mb,
                 "sync_timeout_s": h.sync_timeout_s,
+                # The strategy's device, known before the model is moved there.
+                "trainer_device": self.trainer.strategy.root_device,
+                "worker_device": torch.device(h.inference_device or self.trainer.strategy.root_device),
             }
         self.pool = SamplerPool(
             self.sampler_configs(self.trainer.global_rank),
@@ -287,6 +296,23 @@ class RolloutDataModule(L.LightningDataModule):
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.dropped_stale = int(state_dict.get("dropped_stale", 0))
+
+
+def _check_device(device: str | None) -> None:
+    if device is None:
+        return
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError):
+        parsed = None
+    if parsed is None or parsed.type not in ("cpu", "cuda"):
+        raise ValueError(f"--data.inference_device must be null, 'cpu' or 'cuda[:N]', got {device!r}")
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--data.inference_device is {device!r} but this machine has no CUDA device")
+    if parsed.type == "cuda" and (parsed.index or 0) >= torch.cuda.device_count():
+        raise ValueError(
+            f"--data.inference_device is {device!r} but only {torch.cuda.device_count()} CUDA devices exist"
+        )
 
 
 def _check_positive(**values: float) -> None:

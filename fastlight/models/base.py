@@ -7,7 +7,11 @@ A policy is an ``nn.Module`` with three methods over a flat batch ``[N, ...]`` o
 - ``act(obs, step=..., deterministic=False) -> ActOutput``: sample actions for acting;
 - ``evaluate(obs, actions, step=...) -> EvalOutput``: log-probs, entropy and values of given
   actions, with gradients, for the loss;
-- ``value(obs, step=...) -> Tensor [N]``: the critic alone (value recomputation, bootstrap).
+- ``value(obs, step=...) -> Tensor [N]``: the critic alone (value recomputation, bootstrap);
+- ``action_mapping() -> ActionMapping``: the picklable map from its actions to env actions
+  (:mod:`fastlight.models.action_mapping`), which a sampler served by the inference worker
+  applies without holding the policy;
+- ``env_action(actions) -> Tensor``: that mapping applied (what ``env.step`` receives).
 
 ``logprobs`` and ``entropy`` are ``[N]`` for single-distribution policies and ``[N, K]`` for
 token policies (one entry per action token), which is what token-level ratios need.
@@ -35,9 +39,37 @@ class EvalOutput(NamedTuple):
 
 
 @runtime_checkable
+class ActionMapping(Protocol):
+    """Policy actions ``[N, ...]`` -> env actions ``[N, ...]``; must pickle without the policy."""
+
+    def __call__(self, actions: Tensor) -> Tensor: ...
+
+
+@runtime_checkable
 class Policy(Protocol):
     def act(self, obs: Obs, *, step: Tensor | None = None, deterministic: bool = False) -> ActOutput: ...
 
     def evaluate(self, obs: Obs, actions: Tensor, *, step: Tensor | None = None) -> EvalOutput: ...
 
     def value(self, obs: Obs, *, step: Tensor | None = None) -> Tensor: ...
+
+    def action_mapping(self) -> ActionMapping: ...
+
+    def env_action(self, actions: Tensor) -> Tensor: ...
+
+
+POLICY_METHODS = ("act", "evaluate", "value", "action_mapping", "env_action")
+
+
+def check_policy(policy: object) -> None:
+    """Raise ``TypeError`` naming what ``policy`` lacks of the :class:`Policy` interface.
+
+    A policy without ``action_mapping`` would otherwise reach ``env.step`` unmapped (e.g. a VLA's
+    bins 0..255 clipped to ±1 by the env), silently.
+    """
+    missing = [m for m in POLICY_METHODS if not callable(getattr(type(policy), m, None))]
+    if missing:
+        raise TypeError(
+            f"{type(policy).__name__} does not implement fastlight.models.base.Policy: missing "
+            f"{', '.join(missing)} (see fastlight.models.action_mapping for action_mapping)"
+        )

@@ -13,7 +13,8 @@ import torch
 from torch import Tensor, nn
 from torch.distributions import Categorical, Normal
 
-from fastlight.models.base import ActOutput, EvalOutput
+from fastlight.models.action_mapping import ClampActions, IdentityActions
+from fastlight.models.base import ActionMapping, ActOutput, EvalOutput
 
 
 def _mlp(sizes: list[int], *, out_gain: float) -> nn.Sequential:
@@ -103,7 +104,11 @@ class MLPActorCritic(nn.Module):
     def value(self, obs: Tensor, *, step: Tensor | None = None) -> Tensor:
         return self.critic(self._flat(obs)).squeeze(-1)
 
-    def env_action(self, actions: Tensor) -> Tensor:
+    def action_mapping(self) -> ActionMapping:
+        """Continuous actions are clipped to ``[-action_bound, action_bound]``; discrete ones pass."""
         if self.continuous and self.action_bound is not None:
-            return actions.clamp(-self.action_bound, self.action_bound)
-        return actions
+            return ClampActions(float(self.action_bound))
+        return IdentityActions()
+
+    def env_action(self, actions: Tensor) -> Tensor:
+        return self.action_mapping()(actions)

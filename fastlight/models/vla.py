@@ -39,8 +39,9 @@ import torch
 from torch import Tensor, nn
 from torch.distributions import Categorical
 
+from fastlight.models.action_mapping import BinsToActions
 from fastlight.models.action_tokenizer import ActionTokenizer
-from fastlight.models.base import ActOutput, EvalOutput
+from fastlight.models.base import ActionMapping, ActOutput, EvalOutput
 from fastlight.models.pruning import load_pruned_causal_lm, prune_lm_head, pruned_range
 from fastlight.models.value_heads import ActionAwareValueHead
 from fastlight.models.vision import PatchEncoder
@@ -332,9 +333,13 @@ class VLAPolicy(nn.Module):
         """Bins ``[N, K]`` -> float actions ``[N, K]`` in ``[-1, 1]`` (bin centres)."""
         return self.action_tokenizer.decode(bins)
 
+    def action_mapping(self) -> ActionMapping:
+        """Bins -> bin centres in ``[-1, 1]``, without the backbone (for inference-served samplers)."""
+        return BinsToActions(self.action_tokenizer)
+
     def env_action(self, actions: Tensor) -> Tensor:
-        """Alias of :meth:`bins_to_env_action`, the name samplers call on every policy."""
-        return self.bins_to_env_action(actions)
+        """Same as :meth:`bins_to_env_action`, the name samplers call on every policy."""
+        return self.action_mapping()(actions)
 
 
 def _choose(logits: Tensor, deterministic: bool) -> Tensor:

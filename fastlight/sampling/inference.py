@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from fastlight.models.base import ActOutput
+from fastlight.models.base import ActionMapping, ActOutput
 
 ObsSpec = dict[str, tuple[tuple[int, ...], torch.dtype]]
 
@@ -72,16 +72,17 @@ class RemotePolicy(nn.Module):
     """The sampler-side proxy: ``act`` / ``value`` are served by the inference worker.
 
     ``last_version`` is the version of the weights behind the latest reply; the Collector
-    stamps it on the transitions it records.
+    stamps it on the transitions it records. ``action_mapping`` is the served policy's own
+    (:meth:`Policy.action_mapping`), so env actions are the same as with a local policy copy.
     """
 
-    def __init__(self, slot: Slot, conn: Connection, env_action: Any | None = None) -> None:
+    def __init__(self, slot: Slot, conn: Connection, action_mapping: ActionMapping) -> None:
         super().__init__()
         self.slot = slot
         self.conn = conn
         self.last_version = -1
         self.progress = 0
-        self._env_action = env_action
+        self._action_mapping = action_mapping
 
     def _request(self, kind: str, obs: Tensor | dict[str, Tensor], step: Tensor | None) -> int:
         items = obs.items() if isinstance(obs, dict) else [("", obs)]
@@ -110,8 +111,16 @@ class RemotePolicy(nn.Module):
     def new_round(self) -> None:
         self.progress = 0
 
+    def action_mapping(self) -> ActionMapping:
+        return self._action_mapping
+
     def env_action(self, actions: Tensor) -> Tensor:
-        return self._env_action(actions) if self._env_action is not None else actions
+        return self._action_mapping(actions)
+
+    def evaluate(self, obs, actions, *, step=None):
+        raise NotImplementedError(
+            "RemotePolicy only acts: log-probs with gradients are computed by the trainer's policy"
+        )
 
 
 @dataclass
@@ -243,6 +252,7 @@ def inference_main(
     max_wait_ms: float,
     bucket_mb: float,
     parent_pid: int,
+    device: str = "cpu",
 ) -> None:
     """Entry point of the inference worker process (spawned).
 
@@ -253,9 +263,8 @@ def inference_main(
     from fastlight.sampling.worker import _die_with_parent
 
     _die_with_parent(parent_pid)
-    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     server = InferenceServer(
-        policy, slots, conns, max_batch=max_batch, max_wait_ms=max_wait_ms, device=device
+        policy, slots, conns, max_batch=max_batch, max_wait_ms=max_wait_ms, device=torch.device(device)
     )
     try:
         receiver = WeightReceiver(server.policy, sync_config, bucket_mb=bucket_mb)

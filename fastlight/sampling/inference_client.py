@@ -14,8 +14,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from fastlight.models.base import Policy, check_policy
 from fastlight.sampling.inference import RemotePolicy, ServerVersion, Slot, inference_main, tensor_spec
-from fastlight.sampling.weight_sync import SyncGroupConfig, WeightBroadcaster
+from fastlight.sampling.weight_sync import SyncGroupConfig, WeightBroadcaster, choose_backend
 
 
 class InferenceClient:
@@ -32,8 +33,11 @@ class InferenceClient:
         max_wait_ms: float,
         bucket_mb: float,
         sync_timeout_s: float,
+        trainer_device: torch.device | str = "cpu",
+        worker_device: torch.device | str = "cpu",
     ) -> None:
         self.ctx, self.policy = ctx, policy
+        self.trainer_device, self.worker_device = torch.device(trainer_device), torch.device(worker_device)
         with torch.no_grad():
             out = policy.act(example_obs, step=torch.zeros(_rows(example_obs), dtype=torch.long))
         obs_spec = tensor_spec(example_obs)
@@ -46,7 +50,9 @@ class InferenceClient:
         self.server_ends = [a for a, _ in pipes]
         self.sampler_ends = [b for _, b in pipes]
         self.version = ctx.Value("q", -1, lock=False)
-        self.sync_config = SyncGroupConfig.local(timeout_s=sync_timeout_s)
+        # NCCL between two CUDA devices, gloo otherwise (CPU, or worker and trainer on one GPU).
+        backend = choose_backend(self.trainer_device, self.worker_device)
+        self.sync_config = SyncGroupConfig.local(backend=backend, timeout_s=sync_timeout_s)
         self.max_batch, self.max_wait_ms, self.bucket_mb = max_batch, max_wait_ms, bucket_mb
         self.proc: Any = None
         self.broadcaster: WeightBroadcaster | None = None
@@ -66,6 +72,7 @@ class InferenceClient:
                 self.max_wait_ms,
                 self.bucket_mb,
                 parent_pid,
+                str(self.worker_device),
             ),
             name="fastlight-inference",
             daemon=True,
@@ -74,11 +81,13 @@ class InferenceClient:
         # The worker holds the server ends now; closing ours lets samplers see EOF if it dies.
         for conn in self.server_ends:
             conn.close()
-        self.broadcaster = WeightBroadcaster(self.policy, self.sync_config, bucket_mb=self.bucket_mb)
+        # The broadcaster is built at the first publish, from the trainer's live policy, so its
+        # buckets sit on the trainer's device (the model reaches it only after this start-up).
 
-    def remote_policy(self, index: int, policy: nn.Module) -> RemotePolicy:
-        mapper = getattr(policy, "env_action_fn", None)
-        return RemotePolicy(self.slots[index], self.sampler_ends[index], mapper() if mapper else None)
+    def remote_policy(self, index: int, policy: Policy) -> RemotePolicy:
+        """Sampler ``index``'s proxy, applying ``policy``'s own action mapping to served actions."""
+        check_policy(policy)
+        return RemotePolicy(self.slots[index], self.sampler_ends[index], policy.action_mapping())
 
     def weights_source(self) -> ServerVersion:
         return ServerVersion(self.version)
@@ -89,12 +98,15 @@ class InferenceClient:
 
     def request_drain(self) -> None:
         """AcceRL §inference drain: announce the sync before the update finishes."""
-        self.broadcaster.signal_drain()
+        if self.broadcaster is not None:  # before the first publish there is nothing to drain
+            self.broadcaster.signal_drain()
 
     def publish(self, policy: nn.Module, version: int) -> None:
         """Broadcast ``policy``'s weights as ``version``; blocks until the worker has them."""
         self.check_alive()
         t0 = time.perf_counter()
+        if self.broadcaster is None:
+            self.broadcaster = WeightBroadcaster(policy, self.sync_config, bucket_mb=self.bucket_mb)
         self.broadcaster.signal_drain()  # no-op if the WeightSync callback already drained
         stats = self.broadcaster.broadcast(version, policy)
         self.last_wait_ms = 1000.0 * (time.perf_counter() - t0)

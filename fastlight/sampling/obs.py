@@ -32,11 +32,9 @@ def _to_tensor(x: np.ndarray) -> Tensor:
 
 
 def action_to_env(policy: Policy, actions: Tensor) -> list[Any]:
-    """Per-env actions for ``env.step``; a policy may map its outputs (e.g. VLA token bins)
-    to env actions through an ``env_action(actions) -> Tensor`` method."""
-    if hasattr(policy, "env_action"):
-        actions = policy.env_action(actions)
-    arr = actions.detach().cpu().numpy()
+    """Per-env actions for ``env.step``, through the policy's own mapping (e.g. VLA token bins to
+    ``[-1, 1]``, a Gaussian policy's clip): :meth:`Policy.env_action`."""
+    arr = policy.env_action(actions).detach().cpu().numpy()
     if arr.ndim == 1:
         return [a.item() for a in arr]
     return list(arr)

@@ -18,6 +18,7 @@ from typing import Any
 import torch.multiprocessing as tmp
 from torch import nn
 
+from fastlight.models.base import check_policy
 from fastlight.rollout import Rollout
 from fastlight.sampling.inference_client import InferenceClient
 from fastlight.sampling.shared_weights import SharedWeights
@@ -40,9 +41,10 @@ class SamplerPool:
         policy: nn.Module,
         *,
         timeout_s: float = 300.0,
-        inference: dict[str, float] | None = None,
+        inference: dict[str, Any] | None = None,
         example_obs: Any = None,
     ) -> None:
+        check_policy(policy)  # a missing action_mapping must fail here, not in a child process
         self.configs = configs
         self.policy = policy
         self.timeout_s = timeout_s

@@ -10,8 +10,8 @@ finishes its in-flight forward, schedules no new one, and is already waiting in 
 Here:
 
 - :class:`SyncGroupConfig` names the group: its own ``TCPStore`` at ``host:port`` (rank 0 = the
-  trainer hosts it), a backend (``"nccl"`` when both ends hold CUDA weights, else ``"gloo"``;
-  :func:`choose_backend`) and a timeout. The backend object is built directly
+  trainer hosts it), a backend (``"nccl"`` when the two ends hold their weights on two different
+  CUDA devices, else ``"gloo"``; :func:`choose_backend`) and a timeout. The backend object is built directly
   (``ProcessGroupGloo`` / ``ProcessGroupNCCL`` over a ``PrefixStore``), so it neither needs nor
   touches the default group that Lightning's DDP creates with ``init_process_group``.
 - The order is fixed (:mod:`fastlight.sampling.weight_buckets`): parameters sorted by name, then
@@ -66,9 +66,13 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def choose_backend(trainer_device: torch.device | str, worker_device: torch.device | str) -> str:
-    """``"nccl"`` when both ends hold their weights on CUDA, ``"gloo"`` otherwise (AcceRL uses NCCL)."""
-    both_cuda = torch.device(trainer_device).type == "cuda" and torch.device(worker_device).type == "cuda"
-    return "nccl" if both_cuda else "gloo"
+    """``"nccl"`` when both ends hold their weights on *different* CUDA devices (AcceRL uses NCCL),
+    ``"gloo"`` otherwise: on the CPU, across CPU and GPU, and for two processes on one GPU, which
+    NCCL refuses to group."""
+    a, b = torch.device(trainer_device), torch.device(worker_device)
+    if a.type != "cuda" or b.type != "cuda":
+        return "gloo"
+    return "nccl" if (a.index or 0) != (b.index or 0) else "gloo"
 
 
 @dataclass(frozen=True)

@@ -89,6 +89,13 @@ def test_sampler_hard_crash_is_reported_with_exit_code():
         ),
         ({"num_workers": 0}, "--data.num_workers must be > 0"),
         ({"max_staleness": -1}, "--data.max_staleness must be >= 0"),
+        ({"inference_device": "tpu"}, r"--data.inference_device must be null, 'cpu' or 'cuda\[:N\]'"),
+        ({"inference_device": "gpu:0"}, r"--data.inference_device must be null, 'cpu' or 'cuda\[:N\]'"),
+        pytest.param(
+            {"inference_device": "cuda:0"},
+            "--data.inference_device is 'cuda:0' but this machine has no CUDA device",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="the machine has CUDA"),
+        ),
     ],
 )
 def test_bad_data_settings_are_refused(kwargs, match):
