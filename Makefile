@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.fastlight-installed
 export MUJOCO_GL ?= egl
 
-.PHONY: install train test test-slow test-all bench lint clean
+.PHONY: install train test test-numeric test-slow test-all bench lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,17 @@ train: install
 test: install
 	$(BIN)/python -m pytest -q -m "not slow and not benchmark and not gpu"
 
+# The numeric tests (losses, advantages, models, modules) under every CPU kernel family PyTorch can
+# pick: `default` (no SIMD), `avx2`, and the machine's own. A test that only passes on one of them
+# compares floats bitwise where the kernels differ.
+NUMERIC := tests/losses tests/test_advantages.py tests/test_rollout.py tests/models tests/modules
+test-numeric: install
+	for cap in default avx2; do \
+	  echo "== ATEN_CPU_CAPABILITY=$$cap"; \
+	  ATEN_CPU_CAPABILITY=$$cap $(BIN)/python -m pytest -q -p no:cacheprovider \
+	    -m "not slow and not benchmark and not gpu and not multiproc" $(NUMERIC) || exit 1; \
+	done
+
 test-slow: install
 	$(BIN)/python -m pytest -q -m "slow"
 
@@ -32,6 +43,7 @@ test-all: install
 	$(BIN)/python -m pytest -q -m "not gpu"
 
 bench: install
+	$(BIN)/python -m pip install -q -e ".[bench]"
 	$(BIN)/python -m fastlight.bench.sampling
 	$(BIN)/python -m fastlight.bench.pruning
 	$(BIN)/python -m fastlight.bench.sync

@@ -185,6 +185,8 @@ def test_config_is_picklable_and_validated() -> None:
     with pytest.raises(ValueError, match="port"):
         SyncGroupConfig(port=0)
     assert choose_backend("cuda:0", "cuda:1") == "nccl"
+    # One GPU cannot hold both ends of an NCCL group: gloo (a bare "cuda" is device 0).
+    assert choose_backend("cuda:1", "cuda:1") == choose_backend("cuda", "cuda:0") == "gloo"
     assert choose_backend("cuda:0", "cpu") == choose_backend("cpu", "cpu") == "gloo"
 
 
@@ -247,7 +249,9 @@ def test_receiver_dying_mid_broadcast_raises_within_timeout() -> None:
     t0 = time.monotonic()
     with pytest.raises(WeightSyncError, match=r"dying-worker.*4 s timeout"):
         bc.broadcast(1)
-    assert time.monotonic() - t0 < 4 + 3
+    # Well under the 60 s join timeout: it is the 4 s collective timeout that fired. (A tight upper
+    # bound would be a wall-clock window, flaky on a loaded machine.)
+    assert time.monotonic() - t0 < 30
     with pytest.raises(WeightSyncError, match="broken"):  # no silent reuse of a broken group
         bc.broadcast(2)
     bc.close()
@@ -264,7 +268,8 @@ def test_stalled_receiver_times_out_instead_of_hanging() -> None:
         t0 = time.monotonic()
         with pytest.raises(WeightSyncError, match=r"stalled-worker.*2 s timeout"):
             bc.broadcast(1)
-        assert 1.5 < time.monotonic() - t0 < 2 + 4
+        # It waited for the 2 s timeout (not an instant error) and not for the 60 s join timeout.
+        assert 1.5 < time.monotonic() - t0 < 30
         bc.close()
     finally:
         proc.kill()
