@@ -15,10 +15,13 @@ import os
 from dataclasses import asdict
 
 import numpy as np
-from scipy import stats
 
+from fastlight.bench.extras import require
 from fastlight.evaluation import policy_act_fn, run_episodes
 from fastlight.modules.rl_module import RLModule
+
+require("scipy", command="python -m fastlight.bench.learning")
+from scipy import stats  # noqa: E402
 
 
 def summarise(returns: list[float]) -> dict[str, float]:
