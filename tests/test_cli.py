@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import importlib
 import os
 import subprocess
 import sys
@@ -28,20 +29,74 @@ TINY = [
 ]
 
 
-def tiny_overrides(config: str) -> list[str]:
+def tiny_overrides() -> list[str]:
+    """The same shrinking for every config (the configs' own settings are checked apart)."""
     return TINY + ["--data.num_envs", "2", "--data.max_horizon", "5"]
+
+
+def overridden(section: str) -> set[str]:
+    """Keys of ``section`` ("data", "trainer") that :func:`tiny_overrides` sets on the command line."""
+    return {a.split(".", 1)[1] for a in tiny_overrides() if a.startswith(f"--{section}.")}
+
+
+def resolve(class_path: str) -> type:
+    module, name = class_path.rsplit(".", 1)
+    return getattr(importlib.import_module(module), name)
+
+
+def test_configs_are_found_and_parse():
+    import yaml
+
+    assert len(CONFIGS) >= 3, CONFIGS  # an empty glob would silently skip test_config_runs_one_step
+    for config in CONFIGS:
+        with open(config) as f:
+            spec = yaml.safe_load(f)
+        assert {"seed_everything", "trainer", "model", "data"} <= set(spec), config
+        assert spec["model"]["class_path"] and spec["data"]["class_path"], config
 
 
 @pytest.mark.multiproc
 @pytest.mark.parametrize("config", CONFIGS, ids=os.path.basename)
 def test_config_runs_one_step(config, tmp_path):
+    import yaml
+
+    with open(config) as f:
+        spec = yaml.safe_load(f)
     cli = cli_main(
-        ["fit", "--config", config, *tiny_overrides(config), "--trainer.default_root_dir", str(tmp_path)]
+        ["fit", "--config", config, *tiny_overrides(), "--trainer.default_root_dir", str(tmp_path)]
     )
-    assert cli.trainer.global_step >= 1
+    # The run is the one the YAML describes: its classes, ...
+    assert type(cli.model) is resolve(spec["model"]["class_path"])
+    assert type(cli.datamodule) is resolve(spec["data"]["class_path"])
+    # ... every model and data setting it writes (but the ones shrunk for the test), ...
+    for key, value in spec["model"]["init_args"].items():
+        assert cli.model.hparams[key] == value, key
+    data = {k: v for k, v in spec["data"]["init_args"].items() if k not in overridden("data")}
+    assert data, "the config sets nothing but what the test overrides"
+    for key, value in data.items():
+        assert cli.datamodule.hparams[key] == value, key
+    assert cli.config.fit.seed_everything == spec["seed_everything"]
+    assert cli.trainer.log_every_n_steps == spec["trainer"]["log_every_n_steps"]
+    # ... and its callbacks, with their arguments.
+    attached = {type(c): c for c in cli.trainer.callbacks}
+    for cb in spec["trainer"]["callbacks"]:
+        cls = resolve(cb["class_path"])
+        assert cls in attached, cb["class_path"]
+        for key, value in cb.get("init_args", {}).items():
+            assert getattr(attached[cls], key) == value, (cb["class_path"], key)
+    # One tiny step ran: one rollout (one weight version) = update_epochs x num_minibatches
+    # optimizer steps of the config's model, with the test's sizes.
+    hp = cli.model.hparams
+    assert cli.trainer.global_step == hp.update_epochs * hp.num_minibatches
     assert cli.model.policy_version == 1
-    # Sizes were linked from the data module, not written in the config.
-    assert cli.model.hparams.obs_dim == cli.datamodule.obs_dim
+    assert cli.datamodule.hparams.num_envs == 2 and cli.datamodule.hparams.max_horizon == 5
+    # Sizes were linked from the data module's env, not written in the config.
+    assert "obs_dim" not in spec["model"]["init_args"]
+    assert (cli.model.hparams.obs_dim, cli.model.hparams.action_dim, cli.model.hparams.continuous) == (
+        cli.datamodule.obs_dim,
+        cli.datamodule.action_dim,
+        cli.datamodule.continuous,
+    )
     assert os.listdir(tmp_path)  # logs / checkpoints went under the root dir
 
 
@@ -63,7 +118,7 @@ def test_callback_fragment_attaches(fragment, tmp_path):
             config,
             "--config",
             fragment,
-            *tiny_overrides(config),
+            *tiny_overrides(),
             "--trainer.default_root_dir",
             str(tmp_path),
         ]

@@ -12,11 +12,15 @@ from __future__ import annotations
 import argparse
 import os
 
-import matplotlib
+from fastlight.bench.extras import require
+
+require("matplotlib", "pandas", command="python -m fastlight.bench.mt10_report")
+import matplotlib  # noqa: E402
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
 
 
 def load(path: str) -> pd.DataFrame:
@@ -40,7 +44,8 @@ def window_rates(df: pd.DataFrame, names: list[str], rows: slice) -> dict[str, f
     return out
 
 
-def plot(df: pd.DataFrame, names: list[str], path: str) -> None:
+def plot(df: pd.DataFrame, names: list[str], path: str) -> Figure:
+    """Save the weights (top) and windowed success (bottom) per task; returns the (closed) Figure."""
     fig, (a, b) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
     x = range(len(df))
     for n in names:
@@ -54,6 +59,8 @@ def plot(df: pd.DataFrame, names: list[str], path: str) -> None:
     a.set_title("Meta-World MT10: Dynamic Weighted Resampling")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return fig
 
 
 def main(argv: list[str] | None = None) -> None:

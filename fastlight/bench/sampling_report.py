@@ -9,11 +9,15 @@ import math
 import os
 import platform
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fastlight.bench.extras import require
 from fastlight.bench.sampling_targets import analysis_lines, target_lines
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 Row = dict[str, Any]
 
@@ -160,7 +164,9 @@ def _color(name: str) -> str:
     return fixed.get(name, "tab:gray")
 
 
-def plot(rows: list[Row], path: Path) -> None:
+def plot(rows: list[Row], path: Path) -> Figure:
+    """Save one panel per setting, effective throughput against clips; returns the (closed) Figure."""
+    require("matplotlib", command="python -m fastlight.bench.sampling (its plot)")
     import matplotlib
 
     matplotlib.use("Agg")
@@ -188,6 +194,7 @@ def plot(rows: list[Row], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+    return fig
 
 
 def write_outputs(rows: list[Row], meta: dict[str, Any], out: Path) -> None:

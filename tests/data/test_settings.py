@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import threading
+from types import SimpleNamespace
+
 import torch
 
 from fastlight.data.datamodule import RolloutDataModule
+from fastlight.envs import scenario_cost
 from fastlight.rollout import Rollout
 from fastlight.sampling.worker import build_collector, seed_everything
 from tests.conftest import ObsValuePolicy
@@ -60,12 +64,31 @@ def test_reset_mode_and_rollout_steps():
     assert r.shape == (7, 2) and r.valid.all() and int(r.terminated.sum()) == 6
 
 
-def test_scenario_load_cost_adds_reset_time():
-    kw = {"env_id": FIXED, "num_envs": 2, "num_workers": 1}
+def test_scenario_load_cost_loads_on_every_reset_and_the_loads_overlap(monkeypatch):
+    # No clock: each emulated load records its duration and waits at a 2-party barrier, so the
+    # two envs' loads only get through if they run at the same time (else BrokenBarrierError).
+    barrier, loads = threading.Barrier(2, timeout=30), []  # the timeout only guards against a hang
+
+    def load(seconds: float) -> None:
+        loads.append(seconds)
+        barrier.wait()
+
+    monkeypatch.setattr(scenario_cost, "time", SimpleNamespace(sleep=load))
+    kw = {
+        "env_id": FIXED,
+        "env_kwargs": {"lengths": (3,)},
+        "num_envs": 2,
+        "num_workers": 1,
+        "cycles_per_step": 2,
+    }
     fast = sample(RolloutDataModule(**kw))
+    assert loads == []  # no load cost: no emulated loading
     slow = sample(RolloutDataModule(**kw, scenario_load_cost_s=0.2))
-    assert fast.stats.reset_time < 0.05
-    assert 0.2 <= slow.stats.reset_time < 0.39  # two resets overlap: about one load, not two
+    assert slow.stats.global_resets == 2
+    assert loads == [0.2] * 4  # 2 global resets x 2 envs, each env's load overlapping the other's
+    # Loading costs time only: the data are the same.
+    assert slow.shape == fast.shape == (6, 2)
+    assert torch.equal(slow.obs, fast.obs) and torch.equal(slow.terminated, fast.terminated)
 
 
 def test_seed_changes_the_data():

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import multiprocessing as mp
-import time
 
+import pytest
 import torch
 
 from fastlight.models.mlp import MLPActorCritic
+from fastlight.sampling import inference
 from fastlight.sampling.inference import InferenceServer, RemotePolicy, Slot, tensor_spec
 
 
@@ -42,14 +43,66 @@ def test_stragglers_first_and_max_batch():
     assert [r.index for r in second] == [0]
 
 
-def test_max_wait_bounds_the_batching_delay():
-    server, slots, ends, _ = make_server([2], max_batch=64, max_wait_ms=30.0)
+class FakeClock:
+    """Stands in for ``time`` in the inference module: the tests move ``now`` themselves."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def scripted_polls(monkeypatch, server, *, tick_s: float, arrivals=None) -> list[float]:
+    """Make ``server.poll(timeout)`` deterministic: each call lets ``min(timeout, tick_s)`` pass on
+    a fake clock, then receives what was sent; ``arrivals[k]`` (a sampler's pipe end and message)
+    is sent during the ``k``-th call. Returns the list of requested timeouts."""
+    clock, polls, poll = FakeClock(), [], server.poll
+    monkeypatch.setattr(inference, "time", clock)
+
+    def fake_poll(timeout: float) -> None:
+        assert len(polls) < 100, "gather does not stop polling"
+        if arrivals and len(polls) in arrivals:
+            end, msg = arrivals[len(polls)]
+            end.send(msg)
+        polls.append(timeout)
+        clock.now += min(timeout, tick_s)
+        poll(0.0)
+
+    monkeypatch.setattr(server, "poll", fake_poll)
+    return polls
+
+
+def test_max_wait_bounds_the_batching_delay(monkeypatch):
+    server, slots, ends, _ = make_server([2, 3], max_batch=64, max_wait_ms=30.0)
     ends[0].send(("act", 2, 0))
-    t0 = time.perf_counter()
+    polls = scripted_polls(monkeypatch, server, tick_s=0.01)  # nothing more arrives
     batch = server.gather()
-    waited = time.perf_counter() - t0
-    assert [r.rows for r in batch] == [2]
-    assert 0.02 <= waited < 0.5  # waited for more requests, but not much past max_wait_ms
+    assert [(r.index, r.rows) for r in batch] == [(0, 2)]
+    # It kept waiting for more rows until max_wait_ms had passed, and not a poll longer:
+    # timeouts 30, 20, 10 ms on a clock that moves 10 ms per poll.
+    assert polls == pytest.approx([0.03, 0.02, 0.01])
+
+
+def test_requests_arriving_within_max_wait_join_the_batch(monkeypatch):
+    server, slots, ends, _ = make_server([2, 3], max_batch=64, max_wait_ms=30.0)
+    ends[0].send(("act", 2, 40))
+    arrivals = {1: (ends[1], ("act", 3, 5))}  # sampler 1 asks 10 ms into the wait
+    polls = scripted_polls(monkeypatch, server, tick_s=0.01, arrivals=arrivals)
+    batch = server.gather()
+    assert [(r.index, r.rows) for r in batch] == [(1, 3), (0, 2)]  # one batch, the straggler first
+    assert polls == pytest.approx([0.03, 0.02, 0.01])  # still below max_batch: waited the window out
+    assert server.pending == []
+
+
+def test_max_batch_ends_the_wait_early(monkeypatch):
+    server, slots, ends, _ = make_server([2, 2, 2], max_batch=4, max_wait_ms=30.0)
+    ends[0].send(("act", 2, 9))
+    arrivals = {0: (ends[1], ("act", 2, 3))}  # max_batch rows 5 ms into the wait
+    polls = scripted_polls(monkeypatch, server, tick_s=0.005, arrivals=arrivals)
+    batch = server.gather()
+    assert [(r.index, r.rows) for r in batch] == [(1, 2), (0, 2)]
+    assert polls == pytest.approx([0.03])  # no further poll: the batch was full
 
 
 def test_served_results_match_the_policy_and_carry_the_version():
@@ -69,7 +122,7 @@ def test_remote_policy_round_trip_through_a_thread():
     import threading
 
     server, slots, ends, policy = make_server([2], max_batch=8, max_wait_ms=1.0)
-    remote = RemotePolicy(slots[0], ends[0])
+    remote = RemotePolicy(slots[0], ends[0], policy.action_mapping())
 
     def serve_once():
         server.poll(1.0)
