@@ -29,106 +29,35 @@ Meta-World tasks behind a single gymnasium env:
 - ``info`` carries ``success`` (bool) and ``task_id`` (index into ``env.unwrapped.task_names``)
   at reset and at every step, plus Meta-World's own step metrics.
 
-Rendering is offscreen MuJoCo; ``MUJOCO_GL`` defaults to ``egl`` (set before MuJoCo is imported;
-on a CPU-only machine EGL runs on Mesa's llvmpipe). ``fast_render`` turns off shadows and
-multisampling, which on llvmpipe cost ~95% of a 64x64 frame (about 180 ms -> 10 ms). Meta-World's
-cameras render upside down; ``flip_image`` turns the frame upright.
+Rendering is offscreen MuJoCo (:mod:`fastlight.envs.rendering`). The backend is ``MUJOCO_GL``,
+which this library never sets: the ``fastlight`` command, the Makefile and the tests set ``egl``
+(on a CPU-only machine EGL runs on Mesa's llvmpipe); an env with ``image=True`` refuses to start
+while it is unset. ``fast_render`` turns off shadows and multisampling, which on llvmpipe cost
+~95% of a 64x64 frame (about 180 ms -> 10 ms). Meta-World's cameras render upside down;
+``flip_image`` turns the frame upright.
+
+Task names and goals live in :mod:`fastlight.envs.metaworld_tasks`, the instructions and their
+vocabulary in :mod:`fastlight.envs.instructions`, the gymnasium ids in
+:mod:`fastlight.envs.registry`; their public names are re-exported here.
 """
 
 from __future__ import annotations
 
-import functools
-import os
-import tempfile
-import threading
 from collections.abc import Sequence
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
-os.environ.setdefault("MUJOCO_GL", "egl")
+from fastlight.envs.instructions import INSTRUCTIONS, instruction_for, instruction_tokenizer
+from fastlight.envs.metaworld_tasks import MT10_TASKS, STATE_DIM, goal_variations, parse_tasks
+from fastlight.envs.registry import register_envs
+from fastlight.envs.rendering import GL_LOCK, render_offscreen, require_gl_backend
 
-#: The MT10 benchmark's tasks, in Meta-World's order.
-MT10_TASKS = (
-    "reach-v3", "push-v3", "pick-place-v3", "door-open-v3", "drawer-open-v3", "drawer-close-v3",
-    "button-press-topdown-v3", "peg-insert-side-v3", "window-open-v3", "window-close-v3",
-)  # fmt: skip
-
-#: One instruction per MT10 task (lower case, no punctuation: decoding gives them back verbatim).
-INSTRUCTIONS = {
-    "reach-v3": "reach the goal position with the gripper",
-    "push-v3": "push the puck to the goal",
-    "pick-place-v3": "pick up the puck and place it at the goal",
-    "door-open-v3": "open the door by pulling its handle",
-    "drawer-open-v3": "open the drawer",
-    "drawer-close-v3": "push the drawer closed",
-    "button-press-topdown-v3": "press the button from the top",
-    "peg-insert-side-v3": "insert the peg into the hole from the side",
-    "window-open-v3": "slide the window open",
-    "window-close-v3": "slide the window closed",
-}
-
-#: Size of Meta-World's state vector.
-STATE_DIM = 39
-
-#: Serialises offscreen rendering in a process: an OpenGL context is current in one thread at
-#: a time, and every Meta-World env owns its own context.
-_GL_LOCK = threading.RLock()
-
-
-def parse_tasks(tasks: str | Sequence[str]) -> tuple[str, ...]:
-    """``"MT10"``, one task name, a comma-separated string or a list -> task names."""
-    if isinstance(tasks, str):
-        names = list(MT10_TASKS) if tasks.strip() == "MT10" else [t.strip() for t in tasks.split(",")]
-    else:
-        names = [str(t) for t in tasks]
-    names = [n for n in names if n]
-    if not names or len(set(names)) != len(names):
-        raise ValueError(
-            f"--data.env_kwargs.tasks must name distinct Meta-World tasks or 'MT10', got {tasks!r}"
-        )
-    import metaworld
-
-    unknown = [n for n in names if n not in metaworld.ALL_V3_ENVIRONMENTS]
-    if unknown:
-        raise ValueError(
-            f"--data.env_kwargs.tasks: unknown Meta-World v3 task(s) {unknown}, e.g. {MT10_TASKS[:3]}"
-        )
-    return tuple(names)
-
-
-def instruction_for(name: str) -> str:
-    """The sentence of task ``name`` (MT10: :data:`INSTRUCTIONS`; others: the name in words)."""
-    return INSTRUCTIONS.get(name, name.removesuffix("-v3").replace("-", " "))
-
-
-@functools.cache
-def instruction_tokenizer(extra: tuple[str, ...] = ()):
-    """WordLevel tokenizer over every MT10 sentence plus ``extra`` (built once per process)."""
-    from fastlight.models.text import build_instruction_tokenizer
-
-    sentences = sorted(set(INSTRUCTIONS.values()) | set(extra))
-    with tempfile.TemporaryDirectory(prefix="fastlight-instr-") as folder:
-        return build_instruction_tokenizer(sentences, folder)
-
-
-_GOALS: dict[tuple[str, int], tuple[Any, ...]] = {}
-_GOALS_LOCK = threading.Lock()
-
-
-def goal_variations(name: str, seed: int) -> tuple[Any, ...]:
-    """The ``metaworld.Task`` goal variations of task ``name`` (MT1, goal observable), cached.
-
-    Built under a lock: ``metaworld.MT1`` reseeds the global numpy RNG while it draws the goals,
-    so two threads building at once (concurrent resets) would corrupt each other's goals.
-    """
-    import metaworld
-
-    with _GOALS_LOCK:
-        if (name, seed) not in _GOALS:
-            _GOALS[(name, seed)] = tuple(metaworld.MT1(name, seed=seed).train_tasks)
-        return _GOALS[(name, seed)]
+__all__ = [
+    "INSTRUCTIONS", "MT10_TASKS", "STATE_DIM", "MetaWorldEnv", "goal_variations", "instruction_for",
+    "instruction_tokenizer", "parse_tasks", "register_envs", "render_offscreen",
+]  # fmt: skip
 
 
 class MetaWorldEnv(gym.Env):
@@ -136,7 +65,8 @@ class MetaWorldEnv(gym.Env):
 
     Args:
         tasks: ``"MT10"``, one task name (``"reach-v3"``), a comma-separated list, or a list.
-        image: render a camera frame into ``obs["image"]``; ``False`` is a state-only mode.
+        image: render a camera frame into ``obs["image"]`` (needs ``MUJOCO_GL``); ``False`` is a
+            state-only mode.
         image_size: side ``S`` of the square frame.
         camera_name: Meta-World camera (``corner``, ``corner2``, ``corner3``, ``topview``, ...).
         proprio_dim: leading state dims in ``obs["proprio"]`` (0..39; 0 drops the key).
@@ -176,6 +106,8 @@ class MetaWorldEnv(gym.Env):
         for name, val in (("image_size", image_size), ("max_path_length", max_path_length)):
             if val < 1:
                 raise ValueError(f"--data.env_kwargs.{name} must be >= 1, got {val}")
+        if image:
+            require_gl_backend("MetaWorldEnv(image=True)")
         self.image, self.image_size, self.camera_name = image, image_size, camera_name
         self.proprio_dim, self.max_text_len, self.max_path_length = proprio_dim, max_text_len, max_path_length
         self.terminate_on_success, self.reward_scale = terminate_on_success, reward_scale
@@ -221,7 +153,7 @@ class MetaWorldEnv(gym.Env):
         if env is None:
             import metaworld
 
-            with _GL_LOCK:  # MuJoCo model compilation, once per task, kept out of concurrent resets
+            with GL_LOCK:  # MuJoCo model compilation, once per task, kept out of concurrent resets
                 env = metaworld.ALL_V3_ENVIRONMENTS[name](
                     render_mode="rgb_array" if self.image else None,
                     camera_name=self.camera_name,
@@ -305,53 +237,7 @@ class MetaWorldEnv(gym.Env):
         return np.array(frame[::-1] if self.flip_image else frame, dtype=np.uint8, order="C")
 
     def close(self) -> None:
-        with _GL_LOCK:
+        with GL_LOCK:
             for env in self._envs.values():
                 env.close()
         self._envs.clear()
-
-
-def render_offscreen(env: Any) -> np.ndarray:
-    """One ``rgb_array`` frame of a MuJoCo env, safe with several envs and threads per process.
-
-    gymnasium's MuJoCo renderer makes its context current only when it creates it, so with
-    several envs in one process a frame would be drawn with another env's context, and a frame
-    asked for in a thread other than the creating one (the Collector resets envs on a thread
-    pool) comes back black. Here each frame makes its env's context current and (EGL) releases
-    it afterwards, under one process-wide lock.
-    """
-    renderer = env.mujoco_renderer
-    with _GL_LOCK:
-        viewer = renderer._get_viewer("rgb_array")
-        viewer.make_context_current()
-        try:
-            return renderer.render("rgb_array")
-        finally:
-            _release_gl_context()
-
-
-def _release_gl_context() -> None:
-    """Detach the calling thread's current EGL context, so another thread may make it current."""
-    if os.environ.get("MUJOCO_GL") != "egl":
-        return
-    from mujoco import egl
-
-    if egl.EGL_DISPLAY is not None:
-        egl.EGL.eglMakeCurrent(
-            egl.EGL_DISPLAY, egl.EGL.EGL_NO_SURFACE, egl.EGL.EGL_NO_SURFACE, egl.EGL.EGL_NO_CONTEXT
-        )
-
-
-def register_envs() -> None:
-    """``fastlight/MetaWorld-v0`` (MT10; ``tasks`` kwarg to change) and ``fastlight/MetaWorld-<task>``
-    for each MT10 task, e.g. ``fastlight/MetaWorld-reach-v3``."""
-    entry = f"{__name__}:MetaWorldEnv"
-    if "fastlight/MetaWorld-v0" not in gym.registry:
-        gym.register("fastlight/MetaWorld-v0", entry_point=entry, kwargs={"tasks": "MT10"})
-    for name in MT10_TASKS:
-        env_id = f"fastlight/MetaWorld-{name}"
-        if env_id not in gym.registry:
-            gym.register(env_id, entry_point=entry, kwargs={"tasks": name})
-
-
-register_envs()

@@ -1,7 +1,9 @@
-"""Building environments by id, with errors that name the setting and suggest close ids.
+"""fastlight's gymnasium ids, and building environments by id with errors that name the setting.
 
-Ids are gymnasium ids. Packages that register envs on import (``highway_env``, the Meta-World
-adapter) are imported on demand, so ``--data.env_id merge-v0`` just works. gymnasium's
+Ids are gymnasium ids. fastlight's own (the Meta-World adapter's, :func:`register_envs`) are
+registered when any ``fastlight.envs`` module is imported; their entry points are strings, so
+registering imports neither Meta-World nor MuJoCo. Packages that register envs on import
+(``highway_env``) are imported on demand, so ``--data.env_id merge-v0`` just works. gymnasium's
 ``"my_package.envs:MyEnv-v0"`` form imports ``my_package.envs`` first, which is how a user's
 own envs reach the (spawned) sampler processes.
 """
@@ -13,6 +15,8 @@ import importlib
 from typing import Any
 
 import gymnasium as gym
+
+from fastlight.envs.metaworld_tasks import MT10_TASKS
 
 #: Packages that register gymnasium ids when imported, keyed by id prefix.
 _REGISTERING_PACKAGES = {
@@ -26,8 +30,19 @@ _REGISTERING_PACKAGES = {
     "two-way": "highway_env",
     "lane-keeping": "highway_env",
     "u-turn": "highway_env",
-    "fastlight/": "fastlight.envs.metaworld",
 }
+
+
+def register_envs() -> None:
+    """``fastlight/MetaWorld-v0`` (MT10; ``tasks`` kwarg to change) and ``fastlight/MetaWorld-<task>``
+    for each MT10 task, e.g. ``fastlight/MetaWorld-reach-v3``."""
+    entry = "fastlight.envs.metaworld:MetaWorldEnv"
+    if "fastlight/MetaWorld-v0" not in gym.registry:
+        gym.register("fastlight/MetaWorld-v0", entry_point=entry, kwargs={"tasks": "MT10"})
+    for name in MT10_TASKS:
+        env_id = f"fastlight/MetaWorld-{name}"
+        if env_id not in gym.registry:
+            gym.register(env_id, entry_point=entry, kwargs={"tasks": name})
 
 
 def _import_registering_package(env_id: str) -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import gymnasium as gym
@@ -9,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from fastlight.envs import instructions, metaworld, metaworld_tasks, registry, rendering
 from fastlight.envs.metaworld import INSTRUCTIONS, MT10_TASKS, STATE_DIM, MetaWorldEnv
 from fastlight.envs.registry import make_env
 from fastlight.models.text import decode_instructions
@@ -148,3 +152,33 @@ def test_several_envs_and_threads_render_their_own_frames():
     assert together[0].std() > 5
     np.testing.assert_array_equal(together[0], alone)
     assert not np.array_equal(together[0], together[1])  # env 1 has another goal
+
+
+def test_importing_the_adapter_leaves_mujoco_gl_unset():
+    """The library never picks the OpenGL backend on import (the CLI, the Makefile and tests do)."""
+    env = {k: v for k, v in os.environ.items() if k != "MUJOCO_GL"}
+    code = (
+        "import os, gymnasium as gym, fastlight.envs.metaworld\n"
+        "assert 'MUJOCO_GL' not in os.environ, os.environ['MUJOCO_GL']\n"
+        "assert gym.spec('fastlight/MetaWorld-reach-v3').kwargs['tasks'] == 'reach-v3'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+def test_image_mode_without_mujoco_gl_names_the_variable(monkeypatch):
+    monkeypatch.delenv("MUJOCO_GL", raising=False)
+    with pytest.raises(RuntimeError, match="set MUJOCO_GL=egl"):
+        reach()
+    reach(image=False).close()  # state-only mode renders nothing and needs no backend
+
+
+def test_moved_names_stay_importable_from_the_adapter_module():
+    homes = {
+        "INSTRUCTIONS": instructions, "instruction_for": instructions, "instruction_tokenizer": instructions,
+        "MT10_TASKS": metaworld_tasks, "STATE_DIM": metaworld_tasks, "parse_tasks": metaworld_tasks,
+        "goal_variations": metaworld_tasks, "register_envs": registry, "render_offscreen": rendering,
+    }  # fmt: skip
+    for name, home in homes.items():
+        assert getattr(metaworld, name) is getattr(home, name), name
+    assert gym.spec("fastlight/MetaWorld-v0").entry_point == "fastlight.envs.metaworld:MetaWorldEnv"

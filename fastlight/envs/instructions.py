@@ -1,0 +1,42 @@
+"""The language instruction of each Meta-World task, and the one vocabulary that encodes them.
+
+AcceRL's VLA reads a natural-language instruction next to the camera frame (§experiments, MT10).
+:data:`INSTRUCTIONS` holds one sentence per MT10 task; other task names get their name as the
+sentence (:func:`instruction_for`). :func:`instruction_tokenizer` builds the local WordLevel
+tokenizer of :mod:`fastlight.models.text` (which owns tokenisation and encoding) over every known
+sentence, once per process, so ids agree across envs and processes whatever tasks they run.
+"""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+
+#: One instruction per MT10 task (lower case, no punctuation: decoding gives them back verbatim).
+INSTRUCTIONS = {
+    "reach-v3": "reach the goal position with the gripper",
+    "push-v3": "push the puck to the goal",
+    "pick-place-v3": "pick up the puck and place it at the goal",
+    "door-open-v3": "open the door by pulling its handle",
+    "drawer-open-v3": "open the drawer",
+    "drawer-close-v3": "push the drawer closed",
+    "button-press-topdown-v3": "press the button from the top",
+    "peg-insert-side-v3": "insert the peg into the hole from the side",
+    "window-open-v3": "slide the window open",
+    "window-close-v3": "slide the window closed",
+}
+
+
+def instruction_for(name: str) -> str:
+    """The sentence of task ``name`` (MT10: :data:`INSTRUCTIONS`; others: the name in words)."""
+    return INSTRUCTIONS.get(name, name.removesuffix("-v3").replace("-", " "))
+
+
+@functools.cache
+def instruction_tokenizer(extra: tuple[str, ...] = ()):
+    """WordLevel tokenizer over every MT10 sentence plus ``extra`` (built once per process)."""
+    from fastlight.models.text import build_instruction_tokenizer
+
+    sentences = sorted(set(INSTRUCTIONS.values()) | set(extra))
+    with tempfile.TemporaryDirectory(prefix="fastlight-instr-") as folder:
+        return build_instruction_tokenizer(sentences, folder)
