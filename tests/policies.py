@@ -1,14 +1,16 @@
-"""Policies that act greedily (``deterministic=True``) whatever the caller asks.
+"""Policies for tests that run them in spawned processes (module-level, so children unpickle them).
 
-A sampler samples with its own RNG, an inference worker with another, so sampled actions of the
-two paths cannot be compared; the greedy action of the same weights on the same observation can.
-Module-level classes, so spawned samplers and the inference worker can unpickle them.
+``GreedyMLP`` / ``GreedyVLA`` act greedily (``deterministic=True``) whatever the caller asks: a
+sampler samples with its own RNG, an inference worker with another, so sampled actions of the two
+paths cannot be compared; the greedy action of the same weights on the same observation can.
+``AuditedMLP`` records the weights behind every forward.
 """
 
 from __future__ import annotations
 
 from fastlight.models.mlp import MLPActorCritic
 from fastlight.models.vla import VLAPolicy
+from fastlight.weights.checksum import weights_checksum
 
 
 class GreedyMLP(MLPActorCritic):
@@ -19,3 +21,20 @@ class GreedyMLP(MLPActorCritic):
 class GreedyVLA(VLAPolicy):
     def act(self, obs, *, step=None, deterministic=False):
         return super().act(obs, step=step, deterministic=True)
+
+
+class AuditedMLP(MLPActorCritic):
+    """Appends the checksum of the weights behind every ``act`` to the file ``audit_path``.
+
+    What the inference worker's forwards used, seen from inside the policy: a forward on a
+    half-updated model would record a checksum no published version has.
+    """
+
+    def __init__(self, *args, audit_path: str, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.audit_path = audit_path
+
+    def act(self, obs, *, step=None, deterministic=False):
+        with open(self.audit_path, "a") as f:
+            f.write(f"{weights_checksum(self)!r}\n")
+        return super().act(obs, step=step, deterministic=deterministic)

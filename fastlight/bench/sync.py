@@ -7,7 +7,7 @@ method once, interleaved so machine-load drifts hit all of them alike, and times
 trainer's first action until the worker acks that the new weights are loaded in place:
 
 - ``bucketed``: :meth:`WeightBroadcaster.broadcast` -- flat per-dtype buckets, one collective each;
-- ``per_tensor``: :meth:`WeightBroadcaster.broadcast_per_tensor` -- one collective per tensor;
+- ``per_tensor``: :data:`fastlight.bench.per_tensor.PER_TENSOR` transport -- one collective per tensor;
 - ``pickle``: host-staged -- ``state_dict`` -> ``pickle.dumps`` -> ``multiprocessing`` queue ->
   ``pickle.loads`` -> ``load_state_dict``;
 - ``checkpoint``: ``torch.save`` to a file, the worker ``torch.load`` + ``load_state_dict`` (AReaL
@@ -40,9 +40,11 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
+from fastlight.bench.per_tensor import PER_TENSOR
 from fastlight.bench.sync_report import write_outputs
-from fastlight.bench.sync_worker import WorkerSpec, checksum, make_model, model_shape, parse_size, worker_main
-from fastlight.sampling.weight_sync import SyncGroupConfig, WeightBroadcaster, choose_backend
+from fastlight.bench.sync_worker import WorkerSpec, make_model, model_shape, parse_size, worker_main
+from fastlight.weights.broadcast import SyncGroupConfig, WeightBroadcaster, choose_backend
+from fastlight.weights.checksum import weights_checksum
 
 METHODS = ("bucketed", "per_tensor", "pickle", "checkpoint", "checkpoint_fsync")
 
@@ -142,7 +144,7 @@ def _sync_once(method: str, bc: WeightBroadcaster, worker: Worker, version: int,
     t0 = time.perf_counter()
     if method in ("bucketed", "per_tensor"):
         worker.send((method, version))
-        bc.broadcast(version) if method == "bucketed" else bc.broadcast_per_tensor(version)
+        bc.broadcast(version) if method == "bucketed" else bc.broadcast(version, transport=PER_TENSOR)
     elif method == "pickle":
         worker.send(("pickle", version))
         payload = pickle.dumps({k: v.detach().cpu() for k, v in model.state_dict().items()}, protocol=5)
@@ -174,7 +176,7 @@ def bench_latency(args: argparse.Namespace, bc: WeightBroadcaster, worker: Worke
                 times[method].append(ms)
             if rep == args.reps:
                 worker.send(("checksum",))
-                verified[method] = worker.recv() == checksum(bc.module)
+                verified[method] = worker.recv() == weights_checksum(bc.module)
         if rep > 0:
             done = ", ".join(f"{m} {times[m][-1]:.0f} ms" for m in args.methods)
             print(f"  rep {rep}: {done}", flush=True)

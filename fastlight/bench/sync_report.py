@@ -105,7 +105,8 @@ MODEL_TEXT = """\
   (float64 checksum) for each method -- "MISMATCH" would flag a failure.
 - (a) `WeightBroadcaster.broadcast`: parameters packed into flat per-dtype buckets of
   `--bucket-mb`, one gloo broadcast per bucket (pack of bucket b overlaps the send of b-1), int64
-  header first, worker ack last. (b) `broadcast_per_tensor`: one blocking broadcast per tensor.
+  header first, worker ack last. (b) the `per_tensor` transport (`fastlight/bench/per_tensor.py`):
+  one blocking broadcast per tensor.
   (c) `pickle.dumps(state_dict)` -> `multiprocessing.Queue` -> `pickle.loads` -> `load_state_dict`.
   (d) `torch.save` to a local file, worker `torch.load(weights_only=True)` + `load_state_dict`;
   the file stays in the page cache, so (d) measures serialisation + memory copies, not a disk or a

@@ -8,7 +8,7 @@ the trainer over a pipe, acking each once the new weights are *loaded in place*:
   into a state dict, ``load_state_dict`` (host-staged transfer with serialization);
 - ``("checkpoint", version, path)``: ``torch.load`` the file the trainer wrote,
   ``load_state_dict`` (shared-storage checkpoint reload, as in AReaL);
-- ``("checksum",)``: reply with a float64 sum of every weight, to check the copies match;
+- ``("checksum",)``: reply with :func:`~fastlight.weights.checksum.weights_checksum` (copies match?);
 - ``("serve", forward_ms, batch)``: serve a steady load until ``("stop",)``: one forward batch
   after another, each ``forward_ms`` long (a real forward through the model, then a sleep for the
   rest of the batch's emulated accelerator time). Between batches it checks the drain signal
@@ -27,7 +27,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from fastlight.sampling.weight_sync import SyncGroupConfig, WeightReceiver
+from fastlight.bench.per_tensor import PER_TENSOR
+from fastlight.inference.server import serve_until
+from fastlight.weights.broadcast import SyncGroupConfig, WeightReceiver
+from fastlight.weights.checksum import weights_checksum
 
 _SUFFIX = {"K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9}
 
@@ -56,11 +59,6 @@ def make_model(n_params: int, dtype: torch.dtype, device: torch.device | str, se
     return model.requires_grad_(False)
 
 
-def checksum(model: nn.Module) -> float:
-    with torch.no_grad():
-        return float(sum(p.double().sum() for p in model.parameters()).item())
-
-
 @dataclass(frozen=True)
 class WorkerSpec:
     """Everything the spawned worker needs (picklable)."""
@@ -77,17 +75,20 @@ class WorkerSpec:
 def _serve(model: nn.Module, rx: WeightReceiver, conn: Connection, forward_ms: float, batch: int) -> dict:
     width = model[0].in_features
     x = torch.randn(batch, width, dtype=model[0].weight.dtype, device=model[0].weight.device)
-    forwards = syncs = 0
-    while True:
-        if conn.poll():
-            msg = conn.recv()
-            if msg[0] != "stop":
-                raise RuntimeError(f"serve loop got {msg[0]!r}, expected 'stop'")
-            return {"forwards": forwards, "syncs": syncs, "version": rx.version}
-        if rx.sync_pending():  # drain: nothing in flight now, start no new batch, join the broadcast
-            rx.receive(model)
-            syncs += 1
-            continue
+    counts = {"forwards": 0, "syncs": 0}
+
+    def stopped() -> bool:
+        if not conn.poll():
+            return False
+        msg = conn.recv()
+        if msg[0] != "stop":
+            raise RuntimeError(f"serve loop got {msg[0]!r}, expected 'stop'")
+        return True
+
+    def on_sync(version: int) -> None:
+        counts["syncs"] += 1
+
+    def forward() -> None:  # one emulated batch: a real forward, then sleep out its accelerator time
         t0 = time.perf_counter()
         with torch.no_grad():
             model(x)
@@ -95,14 +96,20 @@ def _serve(model: nn.Module, rx: WeightReceiver, conn: Connection, forward_ms: f
             torch.cuda.synchronize(x.device)
         rest = forward_ms / 1e3 - (time.perf_counter() - t0)
         if rest > 0:
-            time.sleep(rest)  # the rest of the batch's emulated accelerator time
-        forwards += 1
+            time.sleep(rest)
+        counts["forwards"] += 1
+
+    # The production worker's loop: drain between batches, then join the broadcast.
+    serve_until(rx, model, stopped=stopped, serve_once=forward, on_sync=on_sync)
+    return {**counts, "version": rx.version}
 
 
 def _handle(msg: tuple, model: nn.Module, rx: WeightReceiver, conn: Connection, queue: Any) -> Any:
     kind = msg[0]
-    if kind in ("bucketed", "per_tensor"):
+    if kind == "bucketed":
         return rx.receive(model)
+    if kind == "per_tensor":
+        return rx.receive(model, transport=PER_TENSOR)
     if kind == "pickle":
         state = pickle.loads(queue.get())
         model.load_state_dict(state)
@@ -112,7 +119,7 @@ def _handle(msg: tuple, model: nn.Module, rx: WeightReceiver, conn: Connection, 
         model.load_state_dict(state)
         return msg[1]
     if kind == "checksum":
-        return checksum(model)
+        return weights_checksum(model)
     if kind == "serve":
         return _serve(model, rx, conn, msg[1], msg[2])
     raise ValueError(f"unknown command {kind!r}")

@@ -18,7 +18,8 @@ windows (one ``all_gather`` per step), so all ranks hold identical weights. Acce
 per worker; pooling estimates rare-task failure rates from more data. Only episodes that ended
 by themselves count: an episode cut by a DPSA unified truncation has no outcome.
 
-The weights are pushed to the samplers (``datamodule.set_task_weights``) after every update,
+The weights are pushed to the samplers (``datamodule.set_task_weights``, the
+:class:`~fastlight.data.protocols.TaskWeightSink` the run's DataModule must implement) after every update,
 logged as ``dwr/weight_<task>`` and ``dwr/success_rate_<task>``, and saved in checkpoints.
 """
 
@@ -33,6 +34,7 @@ from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 from typing_extensions import override
 
+from fastlight.data.protocols import TaskWeightSink, require
 from fastlight.rollout import Rollout
 
 
@@ -112,6 +114,11 @@ class DynamicWeightedResampling(Callback):
 
     # ------------------------------------------------------------------ Lightning
     @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == "fit":  # weights nobody applies would be a silent no-op: refuse such a run
+            require(trainer.datamodule, TaskWeightSink, who="DynamicWeightedResampling", what="a DataModule")
+
+    @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._push(trainer)
 
@@ -136,9 +143,7 @@ class DynamicWeightedResampling(Callback):
         pl_module.log_dict(metrics, on_step=True, on_epoch=False, batch_size=1)
 
     def _push(self, trainer: pl.Trainer) -> None:
-        setter = getattr(trainer.datamodule, "set_task_weights", None)
-        if setter is not None:
-            setter(self.weights().tolist())
+        trainer.datamodule.set_task_weights(self.weights().tolist())
 
     @override
     def state_dict(self) -> dict[str, Any]:

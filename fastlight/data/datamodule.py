@@ -1,9 +1,12 @@
 """``RolloutDataModule``: streams Rollouts from background sampler processes.
 
-``setup("fit")`` spawns ``num_workers`` sampler processes (spawn context, seeds offset by DDP
-rank and worker index), each stepping its share of the ``num_envs`` clips with a CPU copy of
-the policy. Weights reach them through shared memory, tagged with the module's
-``policy_version``. ``teardown`` and ``on_exception`` stop them, so no child outlives a fit.
+``train_dataloader()`` spawns ``num_workers`` sampler processes (spawn context, seeds offset by
+DDP rank and worker index), each stepping its share of the ``num_envs`` clips with a CPU copy of
+the policy. It runs after the module's ``configure_model`` and after a checkpoint is restored,
+so the policy exists and holds its resumed weights by then. Weights reach the samplers through
+the pool's one :class:`~fastlight.weights.publisher.WeightPublisher`, tagged with the module's
+``policy_version``; :meth:`RolloutDataModule.publish` is the one place that calls it.
+``teardown`` and ``on_exception`` stop them, so no child outlives a fit.
 
 Why the dataset yields *tickets*: Lightning's data fetcher reads one batch ahead of the
 training step. A strictly on-policy Rollout can only exist after the previous update, so the
@@ -27,11 +30,13 @@ from torch.utils.data import DataLoader, IterableDataset
 from typing_extensions import override
 
 from fastlight.data.prefetch import Prefetcher
+from fastlight.data.protocols import ChecksEnvSpec, TrainsPolicy, require
 from fastlight.envs.registry import make_env
 from fastlight.sampling.collector import check_collector_settings
 from fastlight.sampling.obs import obs_to_tensor, stack_obs
 from fastlight.sampling.pool import SamplerPool
 from fastlight.sampling.worker import SamplerConfig
+from fastlight.weights.publisher import SyncStats
 
 
 @dataclass(frozen=True)
@@ -166,6 +171,7 @@ class RolloutDataModule(L.LightningDataModule):
         self.pool: SamplerPool | None = None
         self.prefetcher: Prefetcher | None = None
         self._published = -1
+        self._last_sync: SyncStats | None = None
         self.dropped_stale = 0
 
     # Sizes linked to the model by the CLI (``link_arguments`` with apply_on="instantiate").
@@ -201,14 +207,14 @@ class RolloutDataModule(L.LightningDataModule):
             for w in range(h.num_workers)
         ]
 
-    @override
-    def setup(self, stage: str) -> None:
-        if stage != "fit" or self.pool is not None:
+    def start(self) -> None:
+        """Spawn the samplers (and the inference worker) for the trainer's module. Idempotent."""
+        if self.pool is not None:
             return
         module = self.trainer.lightning_module
-        check = getattr(module, "check_env_spec", None)
-        if check is not None:
-            check(self.env_spec)
+        require(module, TrainsPolicy, who="RolloutDataModule", what="a LightningModule")
+        if isinstance(module, ChecksEnvSpec):
+            module.check_env_spec(self.env_spec)
         policy = copy.deepcopy(module.policy).to("cpu").eval()
         h = self.hparams
         inference = None
@@ -240,6 +246,9 @@ class RolloutDataModule(L.LightningDataModule):
 
     @override
     def train_dataloader(self) -> DataLoader:
+        # Lightning calls this after configure_model and the checkpoint restore: the policy exists.
+        if self.trainer is not None:
+            self.start()
         return DataLoader(StepTickets(self.hparams.steps_per_epoch), batch_size=None, num_workers=0)
 
     @override
@@ -251,18 +260,24 @@ class RolloutDataModule(L.LightningDataModule):
         self.dropped_stale += rollout.stats.dropped_stale
         return rollout
 
-    def publish(self, module: Any) -> bool:
+    def publish(self, module: TrainsPolicy) -> SyncStats | None:
         """Make ``module.policy``'s weights current for the samplers, once per version.
 
-        Returns True if weights were sent. Called before each batch is taken and, earlier, by
-        the ``WeightSync`` callback right after the update.
+        The one place a publish is triggered: right before each batch is taken, i.e. after the
+        previous update's last optimizer step. Returns the publish's :class:`SyncStats` (also kept
+        as :attr:`last_sync`), or None when this version is already out.
         """
         version = int(module.policy_version)
         if self.pool is None or version == self._published:
-            return False
-        self.pool.publish(module.policy, version)
+            return None
+        self._last_sync = self.pool.publish(module.policy, version)
         self._published = version
-        return True
+        return self._last_sync
+
+    @property
+    def last_sync(self) -> SyncStats | None:
+        """The latest publish's :class:`SyncStats` (None before the first)."""
+        return self._last_sync
 
     def request_drain(self) -> None:
         if self.pool is not None:

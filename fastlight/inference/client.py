@@ -1,22 +1,26 @@
 """Trainer-side handle on a rank's inference worker: start it, wire samplers to it, sync weights.
 
 Used by :class:`~fastlight.sampling.pool.SamplerPool` when ``--data.inference_server true``.
-Each sampler gets a :class:`~fastlight.sampling.inference.RemotePolicy` (its shared-memory slot
+Each sampler gets a :class:`~fastlight.inference.remote.RemotePolicy` (its shared-memory slot
 and pipe end) instead of a policy copy; the worker gets the other pipe ends and the real policy.
-Weights travel over a dedicated broadcast group (:mod:`fastlight.sampling.weight_sync`).
+Weights travel over a dedicated broadcast group (:mod:`fastlight.weights.broadcast`): the client
+is the pool's :class:`~fastlight.weights.publisher.WeightPublisher` on this path.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
 import torch
 from torch import nn
 
+from fastlight.inference.remote import RemotePolicy, ServerVersion
+from fastlight.inference.server import Slot, inference_main, tensor_spec
 from fastlight.models.base import Policy, check_policy
-from fastlight.sampling.inference import RemotePolicy, ServerVersion, Slot, inference_main, tensor_spec
-from fastlight.sampling.weight_sync import SyncGroupConfig, WeightBroadcaster, choose_backend
+from fastlight.weights.broadcast import SyncGroupConfig, WeightBroadcaster, choose_backend
+from fastlight.weights.publisher import SyncStats
 
 
 class InferenceClient:
@@ -56,7 +60,6 @@ class InferenceClient:
         self.max_batch, self.max_wait_ms, self.bucket_mb = max_batch, max_wait_ms, bucket_mb
         self.proc: Any = None
         self.broadcaster: WeightBroadcaster | None = None
-        self.last_wait_ms = self.last_latency_ms = 0.0
 
     def start(self, stop: Any, parent_pid: int) -> None:
         self.proc = self.ctx.Process(
@@ -101,7 +104,7 @@ class InferenceClient:
         if self.broadcaster is not None:  # before the first publish there is nothing to drain
             self.broadcaster.signal_drain()
 
-    def publish(self, policy: nn.Module, version: int) -> None:
+    def publish(self, policy: nn.Module, version: int) -> SyncStats:
         """Broadcast ``policy``'s weights as ``version``; blocks until the worker has them."""
         self.check_alive()
         t0 = time.perf_counter()
@@ -109,8 +112,7 @@ class InferenceClient:
             self.broadcaster = WeightBroadcaster(policy, self.sync_config, bucket_mb=self.bucket_mb)
         self.broadcaster.signal_drain()  # no-op if the WeightSync callback already drained
         stats = self.broadcaster.broadcast(version, policy)
-        self.last_wait_ms = 1000.0 * (time.perf_counter() - t0)
-        self.last_latency_ms = stats.latency_ms
+        return dataclasses.replace(stats, trainer_wait_ms=1000.0 * (time.perf_counter() - t0))
 
     def check_alive(self) -> None:
         if self.proc is not None and not self.proc.is_alive():

@@ -23,9 +23,9 @@ after it, the new weights are live and serving resumes.
 
 from __future__ import annotations
 
-import os
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from fastlight.models.base import ActionMapping, ActOutput
+from fastlight.weights.broadcast import WeightReceiver
 
 ObsSpec = dict[str, tuple[tuple[int, ...], torch.dtype]]
 
@@ -68,61 +68,6 @@ def tensor_spec(batch: Tensor | dict[str, Tensor]) -> ObsSpec:
     return {k: (tuple(v.shape[1:]), v.dtype) for k, v in items}
 
 
-class RemotePolicy(nn.Module):
-    """The sampler-side proxy: ``act`` / ``value`` are served by the inference worker.
-
-    ``last_version`` is the version of the weights behind the latest reply; the Collector
-    stamps it on the transitions it records. ``action_mapping`` is the served policy's own
-    (:meth:`Policy.action_mapping`), so env actions are the same as with a local policy copy.
-    """
-
-    def __init__(self, slot: Slot, conn: Connection, action_mapping: ActionMapping) -> None:
-        super().__init__()
-        self.slot = slot
-        self.conn = conn
-        self.last_version = -1
-        self.progress = 0
-        self._action_mapping = action_mapping
-
-    def _request(self, kind: str, obs: Tensor | dict[str, Tensor], step: Tensor | None) -> int:
-        items = obs.items() if isinstance(obs, dict) else [("", obs)]
-        n = 0
-        for k, v in items:
-            n = v.shape[0]
-            self.slot.obs[k][:n].copy_(v)
-        self.slot.step[:n].copy_(step if step is not None else torch.zeros(n, dtype=torch.long))
-        self.progress += n
-        self.conn.send((kind, n, self.progress))
-        reply = self.conn.recv()
-        if isinstance(reply, tuple) and reply[0] == "error":
-            raise RuntimeError(f"inference worker failed:\n{reply[1]}")
-        self.last_version = int(reply)
-        return n
-
-    def act(self, obs, *, step=None, deterministic: bool = False) -> ActOutput:
-        n = self._request("act", obs, step)
-        s = self.slot
-        return ActOutput(s.actions[:n].clone(), s.logprobs[:n].clone(), s.values[:n].clone())
-
-    def value(self, obs, *, step=None) -> Tensor:
-        n = self._request("value", obs, step)
-        return self.slot.values[:n].clone()
-
-    def new_round(self) -> None:
-        self.progress = 0
-
-    def action_mapping(self) -> ActionMapping:
-        return self._action_mapping
-
-    def env_action(self, actions: Tensor) -> Tensor:
-        return self._action_mapping(actions)
-
-    def evaluate(self, obs, actions, *, step=None):
-        raise NotImplementedError(
-            "RemotePolicy only acts: log-probs with gradients are computed by the trainer's policy"
-        )
-
-
 @dataclass
 class Request:
     index: int  # sampler index
@@ -151,8 +96,6 @@ class InferenceServer:
         self.version = -1
         self.pending: list[Request] = []
         self.forwards = 0
-        # Debug audit (tests, incident analysis): one "version checksum" line per forward pass.
-        self.audit_path = os.environ.get("FASTLIGHT_AUDIT_FORWARDS")
 
     def poll(self, timeout: float) -> None:
         """Receive every request that is waiting (or arrives within ``timeout``)."""
@@ -189,9 +132,6 @@ class InferenceServer:
             }
             step = torch.cat([self.slots[r.index].step[: r.rows] for r in reqs]).to(self.device)
             x = obs[""] if set(obs) == {""} else obs
-            if self.audit_path:
-                with open(self.audit_path, "a") as f:
-                    f.write(f"{self.version} {weights_checksum(self.policy)!r}\n")
             if kind == "act":
                 out = self.policy.act(x, step=step)
                 parts = (out.actions.cpu(), out.logprobs.cpu(), out.values.float().cpu())
@@ -218,27 +158,25 @@ class InferenceServer:
                 pass
 
 
-def weights_checksum(module: nn.Module) -> float:
-    """Order-dependent float64 checksum of a module's parameters (a half-updated model differs)."""
-    total = 0.0
-    for i, p in enumerate(module.parameters()):
-        total += float(p.detach().double().sum()) * (i + 1)
-    return total
+def serve_until(
+    receiver: WeightReceiver,
+    policy: nn.Module,
+    *,
+    stopped: Callable[[], bool],
+    serve_once: Callable[[], None],
+    on_sync: Callable[[int], None],
+) -> None:
+    """The inference worker's loop (AcceRL §inference drain): between two forward passes, if the
+    trainer announced a sync, start no new forward and join the broadcast (``on_sync(version)``
+    once the new weights are in place); otherwise ``serve_once()``. Until ``stopped()``.
 
-
-class ServerVersion:
-    """Sampler-side view of the inference worker's weight version (replaces ``SharedWeights``
-    for remote policies: there is nothing to load, the server holds the weights)."""
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    @property
-    def version(self) -> int:
-        return int(self.value.value)
-
-    def load_into(self, policy: nn.Module) -> int:
-        return self.version
+    Shared by the worker below and the benchmark's emulated worker (``fastlight.bench.sync_worker``).
+    """
+    while not stopped():
+        if receiver.sync_pending():
+            on_sync(receiver.receive(policy))
+            continue
+        serve_once()
 
 
 def inference_main(
@@ -259,24 +197,25 @@ def inference_main(
     Serves batches until ``stop``; between two forward passes it checks the trainer's drain
     signal and, when set, joins the weight broadcast (nothing is in flight at that point).
     """
-    from fastlight.sampling.weight_sync import WeightReceiver
-    from fastlight.sampling.worker import _die_with_parent
+    from fastlight.sampling.child import start_child
 
-    _die_with_parent(parent_pid)
+    start_child(parent_pid)
     server = InferenceServer(
         policy, slots, conns, max_batch=max_batch, max_wait_ms=max_wait_ms, device=torch.device(device)
     )
     try:
         receiver = WeightReceiver(server.policy, sync_config, bucket_mb=bucket_mb)
-        while not stop.is_set():
-            if receiver.sync_pending():  # AcceRL §inference drain: no new forward, join the sync
-                server.version = receiver.receive(server.policy)
-                version.value = server.version
-                continue
+
+        def serve_once() -> None:
             if not server.pending:
                 server.poll(0.005)
             if server.pending and server.version >= 0:
                 server.serve(server.gather())
+
+        def on_sync(new: int) -> None:
+            server.version = version.value = new
+
+        serve_until(receiver, server.policy, stopped=stop.is_set, serve_once=serve_once, on_sync=on_sync)
     except Exception:
         server.fail_all(traceback.format_exc())
         raise

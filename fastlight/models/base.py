@@ -58,6 +58,18 @@ class Policy(Protocol):
     def env_action(self, actions: Tensor) -> Tensor: ...
 
 
+@runtime_checkable
+class ServedPolicy(Policy, Protocol):
+    """A policy whose answers come from another process (the inference worker's
+    :class:`~fastlight.inference.remote.RemotePolicy`): ``last_version`` is the version of the
+    weights behind the latest answer (it may change mid-round), and ``new_round()`` resets the
+    progress by which the worker serves stragglers first."""
+
+    last_version: int
+
+    def new_round(self) -> None: ...
+
+
 POLICY_METHODS = ("act", "evaluate", "value", "action_mapping", "env_action")
 
 

@@ -26,7 +26,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from fastlight.models.base import Policy
+from fastlight.models.base import Policy, ServedPolicy
 from fastlight.rollout import EpisodeRecord, Rollout, RolloutStats
 from fastlight.sampling.obs import action_to_env, obs_to_tensor, stack_obs
 from fastlight.sampling.rows import Row, RowBuffer, Step
@@ -108,6 +108,7 @@ class Collector:
         self._seeded = False
         self._obs: list[Any] | None = None  # current observation of each env (autoreset carry-over)
         self._eps: list[_Episode] = []
+        self._served = False  # the current round's policy is served by the inference worker
 
     @property
     def num_envs(self) -> int:
@@ -157,7 +158,8 @@ class Collector:
             results.append(self.envs[i].step(env_actions[j]))
             stats.step_time += time.perf_counter() - t0
         # A remote policy reports the version of the weights that answered (may change mid-round).
-        return Step(all_obs, step, out, int(getattr(policy, "last_version", -1)), results)
+        version = policy.last_version if self._served else -1
+        return Step(all_obs, step, out, version, results)
 
     def _advance(self, row: Row, i: int, result: tuple, rows: RowBuffer) -> bool:
         """Record env ``i``'s step in ``row``; returns True if its episode ended."""
@@ -178,7 +180,9 @@ class Collector:
         """One sampling cycle (``dpsa``/``sgr``) or ``rollout_steps`` steps (``autoreset``)."""
         stats = RolloutStats()
         t0 = time.perf_counter()
-        if hasattr(policy, "new_round"):  # a remote policy ranks stragglers by progress per round
+        # Checked once per round, not per step (a Protocol isinstance walks its members).
+        self._served = isinstance(policy, ServedPolicy)
+        if self._served:  # the inference worker ranks stragglers by progress per round
             policy.new_round()
         if self.mode in ("dpsa", "sgr"):
             rows = self._collect_cycle(policy, stats)

@@ -18,12 +18,13 @@ from typing import Any
 import torch.multiprocessing as tmp
 from torch import nn
 
+from fastlight.inference.client import InferenceClient
 from fastlight.models.base import check_policy
 from fastlight.rollout import Rollout
-from fastlight.sampling.inference_client import InferenceClient
-from fastlight.sampling.shared_weights import SharedWeights
 from fastlight.sampling.task_weights import SharedTaskWeights
 from fastlight.sampling.worker import SamplerConfig, rollout_from_numpy, sampler_main
+from fastlight.weights.publisher import SyncStats, WeightPublisher, WeightSource
+from fastlight.weights.shared_memory import SharedWeights
 
 
 class SamplerError(RuntimeError):
@@ -54,9 +55,14 @@ class SamplerPool:
             self.client = InferenceClient(
                 self.ctx, policy, example_obs, [c.num_envs for c in configs], **inference
             )
-        self.weights = (
-            SharedWeights(policy, self.ctx) if self.client is None else self.client.weights_source()
-        )
+        # One publisher (trainer end) and what the samplers read (their end) for either path.
+        self.publisher: WeightPublisher
+        self.weights: WeightSource
+        if self.client is None:
+            shared = SharedWeights(policy, self.ctx)
+            self.publisher, self.weights = shared, shared
+        else:
+            self.publisher, self.weights = self.client, self.client.weights_source()
         self.task_weights = SharedTaskWeights(self.ctx)
         self.queue = self.ctx.Queue(maxsize=2 * len(configs))
         self.stop_event = self.ctx.Event()
@@ -94,20 +100,18 @@ class SamplerPool:
         # Last line of defence if the trainer exits without teardown.
         atexit.register(_stop_ref, weakref.ref(self))
 
-    def publish(self, policy: nn.Module, version: int) -> None:
-        """New weights for the samplers: shared memory, or the broadcast to the inference worker."""
-        if self.client is not None:
-            try:
-                self.client.publish(policy, version)
-            except Exception as e:
-                raise SamplerError(f"weight sync with the inference worker failed: {e}") from e
-        else:
-            self.weights.publish(policy, version)
+    def publish(self, policy: nn.Module, version: int) -> SyncStats:
+        """New weights for the samplers through the pool's one publisher."""
+        try:
+            return self.publisher.publish(policy, version)
+        except Exception as e:
+            if self.client is None:
+                raise
+            raise SamplerError(f"weight sync with the inference worker failed: {e}") from e
 
     def request_drain(self) -> None:
-        """Ask the inference worker to drain ahead of the next ``publish`` (no-op without one)."""
-        if self.client is not None:
-            self.client.request_drain()
+        """Announce the next ``publish`` (AcceRL §inference drain; a no-op for shared memory)."""
+        self.publisher.request_drain()
 
     def next_item(self, timeout: float) -> Rollout | None:
         """One sampler item (a Rollout), or None if none arrived within ``timeout``.

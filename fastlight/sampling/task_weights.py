@@ -9,10 +9,18 @@ from __future__ import annotations
 
 import multiprocessing as mp
 from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
 
 import torch
 
 MAX_TASKS = 1024
+
+
+@runtime_checkable
+class TaskWeightedEnv(Protocol):
+    """A multi-task env that draws its next task from these (unnormalised) weights at reset."""
+
+    def set_task_weights(self, weights: Sequence[float]) -> None: ...
 
 
 class SharedTaskWeights:
@@ -39,13 +47,22 @@ class SharedTaskWeights:
             return int(self._version.value), self.values[: self._count.value].tolist()
 
     def apply(self, envs: Sequence, seen: int) -> int:
-        """Push newer weights into the envs that accept them; returns the version applied."""
+        """Push newer weights into the envs; returns the version applied.
+
+        Every env must be a :class:`TaskWeightedEnv` once weights are set: DWR weights that no env
+        applies would leave the task mix unchanged without a word.
+        """
         version = self.version
         if version == seen:
             return seen
         version, weights = self.get()
         for env in envs:
-            setter = getattr(env.unwrapped, "set_task_weights", None)
-            if setter is not None:
-                setter(weights)
+            target = env.unwrapped
+            if not isinstance(target, TaskWeightedEnv):
+                raise TypeError(
+                    f"task weights (DynamicWeightedResampling) were set, but env {type(target).__name__} "
+                    "has no set_task_weights(weights) (fastlight.sampling.task_weights.TaskWeightedEnv): "
+                    "use a multi-task env, or remove the callback"
+                )
+            target.set_task_weights(weights)
         return version

@@ -12,25 +12,20 @@ whose trainer dies exits too (``PR_SET_PDEATHSIG`` plus a parent-pid watchdog).
 
 from __future__ import annotations
 
-import ctypes
-import os
 import queue
-import random
-import signal
-import sys
-import threading
 import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
 from fastlight.rollout import Rollout
+from fastlight.sampling.child import start_child
 from fastlight.sampling.collector import Collector
-from fastlight.sampling.shared_weights import SharedWeights
+from fastlight.sampling.task_weights import SharedTaskWeights
+from fastlight.weights.publisher import WeightSource
 
 
 @dataclass
@@ -73,33 +68,6 @@ def build_collector(cfg: SamplerConfig, worker_index: int) -> Collector:
     )
 
 
-def _die_with_parent(parent: int) -> None:
-    """Exit when the trainer (pid ``parent``) dies: the kernel's PR_SET_PDEATHSIG on Linux, plus
-    a watchdog thread. ``parent`` is passed in rather than read here, because the trainer may
-    die while this process is still importing, before this function runs."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except OSError:
-            pass
-    if os.getppid() != parent:
-        os._exit(1)
-
-    def watchdog() -> None:
-        while True:
-            if os.getppid() != parent:
-                os._exit(1)
-            time.sleep(1.0)
-
-    threading.Thread(target=watchdog, daemon=True, name="fastlight-parent-watchdog").start()
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
 def rollout_to_numpy(r: Rollout) -> Rollout:
     """Plain numpy arrays pickle by value: nothing depends on the sender staying alive."""
     return r.map(lambda t: t.numpy())
@@ -113,16 +81,14 @@ def sampler_main(
     index: int,
     cfg: SamplerConfig,
     policy: nn.Module,
-    weights: SharedWeights,
+    weights: WeightSource,
     out_queue: Any,
     stop: Any,
     parent_pid: int,
-    task_weights: Any = None,
+    task_weights: SharedTaskWeights | None = None,
 ) -> None:
     """Entry point of sampler process ``index`` (spawned)."""
-    _die_with_parent(parent_pid)
-    torch.set_num_threads(1)
-    seed_everything(cfg.seed)
+    start_child(parent_pid, seed=cfg.seed, threads=1)
     collector = None
     try:
         collector = build_collector(cfg, index)
@@ -139,10 +105,10 @@ def _loop(
     cfg: SamplerConfig,
     collector: Collector,
     policy: nn.Module,
-    weights: SharedWeights,
+    weights: WeightSource,
     out_queue: Any,
     stop: Any,
-    task_weights: Any = None,
+    task_weights: SharedTaskWeights | None = None,
 ) -> None:
     version = -1
     task_version = 0

@@ -11,15 +11,17 @@ Here:
 
 - :class:`SyncGroupConfig` names the group: its own ``TCPStore`` at ``host:port`` (rank 0 = the
   trainer hosts it), a backend (``"nccl"`` when the two ends hold their weights on two different
-  CUDA devices, else ``"gloo"``; :func:`choose_backend`) and a timeout. The backend object is built directly
-  (``ProcessGroupGloo`` / ``ProcessGroupNCCL`` over a ``PrefixStore``), so it neither needs nor
+  CUDA devices, else ``"gloo"``; :func:`choose_backend`) and a timeout. The backend object is
+  built directly (``ProcessGroupGloo`` / ``ProcessGroupNCCL`` over a ``PrefixStore``), so it neither needs nor
   touches the default group that Lightning's DDP creates with ``init_process_group``.
-- The order is fixed (:mod:`fastlight.sampling.weight_buckets`): parameters sorted by name, then
+- The order is fixed (:mod:`fastlight.weights.buckets`): parameters sorted by name, then
   floating buffers sorted by name; tensors are packed into flat per-dtype buckets of at most
   ``bucket_mb`` and each bucket is one collective. An int64 header
-  ``[version, mode, n_collectives, signature]`` goes first, and the worker acks with its new
+  ``[version, n_collectives, signature, 0]`` goes first, and the worker acks with its new
   version last, so :meth:`WeightBroadcaster.broadcast` returns once the worker's weights are in
-  place. :meth:`WeightBroadcaster.broadcast_per_tensor` (one collective per tensor) is the baseline.
+  place. How the tensors travel between header and ack is a :class:`Transport` (the extension
+  hook; :data:`BUCKETED` is the only one used in training, and ``fastlight.bench.per_tensor``
+  plugs in the one-collective-per-tensor baseline).
 - Drain: :meth:`WeightBroadcaster.signal_drain` bumps a counter in the group's store;
   :meth:`WeightReceiver.sync_pending` (checked by the worker between forward batches) tells it to
   stop scheduling and call :meth:`WeightReceiver.receive`.
@@ -41,16 +43,16 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from fastlight.sampling.weight_buckets import BucketLayout, alloc_buckets, bucket_views, plan_buckets
+from fastlight.weights.buckets import BucketLayout, alloc_buckets, bucket_views, plan_buckets
+from fastlight.weights.publisher import SyncStats
 
 TRAINER_RANK, WORKER_RANK = 0, 1
-MODE_BUCKETED, MODE_PER_TENSOR = 0, 1
 _PREFIX = "fastlight/weight_sync"
 
 
@@ -108,21 +110,6 @@ class SyncGroupConfig:
     @property
     def timeout(self) -> datetime.timedelta:
         return datetime.timedelta(seconds=self.timeout_s)
-
-
-@dataclass(frozen=True)
-class SyncStats:
-    """One sync as seen by the trainer: latency runs from the first send to the worker's ack."""
-
-    version: int
-    mode: str
-    latency_ms: float
-    bytes: int
-    collectives: int
-
-    def metrics(self) -> dict[str, float]:
-        return {"sync/latency_ms": self.latency_ms, "sync/bytes": float(self.bytes),
-                "sync/collectives": float(self.collectives), "sync/version": float(self.version)}
 
 
 def _device_identity(device: torch.device) -> str:
@@ -240,7 +227,9 @@ def _tensors(module: nn.Module, layout: BucketLayout) -> list[torch.Tensor]:
     return out
 
 
-class _Endpoint:
+class SyncEndpoint:
+    """One end of the group: the module's fixed layout, its flat buckets and their views."""
+
     def __init__(self, module: nn.Module, config: SyncGroupConfig, rank: int, name: str,
                  bucket_mb: float, include_buffers: bool) -> None:
         self.module = module
@@ -274,7 +263,47 @@ class _Endpoint:
         self.close()
 
 
-class WeightBroadcaster(_Endpoint):
+class Transport(Protocol):
+    """How one sync's tensors travel between the header and the ack; both ends use the same one."""
+
+    name: str
+
+    def collectives(self, endpoint: SyncEndpoint) -> int: ...
+
+    def send(self, endpoint: SyncEndpoint, tensors: list[torch.Tensor]) -> None: ...
+
+    def recv(self, endpoint: SyncEndpoint, tensors: list[torch.Tensor]) -> None: ...
+
+
+class BucketTransport:
+    """Flat per-dtype buckets, one collective each; packing bucket b overlaps sending b-1."""
+
+    name = "bucketed"
+
+    def collectives(self, endpoint: SyncEndpoint) -> int:
+        return len(endpoint.layout.buckets)
+
+    def send(self, endpoint: SyncEndpoint, tensors: list[torch.Tensor]) -> None:
+        works = []
+        for b, bucket in enumerate(endpoint.layout.buckets):
+            idx = list(bucket.slot_ids)
+            torch._foreach_copy_([endpoint.views[i] for i in idx], [tensors[i] for i in idx])
+            works.append(endpoint.group.bcast(endpoint.buckets[b], TRAINER_RANK))
+        for w in works:
+            w.wait()
+
+    def recv(self, endpoint: SyncEndpoint, tensors: list[torch.Tensor]) -> None:
+        works = [endpoint.group.bcast(buf, TRAINER_RANK) for buf in endpoint.buckets]
+        for w, bucket in zip(works, endpoint.layout.buckets, strict=True):  # unpack b while b+1 arrives
+            w.wait()
+            idx = list(bucket.slot_ids)
+            torch._foreach_copy_([tensors[i] for i in idx], [endpoint.views[i] for i in idx])
+
+
+BUCKETED = BucketTransport()
+
+
+class WeightBroadcaster(SyncEndpoint):
     """Trainer side (rank 0) of AcceRL's broadcast group; hosts the group's ``TCPStore``.
 
     Built from the trainer's module (the layout is fixed then); every call broadcasts the module's
@@ -297,55 +326,33 @@ class WeightBroadcaster(_Endpoint):
             g.guard("drain signal", lambda: g.store.add(f"{_PREFIX}/announced", 1))
             self._announced = self.syncs + 1
 
-    def broadcast(self, version: int, module: nn.Module | None = None) -> SyncStats:
-        """Pack into flat buckets, one broadcast per bucket; returns once the worker acked."""
-        return self._sync(version, module, MODE_BUCKETED)
-
-    def broadcast_per_tensor(self, version: int, module: nn.Module | None = None) -> SyncStats:
-        """Baseline: one blocking broadcast per tensor, no packing."""
-        return self._sync(version, module, MODE_PER_TENSOR)
-
-    def _sync(self, version: int, module: nn.Module | None, mode: int) -> SyncStats:
+    def broadcast(self, version: int, module: nn.Module | None = None, *,
+                  transport: Transport = BUCKETED) -> SyncStats:
+        """Send ``module``'s (default: the layout's module) current values as ``version`` through
+        ``transport``; returns once the worker acked."""
         g, lay = self.group, self.layout
         t0 = time.perf_counter()
         self.signal_drain()
         tensors = _tensors(module if module is not None else self.module, lay)
-        n = len(lay.buckets) if mode == MODE_BUCKETED else len(lay.slots)
-        header = torch.tensor([version, mode, n, lay.signature], dtype=torch.int64, device=g.device)
+        n = transport.collectives(self)
+        header = torch.tensor([version, n, lay.signature, 0], dtype=torch.int64, device=g.device)
         g.guard("header broadcast", lambda: g.bcast(header, TRAINER_RANK).wait())
         with torch.no_grad():
-            if mode == MODE_BUCKETED:
-                g.guard("bucket broadcast", lambda: self._send_buckets(tensors))
-            else:
-                g.guard("per-tensor broadcast", lambda: self._send_each(tensors))
+            g.guard(f"{transport.name} broadcast", lambda: transport.send(self, tensors))
         ack = torch.tensor([-1], dtype=torch.int64, device=g.device)
         g.guard("ack", lambda: g.bcast(ack, WORKER_RANK).wait())
         g.finish()
         if int(ack.item()) != version:
             raise WeightSyncError(f"weight sync: {g.peer} acked version {int(ack.item())}, sent {version}")
         self.version = version
-        stats = SyncStats(version, "bucketed" if mode == MODE_BUCKETED else "per_tensor",
-                          (time.perf_counter() - t0) * 1e3, lay.nbytes, n)
+        stats = SyncStats(version, transport.name, (time.perf_counter() - t0) * 1e3, lay.nbytes, n)
         self.latencies_ms.append(stats.latency_ms)
         self.syncs += 1
         self.last = stats
         return stats
 
-    def _send_buckets(self, tensors: list[torch.Tensor]) -> None:
-        works = []
-        for b, bucket in enumerate(self.layout.buckets):  # pack bucket b while bucket b-1 is on the wire
-            idx = list(bucket.slot_ids)
-            torch._foreach_copy_([self.views[i] for i in idx], [tensors[i] for i in idx])
-            works.append(self.group.bcast(self.buckets[b], TRAINER_RANK))
-        for w in works:
-            w.wait()
 
-    def _send_each(self, tensors: list[torch.Tensor]) -> None:
-        for t in tensors:
-            self.group.bcast(t.contiguous(), TRAINER_RANK).wait()
-
-
-class WeightReceiver(_Endpoint):
+class WeightReceiver(SyncEndpoint):
     """Inference-worker side (rank 1): receives into scratch buckets, then copies in place.
 
     ``receive`` writes into the live module's tensors with ``copy_`` (parameters keep their
@@ -362,42 +369,23 @@ class WeightReceiver(_Endpoint):
         g = self.group
         return int(g.guard("drain poll", lambda: g.store.add(f"{_PREFIX}/announced", 0))) > self.received
 
-    def receive(self, module: nn.Module | None = None) -> int:
-        """Join the next broadcast (bucketed or per-tensor, as the header says); returns its version."""
+    def receive(self, module: nn.Module | None = None, *, transport: Transport = BUCKETED) -> int:
+        """Join the next broadcast (same ``transport`` as the trainer's); returns its version."""
         g, lay = self.group, self.layout
         tensors = _tensors(module if module is not None else self.module, lay)
         header = torch.zeros(4, dtype=torch.int64, device=g.device)
         g.guard("header broadcast", lambda: g.bcast(header, TRAINER_RANK).wait())
-        version, mode, n, signature = (int(x) for x in header.tolist())
-        expect = len(lay.buckets) if mode == MODE_BUCKETED else len(lay.slots)
+        version, n, signature, _ = (int(x) for x in header.tolist())
+        expect = transport.collectives(self)
         if signature != lay.signature or n != expect:
             g.broken = "header mismatch"
             raise WeightSyncError(f"weight sync header from {g.peer} does not match {g.name}'s layout: "
                                   f"{header.tolist()} vs signature {lay.signature}, {expect} collectives")
         with torch.no_grad():
-            if mode == MODE_BUCKETED:
-                g.guard("bucket broadcast", lambda: self._recv_buckets(tensors))
-            else:
-                g.guard("per-tensor broadcast", lambda: self._recv_each(tensors))
+            g.guard(f"{transport.name} broadcast", lambda: transport.recv(self, tensors))
         g.finish()
         ack = torch.tensor([version], dtype=torch.int64, device=g.device)
         g.guard("ack", lambda: g.bcast(ack, WORKER_RANK).wait())
         self.version = version
         self.received += 1
         return version
-
-    def _recv_buckets(self, tensors: list[torch.Tensor]) -> None:
-        works = [self.group.bcast(buf, TRAINER_RANK) for buf in self.buckets]
-        for w, bucket in zip(works, self.layout.buckets, strict=True):  # unpack b while b+1 arrives
-            w.wait()
-            idx = list(bucket.slot_ids)
-            torch._foreach_copy_([tensors[i] for i in idx], [self.views[i] for i in idx])
-
-    def _recv_each(self, tensors: list[torch.Tensor]) -> None:
-        for t in tensors:
-            if t.is_contiguous():
-                self.group.bcast(t, TRAINER_RANK).wait()
-            else:
-                tmp = torch.empty_like(t, memory_format=torch.contiguous_format)
-                self.group.bcast(tmp, TRAINER_RANK).wait()
-                t.copy_(tmp)

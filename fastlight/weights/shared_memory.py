@@ -2,15 +2,20 @@
 
 The trainer writes every floating-point entry of the policy's ``state_dict`` into a flat
 float32 tensor in shared memory and bumps ``version``; samplers copy it back in place before a
-new round. One buffer, one lock, no pickling and no files on the hot path.
+new round. One buffer, one lock, no pickling and no files on the hot path. It is both ends of the
+path: a :class:`~fastlight.weights.publisher.WeightPublisher` for the trainer and a
+:class:`~fastlight.weights.publisher.WeightSource` for the samplers.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import time
 
 import torch
 from torch import nn
+
+from fastlight.weights.publisher import SyncStats
 
 
 def _float_entries(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
@@ -35,8 +40,9 @@ class SharedWeights:
     def version(self) -> int:
         return int(self._version.value)
 
-    def publish(self, module: nn.Module, version: int) -> None:
+    def publish(self, module: nn.Module, version: int) -> SyncStats:
         """Copy ``module``'s current weights in and make them visible as ``version``."""
+        t0 = time.perf_counter()
         entries = _float_entries(module)
         with self._lock, torch.no_grad():
             offset = 0
@@ -49,6 +55,12 @@ class SharedWeights:
                     f"SharedWeights.publish: module has {offset} floats, buffer holds {self.numel}"
                 )
             self._version.value = version
+        latency_ms = 1000.0 * (time.perf_counter() - t0)
+        nbytes = self.buffer.numel() * self.buffer.element_size()
+        return SyncStats(version, "shared_memory", latency_ms, nbytes, len(entries), latency_ms)
+
+    def request_drain(self) -> None:
+        """Nothing to drain: samplers pick the new weights up between rounds."""
 
     def load_into(self, module: nn.Module) -> int:
         """Copy the published weights into ``module`` in place; returns their version."""

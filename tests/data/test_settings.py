@@ -10,7 +10,8 @@ import torch
 from fastlight.data.datamodule import RolloutDataModule
 from fastlight.envs import scenario_cost
 from fastlight.rollout import Rollout
-from fastlight.sampling.worker import build_collector, seed_everything
+from fastlight.sampling.child import seed_everything
+from fastlight.sampling.worker import build_collector
 from tests.conftest import ObsValuePolicy
 
 FIXED = "tests.fake_envs:FixedLength-v0"

@@ -7,9 +7,10 @@ import multiprocessing as mp
 import pytest
 import torch
 
+from fastlight.inference import server as inference
+from fastlight.inference.remote import RemotePolicy
+from fastlight.inference.server import InferenceServer, Slot, tensor_spec
 from fastlight.models.mlp import MLPActorCritic
-from fastlight.sampling import inference
-from fastlight.sampling.inference import InferenceServer, RemotePolicy, Slot, tensor_spec
 
 
 def make_server(rows: list[int], *, max_batch: int, max_wait_ms: float):

@@ -11,16 +11,27 @@ import pytest
 from fastlight.callbacks.weight_sync import WeightSync
 from fastlight.data.datamodule import RolloutDataModule
 from fastlight.modules.rl_module import RLModule
-from fastlight.sampling.inference import weights_checksum
 from fastlight.sampling.pool import SamplerError
+from fastlight.weights.checksum import weights_checksum
 from tests.lightning_helpers import quiet_trainer, wait_no_children
+from tests.policies import AuditedMLP
 
 pytestmark = pytest.mark.multiproc
 FIXED = "tests.fake_envs:FixedLength-v0"
 
 
 class Audited(RLModule):
-    """Records the checksum of every published version and the behaviour versions it trains on."""
+    """Records the checksum of every published version and the behaviour versions it trains on;
+    with ``audit_path`` set, its policy records the checksum behind every forward (``AuditedMLP``)."""
+
+    audit_path: str | None = None
+
+    def build_policy(self):
+        if self.audit_path is None:
+            return super().build_policy()
+        h = self.hparams
+        sizes = tuple(h.hidden_sizes)
+        return AuditedMLP(h.obs_dim, h.action_dim, hidden_sizes=sizes, audit_path=self.audit_path)
 
     def on_train_start(self):
         self.published = {}
@@ -39,9 +50,8 @@ class Audited(RLModule):
 
 
 @pytest.mark.parametrize("drain", [True, False])
-def test_every_forward_uses_a_whole_published_model(drain, tmp_path, monkeypatch):
+def test_every_forward_uses_a_whole_published_model(drain, tmp_path):
     audit = tmp_path / "forwards.txt"
-    monkeypatch.setenv("FASTLIGHT_AUDIT_FORWARDS", str(audit))
     dm = RolloutDataModule(
         env_id=FIXED,
         env_kwargs={"lengths": (3, 5)},
@@ -51,19 +61,22 @@ def test_every_forward_uses_a_whole_published_model(drain, tmp_path, monkeypatch
         max_wait_ms=1.0,
     )
     model = Audited(obs_dim=3, action_dim=2, update_epochs=2, num_minibatches=2)
+    model.audit_path = str(audit)  # read by build_policy in configure_model; the worker's copy writes here
     sync = WeightSync(drain=drain)
     quiet_trainer(max_steps=4 * 6, callbacks=[sync]).fit(model, datamodule=dm)
     assert sync.drains == (6 if drain else 0)
     assert model.sync_setup == ("gloo", "cpu", "cpu")  # the backend follows the devices (CPU: gloo)
-    lines = [line.split() for line in audit.read_text().splitlines()]
-    assert len(lines) > 20
-    for version, checksum in lines:
-        # The checksum of the weights each forward used equals the trainer's at that version:
-        # no forward ever ran on a half-updated model.
-        # The worker's float64 sum may run on another thread count than the trainer's: relative
-        # 1e-12. One optimizer step moves the checksum by far more (lr 2.5e-4 on O(1) weights).
-        assert float(checksum) == pytest.approx(model.published[int(version)], rel=1e-12), (version, checksum)
-    assert set(range(6)) <= {int(v) for v, _ in lines} <= set(range(7))
+    forwards = [float(line) for line in audit.read_text().splitlines()]
+    assert len(forwards) > 20
+    served = set()
+    for checksum in forwards:
+        # The weights each forward used are exactly one published version's: no forward ever ran
+        # on a half-updated model. The worker's float64 sum may run on another thread count than
+        # the trainer's: relative 1e-12; one optimizer step moves it by far more (lr 2.5e-4).
+        match = [v for v, c in model.published.items() if checksum == pytest.approx(c, rel=1e-12)]
+        assert len(match) == 1, (checksum, model.published)
+        served.add(match[0])
+    assert set(range(6)) <= served <= set(range(7))
     # Strictly on-policy through the inference worker too.
     assert model.seen == [(v, [v]) for v in range(6)]
     wait_no_children()

@@ -16,8 +16,8 @@ from fastlight.models.action_mapping import BinsToActions, ClampActions
 from fastlight.sampling.obs import obs_to_tensor, stack_obs
 from fastlight.sampling.pool import SamplerPool
 from fastlight.sampling.worker import SamplerConfig
-from tests.greedy_policies import GreedyMLP, GreedyVLA
 from tests.lightning_helpers import wait_no_children
+from tests.policies import GreedyMLP, GreedyVLA
 
 pytestmark = pytest.mark.multiproc
 ECHO = "tests.fake_envs:ActionEcho-v0"

@@ -8,7 +8,7 @@ import os
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 
-from fastlight.sampling.inference import weights_checksum
+from fastlight.weights.checksum import weights_checksum
 
 
 class DumpRankState(Callback):

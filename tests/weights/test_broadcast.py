@@ -20,8 +20,8 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from fastlight.bench import sync as bench_sync
-from fastlight.sampling.weight_buckets import alloc_buckets, pack, plan_buckets, sync_entries, unpack
-from fastlight.sampling.weight_sync import (
+from fastlight.bench.per_tensor import PER_TENSOR
+from fastlight.weights.broadcast import (
     TRAINER_RANK,
     SyncGroupConfig,
     WeightBroadcaster,
@@ -30,6 +30,7 @@ from fastlight.sampling.weight_sync import (
     choose_backend,
     free_port,
 )
+from fastlight.weights.buckets import alloc_buckets, pack, plan_buckets, sync_entries, unpack
 
 CTX = mp.get_context("spawn")
 
@@ -80,18 +81,20 @@ def _assert_bitwise(module: nn.Module, blob: bytes) -> None:
 
 
 # ------------------------------------------------------------------------------ receiver processes
-def _receiver(cfg: SyncGroupConfig, n_syncs: int, q, init_default_group: bool) -> None:
+def _receiver(
+    cfg: SyncGroupConfig, n_syncs: int, q, init_default_group: bool, per_tensor_from: int = -1
+) -> None:
     try:
         if init_default_group:  # e.g. Lightning DDP in the worker: must not interfere
             _init_default_group()
         model = Mixed(seed=123)
         rx = WeightReceiver(model, cfg, bucket_mb=0.001, name="test-worker")
-        for _ in range(n_syncs):
+        for i in range(n_syncs):
             deadline = time.monotonic() + 20
             while not rx.sync_pending():  # the drain signal decides when to join
                 assert time.monotonic() < deadline, "no sync announced"
                 time.sleep(0.002)
-            version = rx.receive()
+            version = rx.receive(transport=PER_TENSOR) if 0 <= per_tensor_from <= i else rx.receive()
             q.put((version, _dump(model), rx.sync_pending()))
         rx.close()
     except BaseException as exc:  # noqa: BLE001 -- report anything to the test
@@ -210,8 +213,8 @@ def test_two_broadcasts_arrive_bit_for_bit_with_versions() -> None:
                 assert stats.mode == "bucketed" and stats.collectives == len(bc.layout.buckets)
                 assert stats.latency_ms > 0 and stats.bytes == bc.layout.nbytes
             assert len(bc.latencies_ms) == 2
-            keys = {"sync/latency_ms", "sync/bytes", "sync/collectives", "sync/version"}
-            assert set(bc.last.metrics()) == keys
+            keys = {"latency_ms", "trainer_wait_ms", "bytes", "collectives", "version"}
+            assert set(bc.last.metrics()) == {f"sync/{k}" for k in keys}
     finally:
         dist.destroy_process_group()
         _stop(proc)
@@ -221,7 +224,7 @@ def test_two_broadcasts_arrive_bit_for_bit_with_versions() -> None:
 def test_per_tensor_path_equals_bucketed_path() -> None:
     cfg = SyncGroupConfig.local(timeout_s=20, join_timeout_s=60)
     q = CTX.Queue()
-    proc = _start(_receiver, cfg, 2, q, False)
+    proc = _start(_receiver, cfg, 2, q, False, 1)  # sync 0 bucketed, sync 1 per tensor
     model = Mixed(seed=0)
     model.perturb(1)
     try:
@@ -231,7 +234,8 @@ def test_per_tensor_path_equals_bucketed_path() -> None:
             bucketed = bc.broadcast(1)
             _, blob_b, pending = _get(q)
             assert not pending
-            per_tensor = bc.broadcast_per_tensor(2)
+            # The benchmark's baseline plugs in through the Transport hook.
+            per_tensor = bc.broadcast(2, transport=PER_TENSOR)
             version, blob_t, _ = _get(q)
         assert version == 2 and per_tensor.mode == "per_tensor"
         assert per_tensor.collectives == len(bc.layout.slots) > bucketed.collectives

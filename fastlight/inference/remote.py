@@ -1,0 +1,89 @@
+"""The sampler side of the inference worker: a policy proxy and the worker's weight version.
+
+A sampler served by the inference worker (:mod:`fastlight.inference.server`) holds a
+:class:`RemotePolicy` instead of a policy copy: ``act`` / ``value`` write observation rows into the
+sampler's shared-memory slot, send a tiny request over its pipe and read the answer back.
+"""
+
+from __future__ import annotations
+
+from multiprocessing.connection import Connection
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from fastlight.inference.server import Slot
+from fastlight.models.base import ActionMapping, ActOutput
+
+
+class RemotePolicy(nn.Module):
+    """The sampler-side proxy: ``act`` / ``value`` are served by the inference worker.
+
+    ``last_version`` is the version of the weights behind the latest reply; the Collector
+    stamps it on the transitions it records. ``action_mapping`` is the served policy's own
+    (:meth:`Policy.action_mapping`), so env actions are the same as with a local policy copy.
+    """
+
+    def __init__(self, slot: Slot, conn: Connection, action_mapping: ActionMapping) -> None:
+        super().__init__()
+        self.slot = slot
+        self.conn = conn
+        self.last_version = -1
+        self.progress = 0
+        self._action_mapping = action_mapping
+
+    def _request(self, kind: str, obs: Tensor | dict[str, Tensor], step: Tensor | None) -> int:
+        items = obs.items() if isinstance(obs, dict) else [("", obs)]
+        n = 0
+        for k, v in items:
+            n = v.shape[0]
+            self.slot.obs[k][:n].copy_(v)
+        self.slot.step[:n].copy_(step if step is not None else torch.zeros(n, dtype=torch.long))
+        self.progress += n
+        self.conn.send((kind, n, self.progress))
+        reply = self.conn.recv()
+        if isinstance(reply, tuple) and reply[0] == "error":
+            raise RuntimeError(f"inference worker failed:\n{reply[1]}")
+        self.last_version = int(reply)
+        return n
+
+    def act(self, obs, *, step=None, deterministic: bool = False) -> ActOutput:
+        n = self._request("act", obs, step)
+        s = self.slot
+        return ActOutput(s.actions[:n].clone(), s.logprobs[:n].clone(), s.values[:n].clone())
+
+    def value(self, obs, *, step=None) -> Tensor:
+        n = self._request("value", obs, step)
+        return self.slot.values[:n].clone()
+
+    def new_round(self) -> None:
+        self.progress = 0
+
+    def action_mapping(self) -> ActionMapping:
+        return self._action_mapping
+
+    def env_action(self, actions: Tensor) -> Tensor:
+        return self._action_mapping(actions)
+
+    def evaluate(self, obs, actions, *, step=None):
+        raise NotImplementedError(
+            "RemotePolicy only acts: log-probs with gradients are computed by the trainer's policy"
+        )
+
+
+
+
+class ServerVersion:
+    """Sampler-side view of the inference worker's weight version (replaces ``SharedWeights``
+    for remote policies: there is nothing to load, the server holds the weights)."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    @property
+    def version(self) -> int:
+        return int(self.value.value)
+
+    def load_into(self, policy: nn.Module) -> int:
+        return self.version
