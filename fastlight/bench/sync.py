@@ -12,7 +12,12 @@ trainer's first action until the worker acks that the new weights are loaded in 
   ``pickle.loads`` -> ``load_state_dict``;
 - ``checkpoint``: ``torch.save`` to a file, the worker ``torch.load`` + ``load_state_dict`` (AReaL
   style); ``checkpoint_fsync`` is the same with ``fsync`` before the worker is told (a durable
-  write, closer to a shared file system than a write that stays in the page cache).
+  write, closer to a shared file system than a write that stays in the page cache);
+- ``shared_memory`` (CPU worker only): :class:`~fastlight.weights.double_buffer.SharedDoubleBuffer`
+  -- the trainer copies once into the free shared slot and flips; the worker swaps its tensors to
+  views of that slot (no copy) and acks;
+- ``memcpy``: the reference, not a sync -- one ``Tensor.copy_`` of the same number of bytes
+  between two flat tensors in the trainer process, timed in the same repetitions.
 
 Drain: the worker serves a steady load (forward batches of ``--forward-ms``) while the trainer
 runs emulated updates and syncs after each. With drain the signal goes ``--drain-lead-ms``
@@ -45,8 +50,9 @@ from fastlight.bench.sync_report import write_outputs
 from fastlight.bench.sync_worker import WorkerSpec, make_model, model_shape, parse_size, worker_main
 from fastlight.weights.broadcast import SyncGroupConfig, WeightBroadcaster, choose_backend
 from fastlight.weights.checksum import weights_checksum
+from fastlight.weights.double_buffer import SharedDoubleBuffer
 
-METHODS = ("bucketed", "per_tensor", "pickle", "checkpoint", "checkpoint_fsync")
+METHODS = ("bucketed", "per_tensor", "pickle", "checkpoint", "checkpoint_fsync", "shared_memory", "memcpy")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -78,6 +84,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                          f"({args.update_ms})")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device visible")
+    if args.device == "cuda" and "shared_memory" in args.methods:
+        print("note: shared_memory is the CPU worker's path; skipped with --device cuda", flush=True)
+        args.methods = [m for m in args.methods if m != "shared_memory"]
     return args
 
 
@@ -97,17 +106,22 @@ def placement(device: str) -> tuple[str, str, str, str]:
 class Worker:
     """The spawned inference worker and its command pipe / pickle queue."""
 
-    def __init__(self, spec: WorkerSpec, timeout_s: float) -> None:
+    def __init__(self, spec: WorkerSpec, timeout_s: float, shared: SharedDoubleBuffer | None = None) -> None:
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
         self.queue = ctx.Queue()
         self.timeout_s = timeout_s
-        self.proc = ctx.Process(target=worker_main, args=(spec, child, self.queue), daemon=True,
+        self.proc = ctx.Process(target=worker_main, args=(spec, child, self.queue, shared), daemon=True,
                                 name="bench-sync-worker")
         self.proc.start()
 
     def send(self, msg: tuple) -> None:
         self.conn.send(msg)
+
+    def check(self) -> None:
+        if not self.proc.is_alive():
+            raise RuntimeError(f"bench sync worker (pid {self.proc.pid}) died, exit code "
+                               f"{self.proc.exitcode}")
 
     def recv(self) -> Any:
         deadline = time.monotonic() + self.timeout_s
@@ -138,11 +152,32 @@ def _perturb(model: torch.nn.Module, version: int) -> None:
             p.add_(1e-3 * ((version % 7) + 1))
 
 
-def _sync_once(method: str, bc: WeightBroadcaster, worker: Worker, version: int, ckpt: Path) -> float:
+class Extras:
+    """What the two newer methods need: the shared double buffer and the memcpy reference's tensors."""
+
+    def __init__(self, shared: SharedDoubleBuffer | None, nbytes: int, dtype: torch.dtype,
+                 device: str) -> None:
+        self.shared = shared
+        n = nbytes // torch.empty((), dtype=dtype).element_size()
+        self.src = torch.randn(n, device=device).to(dtype)
+        self.dst = torch.zeros_like(self.src)  # both touched here, not in a timed copy
+
+
+def _sync_once(method: str, bc: WeightBroadcaster, worker: Worker, version: int, ckpt: Path,
+               extras: Extras) -> float:
     """One timed sync: trainer's first action -> worker's ack that the weights are in place (ms)."""
     model = bc.module
     t0 = time.perf_counter()
-    if method in ("bucketed", "per_tensor"):
+    if method == "memcpy":  # the reference: one copy of the same bytes, no worker involved
+        extras.dst.copy_(extras.src)
+        if extras.dst.is_cuda:
+            torch.cuda.synchronize(extras.dst.device)
+        return (time.perf_counter() - t0) * 1e3
+    if method == "shared_memory":
+        assert extras.shared is not None
+        worker.send(("shared_memory", version))
+        extras.shared.publish(model, version, check=worker.check)
+    elif method in ("bucketed", "per_tensor"):
         worker.send((method, version))
         bc.broadcast(version) if method == "bucketed" else bc.broadcast(version, transport=PER_TENSOR)
     elif method == "pickle":
@@ -163,7 +198,8 @@ def _sync_once(method: str, bc: WeightBroadcaster, worker: Worker, version: int,
     return elapsed
 
 
-def bench_latency(args: argparse.Namespace, bc: WeightBroadcaster, worker: Worker, ckpt: Path) -> dict:
+def bench_latency(args: argparse.Namespace, bc: WeightBroadcaster, worker: Worker, ckpt: Path,
+                  extras: Extras) -> dict:
     times: dict[str, list[float]] = {m: [] for m in args.methods}
     verified: dict[str, bool] = {}
     version = 0
@@ -171,10 +207,12 @@ def bench_latency(args: argparse.Namespace, bc: WeightBroadcaster, worker: Worke
         for method in args.methods:
             version += 1
             _perturb(bc.module, version)
-            ms = _sync_once(method, bc, worker, version, ckpt)
+            ms = _sync_once(method, bc, worker, version, ckpt, extras)
             if rep > 0:
                 times[method].append(ms)
-            if rep == args.reps:
+            if rep == args.reps and method == "memcpy":
+                verified[method] = torch.equal(extras.dst, extras.src)
+            elif rep == args.reps:
                 worker.send(("checksum",))
                 verified[method] = worker.recv() == weights_checksum(bc.module)
         if rep > 0:
@@ -216,8 +254,9 @@ def bench_drain(args: argparse.Namespace, bc: WeightBroadcaster, worker: Worker,
 
 
 def _check_memory(size: str, n: int, dtype: str, device: str) -> None:
-    """Host copies alive at once: 2 models + 2 bucket sets + pickle payloads/state dicts ~ 7x the weights."""
-    need = 7 * n * torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    """Host copies alive at once: 2 models + 2 bucket sets + pickle payloads/state dicts ~ 7x the
+    weights, + 2 shared slots + the memcpy pair: 11x."""
+    need = 11 * n * torch.empty((), dtype=getattr(torch, dtype)).element_size()
     free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     if device == "cpu" and need > 0.8 * free:
         raise SystemExit(f"--sizes {size}: needs about {need / 2**30:.1f} GiB of host memory, "
@@ -230,8 +269,12 @@ def run_size(args: argparse.Namespace, size: str, ckpt_dir: Path, latency: bool,
     _check_memory(size, n, dtype, args.device)
     cfg = SyncGroupConfig.local(backend=backend, timeout_s=args.timeout_s, join_timeout_s=300)
     spec = WorkerSpec(n, width, dtype, worker_dev, args.seed + 1, args.bucket_mb, cfg)
-    worker = Worker(spec, timeout_s=args.timeout_s + 60)
     model = make_model(n, getattr(torch, dtype), trainer_dev, args.seed, width)
+    shared = None
+    if latency and "shared_memory" in args.methods:  # built before the worker starts: it maps the slots
+        shared = SharedDoubleBuffer(model, mp.get_context("spawn"), timeout_s=args.timeout_s,
+                                    worker_name="bench inference worker")
+    worker = Worker(spec, timeout_s=args.timeout_s + 60, shared=shared)
     numel = sum(p.numel() for p in model.parameters())
     width, layers = model_shape(n, width)
     print(f"size {size}: {numel / 1e6:.1f}M params ({layers} x Linear({width}, {width}), {dtype}) "
@@ -244,7 +287,9 @@ def run_size(args: argparse.Namespace, size: str, ckpt_dir: Path, latency: bool,
             row["bytes"], row["buckets"], row["tensors"] = bc.layout.nbytes, len(bc.layout.buckets), \
                 len(bc.layout.slots)
             if latency:
-                row["latency"] = bench_latency(args, bc, worker, ckpt_dir / f"sync_{size}.pt")
+                extras = Extras(shared, bc.layout.nbytes, getattr(torch, dtype), trainer_dev)
+                row["latency"] = bench_latency(args, bc, worker, ckpt_dir / f"sync_{size}.pt", extras)
+                del extras
             if drain:
                 row["drain"] = [bench_drain(args, bc, worker, f) for f in args.forward_ms]
                 for d in row["drain"]:

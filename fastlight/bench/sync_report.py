@@ -20,8 +20,11 @@ LABELS = {
     "pickle": "(c) pickle via mp queue",
     "checkpoint": "(d) checkpoint save/load",
     "checkpoint_fsync": "(d') checkpoint + fsync",
+    "shared_memory": "(e) shared-memory double buffer",
+    "memcpy": "(m) one memcpy (reference)",
 }
 TARGET_SPEEDUP, TARGET_DRAIN = 10.0, 2.0
+TARGET_SHM_VS_CKPT, TARGET_SHM_VS_MEMCPY = 5.0, 2.0  # (e) >= 5x faster than (d); (e) <= 2x (m)
 
 
 def _fs_type(path: str) -> str:
@@ -40,8 +43,11 @@ def _fs_type(path: str) -> str:
 def latency_table(rows: list[dict]) -> list[str]:
     methods = [m for m in LABELS if any(m in r.get("latency", {}) for r in rows)]
     head = ["size", "params", "MiB", "buckets / tensors"] + [LABELS[m] for m in methods]
-    if {"bucketed", "checkpoint"} <= set(methods):
-        head += ["(d) / (a)"]
+    ratios = [(name, a, b) for name, a, b in (("(d) / (a)", "checkpoint", "bucketed"),
+                                              ("(d) / (e)", "checkpoint", "shared_memory"),
+                                              ("(e) / (m)", "shared_memory", "memcpy"))
+              if {a, b} <= set(methods)]
+    head += [name for name, _, _ in ratios]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         lat = r.get("latency")
@@ -53,8 +59,8 @@ def latency_table(rows: list[dict]) -> list[str]:
             gbs = r["bytes"] / 2**30 / (lat[m]["median_ms"] / 1e3)
             exact = "" if lat[m]["bit_exact"] else " (MISMATCH)"
             cells.append(f"{lat[m]['median_ms']:.1f} ms ({gbs:.2f} GiB/s){exact}")
-        if "(d) / (a)" in head:
-            cells.append(f"{lat['checkpoint']['median_ms'] / lat['bucketed']['median_ms']:.1f}x")
+        for _, a, b in ratios:
+            cells.append(f"{lat[a]['median_ms'] / lat[b]['median_ms']:.1f}x")
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -87,11 +93,33 @@ def targets(rows: list[dict], device: str) -> list[str]:
             extra = "" if sf is None else f"; vs (d') with fsync {sf / lat['bucketed']['median_ms']:.1f}x"
             out.append(f"- (a) >= {TARGET_SPEEDUP:g}x faster than (d) at 100M on {device}: measured {s:.1f}x"
                        f"{extra} -> **{'met' if s >= TARGET_SPEEDUP else 'missed'}**")
+        out += shared_memory_targets(r, device)
         for d in r.get("drain", []):
             ok = d["ratio_median"] >= TARGET_DRAIN
             out.append(f"- drain cuts the trainer's wait >= {TARGET_DRAIN:g}x ({r['size']}, forward "
                        f"{d['forward_ms']:g} ms): measured {d['ratio_median']:.2f}x (median) -> "
                        f"**{'met' if ok else 'missed'}**")
+    return out
+
+
+def shared_memory_targets(r: dict, device: str) -> list[str]:
+    """(e) vs (d) and vs (m) at 100M, each from the medians of one run, and per repetition."""
+    lat = r.get("latency", {})
+    if r["size"].upper() != "100M" or "shared_memory" not in lat:
+        return []
+    out, e = [], lat["shared_memory"]
+    for ref, want, label in (("checkpoint", TARGET_SHM_VS_CKPT, "faster than (d)"),
+                             ("memcpy", TARGET_SHM_VS_MEMCPY, "of (m)")):
+        if ref not in lat:
+            continue
+        ratio = lat[ref]["median_ms"] / e["median_ms"] if ref == "checkpoint" else \
+            e["median_ms"] / lat[ref]["median_ms"]
+        ok = ratio >= want if ref == "checkpoint" else ratio <= want
+        per_rep = [(x / y if ref == "checkpoint" else y / x)
+                   for x, y in zip(lat[ref]["all_ms"], e["all_ms"], strict=True)]
+        goal = f">= {want:g}x {label}" if ref == "checkpoint" else f"within {want:g}x {label}"
+        out.append(f"- (e) {goal} at 100M on {device}: measured {ratio:.2f}x (medians; per repetition "
+                   f"{min(per_rep):.2f}x .. {max(per_rep):.2f}x) -> **{'met' if ok else 'missed'}**")
     return out
 
 
@@ -111,6 +139,12 @@ MODEL_TEXT = """\
   (d) `torch.save` to a local file, worker `torch.load(weights_only=True)` + `load_state_dict`;
   the file stays in the page cache, so (d) measures serialisation + memory copies, not a disk or a
   network file system. (d') adds `fsync` before the worker is told (a durable write).
+  (e) `SharedDoubleBuffer.publish` (`fastlight/weights/double_buffer.py`, CPU worker on the same
+  host): one `_foreach_copy_` of the parameters into the shared slot the worker does not use, a flip
+  under a lock, the worker swaps its tensors to views of that slot (`param.data = view`, no copy)
+  and acks through a shared counter; timed, like the others, until the worker's pipe ack.
+  (m) the reference for (e): one `Tensor.copy_` between two flat tensors of the same byte count in
+  the trainer process (no worker, no synchronisation), interleaved with the methods above.
 - **Drain**: the worker serves forward batches back to back; each batch is a real forward of
   `--batch` rows through the model plus a sleep for the rest of `--forward-ms` (emulated
   accelerator time). The trainer's update is emulated by a sleep of `--update-ms` + U(0, forward)
@@ -142,6 +176,12 @@ READING_TEXT = """\
   NVLink (hundreds of GB/s, GPU to GPU) with writing and re-reading a 14 GB checkpoint on shared
   storage; neither end of that is reproduced without GPUs. Python serialisation through a queue
   (c) is the slowest path at every size.
+- **(e) shared memory vs (m) memcpy and (d).** A CPU worker on the trainer's host does not need
+  a transport at all: (e) is one copy of the weights into a shared slot (the same bytes as (m),
+  but gathered from one tensor per parameter) plus a flip, a pointer swap in the worker and two
+  acks (a shared counter, then the benchmark's pipe). So (e) / (m) is close to 1 and the gap is
+  the per-tensor copy setup and the acks; (d) pays two serialisation passes and a full copy into
+  the worker's model, which (e) never does (the worker's parameters *are* the slot).
 - **Bucketed vs per-tensor.** With few large tensors, bucketing only adds two memcpys (pack on the
   trainer, unpack on the worker) that the per-tensor path avoids by broadcasting straight from and
   into the parameters, so (b) can beat (a). With many small tensors (`SIZE:128` rows) the

@@ -8,6 +8,8 @@ the trainer over a pipe, acking each once the new weights are *loaded in place*:
   into a state dict, ``load_state_dict`` (host-staged transfer with serialization);
 - ``("checkpoint", version, path)``: ``torch.load`` the file the trainer wrote,
   ``load_state_dict`` (shared-storage checkpoint reload, as in AReaL);
+- ``("shared_memory", version)``: swap to the trainer's newly written shared-memory slot
+  (:class:`~fastlight.weights.double_buffer.DoubleBufferReader`: pointers, not bytes);
 - ``("checksum",)``: reply with :func:`~fastlight.weights.checksum.weights_checksum` (copies match?);
 - ``("serve", forward_ms, batch)``: serve a steady load until ``("stop",)``: one forward batch
   after another, each ``forward_ms`` long (a real forward through the model, then a sleep for the
@@ -31,6 +33,7 @@ from fastlight.bench.per_tensor import PER_TENSOR
 from fastlight.inference.server import serve_until
 from fastlight.weights.broadcast import SyncGroupConfig, WeightReceiver
 from fastlight.weights.checksum import weights_checksum
+from fastlight.weights.double_buffer import DoubleBufferReader, SharedDoubleBuffer
 
 _SUFFIX = {"K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9}
 
@@ -104,8 +107,13 @@ def _serve(model: nn.Module, rx: WeightReceiver, conn: Connection, forward_ms: f
     return {**counts, "version": rx.version}
 
 
-def _handle(msg: tuple, model: nn.Module, rx: WeightReceiver, conn: Connection, queue: Any) -> Any:
+def _handle(msg: tuple, model: nn.Module, rx: WeightReceiver, conn: Connection, queue: Any,
+            reader: DoubleBufferReader | None) -> Any:
     kind = msg[0]
+    if kind == "shared_memory":
+        if reader is None:
+            raise ValueError("shared_memory: the trainer passed no shared double buffer")
+        return reader.receive(model)
     if kind == "bucketed":
         return rx.receive(model)
     if kind == "per_tensor":
@@ -125,19 +133,21 @@ def _handle(msg: tuple, model: nn.Module, rx: WeightReceiver, conn: Connection, 
     raise ValueError(f"unknown command {kind!r}")
 
 
-def worker_main(spec: WorkerSpec, conn: Connection, queue: Any) -> None:
+def worker_main(spec: WorkerSpec, conn: Connection, queue: Any,
+                shared: SharedDoubleBuffer | None = None) -> None:
     """Spawned entry point: replies ``("ok", value)`` per command, or ``("error", traceback)``."""
     torch.set_num_threads(1)
     try:
         model = make_model(spec.n_params, getattr(torch, spec.dtype), spec.device, spec.seed, spec.width)
         rx = WeightReceiver(model, spec.group, bucket_mb=spec.bucket_mb, name="bench inference worker")
+        reader = None if shared is None else shared.attach(model, name="bench inference worker")
         conn.send(("ok", "ready"))
         while True:
             msg = conn.recv()
             if msg[0] == "quit":
                 rx.close()
                 return
-            value = _handle(msg, model, rx, conn, queue)
+            value = _handle(msg, model, rx, conn, queue, reader)
             if spec.device.startswith("cuda"):
                 torch.cuda.synchronize()
             conn.send(("ok", value))

@@ -3,8 +3,12 @@
 Used by :class:`~fastlight.sampling.pool.SamplerPool` when ``--data.inference_server true``.
 Each sampler gets a :class:`~fastlight.inference.remote.RemotePolicy` (its shared-memory slot
 and pipe end) instead of a policy copy; the worker gets the other pipe ends and the real policy.
-Weights travel over a dedicated broadcast group (:mod:`fastlight.weights.broadcast`): the client
-is the pool's :class:`~fastlight.weights.publisher.WeightPublisher` on this path.
+The client is the pool's :class:`~fastlight.weights.publisher.WeightPublisher` on this path;
+:func:`choose_transport` picks how weights travel. A CPU worker (on the trainer's host) reads them
+from a shared-memory double buffer (:mod:`fastlight.weights.double_buffer`: the trainer copies
+once, the worker swaps pointers; ``SyncStats.mode == "shared_memory"``); a CUDA worker joins a
+dedicated broadcast group (:mod:`fastlight.weights.broadcast`, NCCL or gloo as
+:func:`~fastlight.weights.broadcast.choose_backend` decides; ``mode == "bucketed"``).
 """
 
 from __future__ import annotations
@@ -20,11 +24,19 @@ from fastlight.inference.remote import RemotePolicy, ServerVersion
 from fastlight.inference.server import Slot, inference_main, tensor_spec
 from fastlight.models.base import Policy, check_policy
 from fastlight.weights.broadcast import SyncGroupConfig, WeightBroadcaster, choose_backend
+from fastlight.weights.double_buffer import SharedDoubleBuffer
 from fastlight.weights.publisher import SyncStats
+
+WORKER_NAME = "fastlight-inference"
+
+
+def choose_transport(worker_device: torch.device | str) -> str:
+    """``"shared_memory"`` for a CPU worker (spawned on this host), ``"broadcast"`` otherwise."""
+    return "shared_memory" if torch.device(worker_device).type == "cpu" else "broadcast"
 
 
 class InferenceClient:
-    """Owns the inference worker process and the trainer end of the weight broadcast."""
+    """Owns the inference worker process and the trainer end of its weight path (``transport``)."""
 
     def __init__(
         self,
@@ -54,9 +66,15 @@ class InferenceClient:
         self.server_ends = [a for a, _ in pipes]
         self.sampler_ends = [b for _, b in pipes]
         self.version = ctx.Value("q", -1, lock=False)
-        # NCCL between two CUDA devices, gloo otherwise (CPU, or worker and trainer on one GPU).
-        backend = choose_backend(self.trainer_device, self.worker_device)
-        self.sync_config = SyncGroupConfig.local(backend=backend, timeout_s=sync_timeout_s)
+        self.transport = choose_transport(self.worker_device)
+        self.shared: SharedDoubleBuffer | None = None
+        self.sync_config: SyncGroupConfig | None = None
+        if self.transport == "shared_memory":  # built now: the worker maps it at start-up
+            self.shared = SharedDoubleBuffer(policy, ctx, timeout_s=sync_timeout_s,
+                                             worker_name=f"inference worker ({WORKER_NAME})")
+        else:  # NCCL between two CUDA devices, gloo otherwise (worker and trainer on one GPU).
+            backend = choose_backend(self.trainer_device, self.worker_device)
+            self.sync_config = SyncGroupConfig.local(backend=backend, timeout_s=sync_timeout_s)
         self.max_batch, self.max_wait_ms, self.bucket_mb = max_batch, max_wait_ms, bucket_mb
         self.proc: Any = None
         self.broadcaster: WeightBroadcaster | None = None
@@ -68,7 +86,7 @@ class InferenceClient:
                 self.policy,
                 self.slots,
                 self.server_ends,
-                self.sync_config,
+                self.shared if self.shared is not None else self.sync_config,
                 self.version,
                 stop,
                 self.max_batch,
@@ -77,7 +95,7 @@ class InferenceClient:
                 parent_pid,
                 str(self.worker_device),
             ),
-            name="fastlight-inference",
+            name=WORKER_NAME,
             daemon=True,
         )
         self.proc.start()
@@ -101,14 +119,20 @@ class InferenceClient:
 
     def request_drain(self) -> None:
         """AcceRL §inference drain: announce the sync before the update finishes."""
-        if self.broadcaster is not None:  # before the first publish there is nothing to drain
+        if self.shared is not None:
+            self.shared.request_drain()
+        elif self.broadcaster is not None:  # before the first publish there is nothing to drain
             self.broadcaster.signal_drain()
 
     def publish(self, policy: nn.Module, version: int) -> SyncStats:
-        """Broadcast ``policy``'s weights as ``version``; blocks until the worker has them."""
+        """Make ``policy``'s weights the worker's ``version``; blocks until the worker has them."""
         self.check_alive()
         t0 = time.perf_counter()
+        if self.shared is not None:
+            stats = self.shared.publish(policy, version, check=self.check_alive)
+            return dataclasses.replace(stats, trainer_wait_ms=1000.0 * (time.perf_counter() - t0))
         if self.broadcaster is None:
+            assert self.sync_config is not None
             self.broadcaster = WeightBroadcaster(policy, self.sync_config, bucket_mb=self.bucket_mb)
         self.broadcaster.signal_drain()  # no-op if the WeightSync callback already drained
         stats = self.broadcaster.broadcast(version, policy)

@@ -17,8 +17,12 @@ stopping early at ``max_batch`` rows. Stragglers are served first: requests are 
 sampler's progress (env steps taken in its current round), smallest first.
 
 **Drain** (AcceRL §inference drain). When the trainer raises ``drain``, the worker finishes the
-forward pass in flight, schedules no new one, sets ``ready`` and joins the weight broadcast;
-after it, the new weights are live and serving resumes.
+forward pass in flight, schedules no new one and takes the new weights; after that they are live
+and serving resumes. How they arrive depends on the worker's device: a CPU worker on the
+trainer's host swaps its parameters to the trainer's newly written shared-memory buffer
+(:mod:`fastlight.weights.double_buffer`, a pointer swap); a CUDA worker joins the weight
+broadcast (:mod:`fastlight.weights.broadcast`). Either way the swap happens only between two
+forward passes, so no forward ever runs on a half-written model.
 """
 
 from __future__ import annotations
@@ -28,12 +32,13 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
 
-from fastlight.weights.broadcast import WeightReceiver
+from fastlight.weights.broadcast import SyncGroupConfig, WeightReceiver
+from fastlight.weights.double_buffer import SharedDoubleBuffer
 
 ObsSpec = dict[str, tuple[tuple[int, ...], torch.dtype]]
 
@@ -158,8 +163,25 @@ class InferenceServer:
                 pass
 
 
+class SyncReceiver(Protocol):
+    """The worker's end of a weight path: :class:`~fastlight.weights.broadcast.WeightReceiver`
+    (broadcast) or :class:`~fastlight.weights.double_buffer.DoubleBufferReader` (shared memory)."""
+
+    def sync_pending(self) -> bool: ...
+
+    def receive(self, module: nn.Module) -> int: ...
+
+
+def make_receiver(policy: nn.Module, sync: SyncGroupConfig | SharedDoubleBuffer, *, bucket_mb: float,
+                  stopped: Callable[[], bool], name: str = "inference worker") -> Any:
+    """The worker end matching the trainer's choice: a shared double buffer or a broadcast group."""
+    if isinstance(sync, SharedDoubleBuffer):
+        return sync.attach(policy, name=name, stopped=stopped)
+    return WeightReceiver(policy, sync, bucket_mb=bucket_mb, name=name)
+
+
 def serve_until(
-    receiver: WeightReceiver,
+    receiver: SyncReceiver,
     policy: nn.Module,
     *,
     stopped: Callable[[], bool],
@@ -167,8 +189,9 @@ def serve_until(
     on_sync: Callable[[int], None],
 ) -> None:
     """The inference worker's loop (AcceRL §inference drain): between two forward passes, if the
-    trainer announced a sync, start no new forward and join the broadcast (``on_sync(version)``
-    once the new weights are in place); otherwise ``serve_once()``. Until ``stopped()``.
+    trainer announced a sync, start no new forward and take the new weights (``on_sync(version)``
+    once they are in place: broadcast received, or shared-memory slot swapped in); otherwise
+    ``serve_once()``. Until ``stopped()``.
 
     Shared by the worker below and the benchmark's emulated worker (``fastlight.bench.sync_worker``).
     """
@@ -183,7 +206,7 @@ def inference_main(
     policy: nn.Module,
     slots: list[Slot],
     conns: list[Connection],
-    sync_config: Any,
+    sync_config: SyncGroupConfig | SharedDoubleBuffer,
     version: Any,
     stop: Any,
     max_batch: int,
@@ -195,7 +218,8 @@ def inference_main(
     """Entry point of the inference worker process (spawned).
 
     Serves batches until ``stop``; between two forward passes it checks the trainer's drain
-    signal and, when set, joins the weight broadcast (nothing is in flight at that point).
+    signal and, when set, takes the new weights (nothing is in flight at that point):
+    ``sync_config`` is the broadcast group's config, or the shared double buffer (CPU worker).
     """
     from fastlight.sampling.child import start_child
 
@@ -204,7 +228,7 @@ def inference_main(
         policy, slots, conns, max_batch=max_batch, max_wait_ms=max_wait_ms, device=torch.device(device)
     )
     try:
-        receiver = WeightReceiver(server.policy, sync_config, bucket_mb=bucket_mb)
+        receiver = make_receiver(server.policy, sync_config, bucket_mb=bucket_mb, stopped=stop.is_set)
 
         def serve_once() -> None:
             if not server.pending:

@@ -7,8 +7,11 @@
 
 Implementations: :class:`~fastlight.weights.shared_memory.SharedWeights` (samplers hold policy
 copies; one shared-memory buffer) and :class:`~fastlight.inference.client.InferenceClient`
-(one inference worker holds the policy; a two-rank broadcast group,
-:mod:`fastlight.weights.broadcast`). A :class:`~fastlight.sampling.pool.SamplerPool` holds exactly
+(one inference worker holds the policy). The client publishes through
+:class:`~fastlight.weights.double_buffer.SharedDoubleBuffer` for a CPU worker on this host (two
+shared slots; one copy in, a pointer swap in the worker; ``mode == "shared_memory"``) and through
+a two-rank broadcast group, :mod:`fastlight.weights.broadcast`, for a CUDA worker
+(``mode == "bucketed"``). A :class:`~fastlight.sampling.pool.SamplerPool` holds exactly
 one publisher, and ``RolloutDataModule.publish`` is the one place that calls it.
 """
 

@@ -10,6 +10,7 @@ import pytest
 
 from fastlight.callbacks.weight_sync import WeightSync
 from fastlight.data.datamodule import RolloutDataModule
+from fastlight.inference import client as client_module
 from fastlight.modules.rl_module import RLModule
 from fastlight.sampling.pool import SamplerError
 from fastlight.weights.checksum import weights_checksum
@@ -39,9 +40,10 @@ class Audited(RLModule):
         self.pids = [p.pid for p in self.trainer.datamodule.pool.procs]
         self.pids.append(self.trainer.datamodule.pool.client.proc.pid)
         client = self.trainer.datamodule.pool.client
-        self.sync_setup = (client.sync_config.backend, str(client.trainer_device), str(client.worker_device))
+        self.sync_setup = (client.transport, str(client.trainer_device), str(client.worker_device))
 
     def training_step(self, batch, batch_idx):
+        self.sync_modes = getattr(self, "sync_modes", set()) | {self.trainer.datamodule.last_sync.mode}
         self.published[self.policy_version] = weights_checksum(self.policy)
         self.seen.append((self.policy_version, batch.policy_version[batch.valid].unique().tolist()))
         out = super().training_step(batch, batch_idx)
@@ -49,8 +51,13 @@ class Audited(RLModule):
         return out
 
 
+@pytest.mark.parametrize("transport", ["shared_memory", "broadcast"])
 @pytest.mark.parametrize("drain", [True, False])
-def test_every_forward_uses_a_whole_published_model(drain, tmp_path):
+def test_every_forward_uses_a_whole_published_model(drain, transport, tmp_path, monkeypatch):
+    """A CPU worker takes shared memory by default; ``broadcast`` forces the gloo group (as for a
+    CUDA worker) through the same run, so both weight paths keep this guarantee."""
+    if transport == "broadcast":
+        monkeypatch.setattr(client_module, "choose_transport", lambda device: "broadcast")
     audit = tmp_path / "forwards.txt"
     dm = RolloutDataModule(
         env_id=FIXED,
@@ -65,7 +72,8 @@ def test_every_forward_uses_a_whole_published_model(drain, tmp_path):
     sync = WeightSync(drain=drain)
     quiet_trainer(max_steps=4 * 6, callbacks=[sync]).fit(model, datamodule=dm)
     assert sync.drains == (6 if drain else 0)
-    assert model.sync_setup == ("gloo", "cpu", "cpu")  # the backend follows the devices (CPU: gloo)
+    assert model.sync_setup == (transport, "cpu", "cpu")  # CPU worker: shared memory unless forced
+    assert model.sync_modes == {"shared_memory" if transport == "shared_memory" else "bucketed"}
     forwards = [float(line) for line in audit.read_text().splitlines()]
     assert len(forwards) > 20
     served = set()

@@ -1,0 +1,200 @@
+"""Same-host trainer -> CPU inference worker weights through two shared-memory buffers.
+
+For a worker whose weights live on this host's CPU, a broadcast group is two extra copies through
+loopback sockets. Here the weights live in shared memory instead: two *sets* of flat per-dtype
+buffers (slot 0 and slot 1; the fixed order and layout of :mod:`fastlight.weights.buckets`, one
+bucket per dtype), mapped by both processes.
+
+- **Trainer** (:meth:`SharedDoubleBuffer.publish`): copies the policy once into the slot the
+  worker does *not* use, then flips ``active`` to it, and (by default) waits for the worker's ack.
+- **Worker** (:class:`DoubleBufferReader`, from :meth:`SharedDoubleBuffer.attach`): between two
+  forward passes (``serve_until``'s sync step) it claims the active slot and points every
+  parameter and floating buffer at its view of that slot (``tensor.data = view``): a pointer swap,
+  no copy. It then acks the version. After the first swap the worker's weights *are* the slot.
+- **No torn model**: the trainer never writes the slot the worker has claimed. The claim and the
+  trainer's check happen under one lock; if the worker still holds the target slot the trainer
+  waits (up to ``timeout_s``) and then raises :class:`~fastlight.weights.broadcast.WeightSyncError`
+  naming the worker. The flip is published (under the lock, a memory barrier) only after the copy.
+- **Drain** (AcceRL §inference drain): :meth:`SharedDoubleBuffer.request_drain` announces the next
+  publish; the worker's :meth:`DoubleBufferReader.sync_pending` turns true, it finishes the forward
+  in flight, schedules no new one and swaps as soon as the flip lands. Without a drain it swaps at
+  the first gap between forwards after the flip. The trainer's copy never waits for the worker.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from fastlight.weights.broadcast import WeightSyncError, _tensors
+from fastlight.weights.buckets import BucketLayout, alloc_buckets, bucket_views, plan_buckets
+from fastlight.weights.publisher import SyncStats
+
+_ONE_BUCKET_PER_DTYPE_MB = 2.0**40  # MiB: larger than any model, so each dtype gets one flat buffer
+# Shared state: [0] active slot (-1: nothing published), [1] version in slot 0, [2] version in slot 1,
+# [3] publishes announced (drain), [4] publishes flipped, [5] slot the worker claimed (-1: its own
+# memory), [6] version the worker acked.
+_ACTIVE, _V0, _ANNOUNCED, _FLIPPED, _CLAIMED, _ACKED = 0, 1, 3, 4, 5, 6
+
+
+def _backoff_wait(ready: Callable[[], bool], timeout_s: float, check: Callable[[], None] | None) -> bool:
+    """Poll ``ready`` with a 20 us .. 1 ms backoff; ``check`` (may raise) runs every ~50 ms."""
+    deadline = time.monotonic() + timeout_s
+    pause, next_check = 2e-5, time.monotonic() + 0.05
+    while not ready():
+        now = time.monotonic()
+        if now > deadline:
+            return False
+        if check is not None and now > next_check:
+            check()
+            next_check = now + 0.05
+        time.sleep(pause)
+        pause = min(2 * pause, 1e-3)
+    return True
+
+
+class SharedDoubleBuffer:
+    """Trainer end (:class:`~fastlight.weights.publisher.WeightPublisher`) of the double buffer, and
+    the shared state both ends use. Build it from the policy *before* the worker starts and pass it
+    to the worker as a ``Process`` argument (buffers travel as shared-memory handles).
+
+    ``timeout_s`` bounds every trainer wait for the worker; ``worker_name`` names it in errors.
+    """
+
+    def __init__(self, module: nn.Module, ctx: mp.context.BaseContext, *, timeout_s: float = 60.0,
+                 include_buffers: bool = True, worker_name: str = "inference worker") -> None:
+        if timeout_s <= 0:
+            raise ValueError(f"SharedDoubleBuffer.timeout_s must be > 0, got {timeout_s}")
+        self.layout = plan_buckets(module, _ONE_BUCKET_PER_DTYPE_MB, include_buffers=include_buffers)
+        self.include_buffers, self.timeout_s, self.worker_name = include_buffers, timeout_s, worker_name
+        # share_memory_ copies the zeros into shared memory: every page is touched here, not in a publish.
+        self.slots = [[b.share_memory_() for b in alloc_buckets(self.layout, "cpu")] for _ in range(2)]
+        self.state = ctx.Array("q", [-1, -1, -1, 0, 0, -1, -1], lock=False)
+        self.lock = ctx.Lock()
+        self._views: list[list[torch.Tensor]] | None = None  # trainer-side, built lazily
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_views": None}
+
+    @property
+    def nbytes(self) -> int:
+        return self.layout.nbytes
+
+    @property
+    def acked_version(self) -> int:
+        """The version the worker swapped to last (-1 before its first swap)."""
+        return int(self.state[_ACKED])
+
+    @property
+    def claimed_slot(self) -> int:
+        return int(self.state[_CLAIMED])
+
+    def request_drain(self) -> None:
+        """Announce the next publish: the worker stops scheduling forwards and waits for the flip."""
+        with self.lock:
+            if self.state[_ANNOUNCED] <= self.state[_FLIPPED]:
+                self.state[_ANNOUNCED] = self.state[_FLIPPED] + 1
+
+    def publish(self, module: nn.Module, version: int, *, wait: bool = True,
+                check: Callable[[], None] | None = None) -> SyncStats:
+        """Copy ``module``'s weights into the free slot, flip to it as ``version``; with ``wait``,
+        return once the worker acked it. ``check`` (e.g. "is the worker alive?") may raise while
+        waiting. Raises :class:`WeightSyncError` naming the worker after ``timeout_s``."""
+        t0 = time.perf_counter()
+        tensors = _tensors(module, self.layout)
+        self.request_drain()
+        with self.lock:
+            active = int(self.state[_ACTIVE])
+        target = 0 if active < 0 else 1 - active
+        self._wait(lambda: self._free(target), check,
+                   f"to leave slot {target} (it still serves from it) before version {version} is written")
+        if self._views is None:
+            self._views = [bucket_views(self.layout, slot) for slot in self.slots]
+        with torch.no_grad():  # the one copy (device -> host first if the trainer's policy is on a GPU)
+            if all(t.device.type == "cpu" for t in tensors):
+                torch._foreach_copy_(self._views[target], [t.detach() for t in tensors])
+            else:
+                for view, t in zip(self._views[target], tensors, strict=True):
+                    view.copy_(t.detach())
+        with self.lock:  # the flip: after the copy, under the lock (a memory barrier for the worker)
+            self.state[_V0 + target] = version
+            self.state[_ACTIVE] = target
+            self.state[_FLIPPED] += 1
+        if wait:
+            self._wait(lambda: self.acked_version == version, check, f"to ack version {version}")
+        latency_ms = 1000.0 * (time.perf_counter() - t0)
+        return SyncStats(version, "shared_memory", latency_ms, self.nbytes, 0, latency_ms)
+
+    def _free(self, slot: int) -> bool:
+        with self.lock:
+            return int(self.state[_CLAIMED]) != slot
+
+    def _wait(self, ready: Callable[[], bool], check: Callable[[], None] | None, what: str) -> None:
+        if not _backoff_wait(ready, self.timeout_s, check):
+            raise WeightSyncError(
+                f"shared-memory weight sync: the {self.worker_name} did not answer within the "
+                f"{self.timeout_s:g} s timeout: waited for it {what}; it acked version "
+                f"{self.acked_version} and holds slot {self.claimed_slot}")
+
+    def attach(self, module: nn.Module, *, name: str = "inference worker",
+               stopped: Callable[[], bool] | None = None) -> DoubleBufferReader:
+        """The worker end, for ``module`` (call in the worker process)."""
+        return DoubleBufferReader(self, module, name=name, stopped=stopped)
+
+
+class DoubleBufferReader:
+    """Worker end: ``sync_pending`` / ``receive`` as :func:`~fastlight.inference.server.serve_until`
+    expects, plus ``version``. ``receive`` swaps ``module``'s tensors to views of the active slot.
+
+    While drained it waits for the flip for as long as the trainer lives (the worker dies with its
+    trainer) or until ``stopped()``; then ``receive`` returns the version it already has.
+    """
+
+    def __init__(self, shared: SharedDoubleBuffer, module: nn.Module, *, name: str,
+                 stopped: Callable[[], bool] | None) -> None:
+        mine = plan_buckets(module, _ONE_BUCKET_PER_DTYPE_MB, include_buffers=shared.include_buffers)
+        if mine.signature != shared.layout.signature:
+            raise WeightSyncError(f"shared-memory weight sync: {name}'s model layout does not match the "
+                                  f"trainer's ({mine.nbytes} vs {shared.layout.nbytes} bytes)")
+        for t in live_tensors(module, mine):
+            if t.device.type != "cpu":
+                raise WeightSyncError(f"shared-memory weight sync needs CPU weights; {name} has {t.device}")
+        self.shared, self.module, self.name, self.stopped = shared, module, name, stopped
+        self.views = [bucket_views(shared.layout, slot) for slot in shared.slots]
+        self.version = -1
+        self.received = 0  # publishes flipped when this worker last swapped
+
+    def sync_pending(self) -> bool:
+        """True once the trainer announced (drain) or flipped a publish this worker has not taken."""
+        return int(self.shared.state[_ANNOUNCED]) > self.received or \
+            int(self.shared.state[_FLIPPED]) > self.received
+
+    def receive(self, module: nn.Module | None = None) -> int:
+        """Wait for the flip, claim the active slot and point the module's tensors at it (no copy)."""
+        state = self.shared.state
+        stopped = self.stopped or (lambda: False)
+        _backoff_wait(lambda: int(state[_FLIPPED]) > self.received or stopped(), float("inf"), None)
+        if int(state[_FLIPPED]) <= self.received:  # stopped while drained: nothing to take
+            return self.version
+        with self.shared.lock:  # the claim: the trainer will not write this slot until we leave it
+            slot = int(state[_ACTIVE])
+            version, self.received = int(state[_V0 + slot]), int(state[_FLIPPED])
+            state[_CLAIMED] = slot
+        target = module if module is not None else self.module
+        for t, view in zip(live_tensors(target, self.shared.layout), self.views[slot], strict=True):
+            t.data = view  # a pointer swap: the parameter object stays, its storage is the slot
+        self.version = version
+        state[_ACKED] = version
+        return version
+
+
+def live_tensors(module: nn.Module, layout: BucketLayout) -> list[torch.Tensor]:
+    """The module's parameter and buffer objects themselves (not detached aliases), in layout order."""
+    _tensors(module, layout)  # raises WeightSyncError if a tensor changed shape or dtype
+    found = dict(module.named_parameters())
+    found.update(module.named_buffers())
+    return [found[s.name] for s in layout.slots]
