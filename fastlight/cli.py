@@ -5,7 +5,9 @@
     fastlight fit --config configs/highway_dpsa.yaml --print_config
 
 Constructor signatures are the schema. The env's observation and action sizes are linked from
-the DataModule to the model after the DataModule is built, so a config never repeats them.
+the DataModule to the model after the DataModule is built, so a config never repeats them (the
+default policy is built from them; a policy injected with ``--model.policy`` class_path/init_args
+carries its own sizes, checked against the env before any sampler starts).
 """
 
 from __future__ import annotations

@@ -70,6 +70,14 @@ def test_config_runs_one_step(config, tmp_path):
     assert type(cli.datamodule) is resolve(spec["data"]["class_path"])
     # ... every model and data setting it writes (but the ones shrunk for the test), ...
     for key, value in spec["model"]["init_args"].items():
+        if key == "policy":  # injected: that class was built, with the config's init_args
+            assert type(cli.model.policy) is resolve(value["class_path"])
+            assert cli.model.hparams.policy["class_path"] == value["class_path"]
+            for name, arg in value.get("init_args", {}).items():
+                assert cli.model.hparams.policy["init_args"][name] == arg, (key, name)
+                if hasattr(cli.model.policy, name):  # the object itself, where it keeps the setting
+                    assert getattr(cli.model.policy, name) == arg, (key, name)
+            continue
         assert cli.model.hparams[key] == value, key
     data = {k: v for k, v in spec["data"]["init_args"].items() if k not in overridden("data")}
     assert data, "the config sets nothing but what the test overrides"
@@ -109,8 +117,10 @@ def test_callback_fragment_attaches(fragment, tmp_path):
         c["class_path"].rsplit(".", 1)[1] for c in yaml.safe_load(open(fragment))["trainer"]["callbacks+"]
     ]
     # A base config that attaches no callbacks of its own (highway_dpsa.yaml already has a
-    # ThroughputMonitor, and Lightning refuses two callbacks with the same state key).
+    # ThroughputMonitor, and Lightning refuses two callbacks with the same state key), on a
+    # multi-task env (DWR refuses an env without task weights).
     config = os.path.join(ROOT, "examples", "merge.yaml")
+    multi_task = ["--data.env_id", "tests.fake_envs:TwoTask-v0", "--data.reset_mode", "autoreset"]
     cli = cli_main(
         [
             "fit",
@@ -119,6 +129,7 @@ def test_callback_fragment_attaches(fragment, tmp_path):
             "--config",
             fragment,
             *tiny_overrides(),
+            *multi_task,
             "--trainer.default_root_dir",
             str(tmp_path),
         ]

@@ -5,9 +5,14 @@ Manual optimisation: each Rollout is one Lightning training step, inside which t
 loss term is a masked sum over valid transitions divided by their count (FAST §SMPO), and under
 DDP the count is all-reduced so the global mean is exact.
 
+The policy is either injected (``policy=``; from the CLI, ``--model.policy`` with ``class_path`` /
+``init_args``) or built by :meth:`build_policy` in Lightning's ``configure_model`` hook, i.e. after
+``__init__``: a subclass sets its own attributes after ``super().__init__(**kwargs)`` and its
+``build_policy`` reads them. Until then ``module.policy`` raises an ``AttributeError`` saying so.
+
 Subclass hooks, in the order a step uses them:
 
-- :meth:`build_policy` - the actor-critic (default :class:`MLPActorCritic`);
+- :meth:`build_policy` - the actor-critic when none is injected (default :class:`MLPActorCritic`);
 - :meth:`compute_advantages` - masked GAE (+ value recomputation, normalisation);
 - :meth:`evaluate_actions` - log-probs, entropy, values of a minibatch;
 - :meth:`compute_loss` - objective + value + entropy terms, returns ``(loss, info)``;
@@ -16,6 +21,8 @@ Subclass hooks, in the order a step uses them:
 
 from __future__ import annotations
 
+import copy
+import inspect
 from typing import Any
 
 import lightning as L
@@ -39,7 +46,10 @@ class RLModule(L.LightningModule):
 
     Args:
         obs_dim, action_dim, continuous: the env's sizes (linked from the DataModule by the CLI).
-        hidden_sizes: MLP widths of the default policy.
+        policy: the actor-critic, any ``nn.Module`` implementing :class:`fastlight.models.base.Policy`
+            (CLI: ``--model.policy.class_path`` / ``init_args``). ``None``: :meth:`build_policy` builds
+            one in ``configure_model`` (default: :class:`MLPActorCritic` from the env's sizes).
+        hidden_sizes: MLP widths of the default policy (refused together with ``policy``).
         lr: Adam learning rate.
         gamma, gae_lambda: discount and GAE lambda.
         update_epochs, num_minibatches: K epochs x M minibatches per rollout.
@@ -61,6 +71,7 @@ class RLModule(L.LightningModule):
         obs_dim: int = 0,
         action_dim: int = 0,
         continuous: bool = False,
+        policy: nn.Module | None = None,
         hidden_sizes: tuple[int, ...] = (64, 64),
         lr: float = 3e-4,
         gamma: float = 0.99,
@@ -83,34 +94,96 @@ class RLModule(L.LightningModule):
     ) -> None:
         super().__init__()
         _validate(locals())
-        self.save_hyperparameters()
+        if policy is None and type(self).build_policy is RLModule.build_policy:
+            _check_mlp_sizes(obs_dim, action_dim)  # refuse now rather than when fit starts
+        self._save_hparams_without_policy_object(policy)
         self.automatic_optimization = False
-        self.policy = self.build_policy()
+        if policy is not None:
+            self.policy = policy
         # Number of updates so far; tags the weights the samplers act with. A buffer, so it is
         # saved in checkpoints and a resumed run keeps counting.
         self.register_buffer("_policy_version", torch.zeros((), dtype=torch.long))
 
+    policy: nn.Module  # set by __init__ (injected) or configure_model (build_policy)
+
+    def _save_hparams_without_policy_object(self, policy: nn.Module | None) -> None:
+        """``save_hyperparameters`` of the whole ``__init__`` chain, minus a policy *object*.
+
+        Built by LightningCLI (hparams carry its ``_instantiator``), the hparams hold ``policy`` as
+        the CLI config's ``class_path`` / ``init_args``, which ``load_from_checkpoint`` rebuilds. A
+        policy passed as a Python object is neither copied nor pickled into every checkpoint: only
+        its class path is kept, and loading asks for the object again.
+        """
+        frame = inspect.currentframe().f_back  # RLModule.__init__
+        self.save_hyperparameters(ignore=["policy"], frame=frame)
+        if "_instantiator" in self.hparams:
+            self.save_hyperparameters(frame=frame)  # the CLI's config: policy is plain data there
+        else:
+            self._record_policy_hparams({"policy": None if policy is None else _class_path(policy)})
+
+    def _record_policy_hparams(self, values: dict[str, Any]) -> None:
+        self._hparams.update(values)
+        self._hparams_initial.update(copy.deepcopy(values))  # what loggers record
+
+    @override
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Rebuilt from a CLI checkpoint, keep its policy config (not just the class path), so that
+        a checkpoint saved from this module rebuilds the policy too."""
+        saved = checkpoint.get(self.CHECKPOINT_HYPER_PARAMS_KEY) or {}
+        config = saved.get("policy")
+        if isinstance(config, dict) and self.hparams.get("policy") == config.get("class_path"):
+            values = {"policy": config}
+            if saved.get("_class_path") == _class_path(self) and "_instantiator" in saved:
+                values.update(_class_path=saved["_class_path"], _instantiator=saved["_instantiator"])
+            self._record_policy_hparams(values)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "policy" and "policy" not in self.__dict__.get("_modules", {}):
+            raise AttributeError(
+                f"{type(self).__name__}.policy does not exist yet: it is built by configure_model(), "
+                "which the Trainer calls at the start of fit/validate/predict (and load_from_checkpoint "
+                "calls too); outside a Trainer call module.configure_model() first, or pass policy=..."
+            )
+        return super().__getattr__(name)
+
+    @override
+    def configure_model(self) -> None:
+        """Build the policy with :meth:`build_policy` unless it exists (injected, or built before).
+
+        Lightning calls this inside the strategy's init context (device, sharding, precision), after
+        ``setup`` and before a checkpoint is restored. Idempotent: it may run more than once.
+        """
+        if "policy" not in self._modules:
+            self.policy = self.build_policy()
+
     # ------------------------------------------------------------------ hooks for subclasses
     def build_policy(self) -> nn.Module:
-        """The actor-critic. Override for a new observation / action type."""
+        """The actor-critic when none is injected; runs once, in ``configure_model``.
+
+        Reads ``self.hparams`` and any attribute a subclass set in its ``__init__`` (they all exist
+        by now). Override for a new observation / action type.
+        """
         h = self.hparams
-        if h.obs_dim < 1 or h.action_dim < 1:
-            raise ValueError(
-                f"--model.obs_dim and --model.action_dim must be >= 1 (linked from the data module by "
-                f"`fastlight fit`), got {h.obs_dim} and {h.action_dim}"
-            )
+        _check_mlp_sizes(h.obs_dim, h.action_dim)
         return MLPActorCritic(
             h.obs_dim, h.action_dim, continuous=h.continuous, hidden_sizes=tuple(h.hidden_sizes)
         )
 
+    def policy_flag(self, name: str) -> str:
+        """The CLI flag that sets the policy's ``name``: ``--model.policy.init_args.<name>`` for an
+        injected policy, else ``--model.<name>`` (the default policy is built from those)."""
+        injected = self.hparams.get("policy") is not None
+        return f"--model.policy.init_args.{name}" if injected else f"--model.{name}"
+
     def check_env_spec(self, spec: Any) -> None:
-        """Refuse a policy whose sizes do not match the env (called by the DataModule's setup)."""
+        """Refuse a policy whose sizes do not match the env (called by the DataModule before it
+        starts the samplers, after ``configure_model``)."""
         mine = {k: getattr(self.policy, k, None) for k in ("obs_dim", "action_dim", "continuous")}
         theirs = {"obs_dim": spec.obs_dim, "action_dim": spec.action_dim, "continuous": spec.continuous}
         for key, value in mine.items():
             if value is not None and value != theirs[key]:
                 raise ValueError(
-                    f"--model.{key}={value} does not match the env's {key}={theirs[key]} "
+                    f"{self.policy_flag(key)}={value} does not match the env's {key}={theirs[key]} "
                     f"(observation/action space of --data.env_id)"
                 )
 
@@ -247,8 +320,36 @@ class RLModule(L.LightningModule):
         self.log_dict(shown, on_step=True, on_epoch=False, batch_size=n, prog_bar=True)
 
 
+def _class_path(obj: Any) -> str:
+    return f"{type(obj).__module__}.{type(obj).__qualname__}"
+
+
+def _check_mlp_sizes(obs_dim: int, action_dim: int) -> None:
+    if obs_dim < 1 or action_dim < 1:
+        raise ValueError(
+            f"--model.obs_dim and --model.action_dim must be >= 1 (linked from the data module by "
+            f"`fastlight fit`), got {obs_dim} and {action_dim}"
+        )
+
+
 def _validate(args: dict[str, Any]) -> None:
     """Refuse bad settings up front, naming the CLI flag and the allowed values."""
+    policy = args["policy"]
+    if isinstance(policy, str):  # hparams of a checkpoint whose policy was passed as an object
+        name = policy.rsplit(".", 1)[-1]
+        raise ValueError(
+            f"this module's policy ({policy}) was passed as a Python object, so a checkpoint cannot "
+            f"rebuild it: pass it again, e.g. load_from_checkpoint(path, policy={name}(...))"
+        )
+    if policy is not None and not isinstance(policy, nn.Module):
+        raise TypeError(
+            f"--model.policy must be an nn.Module (class_path + init_args), got {type(policy).__name__}"
+        )
+    if policy is not None and tuple(args["hidden_sizes"]) != (64, 64):
+        raise ValueError(
+            "--model.hidden_sizes sizes the default MLP policy and has no effect with --model.policy: "
+            "set the injected policy's own sizes in --model.policy.init_args"
+        )
     if args["objective"] not in OBJECTIVES:
         raise ValueError(
             f"--model.objective must be one of {' | '.join(OBJECTIVES)}, got {args['objective']!r}"

@@ -14,6 +14,11 @@ what changes is the policy and its batch shapes:
 - ``recompute_values`` re-runs the latest critic (with the episode ``step``) before GAE (AcceRL
   §value recomputation).
 
+The policy is injected like any RLModule policy, ``--model.policy`` with ``class_path:
+fastlight.models.vla.VLAPolicy`` and its ``init_args`` (backbone, sizes, decoding, ...); anything
+but a ``VLAPolicy`` is refused. Without one, ``configure_model`` builds a ``VLAPolicy`` with its
+defaults and ``K = --model.action_dim``.
+
 Env sizes linked by ``fastlight fit`` (``obs_dim``, ``action_dim``, ``continuous``): the env's
 continuous action size *is* the number of action tokens ``K`` (one token per dimension,
 ``VLAPolicy.env_action`` maps bins back to ``[-1, 1]``), and ``obs_dim`` is 0 for the dict
@@ -28,7 +33,7 @@ from typing import Any
 import gymnasium as gym
 from torch import nn
 
-from fastlight.models.vla import DECODING_MODES, VLAPolicy
+from fastlight.models.vla import VLAPolicy
 from fastlight.modules.rl_module import RLModule
 
 
@@ -36,77 +41,41 @@ class VLAModule(RLModule):
     """PPO / GIPO / SAPO fine-tuning of a VLA token policy over a transformers causal LM.
 
     Args:
-        backbone: local folder of a saved causal LM (``from_pretrained``); ``None`` builds a random
-            Llama from ``vocab_size`` .. ``intermediate_size``.
-        action_dim: ``K`` action tokens, one per continuous action dimension (linked from the env).
-        n_bins: bins per action dimension (= action vocabulary, the last ``n_bins`` token ids).
-        image_size, patch_size: square image side and patch side (the env's ``image_size``).
-        proprio_dim: size of ``obs["proprio"]`` (0: the env sends none).
-        max_text_len: longest instruction the policy accepts.
-        max_episode_steps: size of the value head's step embedding.
-        decoding: ``parallel`` (one forward for the K tokens) or ``autoregressive``.
-        prune_head: prune the ``lm_head`` to the action rows (AcceRL §lm_head pruning).
-        vocab_size, hidden_size, num_hidden_layers, num_attention_heads, intermediate_size: the
-            random Llama built when ``backbone`` is null.
-        value_mlp_hidden: hidden width of the value head's MLP.
+        policy: a :class:`~fastlight.models.vla.VLAPolicy` (CLI: ``--model.policy.class_path
+            fastlight.models.vla.VLAPolicy`` + ``--model.policy.init_args.*``); ``None`` builds one
+            with the VLAPolicy defaults and ``action_dim`` tokens in ``configure_model``.
         value_lr: learning rate of the value head's param group (``None``: ``lr``).
         objective: ``ppo | gipo | sapo`` (default ``gipo``, AcceRL).
-        obs_dim, continuous: the env's flat observation size (0 for dict observations) and
-            action kind (must be continuous), linked from the data module.
+        obs_dim, action_dim, continuous: the env's sizes, linked from the data module: 0 for dict
+            observations, ``K`` action dimensions (= action tokens), continuous actions (required).
         **kwargs: every other :class:`~fastlight.modules.rl_module.RLModule` setting (``lr``,
             ``ratio_granularity``, ``update_epochs``, ``recompute_values``, ...).
     """
 
     def __init__(
         self,
-        backbone: str | None = None,
-        action_dim: int = 4,
-        n_bins: int = 256,
-        image_size: int = 64,
-        patch_size: int = 16,
-        proprio_dim: int = 0,
-        max_text_len: int = 16,
-        max_episode_steps: int = 500,
-        decoding: str = "parallel",
-        prune_head: bool = True,
-        vocab_size: int = 32000,
-        hidden_size: int = 64,
-        num_hidden_layers: int = 2,
-        num_attention_heads: int = 4,
-        intermediate_size: int = 128,
-        value_mlp_hidden: int = 256,
+        policy: nn.Module | None = None,
         value_lr: float | None = None,
         objective: str = "gipo",
         obs_dim: int = 0,
+        action_dim: int = 4,
         continuous: bool = True,
         **kwargs: Any,
     ) -> None:
-        _validate_vla(locals(), kwargs)
+        _validate_vla(policy, value_lr, action_dim, kwargs)
         super().__init__(
-            obs_dim=obs_dim, action_dim=action_dim, continuous=continuous, objective=objective, **kwargs
+            policy=policy,
+            obs_dim=obs_dim,
+            action_dim=action_dim,
+            continuous=continuous,
+            objective=objective,
+            **kwargs,
         )
 
     # ------------------------------------------------------------------ RLModule hooks
     def build_policy(self) -> nn.Module:
-        h = self.hparams
-        return VLAPolicy(
-            backbone=h.backbone,
-            action_dim=h.action_dim,
-            n_bins=h.n_bins,
-            image_size=h.image_size,
-            patch_size=h.patch_size,
-            proprio_dim=h.proprio_dim,
-            max_text_len=h.max_text_len,
-            max_episode_steps=h.max_episode_steps,
-            decoding=h.decoding,
-            prune_head=h.prune_head,
-            vocab_size=h.vocab_size,
-            hidden_size=h.hidden_size,
-            num_hidden_layers=h.num_hidden_layers,
-            num_attention_heads=h.num_attention_heads,
-            intermediate_size=h.intermediate_size,
-            value_mlp_hidden=h.value_mlp_hidden,
-        )
+        """No ``--model.policy``: a VLAPolicy with its defaults and ``K = --model.action_dim``."""
+        return VLAPolicy(action_dim=self.hparams.action_dim)
 
     def param_groups(self) -> list[dict[str, Any]]:
         """Two Adam groups: the policy (``lr``) and the value head (``value_lr``)."""
@@ -118,7 +87,7 @@ class VLAModule(RLModule):
 
     def check_env_spec(self, spec: Any) -> None:
         """Continuous actions with ``K`` dims, and (when the spec carries the observation space) a
-        dict observation whose keys and shapes match the policy settings."""
+        dict observation whose keys and shapes match the policy (after ``configure_model``)."""
         p = self.policy
         if not spec.continuous:
             raise ValueError(
@@ -127,68 +96,60 @@ class VLAModule(RLModule):
             )
         if spec.action_dim != p.action_dim:
             raise ValueError(
-                f"--model.action_dim={p.action_dim} (action tokens, one per action dimension) does not match "
-                f"the env's action size {spec.action_dim}"
+                f"{self.policy_flag('action_dim')}={p.action_dim} (action tokens, one per action dimension) "
+                f"does not match the env's action size {spec.action_dim}"
             )
         space = getattr(spec, "observation_space", None)
         if space is not None:
-            _check_obs_space(space, self.hparams)
+            _check_obs_space(space, p)
 
 
-def _check_obs_space(space: gym.Space, h: Any) -> None:
+def _check_obs_space(space: gym.Space, p: VLAPolicy) -> None:
     """Raise ``ValueError`` naming the flag if the env's observation does not fit the policy."""
     if not isinstance(space, gym.spaces.Dict) or "instruction_ids" not in space.spaces:
         raise ValueError(
             f"VLAModule needs a dict observation with 'instruction_ids' (e.g. --data.env_id "
             f"fastlight/MetaWorld-reach-v3), got {space}"
         )
-    obs = space.spaces
+    obs, flag = space.spaces, "--model.policy.init_args"
     text_len = obs["instruction_ids"].shape[0]
-    if text_len > h.max_text_len:
+    if text_len > p.max_text_len:
         raise ValueError(
-            f"--model.max_text_len={h.max_text_len} is shorter than the env's instructions ({text_len})"
+            f"{flag}.max_text_len={p.max_text_len} is shorter than the env's instructions ({text_len})"
         )
-    if "image" in obs and tuple(obs["image"].shape) != (h.image_size, h.image_size, 3):
+    size = p.vision.image_size
+    if "image" in obs and tuple(obs["image"].shape) != (size, size, 3):
         raise ValueError(
-            f"--model.image_size={h.image_size} does not match the env's image {tuple(obs['image'].shape)}"
+            f"{flag}.image_size={size} does not match the env's image {tuple(obs['image'].shape)}"
         )
     env_proprio = obs["proprio"].shape[0] if "proprio" in obs else 0
-    if env_proprio != h.proprio_dim:
+    if env_proprio != p.proprio_dim:
         raise ValueError(
-            f"--model.proprio_dim={h.proprio_dim} does not match the env's proprio size {env_proprio} "
+            f"{flag}.proprio_dim={p.proprio_dim} does not match the env's proprio size {env_proprio} "
             f"(--data.env_kwargs.proprio_dim)"
         )
 
 
-def _validate_vla(args: dict[str, Any], rl_kwargs: dict[str, Any]) -> None:
-    """VLA settings, checked up front with the CLI flag in the message."""
+def _validate_vla(policy: Any, value_lr: float | None, action_dim: int, rl_kwargs: dict[str, Any]) -> None:
+    """VLA settings, checked up front with the CLI flag in the message (the policy's own settings are
+    checked by ``VLAPolicy``)."""
+    if policy is not None and not isinstance(policy, (VLAPolicy, str)):
+        raise ValueError(
+            f"--model.policy must be a fastlight.models.vla.VLAPolicy for VLAModule, got "
+            f"{type(policy).__module__}.{type(policy).__qualname__}"
+        )
     if tuple(rl_kwargs.get("hidden_sizes", (64, 64))) != (64, 64):
         # Inherited from RLModule, where it sizes the MLP policy; a VLA has no such MLP.
         raise ValueError(
             "--model.hidden_sizes sizes RLModule's MLP policy and has no effect on a VLA: use "
-            "--model.hidden_size / num_hidden_layers / intermediate_size / value_mlp_hidden"
+            "--model.policy.init_args.hidden_size / num_hidden_layers / intermediate_size / value_mlp_hidden"
         )
-    if args["decoding"] not in DECODING_MODES:
-        raise ValueError(
-            f"--model.decoding must be one of {' | '.join(DECODING_MODES)}, got {args['decoding']!r}"
-        )
-    for name in ("action_dim", "max_text_len", "max_episode_steps", "patch_size", "hidden_size"):
-        if args[name] < 1:
-            raise ValueError(f"--model.{name} must be >= 1, got {args[name]}")
-    if args["n_bins"] < 2:
-        raise ValueError(f"--model.n_bins must be >= 2, got {args['n_bins']}")
-    if args["proprio_dim"] < 0:
-        raise ValueError(f"--model.proprio_dim must be >= 0, got {args['proprio_dim']}")
-    if args["image_size"] < 1 or args["image_size"] % args["patch_size"]:
-        raise ValueError(
-            f"--model.image_size must be a positive multiple of --model.patch_size ({args['patch_size']}), "
-            f"got {args['image_size']}"
-        )
-    if args["value_lr"] is not None and args["value_lr"] <= 0:
-        raise ValueError(f"--model.value_lr must be > 0 or null, got {args['value_lr']}")
+    if value_lr is not None and value_lr <= 0:
+        raise ValueError(f"--model.value_lr must be > 0 or null, got {value_lr}")
     tpa = rl_kwargs.get("tokens_per_action", 1)
-    if rl_kwargs.get("ratio_granularity") == "action" and tpa >= 1 and args["action_dim"] % tpa:
+    k = policy.action_dim if isinstance(policy, VLAPolicy) else action_dim
+    if rl_kwargs.get("ratio_granularity") == "action" and tpa >= 1 and k % tpa:
         raise ValueError(
-            f"--model.tokens_per_action ({tpa}) must divide --model.action_dim ({args['action_dim']}) "
+            f"--model.tokens_per_action ({tpa}) must divide the policy's action_dim ({k}) "
             "with --model.ratio_granularity action"
         )

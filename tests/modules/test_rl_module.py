@@ -16,10 +16,16 @@ from fastlight.sampling.collector import Collector
 from tests.fake_envs import FixedLengthEnv
 
 
+def built(module: RLModule) -> RLModule:
+    """The module with its policy, as the Trainer's configure_model leaves it."""
+    module.configure_model()
+    return module
+
+
 def sample_rollout(seed: int = 0) -> Rollout:
     torch.manual_seed(seed + 100)  # behaviour policy != the module's fresh critic
     envs = [FixedLengthEnv(lengths=(3, 7, 2, 9), tag=i) for i in range(4)]
-    policy = RLModule(obs_dim=3, action_dim=2).policy
+    policy = built(RLModule(obs_dim=3, action_dim=2)).policy
     c = Collector(envs, mode="dpsa", termination_threshold=0.5, max_horizon=8)
     r = Rollout.cat_time([c.collect(policy) for _ in range(3)])
     # Non-trivial rewards so advantages differ between steps.
@@ -39,7 +45,7 @@ def full_batch_loss(module: RLModule, rollout: Rollout) -> tuple[torch.Tensor, l
 def test_smpo_padding_changes_nothing_in_the_module(objective):
     """Appending padded steps with garbage values leaves loss and every gradient unchanged."""
     torch.manual_seed(1)
-    module = RLModule(obs_dim=3, action_dim=2, objective=objective)
+    module = built(RLModule(obs_dim=3, action_dim=2, objective=objective))
     r = sample_rollout()
     with torch.no_grad():  # move the policy off the behaviour policy so ratios != 1
         for p in module.policy.parameters():

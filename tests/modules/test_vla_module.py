@@ -13,6 +13,8 @@ from torch.utils.data import DataLoader
 from fastlight.data.datamodule import EnvSpec
 from fastlight.envs.metaworld import MetaWorldEnv
 from fastlight.losses import value_loss
+from fastlight.models.mlp import MLPActorCritic
+from fastlight.models.vla import VLAPolicy
 from fastlight.modules.minibatch import Minibatch
 from fastlight.modules.vla_module import VLAModule
 from fastlight.rollout import Rollout
@@ -20,16 +22,17 @@ from fastlight.sampling.collector import Collector
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 K = 4
-TINY = {
+TINY_POLICY = {
     "vocab_size": 300, "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2, "n_bins": 32,
     "image_size": 32, "patch_size": 16, "proprio_dim": 4, "value_mlp_hidden": 16, "max_episode_steps": 16,
-    "update_epochs": 1, "num_minibatches": 2,
 }  # fmt: skip
+TINY = {"update_epochs": 1, "num_minibatches": 2}
 
 
 def module(seed: int = 0, **kw) -> VLAModule:
+    """A VLAModule with an injected tiny VLAPolicy (``TINY_POLICY``) and the RL settings ``kw``."""
     torch.manual_seed(seed)
-    return VLAModule(**{**TINY, **kw})
+    return VLAModule(policy=VLAPolicy(**TINY_POLICY), **{**TINY, **kw})
 
 
 def make_envs(n: int = 2) -> list[MetaWorldEnv]:
@@ -72,7 +75,7 @@ def test_rollout_holds_token_actions(collected):
     t_len = r.shape[0]
     assert r.shape == (t_len, 2) and r.actions.shape == (t_len, 2, K) and r.actions.dtype == torch.long
     assert r.logprobs.shape == (t_len, 2, K) and r.obs["image"].shape == (t_len, 2, 32, 32, 3)
-    assert int(r.actions.max()) < TINY["n_bins"] and bool(r.terminated.any() or r.truncated.any())
+    assert int(r.actions.max()) < TINY_POLICY["n_bins"] and bool(r.terminated.any() or r.truncated.any())
 
 
 def test_one_update_changes_policy_and_value_weights(collected):
@@ -165,14 +168,12 @@ def test_check_env_spec_names_the_flag():
     m.check_env_spec(spec)
     with pytest.raises(ValueError, match="Box action space"):
         m.check_env_spec(EnvSpec(0, 4, False))
-    with pytest.raises(ValueError, match="--model.action_dim=4"):
+    with pytest.raises(ValueError, match="--model.policy.init_args.action_dim=4"):
         m.check_env_spec(EnvSpec(0, 7, True))
-    with pytest.raises(ValueError, match="--model.proprio_dim=4"):
+    with pytest.raises(ValueError, match="--model.policy.init_args.proprio_dim=4"):
         m.check_env_spec(EnvSpec.from_env(MetaWorldEnv("reach-v3", image_size=32)))
-    with pytest.raises(ValueError, match="--model.image_size=32"):
+    with pytest.raises(ValueError, match="--model.policy.init_args.image_size=32"):
         m.check_env_spec(EnvSpec.from_env(MetaWorldEnv("reach-v3", proprio_dim=4)))
-    with pytest.raises(ValueError, match="--model.decoding"):
-        module(decoding="beam")
 
 
 def test_backbone_from_pretrained_via_cli(tmp_path):
@@ -184,8 +185,8 @@ def test_backbone_from_pretrained_via_cli(tmp_path):
                         intermediate_size=96)  # fmt: skip
     saved.save_pretrained(tmp_path / "llama")
     cli = cli_main(["--config", os.path.join(ROOT, "configs", "vla_metaworld_reach.yaml"),
-                    "--model.backbone", str(tmp_path / "llama"), "--trainer.default_root_dir", str(tmp_path)],
-                   run=False)  # fmt: skip
+                    "--model.policy.init_args.backbone", str(tmp_path / "llama"),
+                    "--trainer.default_root_dir", str(tmp_path)], run=False)  # fmt: skip
     backbone = cli.model.policy.backbone
     assert backbone.config.hidden_size == 48 and backbone.config.num_hidden_layers == 1
     torch.testing.assert_close(backbone.get_input_embeddings().weight, saved.get_input_embeddings().weight)
@@ -193,9 +194,28 @@ def test_backbone_from_pretrained_via_cli(tmp_path):
 
 
 def test_mlp_only_setting_is_refused_instead_of_ignored():
-    import pytest
-
-    from fastlight.modules.vla_module import VLAModule
-
     with pytest.raises(ValueError, match="--model.hidden_sizes sizes RLModule's MLP policy"):
         VLAModule(hidden_sizes=(8,))
+
+
+def test_default_policy_is_a_vla_policy_built_in_configure_model():
+    m = VLAModule(action_dim=3)
+    assert not hasattr(m, "policy")  # nothing built in __init__
+    m.configure_model()
+    assert type(m.policy) is VLAPolicy and m.policy.action_dim == 3  # K = the env's action size
+    assert [g["name"] for g in m.configure_optimizers().param_groups] == ["policy", "value_head"]
+
+
+def test_a_policy_that_is_not_a_vla_policy_is_refused_naming_the_flag():
+    msg = (
+        "--model.policy must be a fastlight.models.vla.VLAPolicy for VLAModule, "
+        "got fastlight.models.mlp.MLPActorCritic"
+    )
+    with pytest.raises(ValueError, match=msg):
+        VLAModule(policy=MLPActorCritic(3, 4, continuous=True))
+    from fastlight.cli import cli_main
+
+    mlp = "{class_path: fastlight.models.mlp.MLPActorCritic, init_args: {obs_dim: 3, action_dim: 4}}"
+    args = ["--config", os.path.join(ROOT, "configs", "vla_metaworld_reach.yaml"), "--model.policy", mlp]
+    with pytest.raises(ValueError, match=msg):
+        cli_main(args, run=False)
