@@ -131,8 +131,9 @@ MODEL_TEXT = """\
   `load_state_dict` for (c)/(d)). Methods are interleaved within each repetition; one warm-up
   repetition is dropped; the worker's final weights are checked against the trainer's
   (float64 checksum) for each method -- "MISMATCH" would flag a failure.
-- (a) `WeightBroadcaster.broadcast`: parameters packed into flat per-dtype buckets of
-  `--bucket-mb`, one gloo broadcast per bucket (pack of bucket b overlaps the send of b-1), int64
+- (a) `WeightBroadcaster.broadcast`: tensors of at least `--bucket-mb`/4 sent directly from and
+  into the live parameters, the others packed into flat per-dtype buckets of `--bucket-mb`, one
+  gloo broadcast per bucket or direct tensor (pack of bucket b overlaps the send of b-1), int64
   header first, worker ack last. (b) the `per_tensor` transport (`fastlight/bench/per_tensor.py`):
   one blocking broadcast per tensor.
   (c) `pickle.dumps(state_dict)` -> `multiprocessing.Queue` -> `pickle.loads` -> `load_state_dict`.
@@ -182,12 +183,11 @@ READING_TEXT = """\
   acks (a shared counter, then the benchmark's pipe). So (e) / (m) is close to 1 and the gap is
   the per-tensor copy setup and the acks; (d) pays two serialisation passes and a full copy into
   the worker's model, which (e) never does (the worker's parameters *are* the slot).
-- **Bucketed vs per-tensor.** With few large tensors, bucketing only adds two memcpys (pack on the
-  trainer, unpack on the worker) that the per-tensor path avoids by broadcasting straight from and
-  into the parameters, so (b) can beat (a). With many small tensors (`SIZE:128` rows) the
-  per-collective overhead dominates and (a) wins by a wide margin; that is the case bucketing is
-  for (a VLA has hundreds of LayerNorm / bias tensors). A refinement would send tensors of at least
-  `bucket_mb` directly and pack only the small ones.
+- **Bucketed vs per-tensor.** Large tensors go directly in both, so with few large tensors (a)
+  and (b) send the same bytes the same way and differ by noise and method order. With many small
+  tensors (`SIZE:128` rows) the per-collective overhead dominates and (a) wins by a wide margin;
+  that is the case packing is for (a VLA has hundreds of LayerNorm / bias tensors). The
+  "buckets / tensors" column counts packed buckets only.
 - **Drain.** Drain removes the tail of the in-flight batch (on average about half a forward), so
   the ratio is roughly (tail + transfer) / transfer: it passes 2x when the transfer is short
   next to a forward batch (AcceRL's regime: sub-100 ms syncs, 150-200 ms tails) and not when the

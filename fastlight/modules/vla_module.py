@@ -99,7 +99,7 @@ class VLAModule(RLModule):
                 f"{self.policy_flag('action_dim')}={p.action_dim} (action tokens, one per action dimension) "
                 f"does not match the env's action size {spec.action_dim}"
             )
-        space = getattr(spec, "observation_space", None)
+        space = spec.observation_space  # None when the EnvSpec was built without a space
         if space is not None:
             _check_obs_space(space, p)
 

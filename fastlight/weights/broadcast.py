@@ -15,8 +15,10 @@ Here:
   built directly (``ProcessGroupGloo`` / ``ProcessGroupNCCL`` over a ``PrefixStore``), so it neither needs nor
   touches the default group that Lightning's DDP creates with ``init_process_group``.
 - The order is fixed (:mod:`fastlight.weights.buckets`): parameters sorted by name, then
-  floating buffers sorted by name; tensors are packed into flat per-dtype buckets of at most
-  ``bucket_mb`` and each bucket is one collective. An int64 header
+  floating buffers sorted by name; tensors of at least ``direct_mb`` (default ``bucket_mb / 4``)
+  are broadcast as themselves, from the trainer's tensor straight into the worker's live one,
+  the rest are packed into flat per-dtype buckets of at most ``bucket_mb``, one collective each.
+  An int64 header
   ``[version, n_collectives, signature, 0]`` goes first, and the worker acks with its new
   version last, so :meth:`WeightBroadcaster.broadcast` returns once the worker's weights are in
   place. How the tensors travel between header and ack is a :class:`Transport` (the extension
@@ -36,181 +38,32 @@ construction and raised as :class:`WeightSyncError`.
 
 from __future__ import annotations
 
-import datetime
-import os
-import socket
 import time
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from fastlight.weights.buckets import BucketLayout, alloc_buckets, bucket_views, plan_buckets
+from fastlight.weights.group import (
+    _PREFIX,
+    TRAINER_RANK,
+    WORKER_RANK,
+    SyncGroup,
+    SyncGroupConfig,
+    WeightSyncError,
+    choose_backend,
+    free_port,
+)
 from fastlight.weights.publisher import SyncStats
 
-TRAINER_RANK, WORKER_RANK = 0, 1
-_PREFIX = "fastlight/weight_sync"
+__all__ = [
+    "BUCKETED", "TRAINER_RANK", "WORKER_RANK", "BucketTransport", "SyncEndpoint", "SyncGroupConfig",
+    "Transport", "WeightBroadcaster", "WeightReceiver", "WeightSyncError", "choose_backend", "free_port",
+]  # fmt: skip
 
-
-class WeightSyncError(RuntimeError):
-    """A weight-sync peer died, stalled past the timeout, or disagrees on the model layout."""
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free on ``host`` right now (for :class:`SyncGroupConfig`)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def choose_backend(trainer_device: torch.device | str, worker_device: torch.device | str) -> str:
-    """``"nccl"`` when both ends hold their weights on *different* CUDA devices (AcceRL uses NCCL),
-    ``"gloo"`` otherwise: on the CPU, across CPU and GPU, and for two processes on one GPU, which
-    NCCL refuses to group."""
-    a, b = torch.device(trainer_device), torch.device(worker_device)
-    if a.type != "cuda" or b.type != "cuda":
-        return "gloo"
-    return "nccl" if (a.index or 0) != (b.index or 0) else "gloo"
-
-
-@dataclass(frozen=True)
-class SyncGroupConfig:
-    """Where and how the two-rank sync group meets; picklable, so it is passed to the worker process.
-
-    ``port`` is the group's own ``TCPStore`` port (hosted by the trainer, rank 0), distinct from any
-    ``MASTER_PORT``. ``timeout_s`` bounds every collective (a dead or stalled peer raises after it);
-    ``join_timeout_s`` bounds the rendezvous, which includes the peer process's start-up.
-    """
-
-    host: str = "127.0.0.1"
-    port: int = 0
-    backend: str = "gloo"
-    timeout_s: float = 60.0
-    join_timeout_s: float = 300.0
-
-    def __post_init__(self) -> None:
-        if self.backend not in ("gloo", "nccl"):
-            raise ValueError(f"SyncGroupConfig.backend must be 'gloo' or 'nccl', got {self.backend!r}")
-        if not 0 < self.port < 65536:
-            raise ValueError(f"SyncGroupConfig.port must be in (0, 65536), got {self.port} (see free_port())")
-        if self.timeout_s <= 0 or self.join_timeout_s <= 0:
-            raise ValueError(f"SyncGroupConfig.timeout_s and join_timeout_s must be > 0, got "
-                             f"{self.timeout_s} and {self.join_timeout_s}")
-
-    @classmethod
-    def local(cls, backend: str = "gloo", timeout_s: float = 60.0, join_timeout_s: float = 300.0
-              ) -> SyncGroupConfig:
-        """A config on 127.0.0.1 with a fresh free port."""
-        return cls("127.0.0.1", free_port(), backend, timeout_s, join_timeout_s)
-
-    @property
-    def timeout(self) -> datetime.timedelta:
-        return datetime.timedelta(seconds=self.timeout_s)
-
-
-def _device_identity(device: torch.device) -> str:
-    host = socket.gethostname()
-    if device.type != "cuda":
-        return f"{host}/{device.type}"
-    props = torch.cuda.get_device_properties(device)
-    return f"{host}/cuda/{getattr(props, 'uuid', device.index)}"
-
-
-def _gloo_options(cfg: SyncGroupConfig) -> Any:
-    opts = dist.ProcessGroupGloo._Options()
-    opts._timeout = cfg.timeout
-    loopback = cfg.host in ("127.0.0.1", "localhost", "::1")
-    device = dist.ProcessGroupGloo.create_device(hostname=cfg.host) if loopback else \
-        dist.ProcessGroupGloo.create_default_device()
-    opts._devices = [device]
-    return opts
-
-
-class _SyncGroup:
-    """The two-rank group: own ``TCPStore`` + a directly constructed backend (no default group)."""
-
-    def __init__(self, cfg: SyncGroupConfig, rank: int, name: str, device: torch.device) -> None:
-        self.cfg, self.rank, self.name, self.device = cfg, rank, name, device
-        self.peer = f"rank {1 - rank} (not yet joined)"
-        self.broken: str | None = None
-        try:
-            join = datetime.timedelta(seconds=cfg.join_timeout_s)
-            self.store = dist.TCPStore(cfg.host, cfg.port, 2, rank == TRAINER_RANK, timeout=join,
-                                       wait_for_workers=False)
-            self.store.set(f"{_PREFIX}/who/{rank}", f"{name} (pid {os.getpid()})")
-            self.store.set(f"{_PREFIX}/device/{rank}", _device_identity(device))
-            self.peer = f"{self.store.get(f'{_PREFIX}/who/{1 - rank}').decode()}, rank {1 - rank}"
-            self._check_devices()
-            pstore = dist.PrefixStore(f"{_PREFIX}/{cfg.backend}", self.store)
-            self.pg = self._make_backend(pstore)
-        except WeightSyncError:
-            raise
-        except Exception as exc:  # noqa: BLE001 -- rendezvous failures come as several types
-            raise self._error("rendezvous", exc, cfg.join_timeout_s) from exc
-
-    def _check_devices(self) -> None:
-        if self.cfg.backend != "nccl":
-            return
-        if self.device.type != "cuda":
-            raise WeightSyncError(f"weight sync backend 'nccl' needs CUDA weights; {self.name} has "
-                                  f"{self.device}")
-        mine = self.store.get(f"{_PREFIX}/device/{self.rank}").decode()
-        theirs = self.store.get(f"{_PREFIX}/device/{1 - self.rank}").decode()
-        if mine == theirs:
-            raise WeightSyncError(
-                f"{self.name} and {self.peer} are on the same GPU ({mine}): two processes on one GPU cannot "
-                "form an NCCL group; use CUDA IPC (torch.multiprocessing shares CUDA tensors) instead")
-
-    def _make_backend(self, pstore: Any) -> Any:
-        if self.cfg.backend == "gloo":
-            return dist.ProcessGroupGloo(pstore, self.rank, 2, _gloo_options(self.cfg))
-        nccl = getattr(dist, "ProcessGroupNCCL", None)
-        if nccl is None:
-            raise WeightSyncError("backend 'nccl' requested but this torch build has no NCCL")
-        torch.cuda.set_device(self.device)
-        opts = nccl.Options()
-        opts._timeout = self.cfg.timeout
-        opts.is_high_priority_stream = False
-        return nccl(pstore, self.rank, 2, opts)
-
-    def _error(self, what: str, exc: BaseException, timeout_s: float | None = None) -> WeightSyncError:
-        self.broken = f"{what}: {exc}"
-        return WeightSyncError(
-            f"weight sync {what} failed on {self.name}: peer {self.peer} via {self.cfg.backend} at "
-            f"{self.cfg.host}:{self.cfg.port} died or did not answer within the "
-            f"{timeout_s or self.cfg.timeout_s:g} s timeout ({type(exc).__name__}: {exc})")
-
-    def guard(self, what: str, fn: Callable[[], Any]) -> Any:
-        """Run ``fn`` (collectives / store calls); any failure becomes a :class:`WeightSyncError`."""
-        if self.broken is not None:
-            raise WeightSyncError(f"weight sync group of {self.name} is broken by an earlier error "
-                                  f"({self.broken}); restart the peer {self.peer}")
-        try:
-            return fn()
-        except WeightSyncError:
-            raise
-        except Exception as exc:  # noqa: BLE001 -- gloo/NCCL/store raise RuntimeError subclasses
-            raise self._error(what, exc) from exc
-
-    def bcast(self, tensor: torch.Tensor, src: int) -> Any:
-        return self.pg.broadcast(tensor, src)
-
-    def finish(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
-    def close(self) -> None:
-        pg = getattr(self, "pg", None)
-        if pg is not None and hasattr(pg, "shutdown"):
-            try:
-                pg.shutdown()
-            except Exception:  # noqa: BLE001 -- best effort on teardown
-                pass
-        self.pg = None
+DIRECT_FRACTION = 0.25  # default direct_mb = bucket_mb * DIRECT_FRACTION (see BucketTransport)
 
 
 def _tensors(module: nn.Module, layout: BucketLayout) -> list[torch.Tensor]:
@@ -228,14 +81,16 @@ def _tensors(module: nn.Module, layout: BucketLayout) -> list[torch.Tensor]:
 
 
 class SyncEndpoint:
-    """One end of the group: the module's fixed layout, its flat buckets and their views."""
+    """One end of the group: the module's fixed layout, its flat buckets and their views (``None``
+    for direct slots). ``direct_mb=None`` means ``bucket_mb * DIRECT_FRACTION``."""
 
     def __init__(self, module: nn.Module, config: SyncGroupConfig, rank: int, name: str,
-                 bucket_mb: float, include_buffers: bool) -> None:
+                 bucket_mb: float, include_buffers: bool, direct_mb: float | None = None) -> None:
         self.module = module
-        self.layout = plan_buckets(module, bucket_mb, include_buffers=include_buffers)
+        direct_mb = bucket_mb * DIRECT_FRACTION if direct_mb is None else direct_mb
+        self.layout = plan_buckets(module, bucket_mb, include_buffers=include_buffers, direct_mb=direct_mb)
         device = _tensors(module, self.layout)[0].device
-        self.group = _SyncGroup(config, rank, name, device)
+        self.group = SyncGroup(config, rank, name, device)
         self.buckets = alloc_buckets(self.layout, device)
         self.views = bucket_views(self.layout, self.buckets)
         self.version = -1
@@ -244,14 +99,15 @@ class SyncEndpoint:
     def _handshake(self) -> None:
         """Rank 0 sends its layout signature, rank 1 answers match/mismatch; both raise on mismatch."""
         g, lay = self.group, self.layout
-        mine = torch.tensor([lay.signature, len(lay.buckets), lay.nbytes], dtype=torch.int64, device=g.device)
+        mine = torch.tensor([lay.signature, len(lay.buckets), len(lay.direct), lay.nbytes], dtype=torch.int64,
+                            device=g.device)
         theirs = mine.clone()
         g.guard("handshake", lambda: g.bcast(theirs, TRAINER_RANK).wait())
         ok = torch.tensor([int(torch.equal(mine, theirs))], dtype=torch.int64, device=g.device)
         g.guard("handshake", lambda: g.bcast(ok, WORKER_RANK).wait())
         if not int(ok.item()):
             raise WeightSyncError(f"weight sync layout mismatch between {g.name} and {g.peer}: "
-                                  f"[signature, buckets, bytes] {mine.tolist()} vs {theirs.tolist()}")
+                                  f"[signature, buckets, direct, bytes] {mine.tolist()} vs {theirs.tolist()}")
 
     def close(self) -> None:
         self.group.close()
@@ -276,28 +132,47 @@ class Transport(Protocol):
 
 
 class BucketTransport:
-    """Flat per-dtype buckets, one collective each; packing bucket b overlaps sending b-1."""
+    """Direct tensors as themselves, the rest in flat per-dtype buckets; one collective each.
+
+    Collective order (both ends): the direct tensors in slot order, then the buckets. Everything
+    is issued async and waited at the end: the trainer packs bucket b while the direct tensors and
+    buckets < b are in flight; the worker receives direct tensors straight into its live tensors
+    (in place: they are its own storage and it is drained) and unpacks bucket b while b+1 arrives.
+    A non-contiguous direct tensor goes through a contiguous temporary (the plan does not depend
+    on strides, which may differ between the two ends). The default threshold
+    (``DIRECT_FRACTION``) is justified in :mod:`fastlight.weights.buckets`.
+    """
 
     name = "bucketed"
 
     def collectives(self, endpoint: SyncEndpoint) -> int:
-        return len(endpoint.layout.buckets)
+        return len(endpoint.layout.direct) + len(endpoint.layout.buckets)
 
     def send(self, endpoint: SyncEndpoint, tensors: list[torch.Tensor]) -> None:
-        works = []
-        for b, bucket in enumerate(endpoint.layout.buckets):
+        g, lay = endpoint.group, endpoint.layout
+        sent = [tensors[i].contiguous() for i in lay.direct]  # kept alive until the waits
+        works = [g.bcast(t, TRAINER_RANK) for t in sent]
+        for b, bucket in enumerate(lay.buckets):
             idx = list(bucket.slot_ids)
             torch._foreach_copy_([endpoint.views[i] for i in idx], [tensors[i] for i in idx])
-            works.append(endpoint.group.bcast(endpoint.buckets[b], TRAINER_RANK))
+            works.append(g.bcast(endpoint.buckets[b], TRAINER_RANK))
         for w in works:
             w.wait()
 
     def recv(self, endpoint: SyncEndpoint, tensors: list[torch.Tensor]) -> None:
-        works = [endpoint.group.bcast(buf, TRAINER_RANK) for buf in endpoint.buckets]
-        for w, bucket in zip(works, endpoint.layout.buckets, strict=True):  # unpack b while b+1 arrives
+        g, lay = endpoint.group, endpoint.layout
+        into = [tensors[i] if tensors[i].is_contiguous() else
+                torch.empty_like(tensors[i], memory_format=torch.contiguous_format) for i in lay.direct]
+        direct = [g.bcast(t, TRAINER_RANK) for t in into]
+        works = [g.bcast(buf, TRAINER_RANK) for buf in endpoint.buckets]
+        for w, bucket in zip(works, lay.buckets, strict=True):  # unpack b while b+1 arrives
             w.wait()
             idx = list(bucket.slot_ids)
             torch._foreach_copy_([tensors[i] for i in idx], [endpoint.views[i] for i in idx])
+        for w, i, t in zip(direct, lay.direct, into, strict=True):
+            w.wait()
+            if t is not tensors[i]:
+                tensors[i].copy_(t)
 
 
 BUCKETED = BucketTransport()
@@ -312,8 +187,8 @@ class WeightBroadcaster(SyncEndpoint):
     """
 
     def __init__(self, module: nn.Module, config: SyncGroupConfig, *, bucket_mb: float = 64.0,
-                 include_buffers: bool = True, name: str = "trainer") -> None:
-        super().__init__(module, config, TRAINER_RANK, name, bucket_mb, include_buffers)
+                 include_buffers: bool = True, name: str = "trainer", direct_mb: float | None = None) -> None:
+        super().__init__(module, config, TRAINER_RANK, name, bucket_mb, include_buffers, direct_mb)
         self.latencies_ms: deque[float] = deque(maxlen=4096)
         self.last: SyncStats | None = None
         self.syncs = 0
@@ -353,15 +228,17 @@ class WeightBroadcaster(SyncEndpoint):
 
 
 class WeightReceiver(SyncEndpoint):
-    """Inference-worker side (rank 1): receives into scratch buckets, then copies in place.
+    """Inference-worker side (rank 1): receives direct tensors in place, small ones via buckets.
 
-    ``receive`` writes into the live module's tensors with ``copy_`` (parameters keep their
-    identity, so optimizers/compiled graphs holding them see the new values) and returns the version.
+    ``receive`` writes into the live module's tensors (the broadcast itself for direct ones,
+    ``copy_`` from the scratch buckets for packed ones; parameters keep their identity and
+    storage, so optimizers/compiled graphs holding them see the new values) and returns the version.
     """
 
     def __init__(self, module: nn.Module, config: SyncGroupConfig, *, bucket_mb: float = 64.0,
-                 include_buffers: bool = True, name: str = "inference-worker") -> None:
-        super().__init__(module, config, WORKER_RANK, name, bucket_mb, include_buffers)
+                 include_buffers: bool = True, name: str = "inference-worker",
+                 direct_mb: float | None = None) -> None:
+        super().__init__(module, config, WORKER_RANK, name, bucket_mb, include_buffers, direct_mb)
         self.received = 0
 
     def sync_pending(self) -> bool:

@@ -8,12 +8,24 @@ dtype (first-appearance order) and packed back to back into flat buckets of at m
 MiB; a tensor larger than that gets a bucket of its own (tensors are never split). One bucket is
 one collective, so a 100M-parameter model costs a handful of broadcasts instead of hundreds.
 
-``signature`` is a 64-bit hash of (name, shape, dtype, bucket) for every slot, compared by the two
-ends before any weights move.
+With ``direct_mb`` set, a tensor of at least ``direct_mb`` MiB is not packed: its slot is *direct*
+(``bucket == DIRECT``) and the broadcast sends it as itself, from and into the live tensor, which
+saves a pack copy on the trainer and an unpack copy on the worker. Only the small tensors share
+buckets. (The shared-memory double buffer plans with ``direct_mb=None``: everything packed.)
+The broadcast endpoints default to ``direct_mb = bucket_mb / 4``: sending S bytes directly saves
+two copies of S (pack + unpack) for one more collective. On gloo/CPU one collective costs ~0.3 ms
+(sync.md Run 1: 1,212 per-tensor broadcasts of 38 MiB took 374 ms) and a copy runs at ~5 GiB/s,
+so the break-even is under 1 MiB; a quarter bucket (16 MiB at the default 64) is well past it on
+any backend, keeps tensors of a few MiB (several to a bucket) packed, and caps the direct
+collectives at 4 per ``bucket_mb`` of weights.
+
+``signature`` is a 64-bit hash of (name, shape, dtype, bucket, offset) for every slot, so it
+covers which slots are direct; the two ends compare it before any weights move.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,10 +33,14 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+DIRECT = -1
+"""``Slot.bucket`` of a tensor that is broadcast as itself instead of packed."""
+
 
 @dataclass(frozen=True)
 class Slot:
-    """One tensor's place: ``buckets[bucket][offset : offset + numel]`` viewed as ``shape``."""
+    """One tensor's place: ``buckets[bucket][offset : offset + numel]`` viewed as ``shape``, or
+    ``bucket == DIRECT`` (offset 0): sent as itself."""
 
     name: str
     shape: tuple[int, ...]
@@ -32,6 +48,10 @@ class Slot:
     bucket: int
     offset: int
     numel: int
+
+    @property
+    def direct(self) -> bool:
+        return self.bucket == DIRECT
 
 
 @dataclass(frozen=True)
@@ -48,7 +68,13 @@ class BucketLayout:
 
     @property
     def nbytes(self) -> int:
-        return sum(b.numel * _itemsize(b.dtype) for b in self.buckets)
+        """Bytes of all synced tensors, packed and direct."""
+        return sum(s.numel * _itemsize(s.dtype) for s in self.slots)
+
+    @functools.cached_property
+    def direct(self) -> tuple[int, ...]:
+        """Ids of the direct slots, in slot order."""
+        return tuple(i for i, s in enumerate(self.slots) if s.direct)
 
     @property
     def signature(self) -> int:
@@ -73,18 +99,27 @@ def sync_entries(module: nn.Module, include_buffers: bool = True) -> list[tuple[
 
 
 def plan_buckets(module: nn.Module | Sequence[tuple[str, torch.Tensor]], bucket_mb: float = 64.0,
-                 include_buffers: bool = True) -> BucketLayout:
-    """Assign every tensor of ``module`` (or of the given ``(name, tensor)`` list) a bucket slot."""
+                 include_buffers: bool = True, direct_mb: float | None = None) -> BucketLayout:
+    """Assign every tensor of ``module`` (or of the given ``(name, tensor)`` list) a bucket slot, or
+    a direct slot when it holds at least ``direct_mb`` MiB (``None``: pack everything). The plan
+    depends on names, shapes and dtypes only, so both ends derive the same one."""
     if bucket_mb <= 0:
         raise ValueError(f"bucket_mb must be > 0, got {bucket_mb}")
+    if direct_mb is not None and direct_mb <= 0:
+        raise ValueError(f"direct_mb must be > 0 (or None: pack everything), got {direct_mb}")
     entries = sync_entries(module, include_buffers) if isinstance(module, nn.Module) else list(module)
     if not entries:
         raise ValueError("plan_buckets: the module has no parameters or floating buffers to sync")
     cap = int(bucket_mb * 2**20)
+    direct_min = None if direct_mb is None else direct_mb * 2**20
     order: dict[torch.dtype, list[int]] = {}
-    for i, (_, t) in enumerate(entries):
-        order.setdefault(t.dtype, []).append(i)
     slots: list[Slot | None] = [None] * len(entries)
+    for i, (name, t) in enumerate(entries):
+        nbytes = t.numel() * _itemsize(t.dtype)
+        if direct_min is not None and nbytes > 0 and nbytes >= direct_min:
+            slots[i] = Slot(name, tuple(t.shape), t.dtype, DIRECT, 0, t.numel())
+        else:
+            order.setdefault(t.dtype, []).append(i)
     buckets: list[Bucket] = []
     for dtype, ids in order.items():
         size = _itemsize(dtype)
@@ -108,23 +143,34 @@ def alloc_buckets(layout: BucketLayout, device: torch.device | str = "cpu") -> l
     return [torch.zeros(max(b.numel, 1), dtype=b.dtype, device=device) for b in layout.buckets]
 
 
-def bucket_views(layout: BucketLayout, buckets: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Per slot, a view of its bucket region shaped like the tensor (slot order)."""
-    return [buckets[s.bucket][s.offset : s.offset + s.numel].view(s.shape) for s in layout.slots]
+def bucket_views(layout: BucketLayout, buckets: Sequence[torch.Tensor]) -> list[torch.Tensor | None]:
+    """Per slot, a view of its bucket region shaped like the tensor (slot order); ``None`` for a
+    direct slot."""
+    return [_view(s, buckets) for s in layout.slots]
+
+
+def _view(s: Slot, buckets: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    return None if s.direct else buckets[s.bucket][s.offset : s.offset + s.numel].view(s.shape)
 
 
 def pack(layout: BucketLayout, tensors: Sequence[torch.Tensor], buckets: Sequence[torch.Tensor]) -> None:
-    """Copy ``tensors`` (slot order) into ``buckets``."""
+    """Copy the packed ``tensors`` (slot order) into ``buckets``; direct slots travel as themselves
+    and are skipped."""
     _check(layout, tensors)
+    views = bucket_views(layout, buckets)
+    idx = [i for i, v in enumerate(views) if v is not None]
     with torch.no_grad():
-        torch._foreach_copy_(bucket_views(layout, buckets), [t.detach() for t in tensors])
+        torch._foreach_copy_([views[i] for i in idx], [tensors[i].detach() for i in idx])
 
 
 def unpack(layout: BucketLayout, buckets: Sequence[torch.Tensor], tensors: Sequence[torch.Tensor]) -> None:
-    """Copy the bucket contents into ``tensors`` (slot order) in place."""
+    """Copy the bucket contents into the packed ``tensors`` (slot order) in place; direct slots
+    are skipped."""
     _check(layout, tensors)
+    views = bucket_views(layout, buckets)
+    idx = [i for i, v in enumerate(views) if v is not None]
     with torch.no_grad():
-        torch._foreach_copy_([t.detach() for t in tensors], bucket_views(layout, buckets))
+        torch._foreach_copy_([tensors[i].detach() for i in idx], [views[i] for i in idx])
 
 
 def _check(layout: BucketLayout, tensors: Sequence[torch.Tensor]) -> None:

@@ -116,9 +116,10 @@ def _stalled_receiver(cfg: SyncGroupConfig) -> None:
     rx.close()
 
 
-def _mismatched_receiver(cfg: SyncGroupConfig, q) -> None:
+def _mismatched_receiver(cfg: SyncGroupConfig, q, width: int = 25, direct_mb: float | None = None) -> None:
     try:
-        WeightReceiver(Mixed(seed=5, width=25), cfg, bucket_mb=0.001, name="odd-worker")
+        WeightReceiver(Mixed(seed=5, width=width), cfg, bucket_mb=0.001, name="odd-worker",
+                       direct_mb=direct_mb)
         q.put("joined")
     except WeightSyncError as exc:
         q.put(str(exc))
@@ -203,14 +204,16 @@ def test_two_broadcasts_arrive_bit_for_bit_with_versions() -> None:
     _init_default_group()  # as Lightning's DDP would in the trainer
     try:
         with WeightBroadcaster(model, cfg, bucket_mb=0.001) as bc:
-            assert len(bc.layout.buckets) > 4  # several buckets per dtype
+            # bucket_mb 0.001 -> direct_mb 0.00025 (262 bytes): the Linear weights go direct.
+            assert len(bc.layout.buckets) >= 4 and len(bc.layout.direct) >= 2
             for version in (7, 8):
                 model.perturb(version)
                 stats = bc.broadcast(version)
                 got_version, blob, still_pending = _get(q)
                 assert got_version == version == bc.version and not still_pending
                 _assert_bitwise(model, blob)
-                assert stats.mode == "bucketed" and stats.collectives == len(bc.layout.buckets)
+                assert stats.mode == "bucketed"
+                assert stats.collectives == len(bc.layout.buckets) + len(bc.layout.direct)
                 assert stats.latency_ms > 0 and stats.bytes == bc.layout.nbytes
             assert len(bc.latencies_ms) == 2
             keys = {"latency_ms", "trainer_wait_ms", "bytes", "collectives", "version"}
@@ -288,6 +291,20 @@ def test_layout_mismatch_is_refused_on_both_sides() -> None:
     try:
         with pytest.raises(WeightSyncError, match="layout mismatch.*odd-worker"):
             WeightBroadcaster(Mixed(seed=0), cfg, bucket_mb=0.001)
+        assert "layout mismatch" in q.get(timeout=20)
+    finally:
+        _stop(proc)
+
+
+@pytest.mark.multiproc
+def test_direct_threshold_mismatch_is_refused() -> None:
+    """Same module, different direct_mb: the plans differ, so the handshake refuses."""
+    cfg = SyncGroupConfig.local(timeout_s=10, join_timeout_s=60)
+    q = CTX.Queue()
+    proc = _start(_mismatched_receiver, cfg, q, 24, 1.0)  # worker: everything packed
+    try:
+        with pytest.raises(WeightSyncError, match="layout mismatch.*odd-worker"):
+            WeightBroadcaster(Mixed(seed=0), cfg, bucket_mb=0.001)  # trainer: Linear weights direct
         assert "layout mismatch" in q.get(timeout=20)
     finally:
         _stop(proc)
