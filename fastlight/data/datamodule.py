@@ -215,7 +215,7 @@ class RolloutDataModule(L.LightningDataModule):
         require(module, TrainsPolicy, who="RolloutDataModule", what="a LightningModule")
         if isinstance(module, ChecksEnvSpec):
             module.check_env_spec(self.env_spec)
-        policy = copy.deepcopy(module.policy).to("cpu").eval()
+        policy = cpu_copy(module.policy).eval()
         h = self.hparams
         inference = None
         if h.inference_server:
@@ -311,6 +311,22 @@ class RolloutDataModule(L.LightningDataModule):
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.dropped_stale = int(state_dict.get("dropped_stale", 0))
+
+
+def cpu_copy(module: torch.nn.Module) -> torch.nn.Module:
+    """A CPU copy of ``module`` for the samplers, made without a second copy on its device.
+
+    The samplers start after the strategy moved the model (a GPU, for a VLA): a plain
+    ``deepcopy(...).to("cpu")`` would first duplicate every weight on the GPU. Seeding deepcopy's
+    memo with CPU clones of the parameters and buffers copies each tensor straight to the host.
+    """
+    memo: dict[int, Any] = {}
+    with torch.no_grad():
+        for p in module.parameters():
+            memo[id(p)] = torch.nn.Parameter(p.detach().to("cpu", copy=True), requires_grad=p.requires_grad)
+        for b in module.buffers():
+            memo[id(b)] = b.detach().to("cpu", copy=True)
+    return copy.deepcopy(module, memo)
 
 
 def _check_device(device: str | None) -> None:

@@ -191,3 +191,21 @@ def test_async_sampling_respects_the_staleness_bound_and_counts_drops():
     assert 1 in lags  # and sampling really ran ahead of the trainer
     assert model.dropped > 0 and model.dropped == dm.dropped_stale
     assert_no_children()
+
+
+def test_cpu_copy_for_the_samplers_is_equal_independent_and_keeps_parameters():
+    from fastlight.data.datamodule import cpu_copy
+    from fastlight.models.mlp import MLPActorCritic
+
+    policy = MLPActorCritic(3, 2, continuous=True)
+    policy.register_buffer("counter", torch.arange(3))
+    policy.log_std.requires_grad_(False)
+    copy = cpu_copy(policy)
+    for (name, a), (_, b) in zip(policy.state_dict().items(), copy.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name  # a copy: same values, bit for bit
+        assert a.data_ptr() != b.data_ptr(), name  # and no shared storage
+    assert all(isinstance(p, torch.nn.Parameter) for p in copy.parameters())
+    assert [p.requires_grad for p in copy.parameters()] == [p.requires_grad for p in policy.parameters()]
+    with torch.no_grad():
+        policy.log_std.add_(1.0)
+    assert not torch.equal(policy.log_std, copy.log_std)
