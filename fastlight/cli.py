@@ -16,10 +16,10 @@ import os
 import sys
 import warnings
 
+import lightning as L
 from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningCLI
 
-from fastlight.data.datamodule import RolloutDataModule
 from fastlight.modules.rl_module import RLModule
 
 
@@ -36,8 +36,16 @@ class FastlightCLI(LightningCLI):
         """
         cfg = self.config[self.subcommand] if self.subcommand else self.config
         trainer = cfg["trainer"]
+        root = trainer.get("default_root_dir") or "runs"
+        # Checkpoints at <root>/checkpoints (not under a logger's version folder), so that the next
+        # stage finds them (e.g. the RL config's --model.init_from <sft root>/checkpoints/last.ckpt).
+        for cb in trainer.get("callbacks") or []:
+            if getattr(cb, "class_path", None) == "lightning.pytorch.callbacks.ModelCheckpoint":
+                if cb.get("init_args") is None:
+                    cb["init_args"] = Namespace()
+                if cb["init_args"].get("dirpath") is None:
+                    cb["init_args"]["dirpath"] = os.path.join(root, "checkpoints")
         if trainer.get("logger") in (None, True):
-            root = trainer.get("default_root_dir") or "runs"
             trainer["logger"] = [
                 Namespace(
                     class_path="lightning.pytorch.loggers.TensorBoardLogger",
@@ -62,7 +70,7 @@ def cli_main(args: list[str] | None = None, *, run: bool = True) -> FastlightCLI
     warnings.filterwarnings("ignore", message=".*`IterableDataset` has `__len__` defined.*")
     return FastlightCLI(
         RLModule,
-        RolloutDataModule,
+        L.LightningDataModule,  # RolloutDataModule, DemoDataModule, or a user's own
         subclass_mode_model=True,
         subclass_mode_data=True,
         parser_kwargs={"parser_mode": "omegaconf"},

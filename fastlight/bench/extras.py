@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 
-BENCH_PACKAGES = ("matplotlib", "pandas", "scipy", "rliable")
+BENCH_PACKAGES = ("matplotlib", "pandas", "scipy", "rliable", "imageio")
 
 
 def require(*modules: str, command: str) -> None:

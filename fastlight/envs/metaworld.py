@@ -60,6 +60,10 @@ __all__ = [
 ]  # fmt: skip
 
 
+#: ``reward`` settings of :class:`MetaWorldEnv`.
+REWARDS = ("dense", "success")
+
+
 class MetaWorldEnv(gym.Env):
     """Multi-task Meta-World with a Dict observation (see the module docstring).
 
@@ -73,7 +77,11 @@ class MetaWorldEnv(gym.Env):
         max_text_len: instruction length ``L`` (must fit the longest sentence plus ``[BOS]``).
         max_path_length: steps before truncation.
         terminate_on_success: end the episode (``terminated``) at the first success.
-        reward_scale: multiplies Meta-World's reward (0..10 per step).
+        reward: ``"dense"``: Meta-World's shaped reward (0..10 per step) x ``reward_scale``;
+            ``"success"``: ``reward_scale`` at the step that first succeeds, else 0 (the outcome
+            reward VLA RL uses; with ``terminate_on_success`` the dense reward would pay a policy
+            for lingering near the goal instead of finishing).
+        reward_scale: multiplies the reward.
         goal_seed: seed of the 50 goal variations per task (shared by every env and worker).
         fast_render: no shadows / multisampling (about 18x faster on a CPU renderer).
         flip_image: turn Meta-World's upside-down frames upright.
@@ -91,6 +99,7 @@ class MetaWorldEnv(gym.Env):
         max_text_len: int = 16,
         max_path_length: int = 200,
         terminate_on_success: bool = True,
+        reward: str = "dense",
         reward_scale: float = 1.0,
         goal_seed: int = 0,
         fast_render: bool = True,
@@ -106,11 +115,13 @@ class MetaWorldEnv(gym.Env):
         for name, val in (("image_size", image_size), ("max_path_length", max_path_length)):
             if val < 1:
                 raise ValueError(f"--data.env_kwargs.{name} must be >= 1, got {val}")
+        if reward not in REWARDS:
+            raise ValueError(f"--data.env_kwargs.reward must be one of {' | '.join(REWARDS)}, got {reward!r}")
         if image:
             require_gl_backend("MetaWorldEnv(image=True)")
         self.image, self.image_size, self.camera_name = image, image_size, camera_name
         self.proprio_dim, self.max_text_len, self.max_path_length = proprio_dim, max_text_len, max_path_length
-        self.terminate_on_success, self.reward_scale = terminate_on_success, reward_scale
+        self.terminate_on_success, self.reward_scale, self.reward = terminate_on_success, reward_scale, reward
         self.goal_seed, self.fast_render, self.flip_image = goal_seed, fast_render, flip_image
         self.render_mode = render_mode
         self.instructions = tuple(instruction_for(n) for n in self.task_names)
@@ -122,6 +133,8 @@ class MetaWorldEnv(gym.Env):
         self.action_space = gym.spaces.Box(-1.0, 1.0, (4,), dtype=np.float32)
         self._envs: dict[str, Any] = {}  # built on first use (probe envs never start MuJoCo)
         self._task, self._steps = -1, 0
+        self._state: np.ndarray | None = None
+        self._succeeded = False
 
     # ------------------------------------------------------------------ construction
     def _encode(self, max_text_len: int) -> tuple[np.ndarray, np.ndarray]:
@@ -183,6 +196,14 @@ class MetaWorldEnv(gym.Env):
         """Index of the current episode's task in :attr:`task_names` (-1 before the first reset)."""
         return self._task
 
+    @property
+    def state(self) -> np.ndarray:
+        """Meta-World's full 39-d state after the last ``reset``/``step`` (what its scripted experts
+        read, whatever ``proprio_dim`` and ``image`` show the policy)."""
+        if self._state is None:
+            raise RuntimeError("MetaWorldEnv.state read before reset")
+        return self._state.copy()
+
     def instruction(self, task_id: int) -> str:
         return self.instructions[task_id]
 
@@ -202,7 +223,7 @@ class MetaWorldEnv(gym.Env):
         env = self._inner(name)
         env.set_task(goals[goal])
         state, _ = env.reset()
-        self._steps = 0
+        self._steps, self._succeeded = 0, False
         return self._obs(state), {"success": False, "task_id": self._task, "goal_id": goal}
 
     def step(self, action):
@@ -217,9 +238,13 @@ class MetaWorldEnv(gym.Env):
         truncated = not terminated and self._steps >= self.max_path_length
         out = {k: float(v) for k, v in info.items() if isinstance(v, (int, float, np.floating, np.integer))}
         out.update(success=success, task_id=self._task)
+        if self.reward == "success":
+            reward = float(success and not self._succeeded)
+        self._succeeded = self._succeeded or success
         return self._obs(state), float(reward) * self.reward_scale, terminated, truncated, out
 
     def _obs(self, state: np.ndarray) -> dict[str, np.ndarray]:
+        self._state = np.asarray(state, dtype=np.float64)
         obs: dict[str, np.ndarray] = {}
         if self.image:
             obs["image"] = self.render()

@@ -37,7 +37,8 @@ def parse_tasks(tasks: str | Sequence[str]) -> tuple[str, ...]:
     unknown = [n for n in names if n not in metaworld.ALL_V3_ENVIRONMENTS]
     if unknown:
         raise ValueError(
-            f"--data.env_kwargs.tasks: unknown Meta-World v3 task(s) {unknown}, e.g. {MT10_TASKS[:3]}"
+            f"--data.env_kwargs.tasks: unknown Meta-World v3 task(s) {unknown}; known: "
+            f"{sorted(metaworld.ALL_V3_ENVIRONMENTS)} (or 'MT10')"
         )
     return tuple(names)
 

@@ -28,6 +28,7 @@ from typing import Any
 import lightning as L
 import torch
 import torch.distributed as dist
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from typing_extensions import override
 
@@ -36,6 +37,7 @@ from fastlight.losses import OBJECTIVES, entropy_bonus, explained_variance, valu
 from fastlight.losses.ratios import GRANULARITIES
 from fastlight.models.base import EvalOutput
 from fastlight.models.mlp import MLPActorCritic
+from fastlight.modules.init_from import load_policy_weights
 from fastlight.modules.minibatch import Minibatch, recompute_values
 from fastlight.modules.rollout_logging import rollout_metrics
 from fastlight.rollout import Rollout
@@ -64,6 +66,11 @@ class RLModule(L.LightningModule):
         max_grad_norm: gradient clipping by global norm (``None`` disables).
         normalize_advantages: standardise advantages over valid steps (globally under DDP).
         recompute_values: re-run the current critic before GAE (AcceRL §value recomputation).
+        init_from: a checkpoint whose policy weights this run starts from (e.g. an SFT run's
+            ``last.ckpt``; see :mod:`fastlight.modules.init_from`). ``--ckpt_path`` resumes instead.
+        value_warmup_updates: for this many first updates only the critic learns (the policy and
+            entropy terms are off), so a critic fresh on top of a fine-tuned policy does not steer
+            it with noise.
     """
 
     def __init__(
@@ -91,6 +98,8 @@ class RLModule(L.LightningModule):
         max_grad_norm: float | None = 0.5,
         normalize_advantages: bool = True,
         recompute_values: bool = False,
+        init_from: str | None = None,
+        value_warmup_updates: int = 0,
     ) -> None:
         super().__init__()
         _validate(locals())
@@ -103,6 +112,7 @@ class RLModule(L.LightningModule):
         # Number of updates so far; tags the weights the samplers act with. A buffer, so it is
         # saved in checkpoints and a resumed run keeps counting.
         self.register_buffer("_policy_version", torch.zeros((), dtype=torch.long))
+        self._initialised_from = False
 
     policy: nn.Module  # set by __init__ (injected) or configure_model (build_policy)
 
@@ -155,6 +165,14 @@ class RLModule(L.LightningModule):
         """
         if "policy" not in self._modules:
             self.policy = self.build_policy()
+        # Only under a Trainer: a module rebuilt by load_from_checkpoint gets its weights from there.
+        if self.hparams.get("init_from") and self._trainer is not None and not self._initialised_from:
+            info = load_policy_weights(self.policy, self.hparams.init_from)
+            self._initialised_from = True
+            rank_zero_info(
+                f"fastlight: policy initialised from {self.hparams.init_from} ({info['tensors']} tensors"
+                + ("" if info["value_loaded"] else "; value head left at its initialisation") + ")"
+            )
 
     # ------------------------------------------------------------------ hooks for subclasses
     def build_policy(self) -> nn.Module:
@@ -237,7 +255,10 @@ class RLModule(L.LightningModule):
             count=count,
         )
         ent = entropy_bonus(entropy=out.entropy, valid=mb.valid, count=count)
-        loss = pg + h.vf_coef * vl - h.ent_coef * ent
+        if self.policy_version < h.get("value_warmup_updates", 0):
+            loss = h.vf_coef * vl  # critic warm-up: the policy stays where init_from put it
+        else:
+            loss = pg + h.vf_coef * vl - h.ent_coef * ent
         info = {
             **info,
             "policy": pg.detach(),
@@ -359,6 +380,8 @@ def _validate(args: dict[str, Any]) -> None:
             f"--model.ratio_granularity must be one of {' | '.join(GRANULARITIES)}, "
             f"got {args['ratio_granularity']!r}"
         )
+    if args.get("value_warmup_updates", 0) < 0:
+        raise ValueError(f"--model.value_warmup_updates must be >= 0, got {args['value_warmup_updates']}")
     for name in ("update_epochs", "num_minibatches", "tokens_per_action"):
         if args[name] < 1:
             raise ValueError(f"--model.{name} must be >= 1, got {args[name]}")

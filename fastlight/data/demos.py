@@ -1,0 +1,394 @@
+"""Scripted-expert demonstrations on Meta-World, cached on disk, for supervised fine-tuning.
+
+VLA RL starts from a policy fine-tuned on demonstrations (AcceRL §experiments, SimpleVLA-RL,
+RLinf): :class:`DemoDataModule` plays Meta-World's scripted expert of each task
+(``metaworld.policies.ENV_POLICY_MAP``) in the *same* env the RL run samples from (same
+``env_id`` / ``env_kwargs``, so the observation - instruction ids, proprio, image - is exactly
+the one the policy sees later), and serves the (observation, expert action) pairs.
+
+- Demo ``j`` of task ``k`` is an episode reset with ``options={"task_id": k}`` and a seed drawn
+  from ``SeedSequence([seed, k, attempt])``; with ``successful_only`` (default) failed expert
+  episodes are dropped and retried, at most ``max_attempts_per_demo`` times per demo wanted.
+  The experts read Meta-World's full state (``env.unwrapped.state``), not the observation.
+- Generation runs in ``num_workers`` spawned processes (one task at a time each; 0 = in this
+  process), which die with the trainer like the samplers do.
+- The result is cached under ``cache_dir`` keyed by every setting that changes it; a cache file
+  whose recorded settings differ from the requested ones is never used (the key is a hash, the
+  check is on the settings themselves).
+
+Batches are dicts: ``obs`` (the env's observation keys, ``[B, ...]``), ``actions [B, A]`` float
+(the expert's action clipped to the action space), ``step [B]`` (step in the episode) and
+``task_id [B]``. Token policies tokenise ``actions`` themselves (``ActionTokenizer``), so one
+cache serves any number of bins.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from torch import Tensor
+from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler
+from typing_extensions import override
+
+from fastlight.data.datamodule import EnvSpec
+from fastlight.envs.registry import make_env
+
+#: Bump when the cached arrays change meaning.
+CACHE_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    """Everything that changes the demonstrations (the cache key)."""
+
+    env_id: str
+    env_kwargs: dict[str, Any]
+    demos_per_task: int
+    seed: int
+    successful_only: bool
+    max_attempts_per_demo: int
+    format: int = CACHE_FORMAT
+
+    def key(self) -> str:
+        blob = json.dumps(asdict(self), sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def as_json(self) -> dict[str, Any]:
+        return json.loads(json.dumps(asdict(self), sort_keys=True, default=str))
+
+
+@dataclass
+class Demos:
+    """Transitions of the kept demonstrations, ``N`` in all (see the module docstring)."""
+
+    obs: dict[str, Tensor]
+    actions: Tensor  # [N, A] float32
+    rewards: Tensor  # [N] float32
+    step: Tensor  # [N] long
+    task_id: Tensor  # [N] long
+    episode: Tensor  # [N] long, 0..num_episodes-1
+    task_names: tuple[str, ...]
+    expert: dict[str, dict[str, int]] = field(default_factory=dict)  # task -> attempts, successes, kept
+
+    def __len__(self) -> int:
+        return int(self.actions.shape[0])
+
+    @property
+    def num_episodes(self) -> int:
+        return int(self.episode.max()) + 1 if len(self) else 0
+
+    def summary(self) -> str:
+        attempts = sum(v["attempts"] for v in self.expert.values())
+        successes = sum(v["successes"] for v in self.expert.values())
+        kept = sum(v["kept"] for v in self.expert.values())
+        per_task = ", ".join(
+            f"{t.removesuffix('-v3')} {v['successes']}/{v['attempts']}" for t, v in self.expert.items()
+        )
+        return (
+            f"{kept} demonstrations ({len(self)} transitions) over {len(self.task_names)} tasks; "
+            f"expert success {successes}/{attempts} = {successes / max(attempts, 1):.0%} ({per_task})"
+        )
+
+
+def expert_for(task_name: str) -> Any:
+    """Meta-World's scripted expert of ``task_name`` (an object with ``get_action(state)``)."""
+    from metaworld.policies import ENV_POLICY_MAP
+
+    if task_name not in ENV_POLICY_MAP:
+        raise ValueError(
+            f"--data.env_kwargs.tasks: Meta-World has no scripted expert for {task_name!r}; "
+            f"known: {sorted(ENV_POLICY_MAP)}"
+        )
+    return ENV_POLICY_MAP[task_name]()
+
+
+def episode_seed(seed: int, task_id: int, attempt: int) -> int:
+    """Seed of demo attempt ``attempt`` of task ``task_id`` (independent streams, no collisions)."""
+    return int(np.random.SeedSequence([seed, task_id, attempt]).generate_state(1)[0])
+
+
+def play_expert(
+    env: Any, task_id: int, seed: int
+) -> tuple[list[dict[str, np.ndarray]], list[np.ndarray], list[float], bool]:
+    """One expert episode of task ``task_id``: observations (before each action), actions, rewards,
+    and whether it succeeded. ``env`` is a (wrapped) :class:`~fastlight.envs.metaworld.MetaWorldEnv`."""
+    base = env.unwrapped
+    expert = expert_for(base.task_names[task_id])
+    low, high = env.action_space.low, env.action_space.high
+    obs, info = env.reset(seed=seed, options={"task_id": task_id})
+    observations, actions, rewards = [], [], []
+    done, success = False, False
+    while not done:
+        action = np.clip(np.asarray(expert.get_action(base.state), dtype=np.float32), low, high)
+        observations.append(obs)
+        actions.append(action)
+        obs, reward, terminated, truncated, info = env.step(action)
+        rewards.append(float(reward))
+        success = success or bool(info.get("success", False))
+        done = terminated or truncated
+    return observations, actions, rewards, success
+
+
+def generate_task(settings: DemoSettings, task_id: int) -> dict[str, Any]:
+    """The kept demonstrations of one task, as numpy arrays (runs in a worker process)."""
+    env = _demo_env(settings)
+    wanted, budget = settings.demos_per_task, settings.demos_per_task * settings.max_attempts_per_demo
+    obs: list[dict[str, np.ndarray]] = []
+    actions, rewards, steps, episodes = [], [], [], []
+    attempts = successes = kept = 0
+    while kept < wanted and attempts < budget:
+        o, a, r, ok = play_expert(env, task_id, episode_seed(settings.seed, task_id, attempts))
+        attempts += 1
+        successes += ok
+        if ok or not settings.successful_only:
+            obs += o
+            actions += a
+            rewards += r
+            steps += range(len(a))
+            episodes += [kept] * len(a)
+            kept += 1
+    env.close()
+    stacked = {k: np.stack([x[k] for x in obs]) for k in obs[0]} if obs else {}
+    return {
+        "task_id": task_id,
+        "obs": stacked,
+        "actions": np.asarray(actions, dtype=np.float32),
+        "rewards": np.asarray(rewards, dtype=np.float32),
+        "step": np.asarray(steps, dtype=np.int64),
+        "episode": np.asarray(episodes, dtype=np.int64),
+        "expert": {"attempts": attempts, "successes": successes, "kept": kept},
+    }
+
+
+def _demo_env(settings: DemoSettings) -> Any:
+    from fastlight.envs.metaworld import MetaWorldEnv
+
+    env = make_env(settings.env_id, env_kwargs=settings.env_kwargs)
+    if not isinstance(env.unwrapped, MetaWorldEnv):
+        env.close()
+        raise ValueError(
+            f"--data.env_id: demonstrations come from Meta-World's scripted experts, so the env must be a "
+            f"fastlight Meta-World env (fastlight/MetaWorld-v0, fastlight/MetaWorld-<task>), got "
+            f"{settings.env_id!r}"
+        )
+    return env
+
+
+def _init_worker(parent: int) -> None:
+    from fastlight.sampling.child import start_child
+
+    start_child(parent, threads=1)
+
+
+def generate(settings: DemoSettings, task_names: tuple[str, ...], num_workers: int) -> Demos:
+    """Every task's demonstrations, ``num_workers`` processes (0: in this process)."""
+    ids = range(len(task_names))
+    if num_workers == 0:
+        parts = [generate_task(settings, k) for k in ids]
+    else:
+        with ProcessPoolExecutor(
+            max_workers=min(num_workers, len(task_names)),
+            mp_context=get_context("spawn"),
+            initializer=_init_worker,
+            initargs=(os.getpid(),),
+        ) as pool:
+            parts = list(pool.map(generate_task, [settings] * len(task_names), ids))
+    return _concat(parts, task_names)
+
+
+def _concat(parts: list[dict[str, Any]], task_names: tuple[str, ...]) -> Demos:
+    parts = sorted(parts, key=lambda p: p["task_id"])
+    empty = [task_names[p["task_id"]] for p in parts if p["expert"]["kept"] == 0]
+    if empty:
+        raise RuntimeError(
+            f"the scripted expert kept no demonstration of {empty}: raise --data.max_attempts_per_demo "
+            f"or set --data.successful_only false"
+        )
+    offset, episodes = 0, []
+    for p in parts:
+        episodes.append(torch.from_numpy(p["episode"] + offset))
+        offset += p["expert"]["kept"]
+    cat = lambda key: torch.from_numpy(np.concatenate([p[key] for p in parts]))  # noqa: E731
+    keys = parts[0]["obs"].keys()
+    return Demos(
+        obs={k: torch.from_numpy(np.concatenate([p["obs"][k] for p in parts])) for k in keys},
+        actions=cat("actions"),
+        rewards=cat("rewards"),
+        step=cat("step"),
+        task_id=torch.cat([torch.full((len(p["actions"]),), p["task_id"], dtype=torch.long) for p in parts]),
+        episode=torch.cat(episodes),
+        task_names=task_names,
+        expert={task_names[p["task_id"]]: p["expert"] for p in parts},
+    )
+
+
+# ---------------------------------------------------------------------- cache
+def cache_path(cache_dir: str | Path, settings: DemoSettings) -> Path:
+    return Path(cache_dir) / f"demos-{settings.key()}.pt"
+
+
+def save_demos(path: Path, demos: Demos, settings: DemoSettings) -> None:
+    """Write atomically (temporary file, then rename): a half-written cache is never picked up."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"settings": settings.as_json(), "demos": asdict(demos)}
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    torch.save(payload, tmp)
+    os.replace(tmp, path)
+    meta = {"settings": settings.as_json(), "expert": demos.expert, "transitions": len(demos)}
+    path.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def load_demos(path: Path, settings: DemoSettings) -> Demos:
+    """Load a cache file, refusing one recorded with other settings (never reused silently)."""
+    payload = torch.load(path, map_location="cpu", weights_only=False)
+    recorded = payload.get("settings") if isinstance(payload, dict) else None
+    if recorded != settings.as_json():
+        diff = (
+            {k: (recorded.get(k), v) for k, v in settings.as_json().items() if recorded.get(k) != v}
+            if isinstance(recorded, dict) else "no settings recorded"
+        )  # fmt: skip
+        raise ValueError(f"demo cache {path} was made with other settings (recorded, requested): {diff}")
+    d = payload["demos"]
+    d["task_names"] = tuple(d["task_names"])
+    return Demos(**d)
+
+
+# ---------------------------------------------------------------------- Lightning
+class DemoDataset(Dataset):
+    """Index with a list of transition indices -> one batch dict (no per-item collation)."""
+
+    def __init__(self, demos: Demos) -> None:
+        self.demos = demos
+
+    def __len__(self) -> int:
+        return len(self.demos)
+
+    def __getitem__(self, idx: list[int]) -> dict[str, Any]:
+        i = torch.as_tensor(idx, dtype=torch.long)
+        d = self.demos
+        return {
+            "obs": {k: v[i] for k, v in d.obs.items()},
+            "actions": d.actions[i],
+            "step": d.step[i],
+            "task_id": d.task_id[i],
+        }
+
+
+class DemoDataModule(L.LightningDataModule):
+    """Scripted-expert demonstrations of the configured Meta-World tasks (see the module docstring).
+
+    Args:
+        env_id, env_kwargs: the Meta-World env, exactly as the RL run's ``--data`` has it.
+        demos_per_task: demonstrations kept per task.
+        seed: base seed of the demo episodes.
+        successful_only: keep only the episodes where the expert succeeded.
+        max_attempts_per_demo: expert episodes tried per demo wanted, at most.
+        num_workers: generating processes (0 = in the trainer process).
+        batch_size: transitions per SFT batch.
+        cache_dir: where generated demonstrations are kept, keyed by the settings above.
+    """
+
+    def __init__(
+        self,
+        env_id: str = "fastlight/MetaWorld-v0",
+        env_kwargs: dict[str, Any] | None = None,
+        demos_per_task: int = 30,
+        seed: int = 0,
+        successful_only: bool = True,
+        max_attempts_per_demo: int = 5,
+        num_workers: int = 2,
+        batch_size: int = 256,
+        cache_dir: str = "runs/demo_cache",
+    ) -> None:
+        super().__init__()
+        for name, value, low in (
+            ("demos_per_task", demos_per_task, 1), ("max_attempts_per_demo", max_attempts_per_demo, 1),
+            ("num_workers", num_workers, 0), ("batch_size", batch_size, 1),
+        ):  # fmt: skip
+            if value < low:
+                raise ValueError(f"--data.{name} must be >= {low}, got {value}")
+        self.save_hyperparameters()
+        self.settings = DemoSettings(
+            env_id=env_id,
+            env_kwargs=dict(env_kwargs or {}),
+            demos_per_task=demos_per_task,
+            seed=seed,
+            successful_only=successful_only,
+            max_attempts_per_demo=max_attempts_per_demo,
+        )
+        probe = _demo_env(self.settings)  # refuses unknown tasks and non-Meta-World envs now
+        self.env_spec = EnvSpec.from_env(probe)
+        self.task_names: tuple[str, ...] = tuple(probe.unwrapped.task_names)
+        probe.close()
+        for name in self.task_names:
+            expert_for(name)
+        self.demos: Demos | None = None
+
+    # Sizes linked to the model by the CLI, as RolloutDataModule's.
+    @property
+    def obs_dim(self) -> int:
+        return self.env_spec.obs_dim
+
+    @property
+    def action_dim(self) -> int:
+        return self.env_spec.action_dim
+
+    @property
+    def continuous(self) -> bool:
+        return self.env_spec.continuous
+
+    @property
+    def cache_file(self) -> Path:
+        return cache_path(self.hparams.cache_dir, self.settings)
+
+    @override
+    def prepare_data(self) -> None:
+        """Generate and cache the demonstrations unless a cache with these settings exists."""
+        path = self.cache_file
+        if path.exists():
+            load_demos(path, self.settings)  # refuses a file recorded with other settings
+            rank_zero_info(f"fastlight: demonstrations from cache {path}")
+            return
+        t0 = time.perf_counter()
+        demos = generate(self.settings, self.task_names, self.hparams.num_workers)
+        save_demos(path, demos, self.settings)
+        rank_zero_info(
+            f"fastlight: generated {demos.summary()} in {time.perf_counter() - t0:.0f} s -> {path}"
+        )
+
+    @override
+    def setup(self, stage: str) -> None:
+        if self.demos is None:
+            self.demos = load_demos(self.cache_file, self.settings)
+            rank_zero_info(f"fastlight: {self.demos.summary()}")
+
+    def load(self) -> Demos:
+        """Generate (or read the cache) and return the demonstrations, outside a Trainer."""
+        self.prepare_data()
+        self.setup("fit")
+        assert self.demos is not None
+        return self.demos
+
+    @override
+    def train_dataloader(self) -> DataLoader:
+        if self.demos is None:
+            raise RuntimeError("DemoDataModule.train_dataloader before setup()")
+        ds = DemoDataset(self.demos)
+        sampler = BatchSampler(RandomSampler(ds), self.hparams.batch_size, drop_last=False)
+        return DataLoader(ds, sampler=sampler, batch_size=None, num_workers=0)
+
+    def iter_batches(self) -> Iterator[dict[str, Any]]:
+        return iter(self.train_dataloader())

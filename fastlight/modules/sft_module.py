@@ -1,0 +1,108 @@
+"""``VLASFTModule``: supervised fine-tuning of a ``VLAPolicy`` on demonstrations (the stage before RL).
+
+AcceRL, SimpleVLA-RL and RLinf start RL from a VLA fine-tuned on demonstrations. This module trains
+the *same* :class:`~fastlight.models.vla.VLAPolicy` (same ``--model.policy`` block as the RL config)
+with cross-entropy on its action tokens: the expert's continuous action is tokenised by the
+policy's own :class:`~fastlight.models.action_tokenizer.ActionTokenizer` (one bin per action
+dimension), the logits at the ``K`` action slots are scored against those bins (teacher-forced in
+autoregressive decoding), and the loss is the mean over valid tokens, as SMPO reduces RL losses
+(FAST §SMPO): a padded or masked token counts neither in the sum nor in the count.
+
+It is a subclass of :class:`~fastlight.modules.vla_module.VLAModule` so that its checkpoints are
+VLA checkpoints (``--model.init_from`` of an RL run reads its ``policy.*`` weights, the evaluation
+tools load it like any VLA run); the RL settings it inherits (objective, clipping, GAE) are unused.
+Data: :class:`~fastlight.data.demos.DemoDataModule` batches (``obs``, ``actions``, ``step``).
+
+Logged: ``sft/loss``, ``sft/token_accuracy`` (argmax bin = expert bin), ``sft/bin_error`` (mean
+absolute distance in bins), ``sft/lr``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from typing_extensions import override
+
+from fastlight.losses.masked import masked_mean
+from fastlight.modules.vla_module import VLAModule
+
+
+class VLASFTModule(VLAModule):
+    """Cross-entropy fine-tuning of a VLA's action tokens on demonstrations.
+
+    Args:
+        label_smoothing: spread this much of each token's target mass over the other bins.
+        warmup_steps: linear learning-rate warm-up over this many optimizer steps.
+        **kwargs: :class:`~fastlight.modules.vla_module.VLAModule`'s settings (``policy``, ``lr``,
+            ``value_lr``, ``max_grad_norm``, ...).
+    """
+
+    def __init__(self, label_smoothing: float = 0.0, warmup_steps: int = 100, **kwargs: Any) -> None:
+        if not 0.0 <= label_smoothing < 1.0:
+            raise ValueError(f"--model.label_smoothing must be in [0, 1), got {label_smoothing}")
+        if warmup_steps < 0:
+            raise ValueError(f"--model.warmup_steps must be >= 0, got {warmup_steps}")
+        super().__init__(**kwargs)
+
+    @override
+    def configure_optimizers(self) -> Any:
+        opt = torch.optim.AdamW(self.param_groups(), lr=self.hparams.lr, weight_decay=0.0)
+        warm = max(self.hparams.warmup_steps, 1)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    def token_loss(self, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
+        """Masked cross-entropy of the action tokens; ``batch`` as DemoDataModule yields it.
+
+        ``batch["valid"]`` ``[B]`` or ``[B, K]`` (optional, default all valid) masks padded entries.
+        """
+        policy = self.policy
+        bins = policy.action_tokenizer.encode(batch["actions"]).to(self.device)  # [B, K]
+        logits, _ = policy(batch["obs"], actions=bins)  # [B, K, n_bins]
+        valid = batch.get("valid")
+        valid = torch.ones_like(bins, dtype=torch.bool) if valid is None else valid.bool()
+        if valid.dim() == 1:
+            valid = valid[:, None].expand_as(bins)
+        ce = F.cross_entropy(
+            logits.flatten(0, 1), bins.flatten(), reduction="none",
+            label_smoothing=self.hparams.label_smoothing,
+        ).view_as(bins)  # fmt: skip
+        loss = masked_mean(ce, valid)
+        with torch.no_grad():
+            pred = logits.argmax(-1)
+            info = {
+                "token_accuracy": masked_mean((pred == bins).float(), valid),
+                "bin_error": masked_mean((pred - bins).abs().float(), valid),
+            }
+        return loss, info
+
+    @override
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        if not isinstance(batch, dict) or "actions" not in batch:
+            raise TypeError(
+                f"VLASFTModule trains on demonstration batches (--data fastlight.data.demos.DemoDataModule), "
+                f"got {type(batch).__name__}"
+            )
+        loss, info = self.token_loss(batch)
+        opt = self.optimizers()
+        opt.zero_grad(set_to_none=True)
+        self.manual_backward(loss)
+        if self.hparams.max_grad_norm is not None:
+            self.clip_gradients(
+                opt, gradient_clip_val=self.hparams.max_grad_norm, gradient_clip_algorithm="norm"
+            )
+        opt.step()
+        self.lr_schedulers().step()
+        n = int(batch["actions"].shape[0])
+        self.log("sft/loss", loss.detach(), on_step=True, prog_bar=True, batch_size=n)
+        self.log_dict({f"sft/{k}": v for k, v in info.items()}, on_step=True, batch_size=n)
+        self.log("sft/lr", opt.param_groups[0]["lr"], on_step=True, batch_size=n)
+        return loss.detach()
+
+    @property
+    @override
+    def optimizer_steps_per_update(self) -> int:
+        return 1
