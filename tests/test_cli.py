@@ -14,6 +14,9 @@ from fastlight.cli import cli_main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.yaml")))
+#: Configs of supervised stages (DemoDataModule), run by test_vla_sft_then_rl_chain.
+SFT_CONFIGS = [c for c in CONFIGS if c.endswith("_sft.yaml")]
+RL_CONFIGS = [c for c in CONFIGS if c not in SFT_CONFIGS]
 FRAGMENTS = sorted(glob.glob(os.path.join(ROOT, "callbacks", "*.yaml")))
 
 #: Shrinks any config to a one-step smoke run (keys every RolloutDataModule accepts).
@@ -56,14 +59,17 @@ def test_configs_are_found_and_parse():
 
 
 @pytest.mark.multiproc
-@pytest.mark.parametrize("config", CONFIGS, ids=os.path.basename)
+@pytest.mark.parametrize("config", RL_CONFIGS, ids=os.path.basename)
 def test_config_runs_one_step(config, tmp_path):
     import yaml
 
     with open(config) as f:
         spec = yaml.safe_load(f)
+    # A config that starts from another run's checkpoint runs here from scratch; the chain itself
+    # is test_vla_sft_then_rl_chain.
+    no_init = ["--model.init_from", "null"] if "init_from" in spec["model"]["init_args"] else []
     cli = cli_main(
-        ["fit", "--config", config, *tiny_overrides(), "--trainer.default_root_dir", str(tmp_path)]
+        ["fit", "--config", config, *tiny_overrides(), *no_init, "--trainer.default_root_dir", str(tmp_path)]
     )
     # The run is the one the YAML describes: its classes, ...
     assert type(cli.model) is resolve(spec["model"]["class_path"])
@@ -77,6 +83,8 @@ def test_config_runs_one_step(config, tmp_path):
                 assert cli.model.hparams.policy["init_args"][name] == arg, (key, name)
                 if hasattr(cli.model.policy, name):  # the object itself, where it keeps the setting
                     assert getattr(cli.model.policy, name) == arg, (key, name)
+            continue
+        if key == "init_from":
             continue
         assert cli.model.hparams[key] == value, key
     data = {k: v for k, v in spec["data"]["init_args"].items() if k not in overridden("data")}
@@ -187,3 +195,48 @@ def test_cli_error_names_the_flag():
     )
     assert out.returncode != 0
     assert "--data.termination_threshold must be in [0, 1], got 1.5" in out.stderr
+
+
+@pytest.mark.multiproc
+def test_vla_sft_then_rl_chain(tmp_path):
+    """configs/vla_metaworld_mt10_sft.yaml writes <root>/checkpoints/last.ckpt, and
+    configs/vla_metaworld_mt10.yaml starts from it: the RL run's policy begins as the SFT policy and,
+    during the critic warm-up, only the value head moves."""
+    import torch
+    import yaml
+
+    from fastlight.data.demos import DemoDataModule
+    from fastlight.modules.sft_module import VLASFTModule
+    from fastlight.modules.vla_module import VLAModule
+
+    sft_config, rl_config = SFT_CONFIGS[0], os.path.join(ROOT, "configs", "vla_metaworld_mt10.yaml")
+    sft_spec, rl_spec = (yaml.safe_load(open(c)) for c in (sft_config, rl_config))
+    # The demonstrations show what RL will see: same env and policy blocks.
+    assert sft_spec["data"]["init_args"]["env_kwargs"] == rl_spec["data"]["init_args"]["env_kwargs"]
+    assert sft_spec["model"]["init_args"]["policy"] == rl_spec["model"]["init_args"]["policy"]
+    sft_root, rl_root = tmp_path / "sft", tmp_path / "rl"
+    sft = cli_main([
+        "fit", "--config", sft_config, "--data.demos_per_task", "1", "--data.num_workers", "0",
+        "--data.max_attempts_per_demo", "1", "--data.successful_only", "false",
+        "--data.env_kwargs.max_path_length", "5", "--data.cache_dir", str(tmp_path / "cache"),
+        "--trainer.max_steps", "3", "--trainer.enable_progress_bar", "false",
+        "--trainer.default_root_dir", str(sft_root),
+    ])  # fmt: skip
+    assert type(sft.model) is VLASFTModule and type(sft.datamodule) is DemoDataModule
+    assert sft.trainer.global_step == 3 and sft.datamodule.demos.num_episodes == 10
+    ckpt = sft_root / "checkpoints" / "last.ckpt"
+    assert ckpt.is_file()
+    sft_weights = {
+        k: v for k, v in torch.load(ckpt, weights_only=False)["state_dict"].items() if k.startswith("policy.")
+    }
+    rl = cli_main([
+        "fit", "--config", rl_config, *tiny_overrides(), "--data.env_kwargs.max_path_length", "5",
+        "--model.init_from", str(ckpt), "--trainer.default_root_dir", str(rl_root),
+    ])  # fmt: skip
+    assert type(rl.model) is VLAModule and rl.model.policy_version == 1
+    assert rl.model.hparams.value_warmup_updates >= 1  # so the one update below trained the critic only
+    after = {f"policy.{k}": v for k, v in rl.model.policy.state_dict().items()}
+    assert after.keys() == sft_weights.keys()
+    moved = sorted(k for k in after if not torch.equal(after[k], sft_weights[k]))
+    assert moved and all(k.startswith("policy.value_head.") for k in moved), moved
+    assert (rl_root / "checkpoints" / "last.ckpt").is_file()
