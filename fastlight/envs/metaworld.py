@@ -61,7 +61,10 @@ __all__ = [
 
 
 #: ``reward`` settings of :class:`MetaWorldEnv`.
-REWARDS = ("dense", "success")
+REWARDS = ("dense", "success", "dense_success")
+
+#: Meta-World's largest per-step shaped reward (v3 rewards lie in [0, 10]).
+MAX_STEP_REWARD = 10.0
 
 
 class MetaWorldEnv(gym.Env):
@@ -80,7 +83,10 @@ class MetaWorldEnv(gym.Env):
         reward: ``"dense"``: Meta-World's shaped reward (0..10 per step) x ``reward_scale``;
             ``"success"``: ``reward_scale`` at the step that first succeeds, else 0 (the outcome
             reward VLA RL uses; with ``terminate_on_success`` the dense reward would pay a policy
-            for lingering near the goal instead of finishing).
+            for lingering near the goal instead of finishing);
+            ``"dense_success"``: the shaped reward, plus, at a success that ends the episode, the
+            most the remaining steps could have paid (``10 x steps left``), so that finishing
+            early is never worth less than hovering next to the goal; all x ``reward_scale``.
         reward_scale: multiplies the reward.
         goal_seed: seed of the 50 goal variations per task (shared by every env and worker).
         fast_render: no shadows / multisampling (about 18x faster on a CPU renderer).
@@ -240,6 +246,8 @@ class MetaWorldEnv(gym.Env):
         out.update(success=success, task_id=self._task)
         if self.reward == "success":
             reward = float(success and not self._succeeded)
+        elif self.reward == "dense_success" and terminated:
+            reward = float(reward) + MAX_STEP_REWARD * (self.max_path_length - self._steps)
         self._succeeded = self._succeeded or success
         return self._obs(state), float(reward) * self.reward_scale, terminated, truncated, out
 

@@ -182,3 +182,33 @@ def test_moved_names_stay_importable_from_the_adapter_module():
     for name, home in homes.items():
         assert getattr(metaworld, name) is getattr(home, name), name
     assert gym.spec("fastlight/MetaWorld-v0").entry_point == "fastlight.envs.metaworld:MetaWorldEnv"
+
+
+def test_reward_modes_pay_success_without_rewarding_hovering():
+    """``success``: reward_scale once, at the first success; ``dense_success``: the shaped reward plus
+    what the remaining steps could have paid, at the success that ends the episode."""
+    from metaworld.policies import SawyerReachV3Policy
+
+    def play(reward: str, **kw):
+        env = MetaWorldEnv(tasks="reach-v3", image=False, max_path_length=100, reward=reward, **kw)
+        obs, _ = env.reset(seed=1)
+        expert, rewards, done = SawyerReachV3Policy(), [], False
+        while not done:
+            obs, r, term, trunc, info = env.step(np.clip(expert.get_action(env.state), -1, 1))
+            rewards.append(r)
+            done = term or trunc
+        env.close()
+        return np.asarray(rewards), term, env
+
+    dense, term, _ = play("dense", reward_scale=0.5)
+    assert term and len(dense) < 100
+    sparse, term, _ = play("success", reward_scale=0.5)
+    assert list(sparse[:-1]) == [0.0] * (len(sparse) - 1) and sparse[-1] == 0.5
+    shaped, term, _ = play("dense_success", reward_scale=0.5)
+    np.testing.assert_allclose(shaped[:-1], dense[:-1], rtol=0, atol=1e-9)
+    left = 100 - len(shaped)
+    assert shaped[-1] == pytest.approx(dense[-1] + 0.5 * 10.0 * left)
+    # finishing is worth at least staying at the best per-step reward until the time limit
+    assert shaped[-1] >= 0.5 * 10.0 * left
+    with pytest.raises(ValueError, match="--data.env_kwargs.reward must be one of dense | success"):
+        MetaWorldEnv(tasks="reach-v3", image=False, reward="sparse")
