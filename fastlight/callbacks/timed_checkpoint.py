@@ -4,8 +4,8 @@ Lightning's ``ModelCheckpoint(train_time_interval=...)`` never fires under manua
 (Lightning 2.6 checks only ``every_n_train_steps`` there), and every fastlight module optimises
 manually. This callback saves ``<dirpath>/time=<MMMM>min-step=<S>.ckpt`` each time another
 ``every_minutes`` of training wall-clock has passed (measured from the start of ``fit``; a resumed
-run goes on counting from the checkpoint's time), through ``trainer.save_checkpoint``, so it works
-under every strategy. The decision is rank 0's, broadcast, so all ranks save together.
+run goes on counting from the checkpoint's time) and once more when training ends, through
+``trainer.save_checkpoint``, so it works under every strategy. The decision is rank 0's, broadcast, so all ranks save together.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ class TimedCheckpoint(Callback):
         self._offset_s = 0.0  # training time before this fit (a resumed run)
         self._start: float | None = None
         self._saved = 0  # checkpoints written so far (the next is due at (saved + 1) x every)
+        self._last_step = -1
 
     def elapsed_s(self) -> float:
         return self._offset_s + (0.0 if self._start is None else _now() - self._start)
@@ -54,9 +55,19 @@ class TimedCheckpoint(Callback):
         if not due:
             return
         self._saved = int(elapsed // (self.every_minutes * 60.0))
+        self._save(trainer, elapsed)
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """The state training ended in (e.g. at ``--trainer.max_time``), unless just saved."""
+        if self._last_step != trainer.global_step:
+            self._save(trainer, self.elapsed_s())
+
+    def _save(self, trainer: pl.Trainer, elapsed: float) -> None:
         root = self.dirpath or os.path.join(trainer.default_root_dir, "checkpoints")
         name = f"time={int(elapsed // 60):04d}min-step={trainer.global_step}.ckpt"
         trainer.save_checkpoint(os.path.join(root, name))
+        self._last_step = trainer.global_step
 
     @override
     def state_dict(self) -> dict[str, Any]:
