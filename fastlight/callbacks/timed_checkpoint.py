@@ -5,7 +5,8 @@ Lightning's ``ModelCheckpoint(train_time_interval=...)`` never fires under manua
 manually. This callback saves ``<dirpath>/time=<MMMM>min-step=<S>.ckpt`` each time another
 ``every_minutes`` of training wall-clock has passed (measured from the start of ``fit``; a resumed
 run goes on counting from the checkpoint's time) and once more when training ends, through
-``trainer.save_checkpoint``, so it works under every strategy. The decision is rank 0's, broadcast, so all ranks save together.
+``trainer.save_checkpoint``, so it works under every strategy. The decision is rank 0's, broadcast,
+so all ranks save together.
 """
 
 from __future__ import annotations
