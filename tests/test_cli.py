@@ -42,6 +42,15 @@ def overridden(section: str) -> set[str]:
     return {a.split(".", 1)[1] for a in tiny_overrides() if a.startswith(f"--{section}.")}
 
 
+def setting(obj: object, key: str) -> object:
+    """``obj``'s value of constructor argument ``key``, as a YAML writes it (Lightning's
+    ModelCheckpoint keeps some privately, e.g. ``_train_time_interval``, as a ``timedelta``)."""
+    import datetime
+
+    value = getattr(obj, key) if hasattr(obj, key) else getattr(obj, f"_{key}")
+    return str(value) if isinstance(value, datetime.timedelta) else value
+
+
 def resolve(class_path: str) -> type:
     module, name = class_path.rsplit(".", 1)
     return getattr(importlib.import_module(module), name)
@@ -99,7 +108,7 @@ def test_config_runs_one_step(config, tmp_path):
         cls = resolve(cb["class_path"])
         assert cls in attached, cb["class_path"]
         for key, value in cb.get("init_args", {}).items():
-            assert getattr(attached[cls], key) == value, (cb["class_path"], key)
+            assert setting(attached[cls], key) == value, (cb["class_path"], key)
     # One tiny step ran: one rollout (one weight version) = update_epochs x num_minibatches
     # optimizer steps of the config's model, with the test's sizes.
     hp = cli.model.hparams
