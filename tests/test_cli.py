@@ -207,6 +207,25 @@ def test_short_callback_name_resolves_to_fastlights_throughput(tmp_path):
         assert [type(c) for c in cli.trainer.callbacks].count(RolloutThroughput) == 1, config
 
 
+def test_old_short_name_stays_lightnings_and_is_not_ambiguous(tmp_path):
+    """In a fresh process (where nothing used the deprecated alias yet) the bare name
+    ``ThroughputMonitor`` is Lightning's FLOPs monitor, the name's owner, without an ambiguity error."""
+    code = (
+        "import sys; from fastlight.cli import cli_main; "
+        "cli = cli_main(sys.argv[1:], run=False); "
+        "print([f'{type(c).__module__}.{type(c).__name__}' for c in cli.trainer.callbacks])"
+    )
+    args = ["--config", os.path.join(ROOT, "examples", "merge.yaml"), *tiny_overrides(),
+            "--trainer.callbacks+=ThroughputMonitor", "--trainer.callbacks.batch_size_fn=builtins.len",
+            "--trainer.default_root_dir", str(tmp_path)]  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=ROOT, timeout=180
+    )
+    assert out.returncode == 0, out.stderr
+    assert "lightning.pytorch.callbacks.throughput_monitor.ThroughputMonitor" in out.stdout
+    assert "fastlight" not in out.stdout
+
+
 def test_global_seed_reaches_the_envs_unless_data_seed_is_set(tmp_path, monkeypatch):
     monkeypatch.setenv("PL_GLOBAL_SEED", "0")  # restored after the test
     base = ["--config", os.path.join(ROOT, "configs", "highway_dpsa.yaml"), *tiny_overrides(),

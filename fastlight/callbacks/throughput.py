@@ -133,16 +133,30 @@ class RolloutThroughput(Callback):
         self.totals = dict.fromkeys(_TOTALS, 0) | {k: int(v) for k, v in state_dict["totals"].items()}
 
 
-class ThroughputMonitor(RolloutThroughput):
-    """Deprecated alias of :class:`RolloutThroughput` (the old name, which Lightning's own
-    ``ThroughputMonitor`` shadows on the command line); warns once per construction."""
+def _deprecated_alias() -> type[RolloutThroughput]:
+    class ThroughputMonitor(RolloutThroughput):
+        """Deprecated alias of :class:`RolloutThroughput` (the old name, which is Lightning's own
+        ``ThroughputMonitor``'s); warns at every construction."""
 
-    def __init__(self, window: int = 1, prog_bar: bool = True) -> None:
-        warnings.warn(
-            "fastlight.callbacks.throughput.ThroughputMonitor is renamed RolloutThroughput (the old name "
-            "is Lightning's own lightning.pytorch.callbacks.ThroughputMonitor); use "
-            "fastlight.callbacks.throughput.RolloutThroughput",
-            FutureWarning,
-            stacklevel=2,
-        )
-        super().__init__(window=window, prog_bar=prog_bar)
+        def __init__(self, window: int = 1, prog_bar: bool = True) -> None:
+            warnings.warn(
+                "fastlight.callbacks.throughput.ThroughputMonitor is renamed RolloutThroughput (the old "
+                "name is Lightning's own lightning.pytorch.callbacks.ThroughputMonitor); use "
+                "fastlight.callbacks.throughput.RolloutThroughput",
+                FutureWarning,
+                stacklevel=2,
+            )
+            super().__init__(window=window, prog_bar=prog_bar)
+
+    ThroughputMonitor.__module__, ThroughputMonitor.__qualname__ = __name__, "ThroughputMonitor"
+    return ThroughputMonitor
+
+
+def __getattr__(name: str) -> Any:
+    # The alias class is made on first use only: jsonargparse resolves a bare class name among the
+    # Callback subclasses that exist, and an eager alias would make `--trainer.callbacks+=
+    # ThroughputMonitor` ambiguous instead of Lightning's (the name's owner).
+    if name == "ThroughputMonitor":
+        alias = globals()["ThroughputMonitor"] = _deprecated_alias()
+        return alias
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
