@@ -20,6 +20,8 @@ import lightning as L
 from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningCLI
 
+from fastlight.cli_callbacks import merge_repeated_callbacks
+from fastlight.cli_output import one_line_errors, quiet_third_party
 from fastlight.modules.rl_module import RLModule
 
 
@@ -37,6 +39,8 @@ class FastlightCLI(LightningCLI):
         cfg = self.config[self.subcommand] if self.subcommand else self.config
         trainer = cfg["trainer"]
         root = trainer.get("default_root_dir") or "runs"
+        # A fragment adds a callback the config may already have: update it, never run two.
+        trainer["callbacks"] = merge_repeated_callbacks(trainer.get("callbacks"))
         # Checkpoints at <root>/checkpoints (not under a logger's version folder), so that the next
         # stage finds them (e.g. the RL config's --model.init_from <sft root>/checkpoints/last.ckpt).
         for cb in trainer.get("callbacks") or []:
@@ -61,6 +65,7 @@ class FastlightCLI(LightningCLI):
 def cli_main(args: list[str] | None = None, *, run: bool = True) -> FastlightCLI:
     # Rendering backends for MuJoCo (Meta-World) without a display.
     os.environ.setdefault("MUJOCO_GL", "egl")
+    quiet_third_party()  # Lightning's tips and known-harmless warnings
     # Like `python -m`, resolve class paths of the project being run (e.g. examples.*, a
     # user's own module) from the working directory; console scripts do not add it.
     if os.getcwd() not in sys.path:
@@ -81,7 +86,8 @@ def cli_main(args: list[str] | None = None, *, run: bool = True) -> FastlightCLI
 
 
 def main() -> None:
-    cli_main()  # LightningCLI reads sys.argv itself
+    with one_line_errors():  # a bad setting: one line naming the flag (FASTLIGHT_DEBUG=1: traceback)
+        cli_main()  # LightningCLI reads sys.argv itself
 
 
 if __name__ == "__main__":

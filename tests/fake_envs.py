@@ -71,6 +71,8 @@ class TwoTaskEnv(FixedLengthEnv):
     Tasks are drawn at reset from the weights set through ``set_task_weights`` (uniform before).
     """
 
+    task_names = ("fails", "succeeds")  # what RolloutDataModule.task_names (and so DWR) reads
+
     def __init__(self) -> None:
         super().__init__(lengths=(3,))
         self.weights = np.array([0.5, 0.5])

@@ -42,6 +42,15 @@ def overridden(section: str) -> set[str]:
     return {a.split(".", 1)[1] for a in tiny_overrides() if a.startswith(f"--{section}.")}
 
 
+def setting(obj: object, key: str) -> object:
+    """``obj``'s value of constructor argument ``key``, as a YAML writes it (Lightning's
+    ModelCheckpoint keeps some privately, e.g. ``_train_time_interval``, as a ``timedelta``)."""
+    import datetime
+
+    value = getattr(obj, key) if hasattr(obj, key) else getattr(obj, f"_{key}")
+    return str(value) if isinstance(value, datetime.timedelta) else value
+
+
 def resolve(class_path: str) -> type:
     module, name = class_path.rsplit(".", 1)
     return getattr(importlib.import_module(module), name)
@@ -99,10 +108,7 @@ def test_config_runs_one_step(config, tmp_path):
         cls = resolve(cb["class_path"])
         assert cls in attached, cb["class_path"]
         for key, value in cb.get("init_args", {}).items():
-            # ModelCheckpoint keeps some settings private and parsed (train_time_interval: a timedelta)
-            obj = attached[cls]
-            got = getattr(obj, key) if hasattr(obj, key) else getattr(obj, f"_{key}")
-            assert got == value or str(got) == str(value), (cb["class_path"], key, got)
+            assert setting(attached[cls], key) == value, (cb["class_path"], key)
     # One tiny step ran: one rollout (one weight version) = update_epochs x num_minibatches
     # optimizer steps of the config's model, with the test's sizes.
     hp = cli.model.hparams
@@ -119,35 +125,134 @@ def test_config_runs_one_step(config, tmp_path):
     assert os.listdir(tmp_path)  # logs / checkpoints went under the root dir
 
 
+def no_init(spec: dict) -> list[str]:
+    """A config that starts from another run's checkpoint runs here from scratch (the chain itself
+    is test_vla_sft_then_rl_chain)."""
+    return ["--model.init_from", "null"] if "init_from" in spec["model"]["init_args"] else []
+
+
 @pytest.mark.multiproc
+@pytest.mark.parametrize("config", RL_CONFIGS, ids=os.path.basename)
 @pytest.mark.parametrize("fragment", FRAGMENTS, ids=os.path.basename)
-def test_callback_fragment_attaches(fragment, tmp_path):
+def test_fragment_attaches_to_every_config(fragment, config, tmp_path):
+    """Every fragment on every RolloutDataModule config: one callback of its class (the config's own,
+    updated, when it has one), sized from the run; DWR on a single-task env is refused by name."""
     import yaml
 
-    wanted = [
-        c["class_path"].rsplit(".", 1)[1] for c in yaml.safe_load(open(fragment))["trainer"]["callbacks+"]
-    ]
-    # A base config that attaches no callbacks of its own (highway_dpsa.yaml already has a
-    # ThroughputMonitor, and Lightning refuses two callbacks with the same state key), on a
-    # multi-task env (DWR refuses an env without task weights).
-    config = os.path.join(ROOT, "examples", "merge.yaml")
-    multi_task = ["--data.env_id", "tests.fake_envs:TwoTask-v0", "--data.reset_mode", "autoreset"]
+    from fastlight.callbacks.dwr import DynamicWeightedResampling
+
+    spec, frag = (yaml.safe_load(open(f)) for f in (config, fragment))
+    (added,) = frag["trainer"]["callbacks+"]
+    cls = resolve(added["class_path"])
     cli = cli_main(
-        [
-            "fit",
-            "--config",
-            config,
-            "--config",
-            fragment,
-            *tiny_overrides(),
-            *multi_task,
-            "--trainer.default_root_dir",
-            str(tmp_path),
-        ]
+        ["--config", config, "--config", fragment, *tiny_overrides(), *no_init(spec),
+         "--trainer.default_root_dir", str(tmp_path)],
+        run=False,
+    )  # fmt: skip
+    for path in {c["class_path"] for c in spec["trainer"]["callbacks"]} | {added["class_path"]}:
+        assert sum(type(c) is resolve(path) for c in cli.trainer.callbacks) == 1, path  # never two
+    (attached,) = [c for c in cli.trainer.callbacks if type(c) is cls]
+    for own in (c for c in spec["trainer"]["callbacks"] if c["class_path"] == added["class_path"]):
+        for key, value in own.get("init_args", {}).items():  # the config's settings survive the fragment
+            assert getattr(attached, key) == value, key
+    if cls is DynamicWeightedResampling and cli.datamodule.task_names is None:
+        match = f"--data.env_id {cli.datamodule.hparams.env_id} has no tasks"
+        with pytest.raises(TypeError, match=match):  # at setup, before any sampler starts
+            cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+        return
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert cli.model.policy_version == 1
+    if cls is DynamicWeightedResampling:  # sized from the env: MT10 has 10 tasks, reach-v3 one
+        assert attached.num_tasks == len(cli.datamodule.task_names) == len(attached.task_names)
+        weights = [k for k in cli.trainer.callback_metrics if k.startswith("dwr/weight_")]
+        assert len(weights) == attached.num_tasks
+    else:
+        assert attached.totals["raw_steps"] >= attached.totals["valid_steps"] > 0
+
+
+def test_repeated_callbacks_merge_into_the_first():
+    from jsonargparse import Namespace
+
+    from fastlight.cli_callbacks import merge_repeated_callbacks
+
+    dwr = "fastlight.callbacks.dwr.DynamicWeightedResampling"
+    tput = "fastlight.callbacks.throughput.RolloutThroughput"
+    ckpt = "lightning.pytorch.callbacks.ModelCheckpoint"
+    merged = merge_repeated_callbacks([
+        Namespace(class_path=dwr, init_args=Namespace(num_tasks=None, window=20, eps=0.2, task_names=None)),
+        Namespace(class_path=ckpt, init_args=Namespace(monitor="a")),
+        Namespace(class_path=tput),
+        Namespace(class_path=ckpt, init_args=Namespace(monitor="b")),  # two monitors: both kept
+        # a fragment's entry, defaults filled in by the parser: only non-defaults update the first
+        Namespace(class_path=dwr, init_args=Namespace(num_tasks=None, window=100, eps=0.5, task_names=None)),
+        Namespace(class_path=tput, init_args=Namespace(window=4, prog_bar=True)),
+    ])  # fmt: skip
+    assert [c.class_path for c in merged] == [dwr, ckpt, tput, ckpt]
+    assert vars(merged[0].init_args) == {"num_tasks": None, "window": 20, "eps": 0.5, "task_names": None}
+    assert vars(merged[2].init_args) == {"window": 4}
+    assert [c.init_args.monitor for c in merged if c.class_path == ckpt] == ["a", "b"]
+
+
+def test_short_callback_name_resolves_to_fastlights_throughput(tmp_path):
+    """``--trainer.callbacks+=RolloutThroughput`` is fastlight's callback (``ThroughputMonitor`` was
+    Lightning's), also on a config that does not name it, and stays one on a config that has it."""
+    from fastlight.callbacks.throughput import RolloutThroughput
+
+    for config in ("examples/merge.yaml", "configs/highway_dpsa.yaml"):
+        cli = cli_main(
+            ["--config", os.path.join(ROOT, config), "--trainer.callbacks+=RolloutThroughput",
+             *tiny_overrides(), "--trainer.default_root_dir", str(tmp_path)],
+            run=False,
+        )  # fmt: skip
+        assert [type(c) for c in cli.trainer.callbacks].count(RolloutThroughput) == 1, config
+
+
+def test_old_short_name_stays_lightnings_and_is_not_ambiguous(tmp_path):
+    """In a fresh process (where nothing used the deprecated alias yet) the bare name
+    ``ThroughputMonitor`` is Lightning's FLOPs monitor, the name's owner, without an ambiguity error."""
+    code = (
+        "import sys; from fastlight.cli import cli_main; "
+        "cli = cli_main(sys.argv[1:], run=False); "
+        "print([f'{type(c).__module__}.{type(c).__name__}' for c in cli.trainer.callbacks])"
     )
-    names = [type(c).__name__ for c in cli.trainer.callbacks]
-    for name in wanted:
-        assert name in names
+    args = ["--config", os.path.join(ROOT, "examples", "merge.yaml"), *tiny_overrides(),
+            "--trainer.callbacks+=ThroughputMonitor", "--trainer.callbacks.batch_size_fn=builtins.len",
+            "--trainer.default_root_dir", str(tmp_path)]  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=ROOT, timeout=180
+    )
+    assert out.returncode == 0, out.stderr
+    assert "lightning.pytorch.callbacks.throughput_monitor.ThroughputMonitor" in out.stdout
+    assert "fastlight" not in out.stdout
+
+
+def test_global_seed_reaches_the_envs_unless_data_seed_is_set(tmp_path, monkeypatch):
+    monkeypatch.setenv("PL_GLOBAL_SEED", "0")  # restored after the test
+    base = ["--config", os.path.join(ROOT, "configs", "highway_dpsa.yaml"), *tiny_overrides(),
+            "--trainer.default_root_dir", str(tmp_path)]  # fmt: skip
+    for extra, env_seed in ((["--seed_everything", "5"], 5), (["--seed_everything", "6"], 6),
+                            (["--seed_everything", "6", "--data.seed", "2"], 2)):  # fmt: skip
+        cli = cli_main([*base, *extra], run=False)
+        assert cli.datamodule.hparams.seed == (2 if "--data.seed" in extra else None)
+        assert cli.datamodule.sampler_configs(0)[0].seed == env_seed, extra
+
+
+def test_cli_hides_third_party_tips_and_known_warnings(tmp_path, capfd, caplog):
+    import warnings
+
+    import torch.utils._pytree
+
+    cli = cli_main(
+        ["--config", os.path.join(ROOT, "configs", "highway_dpsa.yaml"), *tiny_overrides(),
+         "--trainer.default_root_dir", str(tmp_path)],
+        run=False,
+    )  # fmt: skip
+    assert cli.trainer.loggers  # the Trainer (whose logger set-up prints Lightning's litlogger tip) exists
+    out, err = capfd.readouterr()
+    assert "Tip" not in out + err + caplog.text
+    with warnings.catch_warnings(record=True) as caught:
+        torch.utils._pytree.LeafSpec()  # what Lightning's _pytree does on every step
+    assert not [w for w in caught if "LeafSpec" in str(w.message)]
 
 
 def test_print_config_shows_the_full_config():
@@ -177,27 +282,37 @@ def test_print_config_shows_the_full_config():
         assert key in out.stdout, key
 
 
-def test_cli_error_names_the_flag():
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "fastlight.cli",
-            "fit",
-            "--config",
-            os.path.join(ROOT, "configs", "highway_dpsa.yaml"),
-            "--data.termination_threshold",
-            "1.5",
-            "--trainer.max_steps",
-            "1",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-    )
-    assert out.returncode != 0
-    assert "--data.termination_threshold must be in [0, 1], got 1.5" in out.stderr
+def run_cli(*args: str, debug: bool = False) -> subprocess.CompletedProcess:
+    env = {**os.environ, "FASTLIGHT_DEBUG": "1" if debug else "0"}
+    config = os.path.join(ROOT, "configs", "highway_dpsa.yaml")
+    return subprocess.run(
+        [sys.executable, "-m", "fastlight.cli", "fit", "--config", config, *args, "--trainer.max_steps", "1"],
+        capture_output=True, text=True, cwd=ROOT, timeout=180, env=env,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (("--data.termination_threshold", "1.5"), "--data.termination_threshold must be in [0, 1], got 1.5"),
+        (
+            ("--data.reset_mode", "foo"),
+            "--data.reset_mode must be one of dpsa | sgr | autoreset | sequential, got 'foo'",
+        ),
+    ],
+)
+def test_cli_error_is_one_line_naming_the_flag(args, line):
+    out = run_cli(*args)
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr
+    errors = [x for x in out.stderr.splitlines() if "error" in x.lower()]
+    assert errors == [f"fastlight: error: {line}  (FASTLIGHT_DEBUG=1 shows the traceback)"], out.stderr
+
+
+def test_fastlight_debug_shows_the_traceback():
+    out = run_cli("--data.reset_mode", "foo", debug=True)
+    assert out.returncode == 1
+    assert "Traceback" in out.stderr and "--data.reset_mode must be one of" in out.stderr
 
 
 @pytest.mark.multiproc

@@ -18,6 +18,11 @@ windows (one ``all_gather`` per step), so all ranks hold identical weights. Acce
 per worker; pooling estimates rare-task failure rates from more data. Only episodes that ended
 by themselves count: an episode cut by a DPSA unified truncation has no outcome.
 
+**Sizes come from the run.** ``num_tasks`` and ``task_names`` default to the DataModule's env
+(``datamodule.task_names``, read at ``setup``), so ``callbacks/dwr.yaml`` attaches to any
+multi-task run; a ``num_tasks`` that disagrees with the env stops the run at setup, before any
+sampler starts.
+
 The weights are pushed to the samplers (``datamodule.set_task_weights``, the
 :class:`~fastlight.data.protocols.TaskWeightSink` the run's DataModule must implement) after every update,
 logged as ``dwr/weight_<task>`` and ``dwr/success_rate_<task>``, and saved in checkpoints.
@@ -66,18 +71,26 @@ class DynamicWeightedResampling(Callback):
     """Task weights from pooled, windowed failure rates (an untried task counts as rate 1).
 
     Args:
-        num_tasks: number of tasks (task ids ``0 .. num_tasks-1``).
+        num_tasks: number of tasks (task ids ``0 .. num_tasks-1``); default: ``len(task_names)``
+            if given, else the DataModule env's task count, read at ``setup``.
         window: outcomes kept per task (the sliding window).
         eps: Laplace smoothing; must be > 0. As rates lie in ``[0, 1]``, the largest weight is at most
             ``(1 + eps) / eps`` times the smallest (2x at ``eps = 1``).
-        task_names: names used in the logged keys (default: the task ids).
+        task_names: names used in the logged keys (default: the env's task names when the
+            DataModule has them, else the task ids).
     """
 
     def __init__(
-        self, num_tasks: int, window: int = 100, eps: float = 1.0, task_names: list[str] | None = None
+        self,
+        num_tasks: int | None = None,
+        window: int = 100,
+        eps: float = 1.0,
+        task_names: list[str] | None = None,
     ) -> None:
         super().__init__()
-        if num_tasks < 1:
+        if num_tasks is None and task_names is not None:
+            num_tasks = len(task_names)
+        if num_tasks is not None and num_tasks < 1:
             raise ValueError(f"DynamicWeightedResampling num_tasks must be >= 1, got {num_tasks}")
         if window < 1:
             raise ValueError(f"DynamicWeightedResampling window must be >= 1, got {window}")
@@ -87,13 +100,47 @@ class DynamicWeightedResampling(Callback):
             raise ValueError(
                 f"DynamicWeightedResampling task_names has {len(task_names)} names, num_tasks is {num_tasks}"
             )
-        self.num_tasks, self.window, self.eps = num_tasks, window, eps
+        self.window, self.eps = window, eps
+        self.num_tasks: int | None = None
+        self.task_names: list[str] = []
+        self.outcomes: list[deque[bool]] = []
+        self._given_names = task_names is not None
+        if num_tasks is not None:
+            self._size(num_tasks, task_names)
+
+    def _size(self, num_tasks: int, task_names: list[str] | tuple[str, ...] | None) -> None:
+        self.num_tasks = num_tasks
         self.task_names = list(task_names) if task_names else [str(k) for k in range(num_tasks)]
-        self.outcomes: list[deque[bool]] = [deque(maxlen=window) for _ in range(num_tasks)]
+        if len(self.outcomes) != num_tasks:
+            self.outcomes = [deque(maxlen=self.window) for _ in range(num_tasks)]
+
+    def _size_from(self, datamodule: object) -> None:
+        """Take the task count (and names, unless given) from the DataModule's env; check a given count."""
+        env_names = getattr(datamodule, "task_names", None)
+        hp = getattr(datamodule, "hparams", {})
+        env = f"--data.env_id {hp.get('env_id')}" if "env_id" in hp else type(datamodule).__name__
+        if env_names is None:
+            if self.num_tasks is None:
+                raise TypeError(
+                    f"DynamicWeightedResampling needs a multi-task env (one with task_names and "
+                    f"set_task_weights) or an explicit num_tasks; {env} has no tasks"
+                )
+            return
+        if self.num_tasks is None:
+            self._size(len(env_names), env_names)
+        elif self.num_tasks != len(env_names):
+            raise ValueError(
+                f"DynamicWeightedResampling num_tasks is {self.num_tasks} but {env} has "
+                f"{len(env_names)} tasks {list(env_names)}: drop num_tasks to take the env's count"
+            )
+        elif not self._given_names:
+            self.task_names = list(env_names)
 
     # ------------------------------------------------------------------ statistics
     def record(self, task_ids: list[int], successes: list[bool]) -> None:
         """Append outcomes (already pooled over ranks) to the task windows."""
+        if self.num_tasks is None:
+            raise RuntimeError("DynamicWeightedResampling has no num_tasks yet: it is read at setup")
         for k, ok in zip(task_ids, successes, strict=True):
             if not 0 <= k < self.num_tasks:
                 raise ValueError(f"DynamicWeightedResampling: task id {k} outside [0, {self.num_tasks})")
@@ -117,6 +164,7 @@ class DynamicWeightedResampling(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":  # weights nobody applies would be a silent no-op: refuse such a run
             require(trainer.datamodule, TaskWeightSink, who="DynamicWeightedResampling", what="a DataModule")
+            self._size_from(trainer.datamodule)
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -151,7 +199,15 @@ class DynamicWeightedResampling(Callback):
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.outcomes = [deque(w, maxlen=self.window) for w in state_dict["outcomes"]]
+        outcomes = state_dict["outcomes"]
+        if self.num_tasks is None:
+            self._size(len(outcomes), None)
+        elif len(outcomes) != self.num_tasks:
+            raise ValueError(
+                f"DynamicWeightedResampling: the checkpoint holds {len(outcomes)} tasks, this run has "
+                f"{self.num_tasks}"
+            )
+        self.outcomes = [deque(w, maxlen=self.window) for w in outcomes]
 
 
 def _gather_rows(trainer: pl.Trainer, rows: Tensor) -> Tensor:

@@ -1,4 +1,4 @@
-"""``ThroughputMonitor``: logs FAST's throughput family (§Problem Definition) under ``perf/*``.
+"""``RolloutThroughput``: logs FAST's throughput family (§Problem Definition) under ``perf/*``.
 
 It reads the sampler counters every :class:`~fastlight.rollout.Rollout` batch carries
 (``batch.stats``), so it works on any run whose training batches are Rollouts (every run
@@ -16,6 +16,12 @@ and prefetched data would distort it); it still counts in the totals.
 **DDP.** The underlying :class:`~fastlight.metrics.throughput.ThroughputMetrics` sums counts
 over ranks and takes the max of the clocks, so every rank logs the whole job's figures.
 
+**Name.** It was called ``ThroughputMonitor`` until fastlight 0.x, the name and checkpoint
+``state_key`` of Lightning's own ``lightning.pytorch.callbacks.ThroughputMonitor`` (a FLOPs
+monitor): ``--trainer.callbacks+=ThroughputMonitor`` resolved to Lightning's class, and the two
+could not share a run. ``ThroughputMonitor`` stays importable from here as a deprecated alias;
+checkpoints written under the old key still restore the totals.
+
 Logged keys: ``perf/raw_tps``, ``perf/effective_tps`` (progress bar), ``perf/sample_efficiency``,
 ``perf/time_efficiency``, ``perf/per_sampler_tps``, ``perf/mean_episode_length``,
 ``perf/resets_per_1k_valid``, ``perf/truncated_episode_share`` and the cumulative
@@ -27,6 +33,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from typing import Any
 
 import lightning.pytorch as pl
@@ -41,8 +48,12 @@ _now = time.perf_counter
 
 _TOTALS = ("raw_steps", "valid_steps", "episodes", "global_resets")
 
+#: Checkpoint key of this callback's state: fixed, so that the deprecated alias (a subclass) and
+#: any rename keep restoring it, and distinct from every Lightning callback's class-name key.
+STATE_KEY = "fastlight.RolloutThroughput"
 
-class ThroughputMonitor(Callback):
+
+class RolloutThroughput(Callback):
     """Logs raw/effective throughput, sample and time efficiency, episode length, resets.
 
     Args:
@@ -54,7 +65,7 @@ class ThroughputMonitor(Callback):
     def __init__(self, window: int = 1, prog_bar: bool = True) -> None:
         super().__init__()
         if window < 1:
-            raise ValueError(f"ThroughputMonitor window must be >= 1, got {window}")
+            raise ValueError(f"RolloutThroughput window must be >= 1, got {window}")
         self.window = window
         self.prog_bar = prog_bar
         self.metric = ThroughputMetrics()
@@ -102,6 +113,17 @@ class ThroughputMonitor(Callback):
             pl_module.log_dict(bar, prog_bar=self.prog_bar, **kw)
         pl_module.log_dict(values, prog_bar=False, **kw)
 
+    @property
+    @override
+    def state_key(self) -> str:
+        return STATE_KEY
+
+    @property
+    @override
+    def _legacy_state_key(self) -> str:
+        # Lightning falls back to this key when restoring: checkpoints from before the rename.
+        return "ThroughputMonitor"
+
     @override
     def state_dict(self) -> dict[str, Any]:
         return {"totals": dict(self.totals)}
@@ -109,3 +131,32 @@ class ThroughputMonitor(Callback):
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.totals = dict.fromkeys(_TOTALS, 0) | {k: int(v) for k, v in state_dict["totals"].items()}
+
+
+def _deprecated_alias() -> type[RolloutThroughput]:
+    class ThroughputMonitor(RolloutThroughput):
+        """Deprecated alias of :class:`RolloutThroughput` (the old name, which is Lightning's own
+        ``ThroughputMonitor``'s); warns at every construction."""
+
+        def __init__(self, window: int = 1, prog_bar: bool = True) -> None:
+            warnings.warn(
+                "fastlight.callbacks.throughput.ThroughputMonitor is renamed RolloutThroughput (the old "
+                "name is Lightning's own lightning.pytorch.callbacks.ThroughputMonitor); use "
+                "fastlight.callbacks.throughput.RolloutThroughput",
+                FutureWarning,
+                stacklevel=2,
+            )
+            super().__init__(window=window, prog_bar=prog_bar)
+
+    ThroughputMonitor.__module__, ThroughputMonitor.__qualname__ = __name__, "ThroughputMonitor"
+    return ThroughputMonitor
+
+
+def __getattr__(name: str) -> Any:
+    # The alias class is made on first use only: jsonargparse resolves a bare class name among the
+    # Callback subclasses that exist, and an eager alias would make `--trainer.callbacks+=
+    # ThroughputMonitor` ambiguous instead of Lightning's (the name's owner).
+    if name == "ThroughputMonitor":
+        alias = globals()["ThroughputMonitor"] = _deprecated_alias()
+        return alias
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -104,7 +105,10 @@ class RolloutDataModule(L.LightningDataModule):
         scenario_load_cost_s: emulated scenario-load latency per reset (``ScenarioLoadCost``).
         steps_per_epoch: training steps per Lightning epoch (the stream itself never ends).
         worker_timeout_s: fail if no rollout arrives for this long.
-        seed: base seed; rank ``r`` worker ``w`` uses ``seed + 10_000 r + 1_000 w``.
+        seed: base seed of the envs; rank ``r`` worker ``w`` uses ``seed + 10_000 r + 1_000 w``.
+            ``None`` (default) derives it from the global seed (``--seed_everything``, read from
+            ``PL_GLOBAL_SEED`` when the samplers start), so a seed sweep varies the envs too; 0
+            when no global seed is set. See :attr:`env_seed`.
     """
 
     def __init__(
@@ -129,7 +133,7 @@ class RolloutDataModule(L.LightningDataModule):
         scenario_load_cost_s: float = 0.0,
         steps_per_epoch: int = 50,
         worker_timeout_s: float = 300.0,
-        seed: int = 0,
+        seed: int | None = None,
     ) -> None:
         super().__init__()
         check_collector_settings(
@@ -166,7 +170,9 @@ class RolloutDataModule(L.LightningDataModule):
         probe = make_env(env_id, env_kwargs=env_kwargs)
         self.env_spec = EnvSpec.from_env(probe)
         # One observation, for the inference worker's shared-memory layout.
-        self.example_obs = obs_to_tensor(stack_obs([probe.reset(seed=seed)[0]]))
+        self.example_obs = obs_to_tensor(stack_obs([probe.reset(seed=seed or 0)[0]]))
+        # Task names of a multi-task env (None otherwise): DWR sizes itself from them.
+        self.task_names = _task_names(probe)
         probe.close()
         self.pool: SamplerPool | None = None
         self.prefetcher: Prefetcher | None = None
@@ -187,8 +193,19 @@ class RolloutDataModule(L.LightningDataModule):
     def continuous(self) -> bool:
         return self.env_spec.continuous
 
+    @property
+    def env_seed(self) -> int:
+        """The base env seed: ``--data.seed`` if set, else the global seed Lightning's
+        ``seed_everything`` exported (``PL_GLOBAL_SEED``), else 0. Read when the samplers start, so a
+        script may seed after building the DataModule; ``seed_everything`` also reaches DDP ranks
+        through that variable."""
+        if self.hparams.seed is not None:
+            return int(self.hparams.seed)
+        return int(os.environ.get("PL_GLOBAL_SEED", 0))
+
     def sampler_configs(self, rank: int) -> list[SamplerConfig]:
         h = self.hparams
+        seed = self.env_seed
         base, extra = divmod(h.num_envs, h.num_workers)
         return [
             SamplerConfig(
@@ -202,7 +219,7 @@ class RolloutDataModule(L.LightningDataModule):
                 cycles_per_step=h.cycles_per_step,
                 max_staleness=h.max_staleness,
                 scenario_load_cost_s=h.scenario_load_cost_s,
-                seed=h.seed + 10_000 * rank + 1_000 * w,
+                seed=seed + 10_000 * rank + 1_000 * w,
             )
             for w in range(h.num_workers)
         ]
@@ -327,6 +344,15 @@ def cpu_copy(module: torch.nn.Module) -> torch.nn.Module:
         for b in module.buffers():
             memo[id(b)] = b.detach().to("cpu", copy=True)
     return copy.deepcopy(module, memo)
+
+
+def _task_names(env: gym.Env) -> tuple[str, ...] | None:
+    """The task names of a multi-task env (one that takes task weights), else None."""
+    base = env.unwrapped
+    names = getattr(base, "task_names", None)
+    if names is None or not callable(getattr(base, "set_task_weights", None)):
+        return None
+    return tuple(str(n) for n in names)
 
 
 def _check_device(device: str | None) -> None:

@@ -30,7 +30,7 @@ truncation (unified truncation or time limit) counts at its cut length.
 - ``elapsed`` is the *wall clock* over which the counts were produced; it is the denominator
   of the rates ``raw_tps`` / ``effective_tps``. ``update(stats)`` defaults it to
   ``stats.wall_time``, which is right for a single sampler (the sampling benchmark); a caller
-  with several parallel samplers passes its own clock (``ThroughputMonitor`` passes the
+  with several parallel samplers passes its own clock (``RolloutThroughput`` passes the
   trainer-side time between batches).
 
 **DDP.** Counters are summed across ranks (``dist_reduce_fx="sum"``); ``elapsed`` is reduced

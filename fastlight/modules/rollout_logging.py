@@ -11,19 +11,29 @@ from fastlight.rollout import Rollout
 def rollout_metrics(rollout: Rollout, *, current_version: int) -> dict[str, Tensor]:
     """Means over the episodes the Rollout delivered, plus the policy lag of its valid steps.
 
+    **Units.** ``rollout/return``, ``rollout/episode_length``, ``rollout/crash_rate`` and
+    ``rollout/success_rate`` average the *completed* episodes only (terminated, or ended by the
+    env's own time limit), as Stable-Baselines3's ``ep_rew_mean`` / ``ep_len_mean`` do, so the
+    figures compare across reset modes and libraries. Episodes cut by a DPSA/SGR unified
+    truncation (``EpisodeRecord.cut``) stopped at an arbitrary step and have no outcome; they are
+    reported apart as ``rollout/return_cut`` (their mean return at the cut) and
+    ``rollout/episodes_cut`` (their count). Each mean is present only when such episodes exist.
+
     ``policy_lag`` = current version - behaviour version (AcceRL §staleness); 0 when on-policy.
-    Episode metrics are only present when at least one trajectory ended in the Rollout.
     """
     out: dict[str, Tensor] = {}
-    eps = rollout.stats.episodes
-    if eps:
-        out["rollout/return"] = torch.tensor(sum(e.ret for e in eps) / len(eps))
-        out["rollout/episode_length"] = torch.tensor(
-            sum(e.length for e in eps) / len(eps), dtype=torch.float32
-        )
-        out["rollout/crash_rate"] = torch.tensor(sum(e.crashed for e in eps) / len(eps))
-        out["rollout/success_rate"] = torch.tensor(sum(e.success for e in eps) / len(eps))
-        out["rollout/episodes"] = torch.tensor(float(len(eps)))
+    done = [e for e in rollout.stats.episodes if not e.cut]
+    cut = [e for e in rollout.stats.episodes if e.cut]
+    if done:
+        n = len(done)
+        out["rollout/return"] = torch.tensor(sum(e.ret for e in done) / n)
+        out["rollout/episode_length"] = torch.tensor(sum(e.length for e in done) / n, dtype=torch.float32)
+        out["rollout/crash_rate"] = torch.tensor(sum(e.crashed for e in done) / n)
+        out["rollout/success_rate"] = torch.tensor(sum(e.success for e in done) / n)
+    out["rollout/episodes"] = torch.tensor(float(len(done)))
+    out["rollout/episodes_cut"] = torch.tensor(float(len(cut)))
+    if cut:
+        out["rollout/return_cut"] = torch.tensor(sum(e.ret for e in cut) / len(cut))
     valid = rollout.valid
     lag = (current_version - rollout.policy_version)[valid].float()
     if lag.numel():

@@ -157,3 +157,60 @@ def test_weights_reach_the_samplers_and_shift_the_task_mix():
     # ~ 0.034, so 0.8 is a > 3 sd margin below the expected 0.917 and far above no shift.
     assert len(late) >= 40, len(late)
     assert sum(t == 0 for t in late) / len(late) > 0.8
+
+
+class _TaskData:
+    """What DWR reads of a DataModule: the env's task names (None: a single-task env) and env id."""
+
+    def __init__(self, task_names, env_id="some-env-v0"):
+        self.task_names = task_names
+        self.hparams = {"env_id": env_id}
+        self.pushed: list[list[float]] = []
+
+    def set_task_weights(self, weights):
+        self.pushed.append(list(weights))
+
+
+def _setup(dwr: DynamicWeightedResampling, data: _TaskData) -> None:
+    from types import SimpleNamespace
+
+    dwr.setup(SimpleNamespace(datamodule=data), None, "fit")  # type: ignore[arg-type]
+
+
+def test_task_count_and_names_come_from_the_env_at_setup():
+    dwr = DynamicWeightedResampling(window=5)
+    assert dwr.num_tasks is None
+    _setup(dwr, _TaskData(("reach-v3", "push-v3", "door-open-v3")))
+    assert dwr.num_tasks == 3 and dwr.task_names == ["reach-v3", "push-v3", "door-open-v3"]
+    torch.testing.assert_close(dwr.weights(), torch.full((3,), 1 / 3, dtype=torch.float64), **TOL)
+    dwr.record([2], [True])  # ids up to 2 are accepted now
+    assert dwr.failure_rates().tolist() == [1.0, 1.0, 0.0]
+
+
+def test_given_names_size_the_callback_and_are_kept():
+    dwr = DynamicWeightedResampling(task_names=["a", "b"])
+    assert dwr.num_tasks == 2
+    _setup(dwr, _TaskData(("a-v3", "b-v3")))
+    assert dwr.task_names == ["a", "b"]
+
+
+def test_a_count_that_disagrees_with_the_env_stops_the_run_naming_both():
+    match = r"num_tasks is 10 but --data.env_id reach-v0 has 1 tasks \['reach-v3'\]"
+    with pytest.raises(ValueError, match=match):
+        _setup(DynamicWeightedResampling(num_tasks=10), _TaskData(("reach-v3",), env_id="reach-v0"))
+
+
+def test_a_single_task_env_without_num_tasks_is_refused_naming_the_env():
+    match = r"needs a multi-task env .*; --data.env_id highway-fast-v0 has no tasks"
+    with pytest.raises(TypeError, match=match):
+        _setup(DynamicWeightedResampling(), _TaskData(None, env_id="highway-fast-v0"))
+    explicit = DynamicWeightedResampling(num_tasks=2)  # an explicit count still works (e.g. a user's own env)
+    _setup(explicit, _TaskData(None))
+    assert explicit.num_tasks == 2
+
+
+def test_datamodule_reads_task_names_from_a_multi_task_env_only():
+    two = RolloutDataModule(env_id="tests.fake_envs:TwoTask-v0", num_envs=1, num_workers=1)
+    assert two.task_names == ("fails", "succeeds")
+    one = RolloutDataModule(env_id="tests.fake_envs:FixedLength-v0", num_envs=1, num_workers=1)
+    assert one.task_names is None

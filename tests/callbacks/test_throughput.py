@@ -1,4 +1,4 @@
-"""ThroughputMonitor: logs FAST's throughput family on a real Trainer run over Rollout batches."""
+"""RolloutThroughput: logs FAST's throughput family on a real Trainer run over Rollout batches."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import fastlight.callbacks.throughput as throughput_cb
-from fastlight.callbacks.throughput import ThroughputMonitor
+from fastlight.callbacks.throughput import RolloutThroughput
 from fastlight.rollout import EpisodeRecord, Rollout, RolloutStats
 
 
@@ -56,7 +56,7 @@ class _TinyModule(pl.LightningModule):
         return DataLoader(BATCHES, batch_size=None, collate_fn=lambda r: r)
 
 
-def _fit(monitor: ThroughputMonitor, monkeypatch: pytest.MonkeyPatch) -> pl.Trainer:
+def _fit(monitor: RolloutThroughput, monkeypatch: pytest.MonkeyPatch) -> pl.Trainer:
     ticks = itertools.chain(CLOCK, itertools.count(1000.0))
     monkeypatch.setattr(throughput_cb, "_now", lambda: next(ticks))
     trainer = pl.Trainer(max_epochs=1, callbacks=[monitor], logger=False, enable_checkpointing=False,
@@ -66,7 +66,7 @@ def _fit(monitor: ThroughputMonitor, monkeypatch: pytest.MonkeyPatch) -> pl.Trai
 
 
 def test_logs_each_batch_with_the_trainer_clock(monkeypatch: pytest.MonkeyPatch) -> None:
-    trainer = _fit(ThroughputMonitor(), monkeypatch)
+    trainer = _fit(RolloutThroughput(), monkeypatch)
     m = {k: float(v) for k, v in trainer.callback_metrics.items()}
     # the last batch alone (window=1): 4 raw, 4 valid in 107 - 106 = 1 s of trainer clock
     assert m["perf/raw_tps"] == pytest.approx(4.0)
@@ -82,7 +82,7 @@ def test_logs_each_batch_with_the_trainer_clock(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_window_aggregates_batches(monkeypatch: pytest.MonkeyPatch) -> None:
-    trainer = _fit(ThroughputMonitor(window=3), monkeypatch)
+    trainer = _fit(RolloutThroughput(window=3), monkeypatch)
     m = {k: float(v) for k, v in trainer.callback_metrics.items()}
     # batches 2-4 together: 20 raw, 14 valid over 107 - 100 = 7 s; samplers busy 5 s
     assert m["perf/raw_tps"] == pytest.approx(20 / 7)
@@ -95,28 +95,58 @@ def test_window_aggregates_batches(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_prog_bar_false_hides_effective_tps(monkeypatch: pytest.MonkeyPatch) -> None:
-    trainer = _fit(ThroughputMonitor(prog_bar=False), monkeypatch)
+    trainer = _fit(RolloutThroughput(prog_bar=False), monkeypatch)
     assert "perf/effective_tps" in trainer.callback_metrics
     assert "perf/effective_tps" not in trainer.progress_bar_metrics
 
 
 def test_non_rollout_batches_are_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
-    monitor = ThroughputMonitor()
+    monitor = RolloutThroughput()
     monkeypatch.setattr(throughput_cb, "_now", lambda: 0.0)
     monitor.on_train_batch_end(None, None, None, torch.zeros(3), 0)  # type: ignore[arg-type]
     assert monitor.totals["raw_steps"] == 0 and monitor._last is None
 
 
 def test_state_dict_round_trip_keeps_totals(monkeypatch: pytest.MonkeyPatch) -> None:
-    monitor = ThroughputMonitor()
+    monitor = RolloutThroughput()
     _fit(monitor, monkeypatch)
     state = monitor.state_dict()
     assert state["totals"] == {"raw_steps": 30, "valid_steps": 24, "episodes": 5, "global_resets": 4}
-    resumed = ThroughputMonitor()
+    resumed = RolloutThroughput()
     resumed.load_state_dict(state)
     assert resumed.totals == state["totals"]
 
 
 def test_window_must_be_positive() -> None:
     with pytest.raises(ValueError, match="window must be >= 1, got 0"):
-        ThroughputMonitor(window=0)
+        RolloutThroughput(window=0)
+
+
+def test_name_and_state_key_differ_from_lightnings_throughput_monitor() -> None:
+    """Lightning's own ThroughputMonitor is keyed by its class name, "ThroughputMonitor"; ours is
+    neither named nor keyed so, so the two never meet on the command line or in a checkpoint."""
+    from lightning.pytorch.callbacks import ThroughputMonitor as LightningThroughputMonitor
+
+    ours = RolloutThroughput()
+    theirs = LightningThroughputMonitor(batch_size_fn=lambda batch: 1)
+    assert theirs.state_key == "ThroughputMonitor"
+    assert ours.state_key == "fastlight.RolloutThroughput" != theirs.state_key
+    assert type(ours).__name__ != type(theirs).__name__
+
+
+def test_old_name_is_a_deprecated_alias_that_warns() -> None:
+    with pytest.warns(FutureWarning, match="renamed RolloutThroughput"):
+        old = throughput_cb.ThroughputMonitor(window=2)
+    assert isinstance(old, RolloutThroughput) and old.window == 2
+    assert old.state_key == RolloutThroughput().state_key  # same checkpoint entry as the new name
+
+
+def test_checkpoint_written_under_the_old_key_restores_the_totals() -> None:
+    """Checkpoints from before the rename hold the state under "ThroughputMonitor"."""
+    from lightning.pytorch.trainer import call
+
+    monitor = RolloutThroughput()
+    trainer = pl.Trainer(callbacks=[monitor], logger=False, enable_checkpointing=False, accelerator="cpu")
+    totals = {"raw_steps": 30, "valid_steps": 24, "episodes": 5, "global_resets": 4}
+    call._call_callbacks_load_state_dict(trainer, {"callbacks": {"ThroughputMonitor": {"totals": totals}}})
+    assert monitor.totals == totals

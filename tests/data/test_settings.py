@@ -105,3 +105,36 @@ def test_seed_changes_the_data():
 def test_steps_per_epoch_sets_the_epoch_length():
     dm = RolloutDataModule(env_id=FIXED, num_envs=1, num_workers=1, steps_per_epoch=7)
     assert len(dm.train_dataloader()) == 7
+
+
+def test_env_seed_follows_the_global_seed_unless_data_seed_is_set(monkeypatch):
+    import lightning as L
+
+    monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)
+    derived = RolloutDataModule(env_id=FIXED, num_envs=2, num_workers=2)  # --data.seed left at None
+    explicit = RolloutDataModule(env_id=FIXED, num_envs=2, num_workers=2, seed=3)
+    assert derived.hparams.seed is None
+    assert [c.seed for c in derived.sampler_configs(0)] == [0, 1000]  # no global seed: 0, as before
+    monkeypatch.setenv("PL_GLOBAL_SEED", "0")  # so that the test's end restores the variable
+    for global_seed in (7, 8):  # a --seed_everything sweep now moves the env seeds too
+        L.seed_everything(global_seed)
+        assert [c.seed for c in derived.sampler_configs(0)] == [global_seed, global_seed + 1000]
+        assert [c.seed for c in derived.sampler_configs(1)] == [global_seed + 10_000, global_seed + 11_000]
+        assert [c.seed for c in explicit.sampler_configs(0)] == [3, 1003]  # --data.seed wins
+
+
+def test_global_seed_changes_the_data_and_repeats_it(monkeypatch):
+    import lightning as L
+
+    from fastlight.models.mlp import MLPActorCritic
+
+    monkeypatch.setenv("PL_GLOBAL_SEED", "0")  # restored at the end of the test
+
+    kw = {"env_id": "highway-fast-v0", "num_envs": 1, "num_workers": 1, "max_horizon": 3}
+    policy = MLPActorCritic(25, 5)
+    dm = RolloutDataModule(**kw)
+    obs = []
+    for s in (1, 2, 1):
+        L.seed_everything(s)
+        obs.append(sample(dm, policy=policy).obs)
+    assert torch.equal(obs[0], obs[2]) and not torch.equal(obs[0][0], obs[1][0])

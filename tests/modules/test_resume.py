@@ -9,7 +9,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from fastlight.callbacks.dwr import DynamicWeightedResampling
-from fastlight.callbacks.throughput import ThroughputMonitor
+from fastlight.callbacks.throughput import RolloutThroughput
 from fastlight.data.datamodule import RolloutDataModule
 from fastlight.modules.rl_module import RLModule
 from tests.lightning_helpers import wait_no_children
@@ -27,7 +27,7 @@ def fit(tmp_path, max_steps: int, ckpt_path: str | None = None):
         steps_per_epoch=2,
     )
     model = RLModule(obs_dim=3, action_dim=2, update_epochs=1, num_minibatches=1)
-    dwr, tput = DynamicWeightedResampling(num_tasks=2, window=50), ThroughputMonitor()
+    dwr, tput = DynamicWeightedResampling(num_tasks=2, window=50), RolloutThroughput()
     trainer = L.Trainer(
         max_steps=max_steps,
         accelerator="cpu",
