@@ -215,6 +215,7 @@ class RolloutDataModule(L.LightningDataModule):
         require(module, TrainsPolicy, who="RolloutDataModule", what="a LightningModule")
         if isinstance(module, ChecksEnvSpec):
             module.check_env_spec(self.env_spec)
+        self.check_minibatches(module)
         policy = cpu_copy(module.policy).eval()
         h = self.hparams
         inference = None
@@ -243,6 +244,27 @@ class RolloutDataModule(L.LightningDataModule):
             max_staleness=self.hparams.max_staleness,
             depth=self.hparams.prefetch,
         ).start()
+
+    def max_valid_per_rollout(self) -> int:
+        """The most valid transitions one training step's Rollout can hold on this rank: every env
+        stepping for the whole cycle (``max_horizon`` in dpsa/sgr, ``rollout_steps`` otherwise)."""
+        h = self.hparams
+        steps = h.max_horizon if h.reset_mode in ("dpsa", "sgr") else h.rollout_steps
+        return h.num_envs * h.cycles_per_step * steps
+
+    def check_minibatches(self, module: Any) -> None:
+        """Refuse, before any sampler starts, a ``--model.num_minibatches`` that no Rollout can fill:
+        it would split every Rollout into empty minibatches."""
+        hparams = getattr(module, "hparams", None) or {}
+        wanted = hparams.get("num_minibatches") if hasattr(hparams, "get") else None
+        if wanted is not None and wanted > self.max_valid_per_rollout():
+            h = self.hparams
+            cycle = "max_horizon" if h.reset_mode in ("dpsa", "sgr") else "rollout_steps"
+            raise ValueError(
+                f"--model.num_minibatches must be <= {self.max_valid_per_rollout()}, the most valid "
+                f"transitions a Rollout can hold (--data.num_envs {h.num_envs} x --data.cycles_per_step "
+                f"{h.cycles_per_step} x --data.{cycle} {h[cycle]}), got {wanted}"
+            )
 
     @override
     def train_dataloader(self) -> DataLoader:

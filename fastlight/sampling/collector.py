@@ -34,6 +34,23 @@ from fastlight.sampling.rows import Row, RowBuffer, Step
 RESET_MODES = ("dpsa", "sgr", "autoreset", "sequential")
 
 
+class NonFiniteError(ValueError):
+    """An env returned a NaN or infinite observation or reward (named: env, index, seed, step)."""
+
+
+def is_finite(value: Any) -> bool:
+    """True unless a float in ``value`` (a number, an array, a dict of arrays) is NaN or infinite.
+    Integer arrays (images, token ids) cannot hold either and are not scanned."""
+    if isinstance(value, dict):
+        return all(is_finite(v) for v in value.values())
+    if isinstance(value, (float, np.floating)):
+        return bool(np.isfinite(value))
+    arr = np.asarray(value) if not isinstance(value, torch.Tensor) else value.numpy()
+    if arr.dtype.kind not in "fc":
+        return True
+    return bool(np.isfinite(arr).all())
+
+
 def check_collector_settings(
     *,
     mode: str,
@@ -135,9 +152,25 @@ class Collector:
         for i, obs, info in self._pool.map(one, indices):
             self._obs[i] = obs
             self._eps[i] = _Episode(task_id=int(info.get("task_id", 0)))
+            self._check_finite(i, "observation (from reset)", obs)
         stats.reset_time += time.perf_counter() - t0
         if len(indices) == self.num_envs:
             self._seeded = True
+
+    def _check_finite(self, i: int, what: str, value: Any) -> None:
+        """Stop at the env that produced a NaN / inf, before it reaches a loss or the weights.
+
+        Checked where values enter (every step, every reset): later, a NaN shows up only as a
+        torch error in an update, naming neither the env nor the step.
+        """
+        if is_finite(value):
+            return
+        env = self.envs[i]
+        name = getattr(getattr(env, "spec", None), "id", None) or type(env.unwrapped).__name__
+        raise NonFiniteError(
+            f"env {name} (index {i} of this sampler, seed {self.seed + i}) returned a non-finite {what} "
+            f"at episode step {self._eps[i].step}: {_preview(value)}"
+        )
 
     # ------------------------------------------------------------------ one step of a subset
     def _step_envs(self, policy: Policy, active: list[int], stats: RolloutStats) -> Step:
@@ -164,9 +197,11 @@ class Collector:
     def _advance(self, row: Row, i: int, result: tuple, rows: RowBuffer) -> bool:
         """Record env ``i``'s step in ``row``; returns True if its episode ended."""
         nobs, reward, term, trunc, info = result
-        row.set_step(i, float(reward), bool(term), bool(trunc))
         ep = self._eps[i]
-        ep.step += 1
+        ep.step += 1  # the env's step count: the failing step is named by it (0 = the reset)
+        self._check_finite(i, "reward", reward)
+        self._check_finite(i, "observation", nobs)
+        row.set_step(i, float(reward), bool(term), bool(trunc))
         ep.ret += float(reward)
         self._obs[i] = nobs
         if term or trunc:
@@ -260,6 +295,14 @@ class Collector:
         values = policy.value(obs, step=step)
         for j, i in enumerate(idx):
             row.bootstrap[i] = float(values[j])
+
+
+def _preview(value: Any) -> str:
+    if isinstance(value, dict):
+        bad = [k for k, v in value.items() if not is_finite(v)]
+        return f"keys {bad} hold NaN/inf"
+    text = np.array2string(np.asarray(value), threshold=8, precision=3)
+    return text if len(text) < 120 else text[:117] + "..."
 
 
 def _record(
