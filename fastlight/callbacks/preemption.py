@@ -161,6 +161,8 @@ class PreemptionCheckpoint(Callback):
     def on_exception(
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
     ) -> None:
+        if not self._active:  # not a fit (validate, test, predict), or this fit already stopped
+            return
         self._active = False
         if isinstance(exception, Preempted):
             what = f"stopped by {signal.Signals(exception.signum).name}"

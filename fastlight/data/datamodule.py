@@ -105,6 +105,9 @@ class RolloutDataModule(L.LightningDataModule):
         steps_per_epoch: training steps per Lightning epoch (the stream itself never ends).
         worker_timeout_s: fail if no rollout arrives for this long.
         seed: base seed; rank ``r`` worker ``w`` uses ``seed + 10_000 r + 1_000 w``.
+        nonfinite: a NaN / inf observation or reward from an env: ``raise`` stops the run naming
+            the env, its index, seed, episode step and the field; ``drop`` drops that episode (its
+            steps become padding) and counts it as ``rollout/dropped_nonfinite``.
     """
 
     def __init__(
@@ -130,6 +133,7 @@ class RolloutDataModule(L.LightningDataModule):
         steps_per_epoch: int = 50,
         worker_timeout_s: float = 300.0,
         seed: int = 0,
+        nonfinite: str = "raise",
     ) -> None:
         super().__init__()
         check_collector_settings(
@@ -138,6 +142,7 @@ class RolloutDataModule(L.LightningDataModule):
             termination_threshold=termination_threshold,
             max_horizon=max_horizon,
             rollout_steps=rollout_steps,
+            nonfinite=nonfinite,
         )
         _check_positive(
             prefetch=prefetch,
@@ -203,6 +208,7 @@ class RolloutDataModule(L.LightningDataModule):
                 max_staleness=h.max_staleness,
                 scenario_load_cost_s=h.scenario_load_cost_s,
                 seed=h.seed + 10_000 * rank + 1_000 * w,
+                nonfinite=h.get("nonfinite", "raise"),
             )
             for w in range(h.num_workers)
         ]

@@ -44,6 +44,7 @@ class SamplerConfig:
     max_staleness: int = 0
     scenario_load_cost_s: float = 0.0
     seed: int = 0
+    nonfinite: str = "raise"
 
 
 def build_envs(cfg: SamplerConfig) -> list:
@@ -66,6 +67,7 @@ def build_collector(cfg: SamplerConfig, worker_index: int) -> Collector:
         max_horizon=cfg.max_horizon,
         rollout_steps=cfg.rollout_steps,
         seed=cfg.seed,
+        nonfinite=cfg.nonfinite,
     )
 
 

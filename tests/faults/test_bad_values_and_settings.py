@@ -116,3 +116,49 @@ def test_resume_applies_a_changed_learning_rate_to_the_restored_optimizer():
     new.configure_model()
     new.on_load_checkpoint(ckpt)
     assert ckpt["optimizer_states"][0]["param_groups"][0]["lr"] == 0.01
+
+
+@pytest.mark.parametrize("mode", ["dpsa", "autoreset"])
+def test_nonfinite_drop_turns_the_episode_into_padding_and_counts_it(mode):
+    # Env 1's 4th step returns NaN: its 4 steps of that episode become padding, env 0 is untouched.
+    clean = Collector(fault_envs(), mode=mode, max_horizon=10, rollout_steps=10, termination_threshold=1.0)
+    faulty = Collector(
+        fault_envs(nan_reward_at=4),
+        mode=mode,
+        max_horizon=10,
+        rollout_steps=10,
+        termination_threshold=1.0,
+        nonfinite="drop",
+    )
+    torch.manual_seed(0)
+    a = clean.collect(policy())
+    torch.manual_seed(0)
+    b = faulty.collect(policy())
+    assert b.stats.dropped_nonfinite == 1 and a.stats.dropped_nonfinite == 0
+    assert torch.isfinite(b.rewards).all() and torch.isfinite(b.obs).all()
+    assert torch.equal(b.valid[:, 0], a.valid[:, 0])  # env 0 as before
+    assert b.valid[:4, 1].sum() == 0  # the dropped episode's steps are padding
+    assert a.valid[:4, 1].all()
+    assert not (b.terminated[:4, 1].any() or b.truncated[:4, 1].any())
+    if mode == "autoreset":  # env 1 was reset and goes on: a new episode from step 5
+        assert b.valid[4:, 1].all() and b.step[4, 1] == 0
+    else:  # DPSA: the env has ended for this cycle (dummy steps, its last finite observation)
+        assert b.valid[4:, 1].sum() == 0
+        assert torch.equal(b.obs[4, 1], b.obs[3, 1])
+    assert b.num_valid == a.num_valid - (4 if mode == "autoreset" else 10)
+
+
+def test_nonfinite_setting_is_checked():
+    with pytest.raises(ValueError, match=r"--data.nonfinite must be one of raise \| drop, got 'skip'"):
+        Collector(fault_envs(), nonfinite="skip")
+
+
+def test_nonfinite_setting_reaches_the_samplers():
+    from fastlight.data.datamodule import RolloutDataModule
+
+    dm = RolloutDataModule(env_id="tests.fake_envs:Fault-v0", num_envs=2, num_workers=2, nonfinite="drop")
+    assert [c.nonfinite for c in dm.sampler_configs(0)] == ["drop", "drop"]
+    assert (
+        RolloutDataModule(env_id="tests.fake_envs:Fault-v0", num_envs=2).sampler_configs(0)[0].nonfinite
+        == "raise"
+    )

@@ -79,8 +79,17 @@ def saved_step(path) -> int:
     return int(torch.load(path, weights_only=False)["global_step"])
 
 
+@pytest.fixture
+def python_sigint():
+    """Python's own Ctrl-C behaviour during the test (a shell's background job starts with SIGINT
+    ignored, and the test checks that the fit gives back what it found)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1])
-def test_signal_during_update_stops_after_it_with_checkpoint(tmp_path, signum, capsys):
+def test_signal_during_update_stops_after_it_with_checkpoint(tmp_path, signum, capsys, python_sigint):
     cb = PreemptionCheckpoint(every_minutes=None)
     t = trainer(tmp_path, cb, max_steps=100)
     with pytest.raises(Preempted) as info:
