@@ -65,7 +65,8 @@ def env() -> dict[str, str]:
     return e
 
 
-def trained_steps(root: Path) -> int:
+def trained_updates(root: Path) -> int:
+    """Updates this process trained: metrics.csv's ``step`` counts training steps (rollouts)."""
     path = root / "csv" / "version_0" / "metrics.csv"
     if not path.is_file():
         return 0
@@ -73,9 +74,12 @@ def trained_steps(root: Path) -> int:
         return max((int(r["step"]) + 1 for r in csv.DictReader(f) if r.get("step")), default=0)
 
 
-def ckpt_step(root: Path) -> int | None:
+def ckpt_updates(root: Path) -> int | None:
+    """Updates in ``<root>/checkpoints/last.ckpt`` (the module's policy version), None if absent."""
     path = root / "checkpoints" / "last.ckpt"
-    return int(torch.load(path, weights_only=False)["global_step"]) if path.is_file() else None
+    if not path.is_file():
+        return None
+    return int(torch.load(path, weights_only=False)["state_dict"]["_policy_version"])
 
 
 def run(name: str, root: Path, inject: str | None, extra: tuple[str, ...] = (), **kw) -> dict:
@@ -99,8 +103,8 @@ def run(name: str, root: Path, inject: str | None, extra: tuple[str, ...] = (), 
     time.sleep(2.0)
     text = log.read_text()
     lines = [line for line in text.splitlines() if line.startswith("fastlight:")]
-    saved = ckpt_step(root)
-    lost = None if saved is None else (trained_steps(root) - saved) // 2
+    saved = ckpt_updates(root)
+    lost = None if saved is None else trained_updates(root) - saved
     return {
         "fault": name,
         "rc": rc,
@@ -133,12 +137,12 @@ def main() -> None:
     # Resume past max_steps, and with a changed lr: from the SIGTERM run's checkpoint if there is one.
     src = tmp / "SIGTERM" / "checkpoints" / "last.ckpt"
     if src.is_file():
-        step = ckpt_step(tmp / "SIGTERM")
+        step = 2 * ckpt_updates(tmp / "SIGTERM")  # 2 optimizer steps per update
         past = ("--ckpt_path", str(src), "--trainer.max_steps", "2")
         rows.append(run("resume past max_steps", tmp / "past", None, past))
         lr = ("--ckpt_path", str(src), "--trainer.max_steps", str(step + 4), "--model.lr", "0.01")
         rows.append(run("resume --model.lr 0.01", tmp / "lr", None, lr))
-    print("| fault | exit code | seconds to stop | updates lost | orphans | tracebacks | line |")
+    print("| fault | exit code | seconds to stop (signals) / run wall time | updates lost | orphans | tracebacks | line |")  # noqa: E501
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(
