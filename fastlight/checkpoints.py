@@ -7,12 +7,16 @@ hyperparameters, from LightningCLI), so evaluation tools need not know whether i
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import os
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
+from lightning.fabric.utilities.cloud_io import _load as pl_load
+from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 
 def read_checkpoint(path: str | Path, *, flag: str = "--ckpt") -> dict[str, Any]:
@@ -46,3 +50,72 @@ def load_module(path: str | Path, *, flag: str = "--ckpt") -> L.LightningModule:
     module = cls.load_from_checkpoint(str(path), map_location="cpu")
     module.eval()
     return module
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Checkpoints that appear under their final name only when complete.
+
+    Lightning's ``TorchCheckpointIO`` serialises to memory, then opens the final path for writing:
+    a full disk or a kill during that write leaves a truncated file under the final name, and the
+    previous ``last.ckpt`` is already gone. Here the bytes go to a temporary file in the same
+    directory, are flushed and fsynced, and only then renamed over the final name (``os.replace``
+    is atomic on POSIX). A failed save removes the temporary file, leaves the previous checkpoint
+    intact and raises an ``OSError`` naming the path. Loading names the path and what is wrong.
+    The ``fastlight`` CLI installs it unless ``--trainer.plugins`` brings another CheckpointIO.
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+        if storage_options is not None or "://" in str(path):  # remote filesystems: Lightning's own way
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        path = os.fspath(path)
+        folder = os.path.dirname(os.path.abspath(path))
+        os.makedirs(folder, exist_ok=True)
+        tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp-{os.getpid()}")
+        try:
+            with open(tmp, "wb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException as e:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+            if isinstance(e, OSError):
+                raise OSError(
+                    e.errno,
+                    f"could not save checkpoint {path} ({e.strerror or e}); the previous file there, if any, "
+                    "is unchanged",
+                ) from e
+            raise
+        _fsync_dir(folder)  # the rename itself survives a power cut
+
+    def load_checkpoint(
+        self, path: Any, map_location: Any = lambda storage, loc: storage, weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        if "://" in str(path):
+            return super().load_checkpoint(path, map_location, weights_only)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"--ckpt_path: no checkpoint file at {path}")
+        try:
+            ckpt = pl_load(path, map_location=map_location, weights_only=weights_only)
+        except Exception as e:  # noqa: BLE001 - any unpickling error means "not a checkpoint"
+            raise ValueError(
+                f"--ckpt_path: {path} is not a readable checkpoint, truncated or not written by torch.save "
+                f"({os.path.getsize(path)} bytes; {type(e).__name__}: {e})"
+            ) from e
+        if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
+            raise ValueError(f"--ckpt_path: {path} is not a Lightning checkpoint (no 'state_dict')")
+        return ckpt
+
+
+def _fsync_dir(folder: str) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -15,19 +15,29 @@ from __future__ import annotations
 import os
 import sys
 import warnings
+from typing import Any
 
 import lightning as L
+import torch
 from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.plugins.io import CheckpointIO
 
+from fastlight.callbacks.preemption import PreemptionCheckpoint
+from fastlight.checkpoints import AtomicCheckpointIO
 from fastlight.cli_callbacks import merge_repeated_callbacks
 from fastlight.cli_output import one_line_errors, quiet_third_party
 from fastlight.modules.rl_module import RLModule
 
+_MODEL_CHECKPOINT = "lightning.pytorch.callbacks.ModelCheckpoint"
+_PREEMPTION = f"{PreemptionCheckpoint.__module__}.{PreemptionCheckpoint.__qualname__}"
+#: Model arguments the CLI links from the data module: not the user's to set, never a difference.
+_LINKED = ("obs_dim", "action_dim", "continuous")
+
 
 class FastlightCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:  # noqa: ANN001 - jsonargparse parser
-        for key in ("obs_dim", "action_dim", "continuous"):
+        for key in _LINKED:
             parser.link_arguments(f"data.{key}", f"model.init_args.{key}", apply_on="instantiate")
 
     def before_instantiate_classes(self) -> None:
@@ -43,12 +53,19 @@ class FastlightCLI(LightningCLI):
         trainer["callbacks"] = merge_repeated_callbacks(trainer.get("callbacks"))
         # Checkpoints at <root>/checkpoints (not under a logger's version folder), so that the next
         # stage finds them (e.g. the RL config's --model.init_from <sft root>/checkpoints/last.ckpt).
-        for cb in trainer.get("callbacks") or []:
-            if getattr(cb, "class_path", None) == "lightning.pytorch.callbacks.ModelCheckpoint":
+        callbacks = trainer.get("callbacks") or []
+        for cb in callbacks:
+            if getattr(cb, "class_path", None) in (_MODEL_CHECKPOINT, _PREEMPTION):
                 if cb.get("init_args") is None:
                     cb["init_args"] = Namespace()
                 if cb["init_args"].get("dirpath") is None:
                     cb["init_args"]["dirpath"] = os.path.join(root, "checkpoints")
+        # Preemption-safe by default: a checkpoint on SIGTERM / SIGINT / SIGUSR1, on a fault, and
+        # every 30 minutes (a config that lists PreemptionCheckpoint itself chooses its settings).
+        if not any(getattr(cb, "class_path", None) == _PREEMPTION for cb in callbacks):
+            init_args = Namespace(dirpath=os.path.join(root, "checkpoints"))
+            callbacks.append(Namespace(class_path=_PREEMPTION, init_args=init_args))
+            trainer["callbacks"] = callbacks
         if trainer.get("logger") in (None, True):
             trainer["logger"] = [
                 Namespace(
@@ -60,6 +77,71 @@ class FastlightCLI(LightningCLI):
                     init_args=Namespace(save_dir=root, name="csv"),
                 ),
             ]
+
+
+    def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
+        """Atomic checkpoint files unless the user brings a CheckpointIO of their own."""
+        plugins = self._get(self.config_init, "trainer", default={}).get("plugins")
+        plugins = [] if plugins is None else list(plugins) if isinstance(plugins, list) else [plugins]
+        if not any(isinstance(p, CheckpointIO) for p in plugins):
+            kwargs["plugins"] = [*plugins, AtomicCheckpointIO()]
+        return super().instantiate_trainer(**kwargs)
+
+    def _parse_ckpt_path(self) -> None:
+        """``--ckpt_path`` resumes with the settings the user typed (config + command line).
+
+        LightningCLI would overwrite the parsed model settings with the checkpoint's, silently
+        undoing e.g. ``--model.lr 0.01``. Here the typed settings are kept and one line lists
+        those that differ from the checkpoint's; the module applies a changed learning rate to
+        the restored optimizer too (:meth:`RLModule.on_load_checkpoint`). A missing, truncated or
+        non-checkpoint file is refused naming the path.
+        """
+        sub = self.config.get("subcommand")
+        ckpt_path = self.config[sub].get("ckpt_path") if sub else None
+        if not ckpt_path or ckpt_path in ("last", "best", "hpc", "registry"):
+            return
+        from fastlight.checkpoints import read_checkpoint
+
+        saved = dict(read_checkpoint(ckpt_path, flag="--ckpt_path").get("hyper_parameters") or {})
+        model = self.config[sub].get("model")
+        if model is None or getattr(model, "class_path", None) is None:
+            return super()._parse_ckpt_path()  # nothing typed: rebuild the checkpoint's model
+        diffs = _differences(saved, model)
+        if diffs:
+            print(
+                f"fastlight: resuming {ckpt_path} with settings that differ from the checkpoint's "
+                f"(yours apply): {'; '.join(diffs)}",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Namespace):
+        value = value.as_dict()
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items() if k != "_instantiator"}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, torch.Tensor):
+        return value.tolist()
+    return value
+
+
+def _differences(saved: dict[str, Any], model: Namespace) -> list[str]:
+    """``--model.<key> <yours> (checkpoint: <theirs>)`` for every setting both sides hold."""
+    out = []
+    theirs_class = saved.get("_class_path")
+    if theirs_class and theirs_class != model.class_path:
+        out.append(f"--model.class_path {model.class_path} (checkpoint: {theirs_class})")
+    mine = _plain(model.get("init_args") or Namespace())
+    for key, value in mine.items():
+        if key in _LINKED or key not in saved:
+            continue
+        theirs = _plain(saved[key])
+        if theirs != value:
+            out.append(f"--model.{key} {value} (checkpoint: {theirs})")
+    return out
 
 
 def cli_main(args: list[str] | None = None, *, run: bool = True) -> FastlightCLI:

@@ -99,6 +99,8 @@ class RolloutStats:
     #: sampler items were dropped while it was assembled (set by the DataModule).
     data_wait_s: float = 0.0
     dropped_stale: int = 0
+    #: Episodes dropped because the env returned a NaN / inf (``--data.nonfinite drop``).
+    dropped_nonfinite: int = 0
 
     def merge(self, other: RolloutStats) -> RolloutStats:
         """Counters of two cycles taken one after the other (times add up)."""
@@ -112,6 +114,7 @@ class RolloutStats:
             episodes=self.episodes + other.episodes,
             data_wait_s=self.data_wait_s + other.data_wait_s,
             dropped_stale=self.dropped_stale + other.dropped_stale,
+            dropped_nonfinite=self.dropped_nonfinite + other.dropped_nonfinite,
         )
 
 

@@ -8,6 +8,7 @@ processes can build them from ``--data.env_id tests.fake_envs:FixedLength-v0``.
 from __future__ import annotations
 
 import os
+import time
 
 import gymnasium as gym
 import numpy as np
@@ -138,3 +139,36 @@ class ActionEchoEnv(gym.Env):
 
 
 gym.register("ActionEcho-v0", entry_point=ActionEchoEnv)
+
+
+class FaultEnv(FixedLengthEnv):
+    """Injects faults for ``tests/faults``: a NaN reward or observation at a given global step
+    count (``nan_reward_at`` / ``nan_obs_at``: the env's ``step_calls``, 0 = never), and a
+    ``step_sleep`` per step so that a run lasts long enough to be signalled mid-training.
+    ``nan_obs_field`` chooses the poisoned observation entry. Episodes last ``length`` steps."""
+
+    def __init__(
+        self,
+        length: int = 5,
+        nan_reward_at: int = 0,
+        nan_obs_at: int = 0,
+        nan_value: float = float("nan"),
+        step_sleep: float = 0.0,
+    ) -> None:
+        super().__init__(lengths=(length,))
+        self.nan_reward_at, self.nan_obs_at = nan_reward_at, nan_obs_at
+        self.nan_value, self.step_sleep = nan_value, step_sleep
+
+    def step(self, action):
+        if self.step_sleep:
+            time.sleep(self.step_sleep)
+        obs, reward, term, trunc, info = super().step(action)
+        if self.step_calls == self.nan_reward_at:
+            reward = self.nan_value
+        if self.step_calls == self.nan_obs_at:
+            obs = obs.copy()
+            obs[1] = self.nan_value
+        return obs, reward, term, trunc, info
+
+
+gym.register("Fault-v0", entry_point=FaultEnv)

@@ -109,6 +109,9 @@ class RolloutDataModule(L.LightningDataModule):
             ``None`` (default) derives it from the global seed (``--seed_everything``, read from
             ``PL_GLOBAL_SEED`` when the samplers start), so a seed sweep varies the envs too; 0
             when no global seed is set. See :attr:`env_seed`.
+        nonfinite: a NaN / inf observation or reward from an env: ``raise`` stops the run naming
+            the env, its index, seed, episode step and the field; ``drop`` drops that episode (its
+            steps become padding) and counts it as ``rollout/dropped_nonfinite``.
     """
 
     def __init__(
@@ -134,6 +137,7 @@ class RolloutDataModule(L.LightningDataModule):
         steps_per_epoch: int = 50,
         worker_timeout_s: float = 300.0,
         seed: int | None = None,
+        nonfinite: str = "raise",
     ) -> None:
         super().__init__()
         check_collector_settings(
@@ -142,6 +146,7 @@ class RolloutDataModule(L.LightningDataModule):
             termination_threshold=termination_threshold,
             max_horizon=max_horizon,
             rollout_steps=rollout_steps,
+            nonfinite=nonfinite,
         )
         _check_positive(
             prefetch=prefetch,
@@ -220,6 +225,7 @@ class RolloutDataModule(L.LightningDataModule):
                 max_staleness=h.max_staleness,
                 scenario_load_cost_s=h.scenario_load_cost_s,
                 seed=seed + 10_000 * rank + 1_000 * w,
+                nonfinite=h.get("nonfinite", "raise"),
             )
             for w in range(h.num_workers)
         ]
@@ -232,6 +238,7 @@ class RolloutDataModule(L.LightningDataModule):
         require(module, TrainsPolicy, who="RolloutDataModule", what="a LightningModule")
         if isinstance(module, ChecksEnvSpec):
             module.check_env_spec(self.env_spec)
+        self.check_minibatches(module)
         policy = cpu_copy(module.policy).eval()
         h = self.hparams
         inference = None
@@ -260,6 +267,27 @@ class RolloutDataModule(L.LightningDataModule):
             max_staleness=self.hparams.max_staleness,
             depth=self.hparams.prefetch,
         ).start()
+
+    def max_valid_per_rollout(self) -> int:
+        """The most valid transitions one training step's Rollout can hold on this rank: every env
+        stepping for the whole cycle (``max_horizon`` in dpsa/sgr, ``rollout_steps`` otherwise)."""
+        h = self.hparams
+        steps = h.max_horizon if h.reset_mode in ("dpsa", "sgr") else h.rollout_steps
+        return h.num_envs * h.cycles_per_step * steps
+
+    def check_minibatches(self, module: Any) -> None:
+        """Refuse, before any sampler starts, a ``--model.num_minibatches`` that no Rollout can fill:
+        it would split every Rollout into empty minibatches."""
+        hparams = getattr(module, "hparams", None) or {}
+        wanted = hparams.get("num_minibatches") if hasattr(hparams, "get") else None
+        if wanted is not None and wanted > self.max_valid_per_rollout():
+            h = self.hparams
+            cycle = "max_horizon" if h.reset_mode in ("dpsa", "sgr") else "rollout_steps"
+            raise ValueError(
+                f"--model.num_minibatches must be <= {self.max_valid_per_rollout()}, the most valid "
+                f"transitions a Rollout can hold (--data.num_envs {h.num_envs} x --data.cycles_per_step "
+                f"{h.cycles_per_step} x --data.{cycle} {h[cycle]}), got {wanted}"
+            )
 
     @override
     def train_dataloader(self) -> DataLoader:

@@ -146,6 +146,25 @@ class RLModule(L.LightningModule):
             if saved.get("_class_path") == _class_path(self) and "_instantiator" in saved:
                 values.update(_class_path=saved["_class_path"], _instantiator=saved["_instantiator"])
             self._record_policy_hparams(values)
+        self._use_typed_learning_rates(checkpoint)
+
+    def _use_typed_learning_rates(self, checkpoint: dict[str, Any]) -> None:
+        """Resuming with a changed ``lr`` (or ``*_lr``) means the new one: the optimizer state
+        restored from the checkpoint would otherwise bring back the old rates silently. Edits the
+        checkpoint's optimizer param groups, restored after this hook, to this module's rates."""
+        saved = checkpoint.get(self.CHECKPOINT_HYPER_PARAMS_KEY) or {}
+        rates = [k for k in self.hparams if k == "lr" or k.endswith("_lr")]
+        changed = [k for k in rates if k in saved and saved[k] != self.hparams[k]]
+        states = checkpoint.get("optimizer_states")
+        if not changed or not states or "policy" not in self._modules:
+            return
+        fresh = self.configure_optimizers()
+        opts = list(fresh) if isinstance(fresh, (list, tuple)) else [fresh]
+        if len(opts) != len(states) or not all(isinstance(o, torch.optim.Optimizer) for o in opts):
+            return
+        for opt, state in zip(opts, states, strict=True):
+            for group, saved_group in zip(opt.param_groups, state["param_groups"], strict=False):
+                saved_group["lr"] = group["lr"]
 
     def __getattr__(self, name: str) -> Any:
         if name == "policy" and "policy" not in self.__dict__.get("_modules", {}):
@@ -303,9 +322,12 @@ class RLModule(L.LightningModule):
         idx = flat_valid.nonzero().squeeze(-1)  # minibatches hold valid transitions only
         data = Minibatch.from_rollout(rollout, adv, ret, values)
         infos: list[dict[str, Tensor]] = []
-        for _ in range(h.update_epochs):
+        # A rollout with fewer valid transitions than minibatches (DPSA cycles vary) splits into
+        # as many as it has, never into empty ones; one with none is not an update.
+        pieces = min(h.num_minibatches, idx.numel())
+        for _ in range(h.update_epochs if pieces else 0):
             perm = idx[torch.randperm(idx.numel(), device=idx.device)]
-            for mb_idx in torch.tensor_split(perm, h.num_minibatches):
+            for mb_idx in torch.tensor_split(perm, pieces):
                 mb = data.select(mb_idx)
                 count = self._global_count(mb.valid)
                 out = self.evaluate_actions(mb)
@@ -319,6 +341,8 @@ class RLModule(L.LightningModule):
                 opt.step()
                 infos.append(info)
         # One stack + mean at the end: no host sync inside the minibatch loop.
+        if not infos:
+            return {}
         return {k: torch.stack([i[k] for i in infos]).mean() for k in infos[0]}
 
     def _global_count(self, valid: Tensor) -> Tensor | None:

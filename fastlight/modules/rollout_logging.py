@@ -41,5 +41,6 @@ def rollout_metrics(rollout: Rollout, *, current_version: int) -> dict[str, Tens
         out["rollout/policy_lag_max"] = lag.max()
     out["rollout/valid_steps"] = valid.sum().float()
     out["rollout/dropped_stale"] = torch.tensor(float(rollout.stats.dropped_stale))
+    out["rollout/dropped_nonfinite"] = torch.tensor(float(rollout.stats.dropped_nonfinite))
     out["perf/data_wait_ms"] = torch.tensor(1000.0 * rollout.stats.data_wait_s)
     return out

@@ -7,6 +7,7 @@ from the trainer (DESIGN: processes), so a run is reproducible and no child outl
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import random
@@ -14,18 +15,46 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import torch
 
 
 def start_child(parent_pid: int, *, seed: int | None = None, threads: int | None = None) -> None:
-    """Call first in a spawned child: :func:`die_with_parent`, then seeding and the thread count."""
+    """Call first in a spawned child: :func:`die_with_parent`, then seeding and the thread count.
+
+    SIGINT is ignored: a Ctrl-C in a terminal reaches the whole process group, and the trainer
+    handles it (checkpoint, then it stops its children); a child that raised KeyboardInterrupt
+    would print a traceback and look like a crash. (The pool also starts children with SIGINT
+    ignored, which covers their start-up, before this runs.)
+    """
+    ignore_sigint()
     die_with_parent(parent_pid)
     if threads is not None:
         torch.set_num_threads(threads)
     if seed is not None:
         seed_everything(seed)
+
+
+def ignore_sigint() -> None:
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def children_ignore_sigint() -> Iterator[None]:
+    """Start processes inside this block to have them ignore SIGINT from their first instruction:
+    an ignored disposition survives fork and exec, and Python then installs no KeyboardInterrupt
+    handler. The trainer's own handler is back when the block ends."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def die_with_parent(parent: int) -> None:

@@ -32,6 +32,24 @@ from fastlight.sampling.obs import action_to_env, obs_to_tensor, stack_obs
 from fastlight.sampling.rows import Row, RowBuffer, Step
 
 RESET_MODES = ("dpsa", "sgr", "autoreset", "sequential")
+NONFINITE = ("raise", "drop")
+
+
+class NonFiniteError(ValueError):
+    """An env returned a NaN or infinite observation or reward (named: env, index, seed, step)."""
+
+
+def is_finite(value: Any) -> bool:
+    """True unless a float in ``value`` (a number, an array, a dict of arrays) is NaN or infinite.
+    Integer arrays (images, token ids) cannot hold either and are not scanned."""
+    if isinstance(value, dict):
+        return all(is_finite(v) for v in value.values())
+    if isinstance(value, (float, np.floating)):
+        return bool(np.isfinite(value))
+    arr = np.asarray(value) if not isinstance(value, torch.Tensor) else value.numpy()
+    if arr.dtype.kind not in "fc":
+        return True
+    return bool(np.isfinite(arr).all())
 
 
 def check_collector_settings(
@@ -41,6 +59,7 @@ def check_collector_settings(
     termination_threshold: float,
     max_horizon: int,
     rollout_steps: int,
+    nonfinite: str = "raise",
     prefix: str = "--data.",
 ) -> None:
     """Validate collector settings; errors name the CLI flag and the allowed values."""
@@ -56,6 +75,8 @@ def check_collector_settings(
         raise ValueError(f"{prefix}max_horizon must be >= 1, got {max_horizon}")
     if rollout_steps < 1:
         raise ValueError(f"{prefix}rollout_steps must be >= 1, got {rollout_steps}")
+    if nonfinite not in NONFINITE:
+        raise ValueError(f"{prefix}nonfinite must be one of {' | '.join(NONFINITE)}, got {nonfinite!r}")
 
 
 class _Episode:
@@ -79,6 +100,10 @@ class Collector:
         max_horizon: DPSA/SGR cycle length cap; reaching it truncates and bootstraps.
         rollout_steps: steps per ``collect()`` in ``autoreset`` / ``sequential`` mode.
         seed: env ``i`` is first reset with ``seed + i``; later resets continue its RNG.
+        nonfinite: what a NaN / inf observation or reward from an env does: ``raise`` stops the
+            run (:class:`NonFiniteError` naming env, index, seed, step, field); ``drop`` turns the
+            episode's steps in this Rollout into padding (``valid=False``), ends it there and counts
+            it in ``stats.dropped_nonfinite``.
     """
 
     def __init__(
@@ -90,6 +115,7 @@ class Collector:
         max_horizon: int = 200,
         rollout_steps: int = 128,
         seed: int = 0,
+        nonfinite: str = "raise",
     ) -> None:
         check_collector_settings(
             mode=mode,
@@ -97,7 +123,9 @@ class Collector:
             termination_threshold=termination_threshold,
             max_horizon=max_horizon,
             rollout_steps=rollout_steps,
+            nonfinite=nonfinite,
         )
+        self.nonfinite = nonfinite
         self.envs = list(envs)
         self.mode = mode
         self.termination_threshold = termination_threshold
@@ -135,9 +163,25 @@ class Collector:
         for i, obs, info in self._pool.map(one, indices):
             self._obs[i] = obs
             self._eps[i] = _Episode(task_id=int(info.get("task_id", 0)))
+            self._check_finite(i, "observation (from reset)", obs)
         stats.reset_time += time.perf_counter() - t0
         if len(indices) == self.num_envs:
             self._seeded = True
+
+    def _check_finite(self, i: int, what: str, value: Any) -> None:
+        """Stop at the env that produced a NaN / inf, before it reaches a loss or the weights.
+
+        Checked where values enter (every step, every reset): later, a NaN shows up only as a
+        torch error in an update, naming neither the env nor the step.
+        """
+        if is_finite(value):
+            return
+        env = self.envs[i]
+        name = getattr(getattr(env, "spec", None), "id", None) or type(env.unwrapped).__name__
+        raise NonFiniteError(
+            f"env {name} (index {i} of this sampler, seed {self.seed + i}) returned a non-finite {what} "
+            f"at episode step {self._eps[i].step}: {_preview(value)}"
+        )
 
     # ------------------------------------------------------------------ one step of a subset
     def _step_envs(self, policy: Policy, active: list[int], stats: RolloutStats) -> Step:
@@ -161,18 +205,31 @@ class Collector:
         version = policy.last_version if self._served else -1
         return Step(all_obs, step, out, version, results)
 
-    def _advance(self, row: Row, i: int, result: tuple, rows: RowBuffer) -> bool:
-        """Record env ``i``'s step in ``row``; returns True if its episode ended."""
+    def _advance(self, row: Row, i: int, result: tuple, rows: RowBuffer, stats: RolloutStats) -> bool:
+        """Record env ``i``'s step in ``row``; returns True if its episode ended (or was dropped)."""
         nobs, reward, term, trunc, info = result
-        row.set_step(i, float(reward), bool(term), bool(trunc))
         ep = self._eps[i]
-        ep.step += 1
+        ep.step += 1  # the env's step count: the failing step is named by it (0 = the reset)
+        if self.nonfinite == "drop" and not (is_finite(reward) and is_finite(nobs)):
+            self._drop_episode(i, rows, stats)
+            return True
+        self._check_finite(i, "reward", reward)
+        self._check_finite(i, "observation", nobs)
+        row.set_step(i, float(reward), bool(term), bool(trunc))
         ep.ret += float(reward)
         self._obs[i] = nobs
         if term or trunc:
             rows.episodes.append(_record(ep, terminated=bool(term), truncated=bool(trunc), info=info))
             return True
         return False
+
+    def _drop_episode(self, i: int, rows: RowBuffer, stats: RolloutStats) -> None:
+        """Env ``i``'s current episode becomes padding in this buffer (its steps here are the last
+        ``ep.step`` rows at most; earlier ones went out, finite, in an earlier Rollout). Its frozen
+        observation stays the last finite one, and no episode is recorded."""
+        for r in rows.rows[-min(self._eps[i].step, len(rows.rows)) :]:
+            r.invalidate(i)
+        stats.dropped_nonfinite += 1
 
     # ------------------------------------------------------------------ public API
     @torch.no_grad()
@@ -212,7 +269,7 @@ class Collector:
             out = self._step_envs(policy, active, stats)
             row = rows.new_row(out, self._eps, active)
             for j, i in enumerate(active):
-                if self._advance(row, i, out.results[j], rows):
+                if self._advance(row, i, out.results[j], rows, stats):
                     alive[i] = False
             t += 1
             cut = self._should_truncate(self.num_envs - sum(alive), t)
@@ -239,7 +296,7 @@ class Collector:
             row = rows.new_row(out, self._eps, everyone)
             ended = []
             for i in everyone:
-                if self._advance(row, i, out.results[i], rows):
+                if self._advance(row, i, out.results[i], rows, stats):
                     ended.append(i)
                 elif t == self.rollout_steps - 1:
                     # Rollout boundary: bootstrap, but the episode goes on in the next call.
@@ -260,6 +317,14 @@ class Collector:
         values = policy.value(obs, step=step)
         for j, i in enumerate(idx):
             row.bootstrap[i] = float(values[j])
+
+
+def _preview(value: Any) -> str:
+    if isinstance(value, dict):
+        bad = [k for k, v in value.items() if not is_finite(v)]
+        return f"keys {bad} hold NaN/inf"
+    text = np.array2string(np.asarray(value), threshold=8, precision=3)
+    return text if len(text) < 120 else text[:117] + "..."
 
 
 def _record(

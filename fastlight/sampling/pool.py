@@ -21,6 +21,7 @@ from torch import nn
 from fastlight.inference.client import InferenceClient
 from fastlight.models.base import check_policy
 from fastlight.rollout import Rollout
+from fastlight.sampling.child import children_ignore_sigint
 from fastlight.sampling.task_weights import SharedTaskWeights
 from fastlight.sampling.worker import SamplerConfig, rollout_from_numpy, sampler_main
 from fastlight.weights.publisher import SyncStats, WeightPublisher, WeightSource
@@ -74,6 +75,13 @@ class SamplerPool:
         return len(self.configs)
 
     def start(self) -> None:
+        with children_ignore_sigint():  # Ctrl-C is the trainer's to handle (quietly, with a checkpoint)
+            self._start_processes()
+        self._last_item = time.monotonic()
+        # Last line of defence if the trainer exits without teardown.
+        atexit.register(_stop_ref, weakref.ref(self))
+
+    def _start_processes(self) -> None:
         for i, cfg in enumerate(self.configs):
             policy = self.policy if self.client is None else self.client.remote_policy(i, self.policy)
             p = self.ctx.Process(
@@ -96,9 +104,6 @@ class SamplerPool:
         if self.client is not None:
             self.client.close_sampler_ends()
             self.client.start(self.stop_event, os.getpid())
-        self._last_item = time.monotonic()
-        # Last line of defence if the trainer exits without teardown.
-        atexit.register(_stop_ref, weakref.ref(self))
 
     def publish(self, policy: nn.Module, version: int) -> SyncStats:
         """New weights for the samplers through the pool's one publisher."""
@@ -160,7 +165,11 @@ class SamplerPool:
         self.stop_event.set()
         deadline = time.monotonic() + timeout
         for p in self.procs:
-            p.join(timeout=max(0.0, deadline - time.monotonic()))
+            # Keep the queue drained meanwhile: a sampler exits only once its queue feeder thread
+            # has flushed the last item into the pipe, which a full pipe would block until killed.
+            while p.is_alive() and time.monotonic() < deadline:
+                self._drain()
+                p.join(timeout=0.05)
         for p in self.procs:
             if p.is_alive():
                 p.terminate()
@@ -171,7 +180,9 @@ class SamplerPool:
         self.procs = []
         if self.client is not None:
             self.client.stop()
-        # Drain so the queue's feeder thread can exit.
+        self._drain()  # so the queue's feeder thread can exit
+
+    def _drain(self) -> None:
         try:
             while True:
                 self.queue.get_nowait()

@@ -49,6 +49,13 @@ class Row:
     def set_truncated(self, i: int) -> None:
         self.truncated[i] = True
 
+    def invalidate(self, i: int) -> None:
+        """Env ``i``'s step in this row becomes padding (a dropped episode)."""
+        self.valid[i] = False
+        self.reward[i] = 0.0
+        self.terminated[i] = self.truncated[i] = False
+        self.bootstrap[i] = 0.0
+
 
 def _scatter(values: Tensor, active: list[int], num_envs: int) -> Tensor:
     """[len(active), ...] -> [E, ...] with zeros for the envs that were not stepped (dummy steps)."""

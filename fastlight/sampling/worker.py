@@ -12,6 +12,7 @@ whose trainer dies exits too (``PR_SET_PDEATHSIG`` plus a parent-pid watchdog).
 
 from __future__ import annotations
 
+import os
 import queue
 import time
 import traceback
@@ -43,6 +44,7 @@ class SamplerConfig:
     max_staleness: int = 0
     scenario_load_cost_s: float = 0.0
     seed: int = 0
+    nonfinite: str = "raise"
 
 
 def build_envs(cfg: SamplerConfig) -> list:
@@ -65,6 +67,7 @@ def build_collector(cfg: SamplerConfig, worker_index: int) -> Collector:
         max_horizon=cfg.max_horizon,
         rollout_steps=cfg.rollout_steps,
         seed=cfg.seed,
+        nonfinite=cfg.nonfinite,
     )
 
 
@@ -90,15 +93,23 @@ def sampler_main(
     """Entry point of sampler process ``index`` (spawned)."""
     start_child(parent_pid, seed=cfg.seed, threads=1)
     collector = None
+    failed = False
     try:
         collector = build_collector(cfg, index)
         policy.eval()
         _loop(cfg, collector, policy, weights, out_queue, stop, task_weights)
     except Exception:
+        failed = True
         out_queue.put(("error", index, traceback.format_exc()))
     finally:
         if collector is not None:
             collector.close()
+    # Leave without the interpreter's teardown: freeing torch and the envs there takes seconds on
+    # a loaded machine, time a preempted trainer waits for. Only the queue must be flushed first,
+    # so that an error report reaches the trainer.
+    out_queue.close()
+    out_queue.join_thread()
+    os._exit(1 if failed else 0)
 
 
 def _loop(

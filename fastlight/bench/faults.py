@@ -1,0 +1,155 @@
+"""Fault-injection probe: ``python -m fastlight.bench.faults`` (from the repository root).
+
+Runs ``fastlight fit`` on ``configs/highway_dpsa.yaml`` shrunk to the fault-injecting test env
+(``tests.fake_envs:Fault-v0``, 2 samplers, 8-step cycles, one update = 2 optimizer steps) and
+injects one fault per run: a signal once updates are being logged, a NaN reward or observation
+from the env, an impossible setting, a resume past ``max_steps``. Each row reports the exit code,
+the fastlight line, seconds from the injection to the exit, updates lost (trained by the process
+but not in the checkpoint) and child processes left alive. Markdown to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path.cwd()
+
+
+def command(root: Path, *extra: str, env_kwargs: str = '{"step_sleep": 0.02}') -> list[str]:
+    return [
+        sys.executable, "-m", "fastlight.cli", "fit", "--config", str(ROOT / "configs" / "highway_dpsa.yaml"),
+        "--data.env_id", "tests.fake_envs:Fault-v0", "--data.env_kwargs", env_kwargs,
+        "--data.num_envs", "2", "--data.num_workers", "2", "--data.max_horizon", "8",
+        "--data.steps_per_epoch", "1000", "--model.update_epochs", "1", "--model.num_minibatches", "2",
+        "--trainer.max_steps", "100000", "--trainer.max_time", "null",
+        "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(root), *extra,
+    ]  # fmt: skip
+
+
+def descendants(pid: int) -> set[int]:
+    parents = {}
+    for e in os.listdir("/proc"):
+        if e.isdigit():
+            try:
+                parents[int(e)] = int(Path(f"/proc/{e}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+    out, frontier = set(), {pid}
+    while frontier:
+        frontier = {c for c, p in parents.items() if p in frontier} - out
+        out |= frontier
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def env() -> dict[str, str]:
+    e = dict(os.environ)
+    e["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), e.get("PYTHONPATH")) if p)
+    e.setdefault("MUJOCO_GL", "egl")
+    return e
+
+
+def trained_updates(root: Path) -> int:
+    """Updates this process trained: metrics.csv's ``step`` counts training steps (rollouts)."""
+    path = root / "csv" / "version_0" / "metrics.csv"
+    if not path.is_file():
+        return 0
+    with open(path) as f:
+        return max((int(r["step"]) + 1 for r in csv.DictReader(f) if r.get("step")), default=0)
+
+
+def ckpt_updates(root: Path) -> int | None:
+    """Updates in ``<root>/checkpoints/last.ckpt`` (the module's policy version), None if absent."""
+    path = root / "checkpoints" / "last.ckpt"
+    if not path.is_file():
+        return None
+    return int(torch.load(path, weights_only=False)["state_dict"]["_policy_version"])
+
+
+def run(name: str, root: Path, inject: str | None, extra: tuple[str, ...] = (), **kw) -> dict:
+    """Start a run; ``inject`` is a signal name (sent once updates are logged) or None (the fault
+    is in the settings / env and the run stops by itself)."""
+    log = root.parent / f"{root.name}.log"
+    with open(log, "w") as f:
+        proc = subprocess.Popen(command(root, *extra, **kw), stdout=f, stderr=subprocess.STDOUT, env=env())
+    children: set[int] = set()
+    t_inject = time.monotonic()
+    metrics = root / "csv" / "version_0" / "metrics.csv"
+    while proc.poll() is None:
+        children |= descendants(proc.pid)
+        if inject and metrics.is_file() and len(metrics.read_text().splitlines()) >= 3:
+            t_inject = time.monotonic()
+            proc.send_signal(getattr(signal, inject))
+            break
+        time.sleep(0.1)
+    rc = proc.wait(timeout=600)
+    seconds = time.monotonic() - t_inject
+    time.sleep(2.0)
+    text = log.read_text()
+    lines = [line for line in text.splitlines() if line.startswith("fastlight:")]
+    saved = ckpt_updates(root)
+    lost = None if saved is None else trained_updates(root) - saved
+    return {
+        "fault": name,
+        "rc": rc,
+        "line": lines[-1] if lines else text.strip().splitlines()[-1][:160],
+        "seconds": seconds,
+        "lost": lost,
+        "orphans": sum(alive(c) for c in children),
+        "tracebacks": text.count("Traceback"),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--only", nargs="*", help="fault names to run (default: all)")
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="fastlight-faults-"))
+    faults = {
+        "SIGTERM": lambda r: run("SIGTERM", r, "SIGTERM"),
+        "SIGINT": lambda r: run("SIGINT", r, "SIGINT"),
+        "SIGUSR1": lambda r: run("SIGUSR1", r, "SIGUSR1"),
+        "NaN reward": lambda r: run("NaN reward", r, None, env_kwargs='{"nan_reward_at": 30}'),
+        "NaN observation": lambda r: run("NaN observation", r, None, env_kwargs='{"nan_obs_at": 30}'),
+        "num_minibatches 1000": lambda r: run("num_minibatches 1000", r, None, ("--model.num_minibatches", "1000")),  # noqa: E501
+    }
+    rows = []
+    for name, fn in faults.items():
+        if args.only and name not in args.only:
+            continue
+        rows.append(fn(tmp / name.replace(" ", "_")))
+    # Resume past max_steps, and with a changed lr: from the SIGTERM run's checkpoint if there is one.
+    src = tmp / "SIGTERM" / "checkpoints" / "last.ckpt"
+    if src.is_file():
+        step = 2 * ckpt_updates(tmp / "SIGTERM")  # 2 optimizer steps per update
+        past = ("--ckpt_path", str(src), "--trainer.max_steps", "2")
+        rows.append(run("resume past max_steps", tmp / "past", None, past))
+        lr = ("--ckpt_path", str(src), "--trainer.max_steps", str(step + 4), "--model.lr", "0.01")
+        rows.append(run("resume --model.lr 0.01", tmp / "lr", None, lr))
+    print("| fault | exit code | seconds to stop (signals) / run wall time | updates lost | orphans | tracebacks | line |")  # noqa: E501
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['fault']} | {r['rc']} | {r['seconds']:.1f} | {r['lost']} | {r['orphans']} "
+            f"| {r['tracebacks']} | `{r['line']}` |"
+        )
+
+
+if __name__ == "__main__":
+    main()

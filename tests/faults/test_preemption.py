@@ -1,0 +1,151 @@
+"""PreemptionCheckpoint in one process: a stop signal during an update stops right after it, one
+outside an update stops at once, both with a loadable checkpoint and the signal's exit code; the
+timer saves; a resume already past max_steps says so; the handlers are given back after fit."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import lightning as L
+import pytest
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from fastlight.callbacks.preemption import Preempted, PreemptionCheckpoint
+from fastlight.checkpoints import AtomicCheckpointIO
+from fastlight.modules.rl_module import RLModule
+from fastlight.rollout import Rollout
+from fastlight.sampling.collector import Collector
+from tests.fake_envs import FixedLengthEnv
+
+STEPS_PER_UPDATE = 2  # update_epochs 1 x num_minibatches 2
+
+
+def rollout() -> Rollout:
+    torch.manual_seed(0)
+    envs = [FixedLengthEnv(lengths=(3, 5), tag=i) for i in range(2)]
+    module = RLModule(obs_dim=3, action_dim=2)
+    module.configure_model()
+    return Collector(envs, mode="dpsa", max_horizon=6).collect(module.policy)
+
+
+class Rollouts(IterableDataset):
+    """``n`` copies of one Rollout."""
+
+    def __init__(self, n: int) -> None:
+        self.item, self.n = rollout(), n
+
+    def __iter__(self):
+        return iter([self.item] * self.n)
+
+
+class SignalInUpdate(RLModule):
+    """Sends ``signum`` to itself in the middle of update number ``at`` (0-based), or while it
+    waits for the batch of update ``wait_at`` (where RolloutDataModule waits for the samplers)."""
+
+    def __init__(self, signum: int = 0, at: int = -1, wait_at: int = -1, **kw) -> None:
+        super().__init__(obs_dim=3, action_dim=2, update_epochs=1, num_minibatches=2, **kw)
+        self.signum, self.at, self.wait_at = signum, at, wait_at
+
+    def on_before_batch_transfer(self, batch, dataloader_idx):
+        if self.policy_version == self.wait_at:
+            os.kill(os.getpid(), self.signum)
+            for _ in range(1000):  # the handler runs between bytecodes, as in a queue wait
+                pass
+        return batch
+
+    def training_step(self, batch, batch_idx):
+        if batch_idx == self.at:
+            os.kill(os.getpid(), self.signum)
+        return super().training_step(batch, batch_idx)
+
+
+def trainer(tmp_path, cb: PreemptionCheckpoint, **kw) -> L.Trainer:
+    return L.Trainer(
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        callbacks=[cb],
+        plugins=[AtomicCheckpointIO()],
+        default_root_dir=str(tmp_path),
+        **kw,
+    )
+
+
+def saved_step(path) -> int:
+    return int(torch.load(path, weights_only=False)["global_step"])
+
+
+@pytest.fixture
+def python_sigint():
+    """Python's own Ctrl-C behaviour during the test (a shell's background job starts with SIGINT
+    ignored, and the test checks that the fit gives back what it found)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1])
+def test_signal_during_update_stops_after_it_with_checkpoint(tmp_path, signum, capsys, python_sigint):
+    cb = PreemptionCheckpoint(every_minutes=None)
+    t = trainer(tmp_path, cb, max_steps=100)
+    with pytest.raises(Preempted) as info:
+        t.fit(SignalInUpdate(signum=signum, at=2), DataLoader(Rollouts(50), batch_size=None))
+    assert info.value.code == 128 + signum  # 143 / 130 / 138
+    # Update 2 (0-based) was completed, not cut: 3 updates' optimizer steps are in the checkpoint.
+    assert saved_step(tmp_path / "checkpoints" / "last.ckpt") == 3 * STEPS_PER_UPDATE
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith(f"fastlight: stopped by {signal.Signals(signum).name} at global step 6")
+    assert str(tmp_path / "checkpoints" / "last.ckpt") in line
+    # The handlers are given back: the process's own SIGINT behaviour is back after the fit.
+    with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(1000):  # the handler runs between bytecodes
+            pass
+
+
+def test_signal_while_waiting_for_data_stops_at_once(tmp_path):
+    cb = PreemptionCheckpoint(every_minutes=None)
+    t = trainer(tmp_path, cb, max_steps=100)
+    module = SignalInUpdate(signum=signal.SIGTERM, wait_at=4)
+    with pytest.raises(Preempted) as info:
+        t.fit(module, DataLoader(Rollouts(50), batch_size=None))
+    assert info.value.code == 143
+    # Updates 0..3 ran; the wait for update 4's batch was cut short, and no further update ran.
+    assert saved_step(tmp_path / "checkpoints" / "last.ckpt") == 4 * STEPS_PER_UPDATE
+    assert module.policy_version == 4
+
+
+def test_timer_saves_during_training_and_at_the_end(tmp_path):
+    timed = PreemptionCheckpoint(every_minutes=1e-9)  # due after every update
+    trainer(tmp_path / "a", timed, max_steps=6 * STEPS_PER_UPDATE).fit(
+        SignalInUpdate(), DataLoader(Rollouts(50), batch_size=None)
+    )
+    untimed = PreemptionCheckpoint(every_minutes=None)
+    trainer(tmp_path / "b", untimed, max_steps=6 * STEPS_PER_UPDATE).fit(
+        SignalInUpdate(), DataLoader(Rollouts(50), batch_size=None)
+    )
+    assert timed.saves == 6 + 1  # after each of the 6 updates, and at the end of training
+    assert untimed.saves == 1  # only at the end of training
+    assert saved_step(tmp_path / "b" / "checkpoints" / "last.ckpt") == 6 * STEPS_PER_UPDATE
+
+
+def test_resume_past_max_steps_says_so(tmp_path, capsys):
+    first = trainer(tmp_path, PreemptionCheckpoint(every_minutes=None), max_steps=4 * STEPS_PER_UPDATE)
+    first.fit(SignalInUpdate(), DataLoader(Rollouts(50), batch_size=None))
+    ckpt = tmp_path / "checkpoints" / "last.ckpt"
+    capsys.readouterr()
+    again = trainer(tmp_path, PreemptionCheckpoint(every_minutes=None), max_steps=2 * STEPS_PER_UPDATE)
+    module = SignalInUpdate()
+    again.fit(module, DataLoader(Rollouts(50), batch_size=None), ckpt_path=str(ckpt))
+    err = capsys.readouterr().err
+    assert "nothing to train" in err and "global step 8" in err and "--trainer.max_steps 4" in err
+    assert module.policy_version == 4  # restored, not trained
+
+
+def test_bad_every_minutes_is_refused():
+    with pytest.raises(ValueError, match="every_minutes must be > 0 or null, got 0"):
+        PreemptionCheckpoint(every_minutes=0)
