@@ -187,7 +187,8 @@ def tiny_ckpt(tmp_path_factory) -> Path:
     from fastlight.cli import cli_main
 
     tmp = tmp_path_factory.mktemp("vla_eval")
-    # Replace the config's callback list so the checkpoint lands in a known place. Short episodes keep the evaluation fast; the expert cannot finish in
+    # Replace the config's callback list so the checkpoint lands in a known place. Short episodes
+    # keep the evaluation fast; the expert cannot finish in
     # 10 steps, hence successful_only false.
     callbacks = [{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
                   "init_args": {"dirpath": str(tmp / "ckpt"), "save_last": True}}]
