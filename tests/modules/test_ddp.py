@@ -71,6 +71,8 @@ def test_two_rank_ddp_on_mt10_state_only_with_dwr_pooled(tmp_path):
     ranks = run_ddp(
         tmp_path,
         "configs/vla_metaworld_mt10.yaml",
+        "--model.init_from",  # the config starts from an SFT run's checkpoint; here from scratch
+        "null",
         "--data.env_kwargs",
         "{tasks: MT10, image: false, max_path_length: 6}",
         "--data.num_envs",

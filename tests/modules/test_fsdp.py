@@ -26,6 +26,8 @@ def test_vla_module_wraps_and_trains_under_fsdp(tmp_path):
         "fit",
         "--config",
         os.path.join(ROOT, "configs/vla_metaworld_mt10.yaml"),
+        "--model.init_from",  # the config starts from an SFT run's checkpoint; here from scratch
+        "null",
         "--data.env_kwargs",
         "{tasks: MT10, image: false, max_path_length: 6}",
         "--data.num_envs",
