@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 
 from fastlight.evaluation import BatchActFn, TaskEpisode, play_tasks, policy_batch_act_fn
@@ -297,9 +298,12 @@ def probe_env(env_id: str, env_kwargs: dict[str, Any]) -> tuple[tuple[str, ...],
 
     env = make_env(env_id, env_kwargs=env_kwargs)
     try:
-        names = tuple(getattr(env.unwrapped, "task_names", ()))
-        spaces = getattr(env.observation_space, "spaces", {})
-        return names, "image" in spaces
+        from fastlight.envs.metaworld import MetaWorldEnv
+
+        base = env.unwrapped
+        names = tuple(base.task_names) if isinstance(base, MetaWorldEnv) else ()
+        space = env.observation_space
+        return names, isinstance(space, gym.spaces.Dict) and "image" in space.spaces
     finally:
         env.close()
 
