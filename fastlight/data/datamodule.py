@@ -27,11 +27,12 @@ from typing import Any
 import gymnasium as gym
 import lightning as L
 import torch
+from lightning.pytorch.utilities import AttributeDict, rank_zero_warn
 from torch.utils.data import DataLoader, IterableDataset
 from typing_extensions import override
 
 from fastlight.data.prefetch import Prefetcher
-from fastlight.data.protocols import ChecksEnvSpec, TrainsPolicy, require
+from fastlight.data.protocols import ChecksEnvSpec, RolloutPolicyModule, require
 from fastlight.envs.registry import make_env
 from fastlight.sampling.collector import check_collector_settings
 from fastlight.sampling.obs import obs_to_tensor, stack_obs
@@ -182,8 +183,20 @@ class RolloutDataModule(L.LightningDataModule):
         self.pool: SamplerPool | None = None
         self.prefetcher: Prefetcher | None = None
         self._published = -1
+        self._handed: int | None = None  # the policy version of the last Rollout handed out
+        self._warned_stalled = False
         self._last_sync: SyncStats | None = None
         self.dropped_stale = 0
+
+    @property
+    @override
+    def hparams_initial(self) -> AttributeDict:
+        """What loggers record: these settings as ``data.<name>`` (the CLI's names). Lightning logs
+        the module's and the DataModule's hparams as one flat dict and refuses a key both hold with
+        different values, which a plain module's own ``steps_per_epoch`` or ``seed`` would be."""
+        return AttributeDict(
+            {k if k.startswith("_") else f"data.{k}": v for k, v in super().hparams_initial.items()}
+        )
 
     # Sizes linked to the model by the CLI (``link_arguments`` with apply_on="instantiate").
     @property
@@ -235,7 +248,7 @@ class RolloutDataModule(L.LightningDataModule):
         if self.pool is not None:
             return
         module = self.trainer.lightning_module
-        require(module, TrainsPolicy, who="RolloutDataModule", what="a LightningModule")
+        require(module, RolloutPolicyModule, who="RolloutDataModule", what="a LightningModule")
         if isinstance(module, ChecksEnvSpec):
             module.check_env_spec(self.env_spec)
         self.check_minibatches(module)
@@ -300,12 +313,38 @@ class RolloutDataModule(L.LightningDataModule):
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         if not isinstance(batch, (int, torch.Tensor)) or self.pool is None:
             return batch
-        self.publish(self.trainer.lightning_module)
+        module = self.trainer.lightning_module
+        self._check_version_advanced(module)
+        self.publish(module)
         rollout = self.prefetcher.get(timeout=self.hparams.worker_timeout_s)
         self.dropped_stale += rollout.stats.dropped_stale
+        self._handed = int(module.policy_version)
         return rollout
 
-    def publish(self, module: TrainsPolicy) -> SyncStats | None:
+    def _check_version_advanced(self, module: RolloutPolicyModule) -> None:
+        """A training step ran on the last Rollout; its update must have advanced the version.
+
+        Samplers load new weights only when ``policy_version`` changes, and with ``max_staleness 0``
+        they start no round until it does: a module that never bumps it would wait
+        ``worker_timeout_s`` for a Rollout that cannot come. Refused here, after the first step.
+        """
+        version = int(module.policy_version)
+        if self._handed is None or version != self._handed:
+            return
+        what = (
+            f"{type(module).__name__}.policy_version has not advanced since {version}: a training step "
+            f"ran on the Rollout sampled with version {version} and the version is still {version}"
+        )
+        todo = "the LightningModule must add 1 to policy_version after each update (RLModule does)"
+        if self.hparams.max_staleness == 0:
+            raise RuntimeError(
+                f"{what}, so the samplers (--data.max_staleness 0) wait for new weights forever; {todo}"
+            )
+        if not self._warned_stalled:  # once: the samplers would otherwise fill the log with it
+            self._warned_stalled = True
+            rank_zero_warn(f"{what}: the samplers keep acting with these weights; {todo}")
+
+    def publish(self, module: RolloutPolicyModule) -> SyncStats | None:
         """Make ``module.policy``'s weights current for the samplers, once per version.
 
         The one place a publish is triggered: right before each batch is taken, i.e. after the
@@ -348,6 +387,7 @@ class RolloutDataModule(L.LightningDataModule):
             self.pool.stop()
             self.pool = None
             self._published = -1
+            self._handed = None
 
     @override
     def state_dict(self) -> dict[str, Any]:

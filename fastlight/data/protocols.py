@@ -1,24 +1,57 @@
 """Typed contracts between a run's parts, so a missing piece fails loudly instead of doing nothing.
 
-- What callbacks need of the run's DataModule: :class:`TaskWeightSink` (DWR pushes task weights),
-  :class:`WeightPublishing` (``WeightSync`` asks for a drain and reads the last :class:`SyncStats`).
-- What the DataModule and ``WeightSync`` need of the LightningModule: :class:`TrainsPolicy`.
+What each part needs of the others (all ``runtime_checkable``; checked with ``isinstance``):
 
-``require(...)`` checks one of them when the run starts and raises a ``TypeError`` naming both classes.
+===========================================  ====================================================
+needs                                        protocol
+===========================================  ====================================================
+``RolloutDataModule`` of the LightningModule :class:`RolloutPolicyModule`: ``policy`` (an
+                                             ``nn.Module`` implementing
+                                             :class:`fastlight.models.base.Policy`) and
+                                             ``policy_version`` (+1 after every update)
+``WeightSync`` of the LightningModule        :class:`TrainsPolicy`: the above and
+                                             ``optimizer_steps_per_update``
+``WeightSync`` of the DataModule             :class:`WeightPublishing`: ``request_drain``,
+                                             ``last_sync``
+``DynamicWeightedResampling`` of the         :class:`TaskWeightSink` (``set_task_weights``);
+DataModule                                   its task count from :class:`MultiTaskData`
+                                             (``task_names``) unless given
+``RolloutThroughput`` of the batches         a :class:`~fastlight.rollout.Rollout`, or its
+                                             ``batch_counts_fn`` (:data:`BatchCountsFn`)
+===========================================  ====================================================
+
+``require(...)`` checks one of them when the run starts and raises a ``TypeError`` naming both
+classes and the members that are missing.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 from torch import nn
+from typing_extensions import get_protocol_members
 
+from fastlight.rollout import RolloutStats
 from fastlight.weights.publisher import SyncStats
+
+#: ``batch -> RolloutStats`` for a training batch that is not a Rollout (``RolloutThroughput``);
+#: like Lightning's ``batch_size`` hint, e.g. ``lambda b: RolloutStats(raw_steps=len(b[0]),
+#: valid_steps=len(b[0]))``. Counters left at 0 make their ratios undefined, hence not logged.
+BatchCountsFn = Callable[[Any], RolloutStats]
 
 
 @runtime_checkable
 class TaskWeightSink(Protocol):
     def set_task_weights(self, weights: list[float]) -> None: ...
+
+
+@runtime_checkable
+class MultiTaskData(TaskWeightSink, Protocol):
+    """A DataModule whose env has named tasks (``task_names`` is None for a single-task env)."""
+
+    @property
+    def task_names(self) -> Sequence[str] | None: ...
 
 
 @runtime_checkable
@@ -37,22 +70,35 @@ class ChecksEnvSpec(Protocol):
 
 
 @runtime_checkable
-class TrainsPolicy(Protocol):
-    """A module whose ``policy`` the samplers copy, versioned by ``policy_version`` (bumped once per
-    update of ``optimizer_steps_per_update`` optimizer steps)."""
+class RolloutPolicyModule(Protocol):
+    """What ``RolloutDataModule`` needs of any LightningModule: the ``policy`` the samplers copy (an
+    ``nn.Module`` implementing :class:`fastlight.models.base.Policy`: ``act``, ``evaluate``,
+    ``value``, ``action_mapping``) and ``policy_version``, the count of updates so far, which the
+    module increases by 1 after each update: new weights reach the samplers only when it changes.
+    """
 
     policy: nn.Module
     policy_version: int
+
+
+@runtime_checkable
+class TrainsPolicy(RolloutPolicyModule, Protocol):
+    """A :class:`RolloutPolicyModule` that also says how many optimizer steps one update takes
+    (``WeightSync`` drains the inference worker before the last one)."""
+
     optimizer_steps_per_update: int
+
+
+def missing_members(obj: object, protocol: type) -> list[str]:
+    """The members of ``protocol`` that ``obj`` lacks, sorted."""
+    return sorted(n for n in get_protocol_members(protocol) if not hasattr(obj, n))
 
 
 def require(obj: object, protocol: type, *, who: str, what: str) -> None:
     """Raise ``TypeError`` unless ``obj`` implements ``protocol`` (``who`` needs it, as ``what``)."""
     if isinstance(obj, protocol):
         return
-    members = vars(protocol)
-    names = [n for n in members if not n.startswith("_")] + list(members.get("__annotations__", {}))
-    missing = sorted({n for n in names if not hasattr(obj, n)})
+    missing = missing_members(obj, protocol)
     got = "no DataModule (trainer.datamodule is None)" if obj is None else type(obj).__name__
     raise TypeError(
         f"{who} needs {what} implementing fastlight.data.protocols.{protocol.__name__}; the run has "
