@@ -19,13 +19,15 @@ per worker; pooling estimates rare-task failure rates from more data. Only episo
 by themselves count: an episode cut by a DPSA unified truncation has no outcome.
 
 **Sizes come from the run.** ``num_tasks`` and ``task_names`` default to the DataModule's env
-(``datamodule.task_names``, read at ``setup``), so ``callbacks/dwr.yaml`` attaches to any
-multi-task run; a ``num_tasks`` that disagrees with the env stops the run at setup, before any
-sampler starts.
+(``datamodule.task_names`` of a :class:`~fastlight.data.protocols.MultiTaskData`, read at
+``setup``), so ``callbacks/dwr.yaml`` attaches to any multi-task run; a ``num_tasks`` that
+disagrees with the env stops the run at setup, before any sampler starts.
 
 The weights are pushed to the samplers (``datamodule.set_task_weights``, the
 :class:`~fastlight.data.protocols.TaskWeightSink` the run's DataModule must implement) after every update,
 logged as ``dwr/weight_<task>`` and ``dwr/success_rate_<task>``, and saved in checkpoints.
+The outcomes come from the episodes of Rollout batches; on a run whose batches are something
+else the first one warns once (the weights would stay where they are).
 """
 
 from __future__ import annotations
@@ -36,10 +38,12 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.core.mixins import HyperparametersMixin
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from typing_extensions import override
 
-from fastlight.data.protocols import TaskWeightSink, require
+from fastlight.data.protocols import MultiTaskData, TaskWeightSink, require
 from fastlight.rollout import Rollout
 
 
@@ -105,6 +109,7 @@ class DynamicWeightedResampling(Callback):
         self.task_names: list[str] = []
         self.outcomes: list[deque[bool]] = []
         self._given_names = task_names is not None
+        self._warned = False
         if num_tasks is not None:
             self._size(num_tasks, task_names)
 
@@ -116,14 +121,15 @@ class DynamicWeightedResampling(Callback):
 
     def _size_from(self, datamodule: object) -> None:
         """Take the task count (and names, unless given) from the DataModule's env; check a given count."""
-        env_names = getattr(datamodule, "task_names", None)
-        hp = getattr(datamodule, "hparams", {})
-        env = f"--data.env_id {hp.get('env_id')}" if "env_id" in hp else type(datamodule).__name__
+        env_names = datamodule.task_names if isinstance(datamodule, MultiTaskData) else None
+        hp = datamodule.hparams if isinstance(datamodule, HyperparametersMixin) else {}
+        env = f"--data.env_id {hp['env_id']}" if "env_id" in hp else type(datamodule).__name__
         if env_names is None:
             if self.num_tasks is None:
                 raise TypeError(
-                    f"DynamicWeightedResampling needs a multi-task env (one with task_names and "
-                    f"set_task_weights) or an explicit num_tasks; {env} has no tasks"
+                    f"DynamicWeightedResampling needs a multi-task env (a DataModule implementing "
+                    f"fastlight.data.protocols.MultiTaskData, with task_names and set_task_weights) or "
+                    f"an explicit num_tasks; {env} has no tasks"
                 )
             return
         if self.num_tasks is None:
@@ -175,6 +181,13 @@ class DynamicWeightedResampling(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         if not isinstance(batch, Rollout):
+            if not self._warned:
+                self._warned = True
+                rank_zero_warn(
+                    f"DynamicWeightedResampling: the training batches are {type(batch).__name__}, not "
+                    "fastlight.rollout.Rollout, so no task outcome (Rollout.stats.episodes) is recorded "
+                    "and the task weights never change"
+                )
             return
         ended = [e for e in batch.stats.episodes if not e.cut]
         local = torch.tensor([[e.task_id, int(e.success)] for e in ended], dtype=torch.long).reshape(-1, 2)

@@ -2,7 +2,12 @@
 
 It reads the sampler counters every :class:`~fastlight.rollout.Rollout` batch carries
 (``batch.stats``), so it works on any run whose training batches are Rollouts (every run
-built on ``RolloutDataModule``); other batches are ignored.
+built on ``RolloutDataModule``). **Other batches** (a plain Lightning project's tuples) are
+counted by ``batch_counts_fn``, a function from the batch to its
+:class:`~fastlight.rollout.RolloutStats` (like Lightning's ``batch_size`` hint), e.g.
+``lambda batch: RolloutStats(raw_steps=len(batch[0]), valid_steps=len(batch[0]))``; counters it
+leaves at 0 (times, episodes) make their ratios undefined, so those are not logged. Without one,
+the first such batch warns once, naming what is missing, instead of logging nothing silently.
 
 **Clock.** The rates ``perf/raw_tps`` and ``perf/effective_tps`` divide by the *trainer-side*
 wall clock between consecutive Rollout batches, not by the samplers' ``wall_time``: with
@@ -38,10 +43,12 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
+from fastlight.data.protocols import BatchCountsFn
 from fastlight.metrics.throughput import ThroughputMetrics
-from fastlight.rollout import Rollout
+from fastlight.rollout import Rollout, RolloutStats
 
 #: The clock; a module attribute so tests can substitute a deterministic one.
 _now = time.perf_counter
@@ -60,14 +67,20 @@ class RolloutThroughput(Callback):
         window: number of Rollout batches aggregated into each logged value (the metric is
             reset after every log); larger windows smooth the figures.
         prog_bar: show ``perf/effective_tps`` in the progress bar.
+        batch_counts_fn: ``batch -> RolloutStats`` for training batches that are not Rollouts
+            (:data:`fastlight.data.protocols.BatchCountsFn`); ``None``: such batches warn once.
     """
 
-    def __init__(self, window: int = 1, prog_bar: bool = True) -> None:
+    def __init__(
+        self, window: int = 1, prog_bar: bool = True, batch_counts_fn: BatchCountsFn | None = None
+    ) -> None:
         super().__init__()
         if window < 1:
             raise ValueError(f"RolloutThroughput window must be >= 1, got {window}")
         self.window = window
         self.prog_bar = prog_bar
+        self.batch_counts_fn = batch_counts_fn
+        self._warned = False
         self.metric = ThroughputMetrics()
         self.totals: dict[str, int] = dict.fromkeys(_TOTALS, 0)
         self._last: float | None = None
@@ -84,9 +97,9 @@ class RolloutThroughput(Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if not isinstance(batch, Rollout):
+        stats = self._counts(batch)
+        if stats is None:
             return
-        stats = batch.stats
         self.totals["raw_steps"] += stats.raw_steps
         self.totals["valid_steps"] += stats.valid_steps
         self.totals["episodes"] += len(stats.episodes)
@@ -99,6 +112,27 @@ class RolloutThroughput(Callback):
         self._pending += 1
         if self._pending >= self.window:
             self._log(pl_module)
+
+    def _counts(self, batch: Any) -> RolloutStats | None:
+        if isinstance(batch, Rollout):
+            return batch.stats
+        if self.batch_counts_fn is None:
+            if not self._warned:
+                self._warned = True
+                rank_zero_warn(
+                    f"RolloutThroughput: the training batches are {type(batch).__name__}, not "
+                    "fastlight.rollout.Rollout, so there is nothing to count and no perf/* is logged; "
+                    "pass RolloutThroughput(batch_counts_fn=...), a function batch -> "
+                    "fastlight.rollout.RolloutStats (at least raw_steps and valid_steps)"
+                )
+            return None
+        stats = self.batch_counts_fn(batch)
+        if not isinstance(stats, RolloutStats):
+            raise TypeError(
+                f"RolloutThroughput batch_counts_fn must return fastlight.rollout.RolloutStats, "
+                f"got {type(stats).__name__}"
+            )
+        return stats
 
     def _log(self, pl_module: pl.LightningModule) -> None:
         values = {f"perf/{k}": float(v) for k, v in self.metric.compute().items()}
@@ -138,7 +172,9 @@ def _deprecated_alias() -> type[RolloutThroughput]:
         """Deprecated alias of :class:`RolloutThroughput` (the old name, which is Lightning's own
         ``ThroughputMonitor``'s); warns at every construction."""
 
-        def __init__(self, window: int = 1, prog_bar: bool = True) -> None:
+        def __init__(
+            self, window: int = 1, prog_bar: bool = True, batch_counts_fn: BatchCountsFn | None = None
+        ) -> None:
             warnings.warn(
                 "fastlight.callbacks.throughput.ThroughputMonitor is renamed RolloutThroughput (the old "
                 "name is Lightning's own lightning.pytorch.callbacks.ThroughputMonitor); use "
@@ -146,7 +182,7 @@ def _deprecated_alias() -> type[RolloutThroughput]:
                 FutureWarning,
                 stacklevel=2,
             )
-            super().__init__(window=window, prog_bar=prog_bar)
+            super().__init__(window=window, prog_bar=prog_bar, batch_counts_fn=batch_counts_fn)
 
     ThroughputMonitor.__module__, ThroughputMonitor.__qualname__ = __name__, "ThroughputMonitor"
     return ThroughputMonitor

@@ -159,12 +159,14 @@ def test_weights_reach_the_samplers_and_shift_the_task_mix():
     assert sum(t == 0 for t in late) / len(late) > 0.8
 
 
-class _TaskData:
-    """What DWR reads of a DataModule: the env's task names (None: a single-task env) and env id."""
+class _TaskData(L.LightningDataModule):
+    """What DWR reads of a DataModule (``MultiTaskData``): the env's task names (None: a single-task
+    env), and its env id for messages."""
 
     def __init__(self, task_names, env_id="some-env-v0"):
+        super().__init__()
+        self.save_hyperparameters({"env_id": env_id})
         self.task_names = task_names
-        self.hparams = {"env_id": env_id}
         self.pushed: list[list[float]] = []
 
     def set_task_weights(self, weights):

@@ -100,11 +100,21 @@ def test_prog_bar_false_hides_effective_tps(monkeypatch: pytest.MonkeyPatch) -> 
     assert "perf/effective_tps" not in trainer.progress_bar_metrics
 
 
-def test_non_rollout_batches_are_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_other_batches_without_counts_fn_warn_once_and_count_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     monitor = RolloutThroughput()
     monkeypatch.setattr(throughput_cb, "_now", lambda: 0.0)
-    monitor.on_train_batch_end(None, None, None, torch.zeros(3), 0)  # type: ignore[arg-type]
+    match = r"batches are Tensor, not fastlight\.rollout\.Rollout.*batch_counts_fn"
+    with pytest.warns(UserWarning, match=match) as record:
+        for _ in range(3):
+            monitor.on_train_batch_end(None, None, None, torch.zeros(3), 0)  # type: ignore[arg-type]
+    assert len(record) == 1
     assert monitor.totals["raw_steps"] == 0 and monitor._last is None
+
+
+def test_a_counts_fn_returning_something_else_is_refused() -> None:
+    monitor = RolloutThroughput(batch_counts_fn=len)
+    with pytest.raises(TypeError, match="batch_counts_fn must return .*RolloutStats, got int"):
+        monitor.on_train_batch_end(None, None, None, torch.zeros(3), 0)  # type: ignore[arg-type]
 
 
 def test_state_dict_round_trip_keeps_totals(monkeypatch: pytest.MonkeyPatch) -> None:
