@@ -171,7 +171,9 @@ class RLModule(L.LightningModule):
             raise AttributeError(
                 f"{type(self).__name__}.policy does not exist yet: it is built by configure_model(), "
                 "which the Trainer calls at the start of fit/validate/predict (and load_from_checkpoint "
-                "calls too); outside a Trainer call module.configure_model() first, or pass policy=..."
+                "calls too), after __init__; use the policy in configure_model() after "
+                "super().configure_model(), outside a Trainer call module.configure_model() first, or "
+                "inject one (--model.policy, or policy=...)"
             )
         return super().__getattr__(name)
 
@@ -183,7 +185,11 @@ class RLModule(L.LightningModule):
         ``setup`` and before a checkpoint is restored. Idempotent: it may run more than once.
         """
         if "policy" not in self._modules:
-            self.policy = self.build_policy()
+            try:
+                policy = self.build_policy()
+            except AttributeError as e:  # e.g. an attribute the subclass never set: say where to set it
+                raise TypeError(_build_policy_hint(self, e)) from e
+            self.policy = policy
         # Only under a Trainer: a module rebuilt by load_from_checkpoint gets its weights from there.
         if self.hparams.get("init_from") and self._trainer is not None and not self._initialised_from:
             info = load_policy_weights(self.policy, self.hparams.init_from)
@@ -367,6 +373,17 @@ class RLModule(L.LightningModule):
 
 def _class_path(obj: Any) -> str:
     return f"{type(obj).__module__}.{type(obj).__qualname__}"
+
+
+def _build_policy_hint(module: RLModule, error: AttributeError) -> str:
+    """One line (with the flag naming the class, for the CLI's one-line errors) saying what to do."""
+    name = type(module).__name__
+    return (
+        f"--model.class_path {_class_path(module)}: {name}.build_policy() raised AttributeError: {error}. "
+        f"build_policy() runs in configure_model(), after __init__: set every attribute it reads in "
+        f"{name}.__init__ (e.g. `super().__init__(**kwargs)` then `self.width = width`), or build the "
+        f"policy elsewhere and pass it as --model.policy"
+    )
 
 
 def _check_mlp_sizes(obs_dim: int, action_dim: int) -> None:
