@@ -5,8 +5,9 @@ It reads the sampler counters every :class:`~fastlight.rollout.Rollout` batch ca
 built on ``RolloutDataModule``). **Other batches** (a plain Lightning project's tuples) are
 counted by ``batch_counts_fn``, a function from the batch to its
 :class:`~fastlight.rollout.RolloutStats` (like Lightning's ``batch_size`` hint), e.g.
-``lambda batch: RolloutStats(raw_steps=len(batch[0]), valid_steps=len(batch[0]))``; counters it
-leaves at 0 (times, episodes) make their ratios undefined, so those are not logged. Without one,
+``lambda batch: RolloutStats(raw_steps=len(batch[0]), valid_steps=len(batch[0]))``; a ratio whose
+denominator it leaves at 0 (sampler times, episodes) is undefined and not logged, and
+``perf/resets_per_1k_valid`` reads 0 unless it counts ``global_resets``. Without one,
 the first such batch warns once, naming what is missing, instead of logging nothing silently.
 
 **Clock.** The rates ``perf/raw_tps`` and ``perf/effective_tps`` divide by the *trainer-side*

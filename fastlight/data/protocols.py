@@ -37,7 +37,7 @@ from fastlight.weights.publisher import SyncStats
 
 #: ``batch -> RolloutStats`` for a training batch that is not a Rollout (``RolloutThroughput``);
 #: like Lightning's ``batch_size`` hint, e.g. ``lambda b: RolloutStats(raw_steps=len(b[0]),
-#: valid_steps=len(b[0]))``. Counters left at 0 make their ratios undefined, hence not logged.
+#: valid_steps=len(b[0]))``. A ratio over a counter left at 0 is undefined, hence not logged.
 BatchCountsFn = Callable[[Any], RolloutStats]
 
 
