@@ -89,3 +89,64 @@ def test_killed_and_stopped_samplers_restart_then_the_budget_stops_naming_the_sa
     finally:
         pool.stop()
     wait_no_children()
+
+
+def sampler_pids(trainer_pid: int) -> list[int]:
+    from tests.faults.test_cli_faults import descendants
+
+    out = []
+    for c in sorted(descendants(trainer_pid)):
+        try:
+            with open(f"/proc/{c}/cmdline", "rb") as f:
+                if b"spawn_main" in f.read():  # a spawned child, not the resource tracker
+                    out.append(c)
+        except OSError:
+            pass
+    return out
+
+
+def test_fit_restarts_a_killed_sampler_and_stops_named_when_the_budget_is_spent(tmp_path):
+    """A real ``fastlight fit``: SIGKILL one sampler -> restarted, training goes on and the counters
+    are logged; SIGKILL the next one with the budget (1) spent -> exit 1 naming it, a checkpoint."""
+    from tests.faults.test_cli_faults import (
+        assert_no_orphans,
+        descendants,
+        last_line,
+        start,
+        wait_for_training,
+    )
+
+    root = tmp_path / "run"
+    proc, log = start(root, "--data.max_worker_restarts", "1")
+    wait_for_training(proc, root)
+    children = descendants(proc.pid)
+    first = sampler_pids(proc.pid)[0]
+    t0 = time.monotonic()
+    os.kill(first, signal.SIGKILL)
+    metrics = root / "csv" / "version_0" / "metrics.csv"
+    while "restarting it" not in log.read_text():
+        assert proc.poll() is None and time.monotonic() - t0 < 60, log.read_text()[-3000:]
+        time.sleep(0.2)
+    rows = len(metrics.read_text().splitlines())
+    while len(metrics.read_text().splitlines()) <= rows:  # an update after the restart
+        assert proc.poll() is None and time.monotonic() - t0 < 120, log.read_text()[-3000:]
+        time.sleep(0.2)
+    assert time.monotonic() - t0 < 120
+    named = f"pid {first}, env tests.fake_envs:Fault-v0) died with exit code -9; restarting it"
+    assert named in log.read_text()
+    header = metrics.read_text().splitlines()[0].split(",")
+    assert "faults/worker_restarts" in header and "faults/dropped_rollouts" in header
+    children |= descendants(proc.pid)
+    second = sampler_pids(proc.pid)[0]
+    os.kill(second, signal.SIGKILL)
+    rc = proc.wait(timeout=120)
+    text = log.read_text()
+    assert rc == 1, text[-3000:]
+    assert re.search(rf"pid {second}, env tests.fake_envs:Fault-v0\) died with exit code -9; restart budget "
+                     r"exhausted: 1 restarts in the last 600 s", text), text[-3000:]
+    assert last_line(log).startswith("fastlight: stopped by SamplerError at global step ")
+    assert_no_orphans(children)
+    import torch
+
+    ckpt = torch.load(root / "checkpoints" / "last.ckpt", weights_only=False)
+    assert ckpt["global_step"] > 0
