@@ -145,7 +145,10 @@ class FaultEnv(FixedLengthEnv):
     """Injects faults for ``tests/faults``: a NaN reward or observation at a given global step
     count (``nan_reward_at`` / ``nan_obs_at``: the env's ``step_calls``, 0 = never), and a
     ``step_sleep`` per step so that a run lasts long enough to be signalled mid-training.
-    ``nan_obs_field`` chooses the poisoned observation entry. Episodes last ``length`` steps."""
+    ``nan_reset_at`` poisons the observation of that reset call (1 = the first);
+    ``hang_at`` makes that step call never return (an env stuck in its simulator); with
+    ``hang_marker`` (a path) only the first env to create that file hangs, so a restarted sampler
+    runs on. Episodes last ``length`` steps."""
 
     def __init__(
         self,
@@ -154,12 +157,34 @@ class FaultEnv(FixedLengthEnv):
         nan_obs_at: int = 0,
         nan_value: float = float("nan"),
         step_sleep: float = 0.0,
+        nan_reset_at: int = 0,
+        hang_at: int = 0,
+        hang_marker: str | None = None,
     ) -> None:
         super().__init__(lengths=(length,))
         self.nan_reward_at, self.nan_obs_at = nan_reward_at, nan_obs_at
         self.nan_value, self.step_sleep = nan_value, step_sleep
+        self.nan_reset_at, self.hang_at, self.hang_marker = nan_reset_at, hang_at, hang_marker
+
+    def reset(self, *, seed=None, options=None):
+        obs, info = super().reset(seed=seed, options=options)
+        if self.reset_calls == self.nan_reset_at:
+            obs = obs.copy()
+            obs[1] = self.nan_value
+        return obs, info
+
+    def _hang(self) -> None:
+        if self.hang_marker:
+            try:
+                os.close(os.open(self.hang_marker, os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                return  # another process of this run already hung: this one runs on
+        while True:
+            time.sleep(1.0)
 
     def step(self, action):
+        if self.hang_at and self.step_calls + 1 == self.hang_at:
+            self._hang()
         if self.step_sleep:
             time.sleep(self.step_sleep)
         obs, reward, term, trunc, info = super().step(action)

@@ -2,16 +2,20 @@
 
 Runs ``fastlight fit`` on ``configs/highway_dpsa.yaml`` shrunk to the fault-injecting test env
 (``tests.fake_envs:Fault-v0``, 2 samplers, 8-step cycles, one update = 2 optimizer steps) and
-injects one fault per run: a signal once updates are being logged, a NaN reward or observation
-from the env, an impossible setting, a resume past ``max_steps``. Each row reports the exit code,
-the fastlight line, seconds from the injection to the exit, updates lost (trained by the process
-but not in the checkpoint) and child processes left alive. Markdown to stdout.
+injects one fault per run: a signal once updates are being logged (to the trainer, or SIGKILL /
+SIGSTOP to one sampler process), a NaN reward or observation from the env, an env hanging in
+``step``, a huge reward that makes the loss non-finite, an impossible setting, a resume past
+``max_steps``. Each row reports the exit code, the fastlight line, seconds from the injection to
+the exit (or, for a sampler fault that is recovered, to the restart and to the next logged update),
+updates lost (trained by the process but not in the checkpoint), rollouts dropped by restarts and
+child processes left alive. Markdown to stdout.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import json
 import os
 import signal
 import subprocess
@@ -82,20 +86,69 @@ def ckpt_updates(root: Path) -> int | None:
     return int(torch.load(path, weights_only=False)["state_dict"]["_policy_version"])
 
 
+def samplers(pid: int) -> list[int]:
+    """The trainer's spawned children (the sampler processes here), not its resource tracker."""
+    out = []
+    for c in sorted(descendants(pid)):
+        try:
+            if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes():
+                out.append(c)
+        except OSError:
+            pass
+    return out
+
+
+def rows_logged(metrics: Path) -> int:
+    return len(metrics.read_text().splitlines()) if metrics.is_file() else 0
+
+
+def recover(proc: subprocess.Popen, log: Path, metrics: Path, t0: float, timeout: float = 240.0) -> float | None:  # noqa: E501
+    """Seconds from ``t0`` until the run restarted a sampler and logged one more update after it;
+    None if the run stopped instead."""
+    while proc.poll() is None and time.monotonic() - t0 < timeout:
+        if "restarting it" in log.read_text():
+            rows = rows_logged(metrics)
+            while proc.poll() is None and time.monotonic() - t0 < timeout:
+                if rows_logged(metrics) > rows:
+                    return time.monotonic() - t0
+                time.sleep(0.1)
+            return None
+        time.sleep(0.1)
+    return None
+
+
+def last_logged(root: Path, key: str) -> float | None:
+    path = root / "csv" / "version_0" / "metrics.csv"
+    if not path.is_file():
+        return None
+    with open(path) as f:
+        values = [float(r[key]) for r in csv.DictReader(f) if r.get(key)]
+    return values[-1] if values else None
+
+
 def run(name: str, root: Path, inject: str | None, extra: tuple[str, ...] = (), **kw) -> dict:
-    """Start a run; ``inject`` is a signal name (sent once updates are logged) or None (the fault
+    """Start a run; ``inject`` is a signal name (sent once updates are logged), ``SAMPLER:<signal>``
+    (sent to one sampler process; recovery is timed, then SIGTERM ends the run), or None (the fault
     is in the settings / env and the run stops by itself)."""
     log = root.parent / f"{root.name}.log"
     with open(log, "w") as f:
         proc = subprocess.Popen(command(root, *extra, **kw), stdout=f, stderr=subprocess.STDOUT, env=env())
     children: set[int] = set()
     t_inject = time.monotonic()
+    recovered = None
     metrics = root / "csv" / "version_0" / "metrics.csv"
     while proc.poll() is None:
         children |= descendants(proc.pid)
-        if inject and metrics.is_file() and len(metrics.read_text().splitlines()) >= 3:
+        if inject and rows_logged(metrics) >= 3:
             t_inject = time.monotonic()
-            proc.send_signal(getattr(signal, inject))
+            if inject.startswith("SAMPLER:"):
+                os.kill(samplers(proc.pid)[0], getattr(signal, inject.split(":")[1]))
+                recovered = recover(proc, log, metrics, t_inject)
+                children |= descendants(proc.pid)
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+            else:
+                proc.send_signal(getattr(signal, inject))
             break
         time.sleep(0.1)
     rc = proc.wait(timeout=600)
@@ -111,6 +164,10 @@ def run(name: str, root: Path, inject: str | None, extra: tuple[str, ...] = (), 
         "line": lines[-1] if lines else text.strip().splitlines()[-1][:160],
         "seconds": seconds,
         "lost": lost,
+        "recovered": recovered,
+        "restarts": last_logged(root, "faults/worker_restarts"),
+        "dropped": last_logged(root, "faults/dropped_rollouts"),
+        "skipped": last_logged(root, "faults/skipped_updates"),
         "orphans": sum(alive(c) for c in children),
         "tracebacks": text.count("Traceback"),
     }
@@ -127,6 +184,21 @@ def main() -> None:
         "SIGUSR1": lambda r: run("SIGUSR1", r, "SIGUSR1"),
         "NaN reward": lambda r: run("NaN reward", r, None, env_kwargs='{"nan_reward_at": 30}'),
         "NaN observation": lambda r: run("NaN observation", r, None, env_kwargs='{"nan_obs_at": 30}'),
+        "SIGKILL sampler": lambda r: run("SIGKILL sampler", r, "SAMPLER:SIGKILL"),
+        "SIGSTOP sampler": lambda r: run(
+            "SIGSTOP sampler", r, "SAMPLER:SIGSTOP", ("--data.heartbeat_s", "5")
+        ),
+        "env hangs in step": lambda r: run(
+            "env hangs in step", r, None, ("--data.heartbeat_s", "5", "--trainer.max_steps", "40"),
+            env_kwargs=json.dumps({"step_sleep": 0.02, "hang_at": 40, "hang_marker": str(r) + ".hang"}),
+        ),
+        "SIGKILL sampler, budget 0": lambda r: run(
+            "SIGKILL sampler, budget 0", r, "SAMPLER:SIGKILL", ("--data.max_worker_restarts", "0")
+        ),
+        "huge reward -> NaN loss": lambda r: run(
+            "huge reward -> NaN loss", r, None, ("--model.max_nonfinite_updates", "1"),
+            env_kwargs='{"step_sleep": 0.02, "nan_reward_at": 30, "nan_value": 3e38}',
+        ),
         "num_minibatches 1000": lambda r: run("num_minibatches 1000", r, None, ("--model.num_minibatches", "1000")),  # noqa: E501
     }
     rows = []
@@ -142,12 +214,14 @@ def main() -> None:
         rows.append(run("resume past max_steps", tmp / "past", None, past))
         lr = ("--ckpt_path", str(src), "--trainer.max_steps", str(step + 4), "--model.lr", "0.01")
         rows.append(run("resume --model.lr 0.01", tmp / "lr", None, lr))
-    print("| fault | exit code | seconds to stop (signals) / run wall time | updates lost | orphans | tracebacks | line |")  # noqa: E501
-    print("|---|---|---|---|---|---|---|")
+    print("| fault | exit code | seconds to stop / run wall time | seconds to recovery | updates lost | "
+          "restarts | rollouts dropped | skipped steps | orphans | tracebacks | line |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
+        rec = "-" if r["recovered"] is None else f"{r['recovered']:.1f}"
         print(
-            f"| {r['fault']} | {r['rc']} | {r['seconds']:.1f} | {r['lost']} | {r['orphans']} "
-            f"| {r['tracebacks']} | `{r['line']}` |"
+            f"| {r['fault']} | {r['rc']} | {r['seconds']:.1f} | {rec} | {r['lost']} | {r['restarts']} "
+            f"| {r['dropped']} | {r['skipped']} | {r['orphans']} | {r['tracebacks']} | `{r['line']}` |"
         )
 
 

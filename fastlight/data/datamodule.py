@@ -113,6 +113,14 @@ class RolloutDataModule(L.LightningDataModule):
         nonfinite: a NaN / inf observation or reward from an env: ``raise`` stops the run naming
             the env, its index, seed, episode step and the field; ``drop`` drops that episode (its
             steps become padding) and counts it as ``rollout/dropped_nonfinite``.
+        max_worker_restarts, restart_window_s: a sampler that dies without a traceback (a signal,
+            a segfault) or hangs is restarted on the current weights, at most this many times per
+            window of this many seconds (0 = never); its round in flight is dropped. Counted as
+            ``faults/worker_restarts`` and ``faults/dropped_rollouts``. Past the budget the run
+            stops naming the sampler, its pid, exit code and env id.
+        heartbeat_s: a started sampler that makes no progress (no env step, reset or wait) for
+            this long is hung: it is killed and restarted as above. Detection takes at most
+            ``heartbeat_s`` + 0.25 s once the trainer waits for data.
     """
 
     def __init__(
@@ -139,6 +147,9 @@ class RolloutDataModule(L.LightningDataModule):
         worker_timeout_s: float = 300.0,
         seed: int | None = None,
         nonfinite: str = "raise",
+        max_worker_restarts: int = 3,
+        restart_window_s: float = 600.0,
+        heartbeat_s: float = 60.0,
     ) -> None:
         super().__init__()
         check_collector_settings(
@@ -159,7 +170,11 @@ class RolloutDataModule(L.LightningDataModule):
             cycles_per_step=cycles_per_step,
             steps_per_epoch=steps_per_epoch,
             worker_timeout_s=worker_timeout_s,
+            restart_window_s=restart_window_s,
+            heartbeat_s=heartbeat_s,
         )
+        if max_worker_restarts < 0:
+            raise ValueError(f"--data.max_worker_restarts must be >= 0, got {max_worker_restarts}")
         if num_workers > num_envs:
             raise ValueError(f"--data.num_workers must be <= --data.num_envs ({num_envs}), got {num_workers}")
         if reset_mode == "sequential" and num_workers != num_envs:
@@ -187,6 +202,9 @@ class RolloutDataModule(L.LightningDataModule):
         self._warned_stalled = False
         self._last_sync: SyncStats | None = None
         self.dropped_stale = 0
+        # Fault counters of earlier pools (a resumed run's, restored from the checkpoint).
+        self._restarts_before = 0
+        self._dropped_rollouts_before = 0
 
     @property
     @override
@@ -271,6 +289,9 @@ class RolloutDataModule(L.LightningDataModule):
             timeout_s=h.worker_timeout_s,
             inference=inference,
             example_obs=self.example_obs,
+            max_restarts=h.get("max_worker_restarts", 3),
+            restart_window_s=h.get("restart_window_s", 600.0),
+            heartbeat_s=h.get("heartbeat_s", 60.0),
         )
         self.pool.start()
         self.prefetcher = Prefetcher(
@@ -372,6 +393,14 @@ class RolloutDataModule(L.LightningDataModule):
         if self.pool is not None:
             self.pool.task_weights.set(weights)
 
+    def fault_counters(self) -> dict[str, float]:
+        """``faults/*`` totals of the run so far (logged by the module with each update)."""
+        restarts, dropped = self._restarts_before, self._dropped_rollouts_before
+        if self.pool is not None:
+            restarts += self.pool.restarts
+            dropped += self.pool.dropped_rollouts
+        return {"faults/worker_restarts": float(restarts), "faults/dropped_rollouts": float(dropped)}
+
     @override
     def teardown(self, stage: str) -> None:
         self.stop()
@@ -385,17 +414,26 @@ class RolloutDataModule(L.LightningDataModule):
             self.prefetcher = None
         if self.pool is not None:
             self.pool.stop()
+            self._restarts_before += self.pool.restarts
+            self._dropped_rollouts_before += self.pool.dropped_rollouts
             self.pool = None
             self._published = -1
             self._handed = None
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {"dropped_stale": self.dropped_stale}
+        counters = self.fault_counters()
+        return {
+            "dropped_stale": self.dropped_stale,
+            "worker_restarts": int(counters["faults/worker_restarts"]),
+            "dropped_rollouts": int(counters["faults/dropped_rollouts"]),
+        }
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.dropped_stale = int(state_dict.get("dropped_stale", 0))
+        self._restarts_before = int(state_dict.get("worker_restarts", 0))
+        self._dropped_rollouts_before = int(state_dict.get("dropped_rollouts", 0))
 
 
 def cpu_copy(module: torch.nn.Module) -> torch.nn.Module:

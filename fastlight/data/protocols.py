@@ -63,6 +63,13 @@ class WeightPublishing(Protocol):
 
 
 @runtime_checkable
+class ReportsFaults(Protocol):
+    """A DataModule that counts the faults it recovered from (``faults/*`` totals)."""
+
+    def fault_counters(self) -> dict[str, float]: ...
+
+
+@runtime_checkable
 class ChecksEnvSpec(Protocol):
     """A module that refuses an env it cannot act in (sizes, action kind, observation keys)."""
 

@@ -28,11 +28,12 @@ from typing import Any
 import lightning as L
 import torch
 import torch.distributed as dist
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor, nn
 from typing_extensions import override
 
 from fastlight.advantages import masked_gae, normalize_advantages
+from fastlight.data.protocols import ReportsFaults
 from fastlight.losses import OBJECTIVES, entropy_bonus, explained_variance, value_loss
 from fastlight.losses.ratios import GRANULARITIES
 from fastlight.models.base import EvalOutput
@@ -71,6 +72,10 @@ class RLModule(L.LightningModule):
         value_warmup_updates: for this many first updates only the critic learns (the policy and
             entropy terms are off), so a critic fresh on top of a fine-tuned policy does not steer
             it with noise.
+        max_nonfinite_updates: an optimizer step whose loss or gradient is NaN / inf is skipped (the
+            weights and the optimizer state stay as they were) and counted as
+            ``faults/skipped_updates``; this many skipped in a row stop the run, naming loss or
+            gradient and the step. ``0`` turns the check off.
     """
 
     def __init__(
@@ -100,6 +105,7 @@ class RLModule(L.LightningModule):
         recompute_values: bool = False,
         init_from: str | None = None,
         value_warmup_updates: int = 0,
+        max_nonfinite_updates: int = 3,
     ) -> None:
         super().__init__()
         _validate(locals())
@@ -113,6 +119,8 @@ class RLModule(L.LightningModule):
         # saved in checkpoints and a resumed run keeps counting.
         self.register_buffer("_policy_version", torch.zeros((), dtype=torch.long))
         self._initialised_from = False
+        self.skipped_updates = 0  # optimizer steps skipped for a non-finite loss or gradient
+        self._nonfinite_in_a_row = 0
 
     policy: nn.Module  # set by __init__ (injected) or configure_model (build_policy)
 
@@ -331,9 +339,9 @@ class RLModule(L.LightningModule):
         # A rollout with fewer valid transitions than minibatches (DPSA cycles vary) splits into
         # as many as it has, never into empty ones; one with none is not an update.
         pieces = min(h.num_minibatches, idx.numel())
-        for _ in range(h.update_epochs if pieces else 0):
+        for epoch in range(h.update_epochs if pieces else 0):
             perm = idx[torch.randperm(idx.numel(), device=idx.device)]
-            for mb_idx in torch.tensor_split(perm, pieces):
+            for minibatch, mb_idx in enumerate(torch.tensor_split(perm, pieces)):
                 mb = data.select(mb_idx)
                 count = self._global_count(mb.valid)
                 out = self.evaluate_actions(mb)
@@ -344,12 +352,48 @@ class RLModule(L.LightningModule):
                     self.clip_gradients(
                         opt, gradient_clip_val=h.max_grad_norm, gradient_clip_algorithm="norm"
                     )
-                opt.step()
+                if h.get("max_nonfinite_updates", 3):
+                    self._skip_if_nonfinite(opt, loss, epoch, minibatch)
+                opt.step()  # with every grad None (a skipped step) the optimizer changes nothing
                 infos.append(info)
         # One stack + mean at the end: no host sync inside the minibatch loop.
         if not infos:
             return {}
         return {k: torch.stack([i[k] for i in infos]).mean() for k in infos[0]}
+
+    def _skip_if_nonfinite(self, opt: Any, loss: Tensor, epoch: int, minibatch: int) -> None:
+        """Drop this step's gradients if the loss or a gradient is NaN / inf, so that ``opt.step()``
+        leaves the weights and the optimizer state alone (optimizers skip parameters whose grad is
+        None) while Lightning still counts the step. Stops after ``max_nonfinite_updates`` in a row.
+
+        The check costs one host sync per optimizer step (as ``torch.amp.GradScaler``'s skip does):
+        whether to step must be known on the host. On CPU it is free. Under a sharded strategy each
+        rank holds part of the gradients, so the verdict is all-reduced: every rank skips together.
+        """
+        grads = [p.grad for p in self.policy.parameters() if p.grad is not None]
+        bad = torch.stack([~torch.isfinite(loss).all()] + [~torch.isfinite(g).all() for g in grads])
+        flags = bad.to(torch.float32)
+        if dist.is_available() and dist.is_initialized() and self.trainer.world_size > 1:
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        flags = flags.tolist()  # the one host sync
+        if not any(flags):
+            self._nonfinite_in_a_row = 0
+            return
+        opt.zero_grad(set_to_none=True)
+        self.skipped_updates += 1
+        self._nonfinite_in_a_row += 1
+        what = "loss" if flags[0] else "gradient"
+        where = (
+            f"optimizer step {self.global_step} (update {self.policy_version}, epoch {epoch}, "
+            f"minibatch {minibatch})"
+        )
+        limit = self.hparams.get("max_nonfinite_updates", 3)
+        if self._nonfinite_in_a_row >= limit:
+            raise FloatingPointError(
+                f"non-finite {what} at {where}: {self._nonfinite_in_a_row} optimizer steps in a row "
+                f"skipped (--model.max_nonfinite_updates {limit}); the weights are those before them"
+            )
+        rank_zero_warn(f"fastlight: non-finite {what} at {where}: step skipped")
 
     def _global_count(self, valid: Tensor) -> Tensor | None:
         """SMPO denominator under DDP: all-reduced valid count / world size, so that DDP's
@@ -364,6 +408,10 @@ class RLModule(L.LightningModule):
         ev = explained_variance(values=values, returns=ret, valid=rollout.valid)
         metrics = {f"loss/{k}": v for k, v in infos.items()}
         metrics["loss/explained_variance"] = ev
+        metrics["faults/skipped_updates"] = torch.tensor(float(self.skipped_updates))
+        datamodule = self._trainer.datamodule if self._trainer is not None else None
+        if isinstance(datamodule, ReportsFaults):
+            metrics.update({k: torch.tensor(v) for k, v in datamodule.fault_counters().items()})
         metrics.update(rollout_metrics(rollout, current_version=self.policy_version - 1))
         n = max(rollout.num_valid, 1)
         shown = {k: metrics.pop(k) for k in ("rollout/return",) if k in metrics}
@@ -421,6 +469,8 @@ def _validate(args: dict[str, Any]) -> None:
             f"--model.ratio_granularity must be one of {' | '.join(GRANULARITIES)}, "
             f"got {args['ratio_granularity']!r}"
         )
+    if args.get("max_nonfinite_updates", 3) < 0:
+        raise ValueError(f"--model.max_nonfinite_updates must be >= 0, got {args['max_nonfinite_updates']}")
     if args.get("value_warmup_updates", 0) < 0:
         raise ValueError(f"--model.value_warmup_updates must be >= 0, got {args['value_warmup_updates']}")
     for name in ("update_epochs", "num_minibatches", "tokens_per_action"):

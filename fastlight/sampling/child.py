@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -82,3 +83,51 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+class StopFlag:
+    """A stop request shared with child processes, read without a lock.
+
+    ``multiprocessing.Event.is_set`` takes a lock shared by every process: a child killed or
+    SIGSTOPped inside it (samplers poll it in their loops) would block the trainer's ``set()``
+    forever. A single shared byte cannot be left locked.
+    """
+
+    def __init__(self, ctx: Any) -> None:
+        self._flag = ctx.Value("b", 0, lock=False)
+
+    def set(self) -> None:
+        self._flag.value = 1
+
+    def is_set(self) -> bool:
+        return bool(self._flag.value)
+
+
+class OwnedLock:
+    """A process-shared lock that remembers which pid holds it, so that the trainer can free it
+    when it kills that process (a restarted sampler must not leave the weights locked forever).
+
+    The holder's pid is written right after acquiring and cleared right before releasing; a
+    process killed between those instructions and the lock calls themselves is the only gap.
+    """
+
+    def __init__(self, ctx: Any) -> None:
+        self._lock = ctx.Lock()
+        self._holder = ctx.Value("i", 0, lock=False)
+
+    def __enter__(self) -> OwnedLock:
+        self._lock.acquire()
+        self._holder.value = os.getpid()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._holder.value = 0
+        self._lock.release()
+
+    def release_if_held_by(self, pid: int) -> bool:
+        """Release the lock if the (dead) process ``pid`` holds it; True if it did."""
+        if pid and self._holder.value == pid:
+            self._holder.value = 0
+            self._lock.release()  # a multiprocessing Lock is a semaphore: any process may release it
+            return True
+        return False

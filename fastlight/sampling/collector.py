@@ -18,7 +18,7 @@ Resets of several envs at one moment run on a thread pool: scenario loading is I
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -33,6 +33,9 @@ from fastlight.sampling.rows import Row, RowBuffer, Step
 
 RESET_MODES = ("dpsa", "sgr", "autoreset", "sequential")
 NONFINITE = ("raise", "drop")
+#: Resets in a row of one env that may return a non-finite observation under ``nonfinite="drop"``
+#: before the run stops anyway: an env that never resets cleanly cannot produce data.
+RESET_RETRIES = 3
 
 
 class NonFiniteError(ValueError):
@@ -103,7 +106,10 @@ class Collector:
         nonfinite: what a NaN / inf observation or reward from an env does: ``raise`` stops the
             run (:class:`NonFiniteError` naming env, index, seed, step, field); ``drop`` turns the
             episode's steps in this Rollout into padding (``valid=False``), ends it there and counts
-            it in ``stats.dropped_nonfinite``.
+            it in ``stats.dropped_nonfinite``. A reset that returns a non-finite observation is
+            dropped the same way and the env reset again, up to ``RESET_RETRIES`` times in a row.
+        heartbeat: called after every env step and reset (a sampler's progress signal, which the
+            trainer watches to restart a sampler stuck in an env).
     """
 
     def __init__(
@@ -116,6 +122,7 @@ class Collector:
         rollout_steps: int = 128,
         seed: int = 0,
         nonfinite: str = "raise",
+        heartbeat: Callable[[], None] | None = None,
     ) -> None:
         check_collector_settings(
             mode=mode,
@@ -126,6 +133,7 @@ class Collector:
             nonfinite=nonfinite,
         )
         self.nonfinite = nonfinite
+        self.heartbeat = heartbeat if heartbeat is not None else _no_beat
         self.envs = list(envs)
         self.mode = mode
         self.termination_threshold = termination_threshold
@@ -154,16 +162,26 @@ class Collector:
             self._obs = [None] * self.num_envs
             self._eps = [_Episode() for _ in self.envs]
 
-        def one(i: int) -> tuple[int, Any, dict]:
+        def one(i: int) -> tuple[int, Any, dict, int]:
             seed = None if self._seeded else self.seed + i
+            dropped = 0
             obs, info = self.envs[i].reset(seed=seed)
-            return i, obs, info
+            self.heartbeat()
+            # Under "drop", a reset with NaN / inf has no episode yet: drop it and reset again (the
+            # env's RNG has moved on, so the next start differs).
+            while self.nonfinite == "drop" and not is_finite(obs) and dropped < RESET_RETRIES:
+                dropped += 1
+                obs, info = self.envs[i].reset()
+                self.heartbeat()
+            return i, obs, info, dropped
 
         t0 = time.perf_counter()
-        for i, obs, info in self._pool.map(one, indices):
+        for i, obs, info, dropped in self._pool.map(one, indices):
             self._obs[i] = obs
             self._eps[i] = _Episode(task_id=int(info.get("task_id", 0)))
-            self._check_finite(i, "observation (from reset)", obs)
+            stats.dropped_nonfinite += dropped
+            where = f"{dropped + 1} resets in a row" if dropped else "reset"
+            self._check_finite(i, f"observation (from {where})", obs)
         stats.reset_time += time.perf_counter() - t0
         if len(indices) == self.num_envs:
             self._seeded = True
@@ -201,6 +219,7 @@ class Collector:
             t0 = time.perf_counter()
             results.append(self.envs[i].step(env_actions[j]))
             stats.step_time += time.perf_counter() - t0
+            self.heartbeat()
         # A remote policy reports the version of the weights that answered (may change mid-round).
         version = policy.last_version if self._served else -1
         return Step(all_obs, step, out, version, results)
@@ -317,6 +336,10 @@ class Collector:
         values = policy.value(obs, step=step)
         for j, i in enumerate(idx):
             row.bootstrap[i] = float(values[j])
+
+
+def _no_beat() -> None:
+    pass
 
 
 def _preview(value: Any) -> str:

@@ -2,17 +2,33 @@
 
 It spawns them, publishes weights, hands out their Rollouts one item at a time (the
 DataModule's prefetcher assembles super-batches), and stops them. A sampler that raises sends
-its traceback, which is re-raised here naming the worker; one that dies without a word is
-found through its exit code. Nothing waits forever: ``next_item`` gives up after ``timeout_s`` without data.
+its traceback, which is re-raised here naming the worker. Nothing waits forever: ``next_item``
+gives up after ``timeout_s`` without data.
+
+Restarts (Sample Factory's habit): a sampler that dies without a word (a signal, a segfault, the
+OOM killer) or that makes no progress for ``heartbeat_s`` (SIGSTOP, an env hanging in ``step``) is
+killed and started again with the same config, on the current weights; the round it was sampling
+is lost and counted (``dropped_rollouts``). At most ``max_restarts`` restarts per
+``restart_window_s`` seconds; one more stops the run with a :class:`SamplerError` naming the
+sampler, its pid, its exit code and the env id. A Python exception in a sampler is not restarted:
+it carries its own message (a non-finite value, a bug in an env) and would recur.
+
+Each sampler writes to its own pipe, read by its own thread here, so a sampler killed in the
+middle of a send leaves nothing broken for the others; the locks samplers share with the trainer
+(weights, task weights) are freed if the killed sampler held them.
 """
 
 from __future__ import annotations
 
 import atexit
+import collections
 import os
 import queue
+import sys
+import threading
 import time
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 import torch.multiprocessing as tmp
@@ -21,21 +37,41 @@ from torch import nn
 from fastlight.inference.client import InferenceClient
 from fastlight.models.base import check_policy
 from fastlight.rollout import Rollout
-from fastlight.sampling.child import children_ignore_sigint
+from fastlight.sampling.child import StopFlag, children_ignore_sigint
 from fastlight.sampling.task_weights import SharedTaskWeights
 from fastlight.sampling.worker import SamplerConfig, rollout_from_numpy, sampler_main
 from fastlight.weights.publisher import SyncStats, WeightPublisher, WeightSource
 from fastlight.weights.shared_memory import SharedWeights
 
+#: How often (seconds) ``next_item`` looks at the samplers' exit codes and heartbeats.
+WATCH_EVERY_S = 0.25
 
 class SamplerError(RuntimeError):
     """A sampler process failed; the message names it and carries its traceback."""
 
 
+@dataclass
+class _Sampler:
+    """One running sampler process and what the pool watches of it."""
+
+    index: int
+    proc: Any
+    beats: Any  # shared counter the sampler bumps on progress (see worker.Heartbeat)
+    reader: threading.Thread
+    seen: int = 0  # last counter value the pool saw ...
+    seen_at: float = 0.0  # ... and when (the pool's clock)
+
+
 class SamplerPool:
     """Sampler processes of one trainer rank, each with a policy copy - or, with ``inference``
     settings (``max_batch``, ``max_wait_ms``, ``bucket_mb``, ``sync_timeout_s``), all served by
-    one inference worker (``example_obs`` then gives the observation layout)."""
+    one inference worker (``example_obs`` then gives the observation layout).
+
+    ``max_restarts`` per ``restart_window_s`` bounds the restarts of dead or silent samplers;
+    ``heartbeat_s`` is how long a started sampler may make no progress (no env step, reset or wait
+    loop) before it counts as hung. Until its first beat (spawn, imports, building the envs) a
+    sampler gets ``timeout_s``.
+    """
 
     def __init__(
         self,
@@ -45,11 +81,16 @@ class SamplerPool:
         timeout_s: float = 300.0,
         inference: dict[str, Any] | None = None,
         example_obs: Any = None,
+        max_restarts: int = 3,
+        restart_window_s: float = 600.0,
+        heartbeat_s: float = 60.0,
     ) -> None:
         check_policy(policy)  # a missing action_mapping must fail here, not in a child process
         self.configs = configs
         self.policy = policy
         self.timeout_s = timeout_s
+        self.max_restarts, self.restart_window_s = max_restarts, restart_window_s
+        self.heartbeat_s = heartbeat_s
         self.ctx = tmp.get_context("spawn")
         self.client: InferenceClient | None = None
         if inference is not None:
@@ -59,51 +100,83 @@ class SamplerPool:
         # One publisher (trainer end) and what the samplers read (their end) for either path.
         self.publisher: WeightPublisher
         self.weights: WeightSource
+        self.shared: SharedWeights | None = None
         if self.client is None:
-            shared = SharedWeights(policy, self.ctx)
-            self.publisher, self.weights = shared, shared
+            self.shared = SharedWeights(policy, self.ctx)
+            self.publisher, self.weights = self.shared, self.shared
         else:
             self.publisher, self.weights = self.client, self.client.weights_source()
         self.task_weights = SharedTaskWeights(self.ctx)
-        self.queue = self.ctx.Queue(maxsize=2 * len(configs))
-        self.stop_event = self.ctx.Event()
-        self.procs: list = []
+        # Every sampler's reader thread feeds this one queue; bounded, so samplers cannot run ahead.
+        self.items: queue.Queue[tuple[str, int, Any]] = queue.Queue(maxsize=2 * len(configs))
+        self.stop_event = StopFlag(self.ctx)
+        self.samplers: list[_Sampler] = []
+        self.errors: dict[int, str] = {}  # tracebacks the samplers sent, by index
+        self.restart_times: collections.deque[float] = collections.deque()
+        self.restarts = 0  # faults/worker_restarts
+        self.dropped_rollouts = 0  # faults/dropped_rollouts: rounds lost with a restarted sampler
+        self._closing = threading.Event()
         self._last_item = time.monotonic()
+        self._last_watch = 0.0
 
     @property
     def num_workers(self) -> int:
         return len(self.configs)
 
+    @property
+    def procs(self) -> list:
+        """The live sampler processes, by index."""
+        return [s.proc for s in self.samplers]
+
     def start(self) -> None:
         with children_ignore_sigint():  # Ctrl-C is the trainer's to handle (quietly, with a checkpoint)
-            self._start_processes()
+            self.samplers = [self._spawn(i) for i in range(len(self.configs))]
+            if self.client is not None:
+                self.client.close_sampler_ends()
+                self.client.start(self.stop_event, os.getpid())
         self._last_item = time.monotonic()
         # Last line of defence if the trainer exits without teardown.
         atexit.register(_stop_ref, weakref.ref(self))
 
-    def _start_processes(self) -> None:
-        for i, cfg in enumerate(self.configs):
-            policy = self.policy if self.client is None else self.client.remote_policy(i, self.policy)
-            p = self.ctx.Process(
-                target=sampler_main,
-                args=(
-                    i,
-                    cfg,
-                    policy,
-                    self.weights,
-                    self.queue,
-                    self.stop_event,
-                    os.getpid(),
-                    self.task_weights,
-                ),
-                name=f"fastlight-sampler-{i}",
-                daemon=True,
-            )
-            p.start()
-            self.procs.append(p)
-        if self.client is not None:
-            self.client.close_sampler_ends()
-            self.client.start(self.stop_event, os.getpid())
+    def _spawn(self, i: int) -> _Sampler:
+        cfg = self.configs[i]
+        policy = self.policy if self.client is None else self.client.remote_policy(i, self.policy)
+        receive, send = self.ctx.Pipe(duplex=False)
+        beats = self.ctx.Value("Q", 0, lock=False)
+        p = self.ctx.Process(
+            target=sampler_main,
+            args=(i, cfg, policy, self.weights, send, beats, self.stop_event, os.getpid(), self.task_weights),
+            name=f"fastlight-sampler-{i}",
+            daemon=True,
+        )
+        p.start()
+        # Only the sampler holds the write end now: when it dies, the reader sees EOF, even in
+        # the middle of a message.
+        send.close()
+        reader = threading.Thread(
+            target=self._read, args=(i, receive), daemon=True, name=f"fastlight-sampler-{i}-reader"
+        )
+        reader.start()
+        return _Sampler(i, p, beats, reader, seen=0, seen_at=time.monotonic())
+
+    def _read(self, index: int, conn: Any) -> None:
+        """Sampler ``index``'s messages into ``self.items`` (tracebacks into ``self.errors``)."""
+        try:
+            while True:
+                kind, tag, payload = conn.recv()
+                if kind == "error":
+                    self.errors[index] = payload
+                    return
+                while not self._closing.is_set():
+                    try:
+                        self.items.put((kind, tag, payload), timeout=0.2)
+                        break
+                    except queue.Full:
+                        continue
+        except (EOFError, OSError):  # the sampler exited or was killed
+            pass
+        finally:
+            conn.close()
 
     def publish(self, policy: nn.Module, version: int) -> SyncStats:
         """New weights for the samplers through the pool's one publisher."""
@@ -121,72 +194,137 @@ class SamplerPool:
     def next_item(self, timeout: float) -> Rollout | None:
         """One sampler item (a Rollout), or None if none arrived within ``timeout``.
 
-        Raises :class:`SamplerError` naming the worker if a sampler crashed, and if nothing at
-        all arrived for ``timeout_s`` (``--data.worker_timeout_s``).
+        Restarts dead or hung samplers on the way (see the module docstring). Raises
+        :class:`SamplerError` naming the worker if a sampler raised, if one failed past the restart
+        budget, and if nothing at all arrived for ``timeout_s`` (``--data.worker_timeout_s``).
         """
+        self.watch()
         try:
-            kind, tag, payload = self.queue.get(timeout=timeout)
+            _, _, payload = self.items.get(timeout=timeout)
         except queue.Empty:
-            self._check_alive()
+            self.watch(force=True)
             if time.monotonic() - self._last_item > self.timeout_s:
                 raise SamplerError(
                     f"no rollout from the samplers for {self.timeout_s:.0f} s (--data.worker_timeout_s); "
                     f"alive: {[p.is_alive() for p in self.procs]}"
                 ) from None
             return None
-        if kind == "error":  # tag = worker index
-            raise SamplerError(f"sampler worker {tag} ({self.procs[tag].name}) crashed:\n{payload}")
         self._last_item = time.monotonic()
         return rollout_from_numpy(payload)
 
-    def _check_alive(self) -> None:
+    def watch(self, force: bool = False) -> None:
+        """Check the inference worker, and every sampler's traceback, exit code and heartbeat."""
+        now = time.monotonic()
+        if not force and now - self._last_watch < WATCH_EVERY_S:
+            return
+        self._last_watch = now
+        self._check_inference()
+        self._raise_reported()
+        for s in list(self.samplers):
+            if self.stop_event.is_set():
+                return
+            code = s.proc.exitcode
+            if code is not None:
+                s.reader.join(timeout=2.0)  # a dying sampler's last words come before its EOF
+                self._check_inference()  # samplers of a dead inference worker die of it
+                self._raise_reported()
+                self._fault(s, f"died with exit code {code}")
+                continue
+            beats = s.beats.value
+            if beats != s.seen:
+                s.seen, s.seen_at = beats, now
+                continue
+            # Until the first beat the sampler is starting (imports, envs): timeout_s applies.
+            limit = self.heartbeat_s if beats else max(self.heartbeat_s, self.timeout_s)
+            if now - s.seen_at > limit:
+                flag = "--data.heartbeat_s" if beats else "--data.worker_timeout_s, while starting"
+                self._fault(s, f"made no progress for {now - s.seen_at:.1f} s ({flag} {limit:g})")
+
+    def _check_inference(self) -> None:
         if self.client is not None:
             try:
                 self.client.check_alive()
             except RuntimeError as e:
-                raise SamplerError(str(e)) from None
-        for i, p in enumerate(self.procs):
-            if not p.is_alive():
-                # Give a dying worker's error message a moment to arrive through the queue.
-                try:
-                    kind, who, payload = self.queue.get(timeout=1.0)
-                    if kind == "error":
-                        raise SamplerError(
-                            f"sampler worker {who} ({self.procs[who].name}) crashed:\n{payload}"
-                        )
-                except queue.Empty:
-                    pass
-                raise SamplerError(
-                    f"sampler worker {i} ({p.name}, pid {p.pid}) died with exit code {p.exitcode}"
-                )
+                raise SamplerError(f"{e} (the inference worker is not restarted)") from None
+
+    def _raise_reported(self) -> None:
+        for i, payload in sorted(self.errors.items()):
+            raise SamplerError(f"sampler worker {i} (fastlight-sampler-{i}) crashed:\n{payload}")
+
+    def _fault(self, s: _Sampler, what: str) -> None:
+        """Restart sampler ``s`` (dead or silent) within the budget, else stop naming it."""
+        pid = s.proc.pid
+        self._kill(s)
+        killed = "" if what.startswith("died") else f"; killed it (exit code {s.proc.exitcode})"
+        env_id = self.configs[s.index].env_id
+        name = f"sampler {s.index} ({s.proc.name}, pid {pid}, env {env_id}) {what}{killed}"
+        if self.client is not None:
+            raise SamplerError(
+                f"{name}; samplers served by the inference worker are not restarted "
+                "(--data.inference_server false restarts them)"
+            )
+        now = time.monotonic()
+        while self.restart_times and now - self.restart_times[0] > self.restart_window_s:
+            self.restart_times.popleft()
+        budget = (
+            f"--data.max_worker_restarts {self.max_restarts} per "
+            f"--data.restart_window_s {self.restart_window_s:g}"
+        )
+        if len(self.restart_times) >= self.max_restarts:
+            raise SamplerError(
+                f"{name}; restart budget exhausted: {len(self.restart_times)} restarts in the last "
+                f"{self.restart_window_s:g} s ({budget})"
+            )
+        self.restart_times.append(now)
+        self.restarts += 1
+        self.dropped_rollouts += 1  # the round it was sampling
+        print(
+            f"fastlight: {name}; restarting it ({len(self.restart_times)} of {self.max_restarts} "
+            f"restarts in {self.restart_window_s:g} s), its rollout in flight dropped",
+            file=sys.stderr,
+            flush=True,
+        )
+        with children_ignore_sigint():
+            self.samplers[s.index] = self._spawn(s.index)
+
+    def _kill(self, s: _Sampler) -> None:
+        """SIGKILL (works on a SIGSTOPped process too), reap, free the locks it may have held."""
+        if s.proc.exitcode is None:
+            s.proc.kill()
+        s.proc.join(timeout=5.0)
+        s.reader.join(timeout=2.0)
+        if self.shared is not None:
+            self.shared.release_if_held_by(s.proc.pid)
+        self.task_weights.release_if_held_by(s.proc.pid)
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop every sampler: ask, then terminate, then kill. Idempotent."""
         self.stop_event.set()
+        self._closing.set()  # readers drop what still arrives, so no sampler blocks on a full pipe
         deadline = time.monotonic() + timeout
-        for p in self.procs:
-            # Keep the queue drained meanwhile: a sampler exits only once its queue feeder thread
-            # has flushed the last item into the pipe, which a full pipe would block until killed.
-            while p.is_alive() and time.monotonic() < deadline:
+        for s in self.samplers:
+            while s.proc.is_alive() and time.monotonic() < deadline:
                 self._drain()
-                p.join(timeout=0.05)
-        for p in self.procs:
-            if p.is_alive():
-                p.terminate()
-                p.join(timeout=2.0)
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=2.0)
-        self.procs = []
+                s.proc.join(timeout=0.05)
+        for s in self.samplers:
+            if s.proc.is_alive():
+                s.proc.terminate()
+                s.proc.join(timeout=2.0)
+            if s.proc.is_alive():
+                s.proc.kill()
+                s.proc.join(timeout=2.0)
+        for s in self.samplers:
+            s.reader.join(timeout=1.0)
+        self.samplers = []
         if self.client is not None:
             self.client.stop()
-        self._drain()  # so the queue's feeder thread can exit
+        self._drain()
 
     def _drain(self) -> None:
         try:
             while True:
-                self.queue.get_nowait()
-        except (queue.Empty, OSError, ValueError):
+                self.items.get_nowait()
+        except queue.Empty:
             pass
 
 

@@ -13,6 +13,8 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from fastlight.sampling.child import OwnedLock
+
 MAX_TASKS = 1024
 
 
@@ -28,11 +30,14 @@ class SharedTaskWeights:
         self.values = torch.zeros(MAX_TASKS, dtype=torch.float64).share_memory_()
         self._count = ctx.Value("i", 0, lock=False)
         self._version = ctx.Value("q", 0, lock=False)
-        self._lock = ctx.Lock()
+        self._lock = OwnedLock(ctx)  # freed by the pool if a killed sampler held it
 
     @property
     def version(self) -> int:
         return int(self._version.value)
+
+    def release_if_held_by(self, pid: int) -> bool:
+        return self._lock.release_if_held_by(pid)
 
     def set(self, weights: Sequence[float]) -> None:
         if not 0 < len(weights) <= MAX_TASKS:

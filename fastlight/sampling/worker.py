@@ -8,14 +8,20 @@ weights, so no round starts on weights older than the current version.
 Errors never hang the trainer: a Python exception is sent back with its traceback, and a
 hard crash (segfault, kill) is seen by the trainer through the process's exit code. A sampler
 whose trainer dies exits too (``PR_SET_PDEATHSIG`` plus a parent-pid watchdog).
+
+Each sampler has its own one-writer pipe to the trainer (a sampler killed in the middle of a send
+corrupts nothing the others use) and bumps a shared heartbeat counter on every env step, every
+reset and while it waits: the trainer restarts one whose counter stops (see ``SamplerPool``).
 """
 
 from __future__ import annotations
 
 import os
 import queue
+import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,7 +64,9 @@ def build_envs(cfg: SamplerConfig) -> list:
     return envs
 
 
-def build_collector(cfg: SamplerConfig, worker_index: int) -> Collector:
+def build_collector(
+    cfg: SamplerConfig, worker_index: int, heartbeat: Callable[[], None] | None = None
+) -> Collector:
     """The Collector sampler ``worker_index`` runs, over its envs."""
     return Collector(
         build_envs(cfg),
@@ -68,6 +76,7 @@ def build_collector(cfg: SamplerConfig, worker_index: int) -> Collector:
         rollout_steps=cfg.rollout_steps,
         seed=cfg.seed,
         nonfinite=cfg.nonfinite,
+        heartbeat=heartbeat,
     )
 
 
@@ -80,35 +89,83 @@ def rollout_from_numpy(r: Rollout) -> Rollout:
     return r.map(torch.from_numpy)
 
 
+class Heartbeat:
+    """The sampler's side of its heartbeat: a shared counter bumped on every sign of progress.
+    The trainer only looks for a change, so neither clocks nor atomic increments matter."""
+
+    def __init__(self, counter: Any) -> None:
+        self.counter = counter
+
+    def __call__(self) -> None:
+        self.counter.value += 1
+
+
+class Outbox:
+    """Sends a sampler's messages through its pipe from a thread: a slow trainer that lets the pipe
+    fill up blocks the send, not the sampler, which keeps beating while it waits to hand over."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self.items: queue.Queue[Any] = queue.Queue(maxsize=1)
+        self.thread = threading.Thread(target=self._send, daemon=True, name="fastlight-outbox")
+        self.thread.start()
+
+    def _send(self) -> None:
+        while (item := self.items.get()) is not None:
+            try:
+                self.conn.send(item)
+            except OSError:  # the trainer closed its end (it restarted or stopped this sampler)
+                return
+
+    def put(self, item: Any, stop: Any, beat: Callable[[], None]) -> None:
+        while not stop.is_set():
+            try:
+                self.items.put(item, timeout=0.5)
+                return
+            except queue.Full:
+                beat()  # waiting on the trainer is not a hang
+
+    def close(self, timeout: float) -> None:
+        """Let the last message (an error report) go out, for at most ``timeout`` seconds."""
+        try:
+            self.items.put(None, timeout=timeout)
+        except queue.Full:
+            return
+        self.thread.join(timeout=timeout)
+
+
 def sampler_main(
     index: int,
     cfg: SamplerConfig,
     policy: nn.Module,
     weights: WeightSource,
-    out_queue: Any,
+    conn: Any,
+    heartbeat: Any,
     stop: Any,
     parent_pid: int,
     task_weights: SharedTaskWeights | None = None,
 ) -> None:
-    """Entry point of sampler process ``index`` (spawned)."""
+    """Entry point of sampler process ``index`` (spawned). ``conn`` is the write end of its pipe to
+    the trainer, ``heartbeat`` its shared progress counter, ``stop`` the pool's StopFlag."""
     start_child(parent_pid, seed=cfg.seed, threads=1)
+    beat = Heartbeat(heartbeat)
+    beat()  # started: from here on the trainer holds it to --data.heartbeat_s
+    outbox = Outbox(conn)
     collector = None
     failed = False
     try:
-        collector = build_collector(cfg, index)
+        collector = build_collector(cfg, index, heartbeat=beat)
         policy.eval()
-        _loop(cfg, collector, policy, weights, out_queue, stop, task_weights)
+        _loop(cfg, collector, policy, weights, outbox, beat, stop, task_weights)
     except Exception:
         failed = True
-        out_queue.put(("error", index, traceback.format_exc()))
+        outbox.put(("error", index, traceback.format_exc()), stop, beat)
     finally:
         if collector is not None:
             collector.close()
     # Leave without the interpreter's teardown: freeing torch and the envs there takes seconds on
-    # a loaded machine, time a preempted trainer waits for. Only the queue must be flushed first,
-    # so that an error report reaches the trainer.
-    out_queue.close()
-    out_queue.join_thread()
+    # a loaded machine, time a preempted trainer waits for. Only an error report must go out first.
+    outbox.close(timeout=5.0 if failed else 0.5)
     os._exit(1 if failed else 0)
 
 
@@ -117,7 +174,8 @@ def _loop(
     collector: Collector,
     policy: nn.Module,
     weights: WeightSource,
-    out_queue: Any,
+    outbox: Outbox,
+    beat: Callable[[], None],
     stop: Any,
     task_weights: SharedTaskWeights | None = None,
 ) -> None:
@@ -126,6 +184,7 @@ def _loop(
     while not stop.is_set():
         latest = weights.version
         if latest < 0 or (cfg.max_staleness == 0 and latest == version):
+            beat()  # waiting for the trainer's next update is not a hang
             time.sleep(0.002)  # wait for the first / a newer policy (strictly on-policy)
             continue
         if latest != version:
@@ -134,9 +193,4 @@ def _loop(
             task_version = task_weights.apply(collector.envs, task_version)
         parts = [collector.collect(policy, policy_version=version) for _ in range(cfg.cycles_per_step)]
         item = rollout_to_numpy(Rollout.cat_time(parts))
-        while not stop.is_set():
-            try:
-                out_queue.put(("rollout", version, item), timeout=0.5)
-                break
-            except queue.Full:
-                continue
+        outbox.put(("rollout", version, item), stop, beat)

@@ -15,6 +15,7 @@ import time
 import torch
 from torch import nn
 
+from fastlight.sampling.child import OwnedLock
 from fastlight.weights.publisher import SyncStats
 
 
@@ -34,7 +35,8 @@ class SharedWeights:
         self.numel = sum(v.numel() for _, v in entries)
         self.buffer = torch.zeros(self.numel, dtype=torch.float32).share_memory_()
         self._version = ctx.Value("q", -1, lock=False)
-        self._lock = ctx.Lock()
+        # Pid-tagged, so a sampler killed while copying the weights out cannot lock the trainer out.
+        self._lock = OwnedLock(ctx)
 
     @property
     def version(self) -> int:
@@ -61,6 +63,10 @@ class SharedWeights:
 
     def request_drain(self) -> None:
         """Nothing to drain: samplers pick the new weights up between rounds."""
+
+    def release_if_held_by(self, pid: int) -> bool:
+        """Free the lock if the killed process ``pid`` held it (see :class:`OwnedLock`)."""
+        return self._lock.release_if_held_by(pid)
 
     def load_into(self, module: nn.Module) -> int:
         """Copy the published weights into ``module`` in place; returns their version."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -68,12 +69,23 @@ def test_sampler_exception_stops_fit_naming_worker_and_traceback():
     assert_no_children()
 
 
-def test_sampler_hard_crash_is_reported_with_exit_code():
+def test_sampler_hard_crash_is_restarted_then_reported_with_exit_code():
     dm = RolloutDataModule(
-        env_id="tests.fake_envs:Crashing-v0", env_kwargs={"hard": True}, num_envs=1, num_workers=1
+        env_id="tests.fake_envs:Crashing-v0",
+        env_kwargs={"hard": True},
+        num_envs=1,
+        num_workers=1,
+        max_worker_restarts=1,
     )
-    with pytest.raises(SamplerError, match="died with exit code 3"):
+    # The crash recurs in the restarted sampler: one restart, then the budget is spent.
+    with pytest.raises(SamplerError, match="died with exit code 3") as e:
         quiet_trainer(max_steps=3).fit(RLModule(obs_dim=3, action_dim=2), datamodule=dm)
+    assert re.search(
+        r"sampler 0 \(fastlight-sampler-0, pid \d+, env tests.fake_envs:Crashing-v0\) died with exit code 3; "
+        r"restart budget exhausted: 1 restarts in the last 600 s",
+        str(e.value),
+    ), str(e.value)
+    assert dm.fault_counters() == {"faults/worker_restarts": 1.0, "faults/dropped_rollouts": 1.0}
     assert_no_children()
 
 

@@ -1,0 +1,152 @@
+"""Sampler restarts with real processes and signals: a SIGKILLed sampler and a SIGSTOPped one are
+restarted on the current weights and counted, a third fault past the budget stops with an error
+naming sampler, pid, exit code and env id, and no child survives the pool."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+
+import pytest
+
+from fastlight.modules.rl_module import RLModule
+from fastlight.sampling.pool import SamplerError, SamplerPool
+from fastlight.sampling.worker import SamplerConfig
+from tests.lightning_helpers import wait_no_children
+
+pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
+ENV = "tests.fake_envs:FixedLength-v0"
+
+
+def policy():
+    module = RLModule(obs_dim=3, action_dim=2)
+    module.configure_model()
+    return module.policy
+
+
+def items_of(pool: SamplerPool, version: int, n: int, timeout: float = 60.0) -> list[int]:
+    """Sampler items until ``n`` of ``version`` arrived (older ones are skipped); their versions."""
+    got: list[int] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < n:
+        assert time.monotonic() < deadline, f"only {got} of version {version} within {timeout} s"
+        item = pool.next_item(0.2)
+        if item is not None and int(item.policy_version.max()) == version:
+            got.append(version)
+    return got
+
+
+def until_restarted(pool: SamplerPool, restarts: int, timeout: float = 60.0) -> float:
+    t0 = time.monotonic()
+    while pool.restarts < restarts:
+        assert time.monotonic() - t0 < timeout, "no restart within the timeout"
+        pool.next_item(0.2)
+    return time.monotonic() - t0
+
+
+def test_killed_and_stopped_samplers_restart_then_the_budget_stops_naming_the_sampler():
+    configs = [SamplerConfig(env_id=ENV, num_envs=1, max_horizon=4, seed=1000 * w) for w in range(2)]
+    net = policy()
+    pool = SamplerPool(configs, net, timeout_s=120.0, max_restarts=2, restart_window_s=600.0, heartbeat_s=2.0)
+    pool.start()
+    try:
+        pool.publish(net, 0)
+        assert items_of(pool, 0, 2) == [0, 0]
+        pids = [p.pid for p in pool.procs]
+
+        # SIGKILL: restarted, counted, and the run goes on with the same policy version.
+        os.kill(pids[0], signal.SIGKILL)
+        seconds = until_restarted(pool, 1)
+        assert seconds < 10, seconds  # the exit code is seen at the next watch (0.25 s)
+        assert pool.procs[0].pid != pids[0] and pool.procs[1].pid == pids[1]
+        assert pool.dropped_rollouts == 1
+        pool.publish(net, 1)
+        assert items_of(pool, 1, 2) == [1, 1]  # both samplers, the new one included, serve version 1
+
+        # SIGSTOP: alive but silent; caught by the heartbeat (2 s) and restarted.
+        os.kill(pids[1], signal.SIGSTOP)
+        seconds = until_restarted(pool, 2)
+        assert 2.0 <= seconds < 2.0 + 8.0, seconds  # the bound, plus a loaded machine's slack
+        assert not os.path.exists(f"/proc/{pids[1]}")  # killed and reaped, not left stopped
+        pool.publish(net, 2)
+        assert items_of(pool, 2, 2) == [2, 2]
+        assert pool.restarts == 2 and pool.dropped_rollouts == 2
+
+        # A third fault within the window is past the budget: a named error.
+        victim = pool.procs[0].pid
+        os.kill(victim, signal.SIGKILL)
+        with pytest.raises(SamplerError) as info:
+            until_restarted(pool, 3)
+        msg = str(info.value)
+        assert re.search(
+            rf"sampler 0 \(fastlight-sampler-0, pid {victim}, env {re.escape(ENV)}\) died with exit code -9; "
+            r"restart budget exhausted: 2 restarts in the last 600 s "
+            r"\(--data.max_worker_restarts 2 per --data.restart_window_s 600\)",
+            msg,
+        ), msg
+    finally:
+        pool.stop()
+    wait_no_children()
+
+
+def sampler_pids(trainer_pid: int) -> list[int]:
+    from tests.faults.test_cli_faults import descendants
+
+    out = []
+    for c in sorted(descendants(trainer_pid)):
+        try:
+            with open(f"/proc/{c}/cmdline", "rb") as f:
+                if b"spawn_main" in f.read():  # a spawned child, not the resource tracker
+                    out.append(c)
+        except OSError:
+            pass
+    return out
+
+
+def test_fit_restarts_a_killed_sampler_and_stops_named_when_the_budget_is_spent(tmp_path):
+    """A real ``fastlight fit``: SIGKILL one sampler -> restarted, training goes on and the counters
+    are logged; SIGKILL the next one with the budget (1) spent -> exit 1 naming it, a checkpoint."""
+    from tests.faults.test_cli_faults import (
+        assert_no_orphans,
+        descendants,
+        last_line,
+        start,
+        wait_for_training,
+    )
+
+    root = tmp_path / "run"
+    proc, log = start(root, "--data.max_worker_restarts", "1")
+    wait_for_training(proc, root)
+    children = descendants(proc.pid)
+    first = sampler_pids(proc.pid)[0]
+    t0 = time.monotonic()
+    os.kill(first, signal.SIGKILL)
+    metrics = root / "csv" / "version_0" / "metrics.csv"
+    while "restarting it" not in log.read_text():
+        assert proc.poll() is None and time.monotonic() - t0 < 60, log.read_text()[-3000:]
+        time.sleep(0.2)
+    rows = len(metrics.read_text().splitlines())
+    while len(metrics.read_text().splitlines()) <= rows:  # an update after the restart
+        assert proc.poll() is None and time.monotonic() - t0 < 120, log.read_text()[-3000:]
+        time.sleep(0.2)
+    assert time.monotonic() - t0 < 120
+    named = f"pid {first}, env tests.fake_envs:Fault-v0) died with exit code -9; restarting it"
+    assert named in log.read_text()
+    header = metrics.read_text().splitlines()[0].split(",")
+    assert "faults/worker_restarts" in header and "faults/dropped_rollouts" in header
+    children |= descendants(proc.pid)
+    second = sampler_pids(proc.pid)[0]
+    os.kill(second, signal.SIGKILL)
+    rc = proc.wait(timeout=120)
+    text = log.read_text()
+    assert rc == 1, text[-3000:]
+    assert re.search(rf"pid {second}, env tests.fake_envs:Fault-v0\) died with exit code -9; restart budget "
+                     r"exhausted: 1 restarts in the last 600 s", text), text[-3000:]
+    assert last_line(log).startswith("fastlight: stopped by SamplerError at global step ")
+    assert_no_orphans(children)
+    import torch
+
+    ckpt = torch.load(root / "checkpoints" / "last.ckpt", weights_only=False)
+    assert ckpt["global_step"] > 0
