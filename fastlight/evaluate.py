@@ -111,12 +111,19 @@ def parse(argv: list[str]) -> argparse.Namespace:
 # ---------------------------------------------------------------------- checkpoint
 def load_checkpoint(path: str) -> tuple[Any, dict[str, Any]]:
     """``(module on the CPU in eval mode, checkpoint dict)``; every failure names ``--ckpt``."""
-    import torch
-
-    from fastlight.checkpoints import module_class, read_checkpoint
-    from fastlight.modules.rl_module import RLModule
+    from fastlight.checkpoints import read_checkpoint
 
     ckpt = read_checkpoint(path, flag="--ckpt")
+    return load_module_of(path, ckpt), ckpt
+
+
+def load_module_of(path: str, ckpt: dict[str, Any]) -> Any:
+    """The module of checkpoint ``path`` (already read as ``ckpt``), of the class it records."""
+    import torch
+
+    from fastlight.checkpoints import module_class
+    from fastlight.modules.rl_module import RLModule
+
     class_path = (ckpt.get("hyper_parameters") or {}).get("_class_path")
     try:
         cls = module_class(ckpt, RLModule)
@@ -136,7 +143,7 @@ def load_checkpoint(path: str) -> tuple[Any, dict[str, Any]]:
     module.eval()
     if not isinstance(module._modules.get("policy"), torch.nn.Module):
         raise ValueError(f"--ckpt: {cls.__qualname__} has no policy to evaluate")
-    return module, ckpt
+    return module
 
 
 def env_settings(ckpt: dict[str, Any], env_id: str | None, override: dict[str, Any]) -> tuple[str, dict]:
@@ -294,11 +301,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             require("imageio", command=f"{PROG} --video")
         except ModuleNotFoundError as e:
             fail(str(e))
-    try:
-        module, ckpt = load_checkpoint(args.ckpt)
-        env_id, env_kwargs = env_settings(ckpt, args.env, args.env_override)
-        from fastlight.bench.vla_eval import probe_env
+    from fastlight.bench.vla_eval import probe_env
+    from fastlight.checkpoints import read_checkpoint
+    from fastlight.envs.registry import check_env_id
 
+    try:
+        ckpt = read_checkpoint(args.ckpt, flag="--ckpt")
+        env_id, env_kwargs = env_settings(ckpt, args.env, args.env_override)
+        check_env_id(env_id, flag="--env")  # before the (possibly large) model is built
+        module = load_module_of(args.ckpt, ckpt)
         task_names, image_mode = probe_env(env_id, env_kwargs)
     except (FileNotFoundError, ValueError) as e:
         fail(str(e).splitlines()[0])
@@ -330,8 +341,10 @@ def _evaluate(
         episodes, task_eps = play_multitask(module.policy, env_id, env_kwargs, args, record=record)
         fps = args.fps or 20.0
     else:
-        if args.video:  # highway-env renders with pygame: no sound device needed (SDL complains without)
-            os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
+        if args.video:
+            # rgb_array frames need no window: SDL's offscreen driver draws without looking for a
+            # display (not "dummy": highway-env then stops drawing, every frame the first one).
+            os.environ.setdefault("SDL_VIDEODRIVER", "offscreen")
         kwargs = {**env_kwargs, "render_mode": "rgb_array"} if args.video else env_kwargs
         env = make_env(env_id, env_kwargs=kwargs, flag="--env")
         fps = args.fps or float(min(max(env.metadata.get("render_fps") or 20, 1), 30))

@@ -1,0 +1,164 @@
+"""``fastlight evaluate`` on real checkpoints: seeded full episodes, statistics, GIFs, refusals."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fastlight.evaluate import main
+
+ROOT = Path(__file__).resolve().parents[1]
+HIGHWAY = str(ROOT / "configs" / "highway_dpsa.yaml")
+
+
+@pytest.fixture(scope="module")
+def highway_run(tmp_path_factory) -> Path:
+    """A real 2-update run of the highway config with a module subclass (``tests.eval_modules``).
+
+    Two rollouts, so that the throughput callback's cumulative env-step count is logged once.
+    """
+    from fastlight.cli import cli_main
+
+    root = tmp_path_factory.mktemp("highway_run")
+    cli_main(
+        ["fit", "--config", HIGHWAY, "--model", "tests.eval_modules.NarrowModule", "--model.width", "8",
+         "--model.update_epochs", "1", "--model.num_minibatches", "1", "--trainer.max_steps", "2",
+         "--data.num_envs", "1", "--data.num_workers", "1", "--data.max_horizon", "5",
+         "--data.cycles_per_step", "1", "--data.steps_per_epoch", "1",
+         "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(root)]
+    )  # fmt: skip
+    assert (root / "checkpoints" / "last.ckpt").is_file(), sorted(root.rglob("*"))
+    return root
+
+
+def test_highway_episodes_are_full_seeded_and_replayable(highway_run, tmp_path, capsys):
+    import imageio.v3 as iio
+
+    from fastlight.checkpoints import load_module
+    from fastlight.envs.registry import make_env
+    from fastlight.evaluation import policy_act_fn
+    from tests.eval_modules import NarrowModule
+
+    ckpt = highway_run / "checkpoints" / "last.ckpt"
+    out, video = tmp_path / "eval.json", tmp_path / "gifs"
+    result = main(
+        ["--ckpt", str(ckpt), "--episodes", "3", "--seed", "5", "--video", str(video), "--out", str(out)]
+    )
+    printed = capsys.readouterr().out
+    assert "mean return" in printed and "crash rate" in printed and "success rate    not reported" in printed
+    assert json.loads(out.read_text()) == json.loads(json.dumps(result))
+
+    # The checkpoint's own subclass was rebuilt, and the env from its data settings, DPSA off.
+    assert result["module"] == "tests.eval_modules.NarrowModule"
+    assert result["env_id"] == "highway-fast-v0" and result["policy_version"] == 2
+    rows = result["episodes"]
+    assert [r["seed"] for r in rows] == [5, 6, 7]
+    # Natural ends only: a crash (terminated) or highway-env's 30-step duration (truncated); the
+    # training run's max_horizon of 5 does not apply here.
+    assert all(r["terminated"] or (r["truncated"] and r["length"] == 30) for r in rows), rows
+    assert all(r["crashed"] is not None and r["success"] is None for r in rows)
+
+    # Determinism: a replay of each seed with the same greedy policy sums to the same return.
+    module = load_module(ckpt)
+    assert type(module).__name__ == NarrowModule.__name__ and module.policy.actor[0].out_features == 8
+    act = policy_act_fn(module.policy, deterministic=True)
+    env = make_env("highway-fast-v0")
+    for r in rows:
+        obs, _ = env.reset(seed=r["seed"])
+        total, steps, done = 0.0, 0, False
+        while not done:
+            obs, reward, term, trunc, _ = env.step(act(obs, steps))
+            total, steps, done = total + float(reward), steps + 1, term or trunc
+        # Same process, same kernels, same inputs: bitwise (rendering did not change the dynamics).
+        assert (total, steps) == (r["return"], r["length"])
+    env.close()
+
+    s = result["summary"]
+    returns = np.array([r["return"] for r in rows])
+    assert s["episodes"] == 3 and s["return"]["mean"] == pytest.approx(returns.mean(), rel=1e-12)
+    assert s["return"]["ci_low"] <= s["return"]["mean"] <= s["return"]["ci_high"]
+    # A percentile bootstrap of the mean stays within the data (up to float round-off).
+    assert returns.min() - 1e-9 <= s["return"]["ci_low"] and s["return"]["ci_high"] <= returns.max() + 1e-9
+    assert s["length"]["mean"] == pytest.approx(np.mean([r["length"] for r in rows]))
+    crash = s["crash_rate"]
+    assert crash["count"] == sum(r["crashed"] for r in rows) and crash["rate"] == crash["count"] / 3
+    assert crash["ci_low"] <= crash["rate"] <= crash["ci_high"] and crash["ci_high"] - crash["ci_low"] > 0.3
+    assert s["success_rate"] is None  # highway-env reports no success
+
+    # One GIF per episode: the reset frame and one per step, highway-env's 600x150 screen.
+    gifs = sorted(video.glob("*.gif"))
+    assert [g.name for g in gifs] == [f"episode_{i:03d}_seed{5 + i}.gif" for i in range(3)]
+    for g, r in zip(gifs, rows, strict=True):
+        frames = iio.imread(g, index=None)
+        assert frames.shape == (r["length"] + 1, 150, 600, 3) and frames.shape[0] > 1
+        assert np.abs(frames[-1].astype(int) - frames[0]).sum() > 0  # the cars moved
+
+
+def test_unimportable_module_class_names_it(highway_run, tmp_path, capsys):
+    ckpt = torch.load(highway_run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    ckpt["hyper_parameters"]["_class_path"] = "my_missing_package.tasks.MyModule"
+    path = tmp_path / "moved.ckpt"
+    torch.save(ckpt, path)
+    with pytest.raises(SystemExit) as e:
+        main(["--ckpt", str(path), "--episodes", "1"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert "--ckpt: cannot import the checkpoint's module class 'my_missing_package.tasks.MyModule'" in err[0]
+    assert "PYTHONPATH" in err[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--episodes", "2"], "the following arguments are required: --ckpt"),
+        (["--ckpt", "{ckpt}", "--episodes", "0"], "--episodes must be >= 1, got 0"),
+        (["--ckpt", "{ckpt}", "--episodes", "two"], "argument --episodes: invalid int value: 'two'"),
+        (["--ckpt", "{missing}"], "--ckpt: no checkpoint file at {missing}"),
+        (["--ckpt", "{text}"], "--ckpt: {text} is not a readable checkpoint"),
+        (["--ckpt", "{ckpt}", "--env-kwargs", "[1]"], "--env-kwargs must be a JSON object, got '[1]'"),
+        (["--ckpt", "{ckpt}", "--out", "x.txt"], "--out must name a .json file, got 'x.txt'"),
+        (["--ckpt", "{ckpt}", "--env", "highway-fats-v0"], "--env must be a registered gymnasium id"),
+    ],
+)
+def test_bad_input_is_one_line_naming_the_flag(argv, message, tmp_path, capsys):
+    ckpt, text = tmp_path / "model.ckpt", tmp_path / "notes.ckpt"
+    torch.save({"state_dict": {}}, ckpt)
+    text.write_text("not a checkpoint")
+    paths = {"ckpt": ckpt, "missing": tmp_path / "none.ckpt", "text": text}
+    with pytest.raises(SystemExit) as e:
+        main([a.format(**paths) for a in argv])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("fastlight evaluate: error: "), err
+    assert message.format(**paths) in err[0]
+
+
+def test_console_script_dispatches_evaluate_and_refuses_validate(monkeypatch, capsys):
+    """``fastlight.cli.main`` (the console script) routes ``evaluate`` here before LightningCLI
+    parses, and answers ``validate`` / ``test`` / ``predict`` with one line pointing here."""
+    from fastlight.cli import main as fastlight
+
+    monkeypatch.setattr(sys, "argv", ["fastlight", "evaluate", "--ckpt", "nowhere.ckpt"])
+    with pytest.raises(SystemExit) as e:
+        fastlight()
+    assert e.value.code == 2
+    assert (
+        capsys.readouterr().err.strip()
+        == "fastlight evaluate: error: --ckpt: no checkpoint file at nowhere.ckpt"
+    )
+    for sub in ("validate", "test", "predict"):
+        monkeypatch.setattr(sys, "argv", ["fastlight", sub, "--config", HIGHWAY])
+        with pytest.raises(SystemExit) as e:
+            fastlight()
+        assert e.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"fastlight: error: `fastlight {sub}` is not available"), (
+            err
+        )
+        assert "fastlight evaluate --ckpt PATH" in err[0]
