@@ -16,26 +16,6 @@ ROOT = Path(__file__).resolve().parents[1]
 HIGHWAY = str(ROOT / "configs" / "highway_dpsa.yaml")
 
 
-@pytest.fixture(scope="module")
-def highway_run(tmp_path_factory) -> Path:
-    """A real 2-update run of the highway config with a module subclass (``tests.eval_modules``).
-
-    Two rollouts, so that the throughput callback's cumulative env-step count is logged once.
-    """
-    from fastlight.cli import cli_main
-
-    root = tmp_path_factory.mktemp("highway_run")
-    cli_main(
-        ["fit", "--config", HIGHWAY, "--model", "tests.eval_modules.NarrowModule", "--model.width", "8",
-         "--model.update_epochs", "1", "--model.num_minibatches", "1", "--trainer.max_steps", "2",
-         "--data.num_envs", "1", "--data.num_workers", "1", "--data.max_horizon", "5",
-         "--data.cycles_per_step", "1", "--data.steps_per_epoch", "1",
-         "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(root)]
-    )  # fmt: skip
-    assert (root / "checkpoints" / "last.ckpt").is_file(), sorted(root.rglob("*"))
-    return root
-
-
 def test_highway_episodes_are_full_seeded_and_replayable(highway_run, tmp_path, capsys):
     import imageio.v3 as iio
 
