@@ -247,11 +247,11 @@ def write_gifs(directory: Path, episodes: list[EvalEpisode], fps: float) -> list
     """``episode_<i>[_<task>]_seed<seed>.gif`` for every episode that kept frames."""
     import imageio.v3 as iio
 
-    directory.mkdir(parents=True, exist_ok=True)
     written = []
     for e in episodes:
         if len(e.frames) < 1:
             continue
+        directory.mkdir(parents=True, exist_ok=True)
         name = f"episode_{e.index:03d}" + (f"_{e.task}" if e.task else "") + f"_seed{e.seed}.gif"
         # Pillow's GIF writer takes the frame duration in milliseconds; loop=0 repeats forever.
         iio.imwrite(directory / name, np.stack(e.frames), extension=".gif", duration=1000.0 / fps, loop=0)

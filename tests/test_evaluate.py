@@ -142,3 +142,47 @@ def test_console_script_dispatches_evaluate_and_refuses_validate(monkeypatch, ca
             err
         )
         assert "fastlight evaluate --ckpt PATH" in err[0]
+
+
+@pytest.fixture(scope="module")
+def vla_ckpt(tmp_path_factory) -> Path:
+    """A 2-step SFT checkpoint of the VLA on Meta-World reach-v3 (state mode) with 10-step episodes."""
+    from fastlight.cli import cli_main
+
+    root = tmp_path_factory.mktemp("vla_sft")
+    cli_main(
+        ["fit", "--config", str(ROOT / "configs" / "vla_metaworld_mt10_sft.yaml"),
+         "--data.demos_per_task", "1", "--data.num_workers", "0", "--data.cache_dir", str(root / "cache"),
+         "--data.env_kwargs.tasks", "reach-v3", "--data.env_kwargs.max_path_length", "10",
+         "--data.successful_only", "false", "--trainer.max_steps", "2",
+         "--trainer.default_root_dir", str(root), "--trainer.enable_progress_bar", "false"]
+    )  # fmt: skip
+    assert (root / "checkpoints" / "last.ckpt").is_file(), sorted(root.rglob("*.ckpt"))
+    return root / "checkpoints" / "last.ckpt"
+
+
+def test_vla_metaworld_checkpoint_plays_every_task(vla_ckpt, tmp_path, capsys):
+    from fastlight.evaluation import eval_seed
+
+    result = main(["--ckpt", str(vla_ckpt), "--episodes", "2", "--seed", "3", "--video", str(tmp_path / "v")])
+    # Default results file: beside the checkpoint.
+    written = vla_ckpt.with_name("last.eval.json")
+    assert json.loads(written.read_text())["summary"] == json.loads(json.dumps(result["summary"]))
+    assert result["module"] == "fastlight.modules.sft_module.VLASFTModule"
+    assert result["env_id"] == "fastlight/MetaWorld-v0" and result["task_names"] == ["reach-v3"]
+    assert result["env_kwargs"]["max_path_length"] == 10  # the checkpoint's env settings
+    rows = result["episodes"]
+    # The multi-task evaluation's seeds (shared with python -m fastlight.bench.vla_eval), full episodes.
+    assert [(r["task"], r["seed"]) for r in rows] == [("reach-v3", eval_seed(3, 0, i)) for i in range(2)]
+    assert all(1 <= r["length"] <= 10 and r["success"] is not None for r in rows)
+    s = result["summary"]
+    assert s["success_rate"] is not None and s["crash_rate"] is None  # Meta-World reports success only
+    k = sum(r["success"] for r in rows)
+    assert (
+        s["success_rate"]["count"] == k
+        and s["success_rate"]["ci_low"] <= k / 2 <= s["success_rate"]["ci_high"]
+    )
+    assert result["per_task"]["per_task"]["reach-v3"]["episodes"] == 2
+    # State mode has no camera: --video says so instead of writing empty files.
+    assert "state mode has no camera frames" in capsys.readouterr().err
+    assert result["videos"] == [] and not (tmp_path / "v").exists()
