@@ -52,8 +52,8 @@ class EvalEpisode:
     seed: int
     length: int = 0
     ret: float = 0.0
-    terminated: bool = False
-    truncated: bool = False
+    terminated: bool | None = None  # None: not recorded (the multi-task path)
+    truncated: bool | None = None
     success: bool | None = None
     crashed: bool | None = None
     task: str | None = None
@@ -178,8 +178,9 @@ def play_episodes(act: Any, env: gym.Env, *, episodes: int, seed: int, record: b
                 _read_outcome(ep, info)
                 if record:
                     ep.frames.append(np.asarray(env.render()))
-                ep.terminated, ep.truncated = bool(term), bool(trunc)
-                done = term or trunc or (limit is not None and ep.length >= limit)
+                capped = limit is not None and ep.length >= limit  # counts as a time limit
+                ep.terminated, ep.truncated = bool(term), bool(trunc) or capped
+                done = ep.terminated or ep.truncated
             out.append(ep)
     finally:
         env.close()
