@@ -27,7 +27,7 @@ def test_highway_episodes_are_full_seeded_and_replayable(highway_run, tmp_path, 
     ckpt = highway_run / "checkpoints" / "last.ckpt"
     out, video = tmp_path / "eval.json", tmp_path / "gifs"
     result = main(
-        ["--ckpt", str(ckpt), "--episodes", "3", "--seed", "5", "--video", str(video), "--out", str(out)]
+        ["--ckpt", str(ckpt), "--episodes", "2", "--seed", "5", "--video", str(video), "--out", str(out)]
     )
     printed = capsys.readouterr().out
     assert "mean return" in printed and "crash rate" in printed and "success rate    not reported" in printed
@@ -37,7 +37,7 @@ def test_highway_episodes_are_full_seeded_and_replayable(highway_run, tmp_path, 
     assert result["module"] == "tests.eval_modules.NarrowModule"
     assert result["env_id"] == "highway-fast-v0" and result["policy_version"] == 2
     rows = result["episodes"]
-    assert [r["seed"] for r in rows] == [5, 6, 7]
+    assert [r["seed"] for r in rows] == [5, 6]
     # Natural ends only: a crash (terminated) or highway-env's 30-step duration (truncated); the
     # training run's max_horizon of 5 does not apply here.
     assert all(r["terminated"] or (r["truncated"] and r["length"] == 30) for r in rows), rows
@@ -60,19 +60,19 @@ def test_highway_episodes_are_full_seeded_and_replayable(highway_run, tmp_path, 
 
     s = result["summary"]
     returns = np.array([r["return"] for r in rows])
-    assert s["episodes"] == 3 and s["return"]["mean"] == pytest.approx(returns.mean(), rel=1e-12)
+    assert s["episodes"] == 2 and s["return"]["mean"] == pytest.approx(returns.mean(), rel=1e-12)
     assert s["return"]["ci_low"] <= s["return"]["mean"] <= s["return"]["ci_high"]
     # A percentile bootstrap of the mean stays within the data (up to float round-off).
     assert returns.min() - 1e-9 <= s["return"]["ci_low"] and s["return"]["ci_high"] <= returns.max() + 1e-9
     assert s["length"]["mean"] == pytest.approx(np.mean([r["length"] for r in rows]))
     crash = s["crash_rate"]
-    assert crash["count"] == sum(r["crashed"] for r in rows) and crash["rate"] == crash["count"] / 3
+    assert crash["count"] == sum(r["crashed"] for r in rows) and crash["rate"] == crash["count"] / 2
     assert crash["ci_low"] <= crash["rate"] <= crash["ci_high"] and crash["ci_high"] - crash["ci_low"] > 0.3
     assert s["success_rate"] is None  # highway-env reports no success
 
     # One GIF per episode: the reset frame and one per step, highway-env's 600x150 screen.
     gifs = sorted(video.glob("*.gif"))
-    assert [g.name for g in gifs] == [f"episode_{i:03d}_seed{5 + i}.gif" for i in range(3)]
+    assert [g.name for g in gifs] == [f"episode_{i:03d}_seed{5 + i}.gif" for i in range(2)]
     for g, r in zip(gifs, rows, strict=True):
         frames = iio.imread(g, index=None)
         assert frames.shape == (r["length"] + 1, 150, 600, 3) and frames.shape[0] > 1
@@ -161,6 +161,7 @@ def vla_ckpt(tmp_path_factory) -> Path:
     return root / "checkpoints" / "last.ckpt"
 
 
+@pytest.mark.slow  # demonstrations + 2 SFT steps + evaluation: ~10 s of CPU
 def test_vla_metaworld_checkpoint_plays_every_task(vla_ckpt, tmp_path, capsys):
     from fastlight.evaluation import eval_seed
 
