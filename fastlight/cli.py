@@ -167,7 +167,32 @@ def cli_main(args: list[str] | None = None, *, run: bool = True) -> FastlightCLI
     )
 
 
+#: LightningCLI subcommands that need a loop RLModule does not have (no validation / test / predict
+#: step: an RL module is judged by playing episodes, which ``fastlight evaluate`` does).
+_NO_LOOP = ("validate", "test", "predict")
+
+
 def main() -> None:
+    # fastlight's own subcommands, dispatched before LightningCLI parses (``fit`` is unchanged);
+    # imported here so that ``fit`` does not load them.
+    sub = sys.argv[1] if len(sys.argv) > 1 else None
+    if sub == "evaluate":
+        from fastlight.evaluate import main as evaluate
+
+        evaluate(sys.argv[2:])
+        return
+    if sub == "plot":
+        from fastlight.plot import main as plot
+
+        plot(sys.argv[2:])
+        return
+    if sub in _NO_LOOP:
+        print(
+            f"fastlight: error: `fastlight {sub}` is not available: fastlight modules have no {sub} loop; "
+            "`fastlight evaluate --ckpt PATH [--episodes N] [--video DIR]` plays a checkpoint's episodes",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
     with one_line_errors():  # a bad setting: one line naming the flag (FASTLIGHT_DEBUG=1: traceback)
         cli_main()  # LightningCLI reads sys.argv itself
 
