@@ -126,3 +126,18 @@ def test_real_run_stops_within_one_rollout_past_the_budget(tmp_path):
     assert budget.env_steps == 36 == tput.totals["valid_steps"]  # 30 <= 36 < 30 + 12
     assert model.policy_version == 3
     assert _csv_column(logger, "env_steps") == [12.0, 24.0, 36.0]
+
+
+def test_cli_counts_by_default_and_takes_a_budget_by_short_name(tmp_path):
+    from fastlight.cli import cli_main
+    from tests.test_cli import ROOT, tiny_overrides
+
+    base = ["--config", f"{ROOT}/configs/highway_dpsa.yaml", *tiny_overrides(),
+            "--trainer.default_root_dir", str(tmp_path)]  # fmt: skip
+    for extra, total in (
+        ([], None),
+        (["--trainer.callbacks+=EnvStepBudget", "--trainer.callbacks.total_env_steps", "50"], 50),
+    ):
+        cli = cli_main([*base, *extra], run=False)
+        (budget,) = [c for c in cli.trainer.callbacks if isinstance(c, EnvStepBudget)]
+        assert budget.total_env_steps == total
