@@ -31,6 +31,7 @@ from fastlight.modules.rl_module import RLModule
 
 _MODEL_CHECKPOINT = "lightning.pytorch.callbacks.ModelCheckpoint"
 _PREEMPTION = f"{PreemptionCheckpoint.__module__}.{PreemptionCheckpoint.__qualname__}"
+_ENV_STEPS = "fastlight.callbacks.env_steps.EnvStepBudget"
 #: Model arguments the CLI links from the data module: not the user's to set, never a difference.
 _LINKED = ("obs_dim", "action_dim", "continuous")
 
@@ -65,6 +66,11 @@ class FastlightCLI(LightningCLI):
         if not any(getattr(cb, "class_path", None) == _PREEMPTION for cb in callbacks):
             init_args = Namespace(dirpath=os.path.join(root, "checkpoints"))
             callbacks.append(Namespace(class_path=_PREEMPTION, init_args=init_args))
+            trainer["callbacks"] = callbacks
+        # Every run logs env_steps (the unit an RL user plans in); one that lists EnvStepBudget itself
+        # (e.g. --trainer.callbacks+=EnvStepBudget --trainer.callbacks.total_env_steps N) sets a budget.
+        if not any(getattr(cb, "class_path", None) == _ENV_STEPS for cb in callbacks):
+            callbacks.append(Namespace(class_path=_ENV_STEPS, init_args=Namespace()))
             trainer["callbacks"] = callbacks
         if trainer.get("logger") in (None, True):
             trainer["logger"] = [

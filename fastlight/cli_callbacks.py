@@ -27,6 +27,7 @@ from typing import Any
 from jsonargparse import Namespace
 
 import fastlight.callbacks.dwr  # noqa: F401 - registers the short names (see above)
+import fastlight.callbacks.env_steps  # noqa: F401
 import fastlight.callbacks.throughput  # noqa: F401
 import fastlight.callbacks.weight_sync  # noqa: F401
 

@@ -77,10 +77,12 @@ def setting_error_line(error: BaseException) -> str | None:
 @contextmanager
 def one_line_errors() -> Iterator[None]:
     """Print a setting error as ``fastlight: error: <message>`` and exit with status 2."""
+    from fastlight.extras import MissingExtraError, missing_extra_line
+
     try:
         yield
-    except (ValueError, TypeError) as error:
-        line = None if debug_enabled() else setting_error_line(error)
+    except (ValueError, TypeError, MissingExtraError) as error:
+        line = None if debug_enabled() else missing_extra_line(error) or setting_error_line(error)
         if line is None:
             raise
         print(f"fastlight: error: {line}  (FASTLIGHT_DEBUG=1 shows the traceback)", file=sys.stderr)

@@ -50,7 +50,13 @@ import gymnasium as gym
 import numpy as np
 
 from fastlight.envs.instructions import INSTRUCTIONS, instruction_for, instruction_tokenizer
-from fastlight.envs.metaworld_tasks import MT10_TASKS, STATE_DIM, goal_variations, parse_tasks
+from fastlight.envs.metaworld_tasks import (
+    MT10_TASKS,
+    STATE_DIM,
+    goal_variations,
+    import_metaworld,
+    parse_tasks,
+)
 from fastlight.envs.registry import register_envs
 from fastlight.envs.rendering import GL_LOCK, render_offscreen, require_gl_backend
 
@@ -170,7 +176,7 @@ class MetaWorldEnv(gym.Env):
         """The Meta-World env of task ``name`` (one MuJoCo model per task, built lazily)."""
         env = self._envs.get(name)
         if env is None:
-            import metaworld
+            metaworld = import_metaworld()
 
             with GL_LOCK:  # MuJoCo model compilation, once per task, kept out of concurrent resets
                 env = metaworld.ALL_V3_ENVIRONMENTS[name](

@@ -11,6 +11,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from fastlight.extras import import_extra
+
 #: The MT10 benchmark's tasks, in Meta-World's order.
 MT10_TASKS = (
     "reach-v3", "push-v3", "pick-place-v3", "door-open-v3", "drawer-open-v3", "drawer-close-v3",
@@ -32,7 +34,7 @@ def parse_tasks(tasks: str | Sequence[str]) -> tuple[str, ...]:
         raise ValueError(
             f"--data.env_kwargs.tasks must name distinct Meta-World tasks or 'MT10', got {tasks!r}"
         )
-    import metaworld
+    metaworld = import_metaworld()
 
     unknown = [n for n in names if n not in metaworld.ALL_V3_ENVIRONMENTS]
     if unknown:
@@ -41,6 +43,11 @@ def parse_tasks(tasks: str | Sequence[str]) -> tuple[str, ...]:
             f"{sorted(metaworld.ALL_V3_ENVIRONMENTS)} (or 'MT10')"
         )
     return tuple(names)
+
+
+def import_metaworld() -> Any:
+    """The ``metaworld`` package, or one line saying to install the metaworld extra."""
+    return import_extra("metaworld", extra="metaworld", what="a Meta-World env (fastlight/MetaWorld-*)")
 
 
 _GOALS: dict[tuple[str, int], tuple[Any, ...]] = {}
@@ -53,7 +60,7 @@ def goal_variations(name: str, seed: int) -> tuple[Any, ...]:
     Built under a lock: ``metaworld.MT1`` reseeds the global numpy RNG while it draws the goals,
     so two threads building at once (concurrent resets) would corrupt each other's goals.
     """
-    import metaworld
+    metaworld = import_metaworld()
 
     with _GOALS_LOCK:
         if (name, seed) not in _GOALS:

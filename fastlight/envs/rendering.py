@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from fastlight.extras import import_extra
+
 #: Serialises offscreen rendering in a process: an OpenGL context is current in one thread at
 #: a time, and every Meta-World env owns its own context.
 GL_LOCK = threading.RLock()
@@ -58,7 +60,7 @@ def _release_gl_context(backend: str | None) -> None:
     """Detach the calling thread's current EGL context, so another thread may make it current."""
     if backend != "egl":
         return
-    from mujoco import egl
+    egl = import_extra("mujoco.egl", extra="metaworld", what="MuJoCo EGL rendering")
 
     if egl.EGL_DISPLAY is not None:
         egl.EGL.eglMakeCurrent(

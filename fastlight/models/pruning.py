@@ -26,6 +26,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from fastlight.extras import import_extra
+
 #: Config attribute recording the pruned range ``[first_id, last_id)``.
 PRUNED_RANGE_ATTR = "action_token_range"
 
@@ -123,7 +125,7 @@ def _param_name(model: nn.Module, param: nn.Parameter) -> str:
 
 def _read_tensor(folder: Path, key: str) -> torch.Tensor:
     """Read one tensor from a (possibly sharded) safetensors checkpoint folder."""
-    from safetensors import safe_open
+    safe_open = import_extra("safetensors", extra="vla", what="loading a pruned VLA checkpoint").safe_open
 
     index = folder / "model.safetensors.index.json"
     if index.exists():
@@ -145,7 +147,8 @@ def load_pruned_causal_lm(path: str, **kwargs) -> nn.Module:
     range, and the saved ``[N, d_model]`` head weight (and bias) is copied in. Only safetensors
     checkpoints are supported for pruned folders. ``kwargs`` go to ``from_pretrained``.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
+    transformers = import_extra("transformers", extra="vla", what="loading a pretrained causal LM")
+    AutoConfig, AutoModelForCausalLM = transformers.AutoConfig, transformers.AutoModelForCausalLM
 
     folder = Path(path)
     config = AutoConfig.from_pretrained(folder)

@@ -20,6 +20,8 @@ from pathlib import Path
 
 from torch import Tensor
 
+from fastlight.extras import import_extra
+
 PAD, UNK, BOS = "[PAD]", "[UNK]", "[BOS]"
 SPECIAL_TOKENS = (PAD, UNK, BOS)
 
@@ -32,6 +34,8 @@ def build_instruction_tokenizer(sentences: Iterable[str], save_dir: str | Path):
     encoding); the folder reloads with ``AutoTokenizer.from_pretrained(save_dir)``. Words not
     seen in ``sentences`` map to ``[UNK]``. Raises ``ValueError`` if ``sentences`` is empty.
     """
+    import_extra("tokenizers", extra="vla", what="the instruction tokenizer")
+    import_extra("transformers", extra="vla", what="the instruction tokenizer")
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 

@@ -39,6 +39,7 @@ import torch
 from torch import Tensor, nn
 from torch.distributions import Categorical
 
+from fastlight.extras import import_extra
 from fastlight.models.action_mapping import BinsToActions
 from fastlight.models.action_tokenizer import ActionTokenizer
 from fastlight.models.base import ActionMapping, ActOutput, EvalOutput
@@ -58,7 +59,8 @@ def build_llama(
     tie_word_embeddings: bool = False,
 ) -> nn.Module:
     """A randomly initialised ``LlamaForCausalLM`` from a ``LlamaConfig`` (nothing downloaded)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    transformers = import_extra("transformers", extra="vla", what="the VLA policy")
+    LlamaConfig, LlamaForCausalLM = transformers.LlamaConfig, transformers.LlamaForCausalLM
 
     if hidden_size % num_attention_heads:
         raise ValueError(

@@ -1,0 +1,22 @@
+"""``fastlight`` console script and ``python -m fastlight``: a deliberately light entry module.
+
+Spawned children (samplers, the inference worker) re-import the parent's main module before
+they run (``multiprocessing`` spawn): the console script's file, which imports the module named
+in ``[project.scripts]``. Were that ``fastlight.cli``, every sampler would load Lightning, the
+CLI and transformers it never uses (about 0.2 GB and seconds of start-up each, issue 14). So
+this module imports nothing at the top and loads the CLI only when ``main`` runs, which the
+console script's ``__name__ == "__main__"`` guard keeps from happening in a child.
+(``python -m fastlight`` is not re-imported at all: spawn skips ``*.__main__`` modules.)
+"""
+
+from __future__ import annotations
+
+
+def main() -> None:
+    from fastlight.cli import main as cli
+
+    cli()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""``EnvStepBudget``: counts the env steps a run has trained on, logs them, and stops at a budget.
+
+Lightning's ``--trainer.max_steps`` counts optimizer steps (``update_epochs x num_minibatches``
+per Rollout), not the unit an RL user plans in. This callback gives that unit: the total number
+of environment steps, like Stable-Baselines3's ``total_timesteps``.
+
+**What counts.** The real env steps of every Rollout the trainer receives (``stats.valid_steps``,
+summed over the DDP ranks): DPSA's dummy steps are padding, not env steps, and do not count; nor
+do the steps of sampler items dropped as stale (``--data.max_staleness``), which never reach the
+trainer.
+
+**Budget.** With ``total_env_steps`` set, training stops at the first Rollout boundary at or past
+it (a Rollout is never cut), saying so in one line; it overshoots by less than one Rollout.
+
+**Logs.** ``env_steps`` (cumulative, with every Rollout's metrics, so the CSV logger's
+``metrics.csv`` has an ``env_steps`` column to plot against) and, in the progress bar. For
+TensorBoard, whose x-axis is the logger's step, the ``tensorboard_keys`` metrics are also written
+as ``env_steps/<key>`` with the env-step count as their step. The count is kept in checkpoints.
+
+    fastlight fit --config configs/highway_dpsa.yaml --trainer.callbacks+=EnvStepBudget \\
+        --trainer.callbacks.total_env_steps 200000
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities import rank_zero_info
+from typing_extensions import override
+
+from fastlight.rollout import Rollout
+
+#: Checkpoint key of this callback's state (fixed, whatever its arguments).
+STATE_KEY = "fastlight.EnvStepBudget"
+
+DEFAULT_TB_KEYS = ("rollout/return", "rollout/episode_length", "perf/effective_tps")
+
+
+class EnvStepBudget(Callback):
+    """Counts env steps (``env_steps``), and stops training once ``total_env_steps`` are reached.
+
+    Args:
+        total_env_steps: the run's env-step budget; ``None`` only counts and logs.
+        prog_bar: show ``env_steps`` in the progress bar.
+        tensorboard_keys: metrics also written to TensorBoard against env steps
+            (``env_steps/<key>``), when logged in the same step.
+    """
+
+    def __init__(
+        self,
+        total_env_steps: int | None = None,
+        prog_bar: bool = True,
+        tensorboard_keys: list[str] | None = None,
+    ) -> None:
+        super().__init__()
+        if total_env_steps is not None and total_env_steps < 1:
+            raise ValueError(
+                f"EnvStepBudget total_env_steps must be >= 1 or null (no budget), got {total_env_steps}"
+            )
+        self.total_env_steps = total_env_steps
+        self.prog_bar = prog_bar
+        self.tensorboard_keys = list(DEFAULT_TB_KEYS if tensorboard_keys is None else tensorboard_keys)
+        self.env_steps = 0
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if not isinstance(batch, Rollout):
+            return
+        steps = torch.tensor(float(batch.stats.valid_steps), dtype=torch.float64, device=pl_module.device)
+        if trainer.world_size > 1:  # the job's count: every rank's samplers
+            steps = trainer.strategy.reduce(steps, reduce_op="sum")
+        self.env_steps += int(steps.item())
+        # float64: a float32 metric would round counts past 2**24 (16.7M steps).
+        value = torch.tensor(float(self.env_steps), dtype=torch.float64)
+        pl_module.log("env_steps", value, on_step=True, on_epoch=False, prog_bar=self.prog_bar, batch_size=1)
+        self._tensorboard(trainer)
+        if self.total_env_steps is not None and self.env_steps >= self.total_env_steps:
+            if not trainer.should_stop:
+                rank_zero_info(
+                    f"fastlight: env-step budget reached: {self.env_steps} env steps >= total_env_steps "
+                    f"{self.total_env_steps}; stopping at this rollout boundary"
+                )
+            trainer.should_stop = True
+
+    def _tensorboard(self, trainer: pl.Trainer) -> None:
+        metrics = trainer.callback_metrics  # this step's values, as logged so far
+        for logger in trainer.loggers:
+            if not isinstance(logger, TensorBoardLogger) or trainer.global_rank != 0:
+                continue
+            for key in self.tensorboard_keys:
+                if key in metrics:
+                    logger.experiment.add_scalar(f"env_steps/{key}", float(metrics[key]), self.env_steps)
+
+    @property
+    @override
+    def state_key(self) -> str:
+        return STATE_KEY
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"env_steps": self.env_steps}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.env_steps = int(state_dict["env_steps"])

@@ -1,0 +1,64 @@
+"""Optional extras: the core install is the driving path; the rest comes with an extra.
+
+- core (``pip install fastlight``): highway-env driving, gymnasium ids, MLP policies, the CLI;
+- ``fastlight[metaworld]``: Meta-World MT10 envs (``metaworld``, ``mujoco``);
+- ``fastlight[vla]``: the VLA policy and instruction tokenizer (``transformers``, ``tokenizers``,
+  ``safetensors``);
+- ``fastlight[bench]``: benchmark reports (checked by :mod:`fastlight.bench.extras`).
+
+Code that needs an extra imports it through :func:`import_extra` at the point of use, never at
+module level, so a core install never loads (or needs) it and a missing one is one line naming
+the extra to install.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from types import ModuleType
+
+#: Extra -> the top-level modules it provides (pyproject.toml's [project.optional-dependencies]).
+EXTRAS: dict[str, tuple[str, ...]] = {
+    "metaworld": ("metaworld", "mujoco"),
+    "vla": ("transformers", "tokenizers", "safetensors"),
+}
+
+#: The line :class:`MissingExtraError` says, also when a caller (jsonargparse) re-raised it as text.
+_LINE = re.compile(r"\S.* needs the \w+ extra: pip install 'fastlight\[\w+\]'.*")
+
+
+class MissingExtraError(ModuleNotFoundError):
+    """An optional package is not installed; the message names the extra that installs it."""
+
+
+def import_extra(module: str, *, extra: str, what: str) -> ModuleType:
+    """``importlib.import_module(module)``, or :class:`MissingExtraError` if ``extra`` is not installed.
+
+    ``what`` names the feature for the message, e.g. ``"fastlight/MetaWorld-v0"``. An import error
+    of some other package inside ``module`` is not an extra's absence and propagates unchanged.
+    """
+    if extra not in EXTRAS:
+        raise ValueError(f"import_extra: extra must be one of {sorted(EXTRAS)}, got {extra!r}")
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        if (e.name or "").split(".")[0] not in EXTRAS[extra]:
+            raise
+        raise MissingExtraError(
+            f"{what} needs the {extra} extra: pip install 'fastlight[{extra}]' (no module named {e.name!r})",
+            name=e.name,
+        ) from None
+
+
+def missing_extra_line(error: BaseException) -> str | None:
+    """The missing-extra line in ``error``, its causes, or its text (``None`` if there is none)."""
+    e: BaseException | None = error
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        for line in str(e).splitlines():
+            found = _LINE.search(line)
+            if found:
+                return found.group(0).strip()
+        e = e.__cause__ or e.__context__
+    return None
