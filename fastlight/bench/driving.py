@@ -223,7 +223,11 @@ def _finite(x: Any) -> Any:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m fastlight.bench.driving",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--ckpt", action="append", default=[], help="give twice: policy A, then policy B")
     p.add_argument("--env", default=None, help="refuse checkpoints not trained on this env id")
     p.add_argument("--episodes", type=int, default=30)
