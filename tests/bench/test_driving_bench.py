@@ -65,7 +65,7 @@ def _tiny_fit(root, *extra: str) -> str:
         "--trainer.default_root_dir", str(root), "--data.steps_per_epoch", "1",
         "--data.cycles_per_step", "1", "--data.num_workers", "1", *extra,
     ])  # fmt: skip
-    found = glob.glob(str(root / "tb" / "*" / "checkpoints" / "last.ckpt"))
+    found = glob.glob(str(root / "**" / "last.ckpt"), recursive=True)
     assert found, f"no last.ckpt under {root}"
     return found[0]
 
