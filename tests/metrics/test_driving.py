@@ -94,6 +94,22 @@ def test_speed_limit_speed_range_and_crash_are_read_from_the_scene(highway):
     assert st.crashed and st.on_road and st.goal_distance_m is None
 
 
+def test_parking_precision_is_the_final_distance_to_the_goal_in_parking_v0():
+    env = gym.make("parking-v0")
+    env.reset(seed=3)
+    sim = env.unwrapped
+    tracker = EpisodeTracker(dt=1.0 / sim.config["policy_frequency"])
+    tracker.reset(read_driving_state(sim))
+    for _ in range(3):
+        env.step(np.array([0.5, 0.2], dtype=np.float32))
+        tracker.step(read_driving_state(sim))
+    ep = tracker.finish()
+    expected = float(np.linalg.norm(sim.vehicle.goal.position - sim.vehicle.position))
+    assert ep.goal_episodes == 1.0 and expected > 0
+    torch.testing.assert_close(ep.parking_error_m, expected, rtol=0, atol=1e-9)
+    env.close()
+
+
 def test_a_non_highway_env_is_refused():
     env = gym.make("CartPole-v1")
     with pytest.raises(TypeError, match="highway-env AbstractEnv, got CartPoleEnv"):
