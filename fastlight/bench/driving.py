@@ -5,7 +5,9 @@
 
 Both policies play the same evaluation seeds ``seed, seed + 1, ...`` of the env their checkpoints
 were trained on (rebuilt from the checkpoint's saved datamodule settings: ``env_id`` and
-``env_kwargs``), each episode to its natural end: a crash or the env's time limit, no DPSA cut.
+``env_kwargs``), with actions sampled as in training (seeded; ``--greedy`` takes the argmax, which
+for a briefly trained policy is often one action everywhere), each episode to its natural end:
+a crash or the env's time limit, no DPSA cut.
 The driving metrics (:mod:`fastlight.metrics.driving`) are read from the simulator after every
 step. For each metric, the difference B - A gets a leave-one-seed-out jackknife SE and the
 interval ``θ ± t(0.975, n - 1) · SE`` (:mod:`fastlight.metrics.jackknife`). FAST reports "no
@@ -123,7 +125,7 @@ def evaluate(
     """Play ``episodes`` seeds with checkpoint ``path``'s policy and record the driving metrics."""
     env_id, env_kwargs, step = checkpoint_env(path)
     module = load_module(path)
-    torch.manual_seed(seed)  # sampled actions (not --greedy) are reproducible too
+    torch.manual_seed(seed)  # sampled actions are reproducible, and both policies draw the same stream
     recorder = DrivingRecorder(thresholds)
     records = run_episodes(
         env_id,
@@ -232,7 +234,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--env", default=None, help="refuse checkpoints not trained on this env id")
     p.add_argument("--episodes", type=int, default=30)
     p.add_argument("--seed", type=int, default=20_000)
-    p.add_argument("--sampled", action="store_true", help="sample actions instead of greedy ones")
+    p.add_argument(
+        "--greedy", action="store_true", help="argmax actions (default: sampled, as in training, seeded)"
+    )
     p.add_argument("--out", default="benchmarks/results/driving_metrics", help="writes PREFIX.md/.json")
     p.add_argument("--quick", action="store_true", help="smoke test: 3 episodes")
     p.add_argument("--train-command", action="append", default=[], help="recorded in the report")
@@ -249,9 +253,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         p.error(str(e))
     thresholds = DrivingThresholds()
     runs = [
-        evaluate(
-            label, path, episodes=episodes, seed=args.seed, greedy=not args.sampled, thresholds=thresholds
-        )
+        evaluate(label, path, episodes=episodes, seed=args.seed, greedy=args.greedy, thresholds=thresholds)
         for label, path in zip("AB", args.ckpt, strict=True)
     ]
     shown = " ".join(shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:]))
@@ -260,7 +262,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "env_id": env_id,
         "episodes": episodes,
         "seed": args.seed,
-        "greedy": not args.sampled,
+        "greedy": args.greedy,
         "thresholds": asdict(thresholds),
         "t_quantile": quantile,
         "metrics": compare(runs[0], runs[1], quantile),
