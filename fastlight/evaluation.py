@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import gymnasium as gym
 import numpy as np
@@ -42,6 +42,16 @@ def random_act_fn(env: gym.Env, seed: int) -> ActFn:
     return lambda obs, step: env.action_space.sample()
 
 
+class EpisodeObserver(Protocol):
+    """Reads the env's own state during :func:`run_episodes` (e.g. driving metrics from the simulator)."""
+
+    def on_reset(self, env: gym.Env, episode: int) -> None:
+        """Called after ``env.reset`` of episode ``episode``."""
+
+    def on_step(self, env: gym.Env, episode: int, done: bool) -> None:
+        """Called after every ``env.step``; ``done`` on the episode's last step."""
+
+
 def run_episodes(
     env_id: str,
     act_fn: ActFn | None,
@@ -49,19 +59,27 @@ def run_episodes(
     episodes: int = 20,
     seed: int = 10_000,
     env_kwargs: dict[str, Any] | None = None,
+    observer: EpisodeObserver | None = None,
 ) -> list[EpisodeRecord]:
-    """Play ``episodes`` episodes with seeds ``seed, seed+1, ...``; ``act_fn=None`` acts at random."""
+    """Play ``episodes`` episodes with seeds ``seed, seed+1, ...``; ``act_fn=None`` acts at random.
+
+    ``observer`` sees the env after each reset and each step (episodes end naturally: no DPSA cut).
+    """
     env = make_env(env_id, env_kwargs=env_kwargs)
     act = act_fn or random_act_fn(env, seed)
     records = []
     for i in range(episodes):
         obs, info = env.reset(seed=seed + i)
+        if observer is not None:
+            observer.on_reset(env, i)
         ret, steps, done = 0.0, 0, False
         while not done:
             obs, reward, term, trunc, info = env.step(act(obs, steps))
             ret += float(reward)
             steps += 1
             done = term or trunc
+            if observer is not None:
+                observer.on_step(env, i, bool(done))
         records.append(
             EpisodeRecord(
                 length=steps,
