@@ -34,7 +34,10 @@ def test_missing_metaworld_names_the_extra_when_the_env_is_built(monkeypatch):
 def test_missing_mujoco_names_the_metaworld_extra(monkeypatch):
     from fastlight.envs.rendering import _release_gl_context
 
+    # Both names: an earlier test in the same process may have imported ``mujoco.egl`` already,
+    # and a cached submodule is found without its parent package being imported again.
     monkeypatch.setitem(sys.modules, "mujoco", None)
+    monkeypatch.setitem(sys.modules, "mujoco.egl", None)
     with pytest.raises(
         MissingExtraError, match=r"needs the metaworld extra: pip install 'fastlight\[metaworld\]'"
     ):
