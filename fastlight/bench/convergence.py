@@ -62,6 +62,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--budget-s", type=float, default=600.0, help="training wall-clock per run")
     p.add_argument("--eval-every-s", type=float, default=30.0, help="snapshot period (training seconds)")
     p.add_argument("--eval-episodes", type=int, default=10, help="evaluation episodes per snapshot")
+    p.add_argument(
+        "--greedy",
+        action="store_true",
+        help="evaluate with argmax actions (default: sampled, seeded alike for every snapshot)",
+    )
     p.add_argument("--valid-steps-per-update", type=int, default=256, help="valid transitions per update")
     p.add_argument(
         "--scenario-load-cost-s", type=float, default=0.3, help="emulated load per reset (0: native)"
@@ -123,6 +128,11 @@ def run_one(cfg: RunConfig) -> dict[str, Any]:
     """Train one run in a fresh process (its samplers are its children); returns its summary."""
     folder = Path(cfg.folder)
     folder.mkdir(parents=True, exist_ok=True)
+    done = folder / "summary.json"
+    # A rerun of an interrupted bench resumes: a finished run with the same settings is kept.
+    if done.exists() and (folder / "run.json").exists():
+        if json.loads((folder / "run.json").read_text()) == json.loads(json.dumps(asdict(cfg))):
+            return json.loads(done.read_text())
     (folder / "run.json").write_text(json.dumps(asdict(cfg)))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     # Budget + start-up + generous slack: a run that hangs is stopped, never waited on forever.
@@ -139,8 +149,15 @@ def run_one(cfg: RunConfig) -> dict[str, Any]:
     return json.loads((folder / "summary.json").read_text())
 
 
-def evaluate_run(summary: dict[str, Any], *, episodes: int) -> list[dict[str, float]]:
-    """Every snapshot of a run on the same evaluation seeds: ``[{t, updates, valid_steps, return}]``."""
+def evaluate_run(summary: dict[str, Any], *, episodes: int, greedy: bool = False) -> list[dict[str, float]]:
+    """Every snapshot of a run on the same evaluation seeds: ``[{t, updates, valid_steps, return}]``.
+
+    Actions are sampled by default, with torch's generator reseeded before every snapshot: on
+    highway-fast-v0 an untrained policy's argmax is one constant action (e.g. always SLOWER), which
+    already survives the 30-step episode and scores about 21 of 30, so a greedy curve starts at
+    its plateau and every mode "reaches the target" at t = 0. The sampled policy is the one that
+    trains and the one whose crashes the driving metrics count.
+    """
     import torch
 
     from fastlight.evaluation import policy_act_fn, run_episodes
@@ -158,8 +175,9 @@ def evaluate_run(summary: dict[str, Any], *, episodes: int) -> list[dict[str, fl
     for path in sorted(Path(summary["folder"]).glob("snap_*.pt")):
         snap = torch.load(path, map_location="cpu", weights_only=True)
         policy.load_state_dict(snap["policy"])
+        torch.manual_seed(EVAL_SEED)
         eps = run_episodes(
-            summary["env_id"], policy_act_fn(policy, deterministic=True), episodes=episodes, seed=EVAL_SEED
+            summary["env_id"], policy_act_fn(policy, deterministic=greedy), episodes=episodes, seed=EVAL_SEED
         )
         curve.append(
             {
@@ -305,7 +323,9 @@ def markdown(runs: list[dict[str, Any]], s: dict[str, Any], meta: dict[str, Any]
         + ".",
         f"- Evaluation: a snapshot every {meta['eval_every_s']:g} s of training (snapshot time excluded); "
         f"afterwards each plays {meta['eval_episodes']} fixed seeds ({EVAL_SEED}...) to their natural "
-        "end, deterministic actions, native resets; the curve is mean return vs training time.",
+        "end, "
+        + ("argmax actions" if meta.get("greedy") else "sampled actions (torch reseeded per snapshot)")
+        + ", native resets; the curve is mean return vs training time.",
         f"- Target: {meta['target_frac']:g} × the best final mean return across modes = "
         f"{s['target']:.2f}. Intervals: 95% percentile bootstrap over seeds (one seed: a point, no "
         "spread); `never` = not reached within the budget.",
@@ -400,6 +420,17 @@ def _at(curve: list[dict[str, float]], t: float) -> float:
     return before[-1] if before else math.nan
 
 
+def _strict(x: Any) -> Any:
+    """JSON without ``Infinity``: a run that never reaches the target is ``null`` ("never")."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _strict(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_strict(v) for v in x]
+    return x
+
+
 def _sb3_status() -> str:
     import importlib.util
 
@@ -439,7 +470,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             t = time.perf_counter()
             summary = run_one(cfg)
             summary["label"] = name
-            summary["curve"] = evaluate_run(summary, episodes=args.eval_episodes)
+            summary["curve"] = evaluate_run(summary, episodes=args.eval_episodes, greedy=args.greedy)
             runs.append(summary)
             print(
                 f"[{len(runs)}/{total}] {name} seed {seed}: {summary['updates']} updates, "
@@ -458,6 +489,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "budget_s": args.budget_s,
         "eval_every_s": args.eval_every_s,
         "eval_episodes": args.eval_episodes,
+        "greedy": args.greedy,
         "valid_steps_per_update": args.valid_steps_per_update,
         "scenario_load_cost_s": args.scenario_load_cost_s,
         "target_frac": args.target_frac,
@@ -471,7 +503,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "convergence.json").write_text(
-        json.dumps({"meta": meta, "summary": s, "runs": runs}, indent=1) + "\n"
+        json.dumps(_strict({"meta": meta, "summary": s, "runs": runs}), indent=1, allow_nan=False) + "\n"
     )
     plot(runs, args.modes, s["target"], args.out / "convergence.png")
     (args.out / "convergence.md").write_text(markdown(runs, s, meta))
