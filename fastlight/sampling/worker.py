@@ -47,6 +47,8 @@ class SamplerConfig:
     max_horizon: int = 200
     rollout_steps: int = 128
     cycles_per_step: int = 1
+    #: Keep collecting whole cycles past ``cycles_per_step`` until this many valid transitions (0 = off).
+    min_valid_steps: int = 0
     max_staleness: int = 0
     scenario_load_cost_s: float = 0.0
     seed: int = 0
@@ -192,5 +194,9 @@ def _loop(
         if task_weights is not None:  # DWR: newest task weights before the round starts
             task_version = task_weights.apply(collector.envs, task_version)
         parts = [collector.collect(policy, policy_version=version) for _ in range(cfg.cycles_per_step)]
+        valid = sum(p.stats.valid_steps for p in parts)
+        while valid < cfg.min_valid_steps and not stop.is_set():  # the valid-step budget of one step
+            parts.append(collector.collect(policy, policy_version=version))
+            valid += parts[-1].stats.valid_steps
         item = rollout_to_numpy(Rollout.cat_time(parts))
         outbox.put(("rollout", version, item), stop, beat)

@@ -63,7 +63,8 @@ FIGURES: list[Figure] = []  # what sampling_report.plot drew during the module's
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict], Path]:
     out = tmp_path_factory.mktemp("bench")
-    argv = ["--env", "BenchRandomLength-v0", "--clips", "1", "4", "--valid-steps", "60", "--rounds", "2",
+    argv = ["--path", "single", "--env", "BenchRandomLength-v0", "--clips", "1", "4", "--valid-steps", "60",
+            "--rounds", "2",
             "--reset-cost", str(RESET), "--shared-step-s", "0.002", "--out", str(out)]
     plot = sampling_report.plot
     with pytest.MonkeyPatch.context() as mp:
@@ -83,7 +84,7 @@ def test_outputs_and_json_keys(bench: tuple[list[dict], Path]) -> None:
         ["native", "emulated_reset", "shared_sim"], [1, 4], [0.5, 0.75, 1.0]))
     assert all(KEYS <= set(r) for r in on_disk)
     md = (out / "sampling.md").read_text()
-    assert "python -m fastlight.bench.sampling --env BenchRandomLength-v0" in md
+    assert "python -m fastlight.bench.sampling --path single --env BenchRandomLength-v0" in md
     assert "## Targets" in md and "shared simulator" in md
     assert not any(r["mode"] == "autoreset" for r in rows if r["setting"] == "shared_sim")
 

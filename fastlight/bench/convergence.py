@@ -1,0 +1,515 @@
+"""``python -m fastlight.bench.convergence``: wall-clock convergence of PPO + SMPO by reset mode
+(FAST §Experiments: DPSA-10 reaches the plateau sooner than sequential and SGR-10).
+
+Each (mode, seed) is one training run on fastlight's own trainer path
+(:mod:`fastlight.bench.convergence_worker`: ``RolloutDataModule`` + ``RLModule`` + Lightning's
+``Trainer``, in a fresh process), for the same wall-clock budget. Fair by construction: every
+mode has the same PPO settings and at least the same number of *valid* transitions per update
+(``--data.valid_steps_per_step``), so the modes differ only in how the data is collected. The policy
+is saved every ``--eval-every-s`` seconds of training; afterwards every snapshot plays the same
+evaluation seeds to their natural end (no DPSA cut, :func:`fastlight.evaluation.run_episodes`), so
+return is plotted against training wall-clock with evaluation time excluded.
+
+Writes ``convergence.md``, ``convergence.json`` and ``convergence.png`` into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fastlight.bench.convergence_stats import (
+    bootstrap_diff_ci,
+    bootstrap_mean_ci,
+    bootstrap_ratio_ci,
+    time_to_target,
+)
+from fastlight.bench.convergence_worker import PPO, RunConfig
+from fastlight.bench.sampling_procs import default_workers
+from fastlight.envs.registry import check_env_id
+
+MODES = ("sequential", "sgr", "autoreset", "dpsa0.5", "dpsa1.0")
+QUICK = {"seeds": [0], "budget_s": 75.0, "eval_every_s": 15.0, "eval_episodes": 5}
+EVAL_SEED = 100_000  # a seed stream apart from the training envs' (seed + 10_000 r + 1_000 w)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m fastlight.bench.convergence", description=__doc__.split("\n")[0]
+    )
+    p.add_argument("--env", default="highway-fast-v0", help="any gymnasium id (Discrete or Box actions)")
+    p.add_argument(
+        "--modes", nargs="+", default=list(MODES), help=f"from {', '.join(MODES)} (dpsaX: threshold X)"
+    )
+    p.add_argument("--clips", type=int, default=10, help="parallel clips of every mode but sequential (1)")
+    p.add_argument(
+        "--workers", type=int, default=default_workers(), help="sampler processes (default: cores)"
+    )
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--budget-s", type=float, default=600.0, help="training wall-clock per run")
+    p.add_argument("--eval-every-s", type=float, default=30.0, help="snapshot period (training seconds)")
+    p.add_argument("--eval-episodes", type=int, default=10, help="evaluation episodes per snapshot")
+    p.add_argument(
+        "--greedy",
+        action="store_true",
+        help="evaluate with argmax actions (default: sampled, seeded alike for every snapshot)",
+    )
+    p.add_argument("--valid-steps-per-update", type=int, default=256, help="valid transitions per update")
+    p.add_argument(
+        "--scenario-load-cost-s", type=float, default=0.3, help="emulated load per reset (0: native)"
+    )
+    p.add_argument("--target-frac", type=float, default=0.9, help="target = this x best final mean return")
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    p.add_argument("--runs-dir", type=Path, default=None, help="snapshots (default: <out>/convergence_runs)")
+    p.add_argument("--quick", action="store_true", help=f"about 10 minutes: {QUICK}")
+    args = p.parse_args(argv)
+    if args.quick:
+        for k, v in QUICK.items():
+            setattr(args, k, v)
+    _check(args)
+    return args
+
+
+def parse_mode(name: str) -> tuple[str, float]:
+    """``dpsa0.5`` -> ("dpsa", 0.5); other modes have threshold 0.5 (unused)."""
+    if name.startswith("dpsa") and name != "dpsa":
+        return "dpsa", float(name[4:])
+    return name, 0.5
+
+
+def _check(args: argparse.Namespace) -> None:
+    for name in args.modes:
+        try:
+            mode, thr = parse_mode(name)
+        except ValueError:
+            raise SystemExit(
+                f"--modes must be from {', '.join(MODES)} (dpsaX, X in (0, 1]), got {name!r}"
+            ) from None
+        if mode not in ("sequential", "sgr", "autoreset", "dpsa") or not 0 < thr <= 1:
+            raise SystemExit(f"--modes must be from {', '.join(MODES)} (dpsaX, X in (0, 1]), got {name!r}")
+    if args.clips < 1:
+        raise SystemExit(f"--clips must be >= 1, got {args.clips}")
+    if args.workers < 1:
+        raise SystemExit(f"--workers must be >= 1, got {args.workers}")
+    if not args.eval_every_s > 0:
+        raise SystemExit(f"--eval-every-s must be > 0, got {args.eval_every_s}")
+    if args.budget_s < args.eval_every_s:
+        raise SystemExit(
+            f"--budget-s ({args.budget_s:g}) is too short to evaluate once: it must be >= --eval-every-s "
+            f"({args.eval_every_s:g})"
+        )
+    if args.eval_episodes < 1 or args.valid_steps_per_update < 1:
+        raise SystemExit("--eval-episodes and --valid-steps-per-update must be >= 1")
+    if args.scenario_load_cost_s < 0:
+        raise SystemExit(f"--scenario-load-cost-s must be >= 0, got {args.scenario_load_cost_s}")
+    if not 0 < args.target_frac <= 1:
+        raise SystemExit(f"--target-frac must be in (0, 1], got {args.target_frac}")
+    try:
+        check_env_id(args.env, flag="--env")
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+
+
+# ---------------------------------------------------------------------- training and evaluation
+def run_one(cfg: RunConfig) -> dict[str, Any]:
+    """Train one run in a fresh process (its samplers are its children); returns its summary."""
+    folder = Path(cfg.folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    done = folder / "summary.json"
+    # A rerun of an interrupted bench resumes: a finished run with the same settings is kept.
+    if done.exists() and (folder / "run.json").exists():
+        if json.loads((folder / "run.json").read_text()) == json.loads(json.dumps(asdict(cfg))):
+            return json.loads(done.read_text())
+    (folder / "run.json").write_text(json.dumps(asdict(cfg)))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # Budget + start-up + generous slack: a run that hangs is stopped, never waited on forever.
+    timeout = cfg.budget_s * 2 + 600
+    proc = subprocess.run(
+        [sys.executable, "-m", "fastlight.bench.convergence_worker", str(folder / "run.json")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"training run {cfg.label} seed {cfg.seed} failed:\n{proc.stderr[-4000:]}")
+    return json.loads((folder / "summary.json").read_text())
+
+
+def evaluate_run(summary: dict[str, Any], *, episodes: int, greedy: bool = False) -> list[dict[str, float]]:
+    """Every snapshot of a run on the same evaluation seeds: ``[{t, updates, valid_steps, return}]``.
+
+    Actions are sampled by default, with torch's generator reseeded before every snapshot: on
+    highway-fast-v0 an untrained policy's argmax is one constant action (e.g. always SLOWER), which
+    already survives the 30-step episode and scores about 21 of 30, so a greedy curve starts at
+    its plateau and every mode "reaches the target" at t = 0. The sampled policy is the one that
+    trains and the one whose crashes the driving metrics count.
+    """
+    import torch
+
+    from fastlight.evaluation import policy_act_fn, run_episodes
+    from fastlight.modules.rl_module import RLModule
+
+    module = RLModule(
+        obs_dim=summary["obs_dim"],
+        action_dim=summary["action_dim"],
+        continuous=summary["continuous"],
+        **summary["model"],
+    )
+    module.configure_model()
+    policy = module.policy.eval()
+    curve = []
+    for path in sorted(Path(summary["folder"]).glob("snap_*.pt")):
+        snap = torch.load(path, map_location="cpu", weights_only=True)
+        policy.load_state_dict(snap["policy"])
+        torch.manual_seed(EVAL_SEED)
+        eps = run_episodes(
+            summary["env_id"], policy_act_fn(policy, deterministic=greedy), episodes=episodes, seed=EVAL_SEED
+        )
+        curve.append(
+            {
+                "t": float(snap["t"]),
+                "updates": int(snap["updates"]),
+                "valid_steps": int(snap["valid_steps"]),
+                "return": float(np.mean([e.ret for e in eps])),
+                "length": float(np.mean([e.length for e in eps])),
+            }
+        )
+    return curve
+
+
+def measure_step_s(env_id: str, steps: int = 300, seed: int = 0) -> float:
+    """Median seconds of one real ``env.step`` with random actions (resets not timed)."""
+    from fastlight.envs.registry import make_env
+
+    env = make_env(env_id, flag="--env")
+    env.reset(seed=seed)
+    env.action_space.seed(seed)
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        _, _, term, trunc, _ = env.step(env.action_space.sample())
+        times.append(time.perf_counter() - t0)
+        if term or trunc:
+            env.reset()
+    env.close()
+    return float(np.median(times))
+
+
+# ---------------------------------------------------------------------- summary
+def summarise(
+    runs: list[dict[str, Any]], modes: Sequence[str], target_frac: float, budget_s: float
+) -> dict[str, Any]:
+    """Target, per-run time to target, and per-mode figures with bootstrap CIs over seeds.
+
+    A speed-up with a run that never reached the target uses the budget as that run's time
+    (censored): the ratio is then a bound, marked ``bound: ">="`` (the baseline never got there) or
+    ``"<="`` (the mode never did); ``n/a`` when neither side ever did.
+    """
+    finals = {m: [r["curve"][-1]["return"] for r in runs if r["label"] == m] for m in modes}
+    best = max(float(np.mean(v)) for v in finals.values() if v)
+    target = target_frac * best
+    for r in runs:
+        r["time_to_target"] = time_to_target(
+            [c["t"] for c in r["curve"]], [c["return"] for c in r["curve"]], target
+        )
+        r["effective_tps"] = r["valid_steps"] / max(r["train_s"], 1e-9)
+        r["valid_per_update"] = r["valid_steps"] / max(r["updates"], 1)
+    ttt = {m: [r["time_to_target"] for r in runs if r["label"] == m] for m in modes}
+    out: dict[str, Any] = {"target": target, "best_final_mean": best, "modes": {}}
+    for m in modes:
+        mine = [r for r in runs if r["label"] == m]
+        row = {
+            "seeds": len(mine),
+            "final_return": bootstrap_mean_ci(finals[m]),
+            "time_to_target": bootstrap_mean_ci(ttt[m]),
+            "effective_tps": float(np.mean([r["effective_tps"] for r in mine])),
+            "updates": float(np.mean([r["updates"] for r in mine])),
+            "valid_per_update": float(np.mean([r["valid_per_update"] for r in mine])),
+        }
+        for base in ("sequential", "sgr"):
+            if base in ttt and ttt[base]:
+                b_inf, m_inf = any(map(math.isinf, ttt[base])), any(map(math.isinf, ttt[m]))
+                cens = [[min(t, budget_s) for t in ttt[k]] for k in (base, m)]
+                row[f"speedup_vs_{base}"] = (math.nan,) * 3 if b_inf and m_inf else bootstrap_ratio_ci(*cens)
+                row[f"speedup_vs_{base}_bound"] = (
+                    ">=" if b_inf and not m_inf else "<=" if m_inf and not b_inf else ""
+                )
+        if "sequential" in finals and finals["sequential"]:
+            row["final_minus_sequential"] = bootstrap_diff_ci(finals[m], finals["sequential"])
+        out["modes"][m] = row
+    return out
+
+
+def _ci(x: Sequence[float], fmt: str = ".1f", unit: str = "") -> str:
+    point, lo, hi = x
+    if math.isnan(point):
+        return "n/a"
+    f = lambda v: "never" if math.isinf(v) else format(v, fmt) + unit  # noqa: E731
+    return f"{f(point)} [{f(lo)}, {f(hi)}]"
+
+
+def _speedup(row: dict[str, Any], base: str) -> str:
+    ci = row.get(f"speedup_vs_{base}", (math.nan,) * 3)
+    return row.get(f"speedup_vs_{base}_bound", "") + _ci(ci, ".2f", "×")
+
+
+def target_lines(s: dict[str, Any]) -> list[str]:
+    m = s["modes"]
+    out = []
+    for d in [k for k in m if k.startswith("dpsa")]:
+        for base, need in (("sequential", 1.5), ("sgr", 1.2)):
+            key = f"speedup_vs_{base}"
+            if base not in m or key not in m[d]:
+                continue
+            point, bound = m[d][key][0], m[d][f"{key}_bound"]
+            ok = None if math.isnan(point) or (bound == "<=" and point >= need) else point >= need
+            tag = "not judged" if ok is None else ("**met**" if ok else "**MISSED**")
+            out.append(
+                f"- {tag}: {d} reaches the target ≥ {need}× sooner than {base} — {bound}"
+                f"{_ci(m[d][key], '.2f', '×')}" + (" (censored at the budget)" if bound else "")
+            )
+        if "sequential" in m and "final_minus_sequential" in m[d]:
+            point, lo, hi = m[d]["final_minus_sequential"]
+            ok = hi >= 0
+            out.append(
+                f"- {'**met**' if ok else '**MISSED**'}: {d}'s final return not worse than sequential's "
+                f"(CI of the difference covers zero or favours it) — {_ci((point, lo, hi), '+.2f')}"
+            )
+    out.append("- not run: fastlight reaches SB3's final return sooner than SB3 does (no SB3 run, see below)")
+    return out
+
+
+def markdown(runs: list[dict[str, Any]], s: dict[str, Any], meta: dict[str, Any]) -> str:
+    label = "QUICK (preliminary: 1 seed, short budget) " if meta["quick"] else ""
+    lines = [
+        f"# {label}Convergence by reset mode: PPO + SMPO on `{meta['env']}` (FAST)",
+        "",
+        "Produced by:",
+        "",
+        "```",
+        meta["command"],
+        "```",
+        "",
+        f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores visible, **shared with other jobs while "
+        f"this ran** (load average before {meta['load_before']}, after {meta['load_after']}): absolute "
+        f"rates are low and noisy; a quiet re-run of the same command is the reference. Python "
+        f"{platform.python_version()}; total time {meta['total_s']:.0f} s.",
+        "",
+        "## Setting",
+        "",
+        f"- Each run: `RolloutDataModule` ({meta['clips']} clips over {meta['workers']} sampler processes; "
+        "`sequential` is 1 clip in 1 process) + `RLModule` (PPO + SMPO, "
+        f"{', '.join(f'{k}={v}' for k, v in meta['model'].items())}) + Lightning's `Trainer`, in a fresh "
+        f"process, for {meta['budget_s']:g} s of training wall-clock.",
+        f"- Same data per update: at least {meta['valid_steps_per_update']} valid transitions "
+        "(`--data.valid_steps_per_step` for dpsa / sgr; one round of `rollout_steps` = budget / clips "
+        "per env for autoreset / sequential).",
+        f"- Scenario load: {meta['scenario_load_cost_s']:g} s emulated per env reset (`ScenarioLoadCost`)"
+        + (" (native resets)" if meta["scenario_load_cost_s"] == 0 else "")
+        + ".",
+        f"- Evaluation: a snapshot every {meta['eval_every_s']:g} s of training (snapshot time excluded); "
+        f"afterwards each plays {meta['eval_episodes']} fixed seeds ({EVAL_SEED}...) to their natural "
+        "end, "
+        + ("argmax actions" if meta.get("greedy") else "sampled actions (torch reseeded per snapshot)")
+        + ", native resets; the curve is mean return vs training time.",
+        f"- Target: {meta['target_frac']:g} × the best final mean return across modes = "
+        f"{s['target']:.2f}. Intervals: 95% percentile bootstrap over seeds (one seed: a point, no "
+        "spread); `never` = not reached within the budget.",
+        f"- Raw ceiling of this machine: {os.cpu_count()} cores / {meta['step_s'] * 1e3:.1f} ms per real "
+        f"`env.step` = {meta['raw_ceiling_tps']:.0f} transitions/s.",
+        "",
+        "## By mode",
+        "",
+        "| mode | seeds | updates | valid / update | effective tps | final return | time to target (s) "
+        "| speed-up vs sequential | speed-up vs sgr |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for m, row in s["modes"].items():
+        lines.append(
+            f"| {m} | {row['seeds']} | {row['updates']:.0f} | {row['valid_per_update']:.0f} "
+            f"| {row['effective_tps']:.1f} | {_ci(row['final_return'], '.2f')} "
+            f"| {_ci(row['time_to_target'])} "
+            f"| {_speedup(row, 'sequential')} | {_speedup(row, 'sgr')} |"
+        )
+    lines += [
+        "| SB3 PPO (peer) | - | - | - | - | not run | not run | - | - |",
+        "",
+        f"SB3 peer row not run: {meta['sb3']}",
+        "",
+        "## Runs",
+        "",
+        "| mode | seed | updates | valid steps | valid / update | train s | effective tps | final return "
+        "| time to target (s) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in runs:
+        ttt = "never" if math.isinf(r["time_to_target"]) else f"{r['time_to_target']:.0f}"
+        lines.append(
+            f"| {r['label']} | {r['seed']} | {r['updates']} | {r['valid_steps']} "
+            f"| {r['valid_per_update']:.0f} "
+            f"| {r['train_s']:.0f} | {r['effective_tps']:.1f} | {r['curve'][-1]['return']:.2f} | {ttt} |"
+        )
+    lines += [
+        "",
+        "## Targets (benchmark, not test)",
+        "",
+        *target_lines(s),
+        "",
+        "![return vs training wall-clock](convergence.png)",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def plot(runs: list[dict[str, Any]], modes: Sequence[str], target: float, path: Path) -> None:
+    """Mean evaluation return vs training wall-clock per mode, band = min..max over seeds."""
+    from fastlight.bench.extras import require
+
+    require("matplotlib", command="python -m fastlight.bench.convergence (its plot)")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for m in modes:
+        mine = [r for r in runs if r["label"] == m]
+        if not mine:
+            continue
+        grid = np.unique(np.concatenate([[c["t"] for c in r["curve"]] for r in mine]))
+        # Each run's return at t: its latest snapshot at or before t (a step function).
+        vals = np.array([[_at(r["curve"], t) for t in grid] for r in mine])
+        (line,) = ax.plot(
+            grid, np.nanmean(vals, axis=0), label=f"{m} ({len(mine)} seed(s))", drawstyle="steps-post"
+        )
+        if len(mine) > 1:
+            ax.fill_between(
+                grid,
+                np.nanmin(vals, axis=0),
+                np.nanmax(vals, axis=0),
+                color=line.get_color(),
+                alpha=0.2,
+                step="post",
+            )
+    ax.axhline(target, color="black", ls=":", label="target")
+    ax.set_xlabel("training wall-clock (s, evaluation excluded)")
+    ax.set_ylabel("evaluation return (natural episode end)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _at(curve: list[dict[str, float]], t: float) -> float:
+    before = [c["return"] for c in curve if c["t"] <= t]
+    return before[-1] if before else math.nan
+
+
+def _strict(x: Any) -> Any:
+    """JSON without ``Infinity``: a run that never reaches the target is ``null`` ("never")."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _strict(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_strict(v) for v in x]
+    return x
+
+
+def _sb3_status() -> str:
+    import importlib.util
+
+    if importlib.util.find_spec("stable_baselines3") is None:
+        return (
+            "stable_baselines3 is not installed in this environment (no network to install it); "
+            "it is declared in the `bench` extra."
+        )
+    return "the SB3 peer run is not implemented yet."
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    t0, load_before = time.perf_counter(), os.getloadavg()
+    runs_dir = args.runs_dir or args.out / "convergence_runs"
+    step_s = measure_step_s(args.env)
+    runs = []
+    total = len(args.seeds) * len(args.modes)
+    for seed in args.seeds:  # seeds outermost: a slow drift of machine load hits every mode alike
+        for name in args.modes:
+            mode, thr = parse_mode(name)
+            cfg = RunConfig(
+                env_id=args.env,
+                mode=mode,
+                threshold=thr,
+                clips=args.clips,
+                workers=args.workers,
+                seed=seed,
+                budget_s=args.budget_s,
+                every_s=args.eval_every_s,
+                valid_steps_per_update=args.valid_steps_per_update,
+                scenario_load_cost_s=args.scenario_load_cost_s,
+                folder=str(runs_dir / f"{name}_s{seed}"),
+                model=dict(PPO),
+            )
+            t = time.perf_counter()
+            summary = run_one(cfg)
+            summary["label"] = name
+            summary["curve"] = evaluate_run(summary, episodes=args.eval_episodes, greedy=args.greedy)
+            runs.append(summary)
+            print(
+                f"[{len(runs)}/{total}] {name} seed {seed}: {summary['updates']} updates, "
+                f"{summary['valid_steps']} valid, final return {summary['curve'][-1]['return']:.2f} "
+                f"({time.perf_counter() - t:.0f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
+    s = summarise(runs, args.modes, args.target_frac, args.budget_s)
+    meta = {
+        "command": ("python -m fastlight.bench.convergence " + shlex.join(argv)).strip(),
+        "quick": args.quick,
+        "env": args.env,
+        "clips": args.clips,
+        "workers": args.workers,
+        "budget_s": args.budget_s,
+        "eval_every_s": args.eval_every_s,
+        "eval_episodes": args.eval_episodes,
+        "greedy": args.greedy,
+        "valid_steps_per_update": args.valid_steps_per_update,
+        "scenario_load_cost_s": args.scenario_load_cost_s,
+        "target_frac": args.target_frac,
+        "model": dict(PPO),
+        "step_s": step_s,
+        "raw_ceiling_tps": (os.cpu_count() or 1) / step_s,
+        "sb3": _sb3_status(),
+        "load_before": "/".join(f"{x:.1f}" for x in load_before),
+        "load_after": "/".join(f"{x:.1f}" for x in os.getloadavg()),
+        "total_s": time.perf_counter() - t0,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "convergence.json").write_text(
+        json.dumps(_strict({"meta": meta, "summary": s, "runs": runs}), indent=1, allow_nan=False) + "\n"
+    )
+    plot(runs, args.modes, s["target"], args.out / "convergence.png")
+    (args.out / "convergence.md").write_text(markdown(runs, s, meta))
+    print(f"wrote {args.out}/convergence.md, .json, .png in {meta['total_s']:.0f} s", file=sys.stderr)
+    return {"meta": meta, "summary": s, "runs": runs}
+
+
+if __name__ == "__main__":
+    main()
