@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import importlib.util
 
-BENCH_PACKAGES = ("matplotlib", "pandas", "scipy", "rliable", "imageio")
+#: Import names (the distribution ``stable-baselines3`` imports as ``stable_baselines3``).
+BENCH_PACKAGES = ("matplotlib", "pandas", "scipy", "rliable", "imageio", "stable_baselines3")
 
 
 def require(*modules: str, command: str) -> None:
