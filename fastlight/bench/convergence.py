@@ -10,12 +10,18 @@ is saved every ``--eval-every-s`` seconds of training; afterwards every snapshot
 evaluation seeds to their natural end (no DPSA cut, :func:`fastlight.evaluation.run_episodes`), so
 return is plotted against training wall-clock with evaluation time excluded.
 
+The peer row (``--peer sb3``, on by default when ``stable_baselines3`` imports; ``--no-peer`` skips
+it) is Stable-Baselines3's PPO with highway-env's recipe on the same env, scenario load, env count,
+budget, snapshots and evaluation (:mod:`fastlight.bench.convergence_sb3`). It has its own row and
+curve but does not set the target, which stays a comparison of fastlight's reset modes.
+
 Writes ``convergence.md``, ``convergence.json`` and ``convergence.png`` into ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -27,7 +33,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -35,15 +41,25 @@ from fastlight.bench.convergence_stats import (
     bootstrap_diff_ci,
     bootstrap_mean_ci,
     bootstrap_ratio_ci,
+    race_to_peer_final,
     time_to_target,
 )
 from fastlight.bench.convergence_worker import PPO, RunConfig
 from fastlight.bench.sampling_procs import default_workers
 from fastlight.envs.registry import check_env_id
 
+if TYPE_CHECKING:
+    from fastlight.bench.convergence_sb3 import Sb3RunConfig
+
 MODES = ("sequential", "sgr", "autoreset", "dpsa0.5", "dpsa1.0")
 QUICK = {"seeds": [0], "budget_s": 75.0, "eval_every_s": 15.0, "eval_episodes": 5}
 EVAL_SEED = 100_000  # a seed stream apart from the training envs' (seed + 10_000 r + 1_000 w)
+PEERS = ("sb3",)
+SB3_LABEL = "sb3-ppo"  # fastlight.bench.convergence_sb3.LABEL, without importing SB3
+
+
+def sb3_available() -> bool:
+    return importlib.util.find_spec("stable_baselines3") is not None
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -74,6 +90,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--target-frac", type=float, default=0.9, help="target = this x best final mean return")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     p.add_argument("--runs-dir", type=Path, default=None, help="snapshots (default: <out>/convergence_runs)")
+    p.add_argument(
+        "--peer",
+        choices=PEERS,
+        default=None,
+        help="peer row: sb3 = Stable-Baselines3 PPO (default when stable_baselines3 imports)",
+    )
+    p.add_argument("--no-peer", action="store_true", help="skip the peer row")
     p.add_argument("--quick", action="store_true", help=f"about 10 minutes: {QUICK}")
     args = p.parse_args(argv)
     if args.quick:
@@ -117,6 +140,15 @@ def _check(args: argparse.Namespace) -> None:
         raise SystemExit(f"--scenario-load-cost-s must be >= 0, got {args.scenario_load_cost_s}")
     if not 0 < args.target_frac <= 1:
         raise SystemExit(f"--target-frac must be in (0, 1], got {args.target_frac}")
+    if args.no_peer and args.peer is not None:
+        raise SystemExit(f"--peer {args.peer} and --no-peer exclude each other: give one of them")
+    if args.peer == "sb3" and not sb3_available():
+        raise SystemExit(
+            "--peer sb3 needs stable_baselines3, from the optional 'bench' extra: "
+            "pip install 'fastlight[bench]' (or pass --no-peer)"
+        )
+    if args.peer is None and not args.no_peer and sb3_available():
+        args.peer = "sb3"
     try:
         check_env_id(args.env, flag="--env")
     except ValueError as e:
@@ -124,8 +156,11 @@ def _check(args: argparse.Namespace) -> None:
 
 
 # ---------------------------------------------------------------------- training and evaluation
-def run_one(cfg: RunConfig) -> dict[str, Any]:
-    """Train one run in a fresh process (its samplers are its children); returns its summary."""
+def run_one(
+    cfg: RunConfig | Sb3RunConfig, worker: str = "fastlight.bench.convergence_worker"
+) -> dict[str, Any]:
+    """Train one run in a fresh process (its samplers or env processes are its children) with the
+    ``worker`` module (``convergence_worker``, or ``convergence_sb3`` for the peer); returns its summary."""
     folder = Path(cfg.folder)
     folder.mkdir(parents=True, exist_ok=True)
     done = folder / "summary.json"
@@ -138,7 +173,7 @@ def run_one(cfg: RunConfig) -> dict[str, Any]:
     # Budget + start-up + generous slack: a run that hangs is stopped, never waited on forever.
     timeout = cfg.budget_s * 2 + 600
     proc = subprocess.run(
-        [sys.executable, "-m", "fastlight.bench.convergence_worker", str(folder / "run.json")],
+        [sys.executable, "-m", worker, str(folder / "run.json")],
         env=env,
         capture_output=True,
         text=True,
@@ -211,16 +246,25 @@ def measure_step_s(env_id: str, steps: int = 300, seed: int = 0) -> float:
 
 # ---------------------------------------------------------------------- summary
 def summarise(
-    runs: list[dict[str, Any]], modes: Sequence[str], target_frac: float, budget_s: float
+    runs: list[dict[str, Any]],
+    modes: Sequence[str],
+    target_frac: float,
+    budget_s: float,
+    peers: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Target, per-run time to target, and per-mode figures with bootstrap CIs over seeds.
+
+    ``peers`` (e.g. ``sb3-ppo``) get rows like the modes but do not set the target (the best final
+    return of fastlight's ``modes``); with a peer, ``peer_race`` says whether the best mode reaches
+    the peer's final return sooner than the peer (:func:`race_to_peer_final`).
 
     A speed-up with a run that never reached the target uses the budget as that run's time
     (censored): the ratio is then a bound, marked ``bound: ">="`` (the baseline never got there) or
     ``"<="`` (the mode never did); ``n/a`` when neither side ever did.
     """
-    finals = {m: [r["curve"][-1]["return"] for r in runs if r["label"] == m] for m in modes}
-    best = max(float(np.mean(v)) for v in finals.values() if v)
+    labels = [*modes, *peers]
+    finals = {m: [r["curve"][-1]["return"] for r in runs if r["label"] == m] for m in labels}
+    best = max(float(np.mean(finals[m])) for m in modes if finals[m])
     target = target_frac * best
     for r in runs:
         r["time_to_target"] = time_to_target(
@@ -228,9 +272,9 @@ def summarise(
         )
         r["effective_tps"] = r["valid_steps"] / max(r["train_s"], 1e-9)
         r["valid_per_update"] = r["valid_steps"] / max(r["updates"], 1)
-    ttt = {m: [r["time_to_target"] for r in runs if r["label"] == m] for m in modes}
+    ttt = {m: [r["time_to_target"] for r in runs if r["label"] == m] for m in labels}
     out: dict[str, Any] = {"target": target, "best_final_mean": best, "modes": {}}
-    for m in modes:
+    for m in labels:
         mine = [r for r in runs if r["label"] == m]
         row = {
             "seeds": len(mine),
@@ -251,6 +295,16 @@ def summarise(
         if "sequential" in finals and finals["sequential"]:
             row["final_minus_sequential"] = bootstrap_diff_ci(finals[m], finals["sequential"])
         out["modes"][m] = row
+
+    def curves(label: str) -> list[tuple[list[float], list[float]]]:
+        mine = [r["curve"] for r in runs if r["label"] == label]
+        return [([c["t"] for c in cv], [c["return"] for c in cv]) for cv in mine]
+
+    for p in peers:
+        if finals[p]:
+            out.setdefault("peer_race", {})[p] = race_to_peer_final(
+                {m: curves(m) for m in modes}, curves(p), budget_s=budget_s
+            )
     return out
 
 
@@ -289,8 +343,28 @@ def target_lines(s: dict[str, Any]) -> list[str]:
                 f"- {'**met**' if ok else '**MISSED**'}: {d}'s final return not worse than sequential's "
                 f"(CI of the difference covers zero or favours it) — {_ci((point, lo, hi), '+.2f')}"
             )
-    out.append("- not run: fastlight reaches SB3's final return sooner than SB3 does (no SB3 run, see below)")
+    race = s.get("peer_race", {}).get(SB3_LABEL)
+    if race is None:
+        out.append(
+            "- not run: fastlight reaches SB3's final return sooner than SB3 does (no SB3 run, see below)"
+        )
+    else:
+        out.append(sb3_race_line(race))
     return out
+
+
+def sb3_race_line(race: dict[str, Any]) -> str:
+    """The issue's peer target as one line: the best mode's time to SB3's final mean return vs SB3's."""
+    tag = "not judged" if race["met"] is None else ("**met**" if race["met"] else "**MISSED**")
+    bound = race["bound"]
+    return (
+        f"- {tag}: fastlight reaches SB3's final return ({race['peer_final']:.2f}) sooner than SB3 does — "
+        f"best mode {race['best_mode']} after {_ci(race['best_time'])} s, "
+        f"SB3 after {_ci(race['peer_time'])} s "
+        f"(speed-up {bound}{_ci(race['speedup'], '.2f', '×')}"
+        + (", censored at the budget" if bound else "")
+        + ")"
+    )
 
 
 def markdown(runs: list[dict[str, Any]], s: dict[str, Any], meta: dict[str, Any]) -> str:
@@ -331,6 +405,7 @@ def markdown(runs: list[dict[str, Any]], s: dict[str, Any], meta: dict[str, Any]
         "spread); `never` = not reached within the budget.",
         f"- Raw ceiling of this machine: {os.cpu_count()} cores / {meta['step_s'] * 1e3:.1f} ms per real "
         f"`env.step` = {meta['raw_ceiling_tps']:.0f} transitions/s.",
+        *_peer_setting(meta),
         "",
         "## By mode",
         "",
@@ -345,10 +420,13 @@ def markdown(runs: list[dict[str, Any]], s: dict[str, Any], meta: dict[str, Any]
             f"| {_ci(row['time_to_target'])} "
             f"| {_speedup(row, 'sequential')} | {_speedup(row, 'sgr')} |"
         )
+    if SB3_LABEL not in s["modes"]:
+        lines += [
+            "| SB3 PPO (peer) | - | - | - | - | not run | not run | - | - |",
+            "",
+            f"SB3 peer row not run: {meta['sb3']}",
+        ]
     lines += [
-        "| SB3 PPO (peer) | - | - | - | - | not run | not run | - | - |",
-        "",
-        f"SB3 peer row not run: {meta['sb3']}",
         "",
         "## Runs",
         "",
@@ -375,8 +453,29 @@ def markdown(runs: list[dict[str, Any]], s: dict[str, Any], meta: dict[str, Any]
     return "\n".join(lines)
 
 
-def plot(runs: list[dict[str, Any]], modes: Sequence[str], target: float, path: Path) -> None:
-    """Mean evaluation return vs training wall-clock per mode, band = min..max over seeds."""
+def _peer_setting(meta: dict[str, Any]) -> list[str]:
+    sb3 = meta.get("sb3_run")
+    if not sb3:
+        return []
+    recipe = ", ".join(f"{k}={v}" for k, v in sb3["model"].items() if k != "policy_kwargs")
+    return [
+        f"- Peer `{SB3_LABEL}` (own row and curve; not counted in the target): Stable-Baselines3 PPO with "
+        f"highway-env's recipe (`MlpPolicy`, net_arch pi=[256, 256], vf=[256, 256], {recipe}; SB3's "
+        f"other defaults) on the same env and scenario load, in a `SubprocVecEnv` of {sb3['num_envs']} envs "
+        f"= {sb3['num_envs']} processes (SubprocVecEnv runs one process per env; the peer keeps "
+        "fastlight's env count rather than one env per core, so an update sees as many independent "
+        "episodes and the emulated loads overlap across processes), n_steps = "
+        f"ceil({meta['valid_steps_per_update']} / {sb3['num_envs']}) = {sb3['n_steps']} per env, i.e. "
+        f"{sb3['n_steps'] * sb3['num_envs']} transitions per update (every one valid: SB3 auto-resets "
+        "each env). Same budget, snapshot clock (start-up excluded) and evaluation (`model.predict`; "
+        "torch reseeded per snapshot).",
+    ]
+
+
+def plot(
+    runs: list[dict[str, Any]], modes: Sequence[str], target: float, path: Path, peers: Sequence[str] = ()
+) -> None:
+    """Mean evaluation return vs training wall-clock per mode (peers dashed), band = min..max over seeds."""
     from fastlight.bench.extras import require
 
     require("matplotlib", command="python -m fastlight.bench.convergence (its plot)")
@@ -386,7 +485,7 @@ def plot(runs: list[dict[str, Any]], modes: Sequence[str], target: float, path: 
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for m in modes:
+    for m in [*modes, *peers]:
         mine = [r for r in runs if r["label"] == m]
         if not mine:
             continue
@@ -394,7 +493,11 @@ def plot(runs: list[dict[str, Any]], modes: Sequence[str], target: float, path: 
         # Each run's return at t: its latest snapshot at or before t (a step function).
         vals = np.array([[_at(r["curve"], t) for t in grid] for r in mine])
         (line,) = ax.plot(
-            grid, np.nanmean(vals, axis=0), label=f"{m} ({len(mine)} seed(s))", drawstyle="steps-post"
+            grid,
+            np.nanmean(vals, axis=0),
+            label=f"{m} ({len(mine)} seed(s))",
+            drawstyle="steps-post",
+            ls="--" if m in peers else "-",
         )
         if len(mine) > 1:
             ax.fill_between(
@@ -431,15 +534,48 @@ def _strict(x: Any) -> Any:
     return x
 
 
-def _sb3_status() -> str:
-    import importlib.util
-
-    if importlib.util.find_spec("stable_baselines3") is None:
+def _sb3_status(peer: str | None) -> str:
+    if peer == "sb3":
+        return "run."
+    if not sb3_available():
         return (
             "stable_baselines3 is not installed in this environment (no network to install it); "
             "it is declared in the `bench` extra."
         )
-    return "the SB3 peer run is not implemented yet."
+    return "skipped (--no-peer)."
+
+
+def _run_sb3(args: argparse.Namespace, seed: int, runs_dir: Path) -> dict[str, Any]:
+    """The SB3 peer's run for ``seed`` (resumable as the modes' runs) and its evaluated curve."""
+    from fastlight.bench.convergence_sb3 import Sb3RunConfig, evaluate_sb3_run
+
+    cfg = Sb3RunConfig(
+        env_id=args.env,
+        num_envs=args.clips,
+        seed=seed,
+        budget_s=args.budget_s,
+        every_s=args.eval_every_s,
+        valid_steps_per_update=args.valid_steps_per_update,
+        scenario_load_cost_s=args.scenario_load_cost_s,
+        folder=str(runs_dir / f"{SB3_LABEL}_s{seed}"),
+    )
+    summary = run_one(cfg, worker="fastlight.bench.convergence_sb3")
+    summary["label"] = SB3_LABEL
+    summary["curve"] = evaluate_sb3_run(
+        summary, episodes=args.eval_episodes, seed=EVAL_SEED, greedy=args.greedy
+    )
+    return summary
+
+
+def _progress(runs: list[dict[str, Any]], total: int, name: str, seed: int, t: float) -> None:
+    r = runs[-1]
+    print(
+        f"[{len(runs)}/{total}] {name} seed {seed}: {r['updates']} updates, "
+        f"{r['valid_steps']} valid, final return {r['curve'][-1]['return']:.2f} "
+        f"({time.perf_counter() - t:.0f} s)",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -449,9 +585,18 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     runs_dir = args.runs_dir or args.out / "convergence_runs"
     step_s = measure_step_s(args.env)
     runs = []
-    total = len(args.seeds) * len(args.modes)
+    peers = [SB3_LABEL] if args.peer == "sb3" else []
+    total = len(args.seeds) * (len(args.modes) + len(peers))
+    sb3_run: dict[str, Any] | None = None
     for seed in args.seeds:  # seeds outermost: a slow drift of machine load hits every mode alike
-        for name in args.modes:
+        for name in [*args.modes, *peers]:
+            t = time.perf_counter()
+            if name == SB3_LABEL:
+                summary = _run_sb3(args, seed, runs_dir)
+                sb3_run = {k: summary[k] for k in ("num_envs", "n_steps", "model")}
+                runs.append(summary)
+                _progress(runs, total, name, seed, t)
+                continue
             mode, thr = parse_mode(name)
             cfg = RunConfig(
                 env_id=args.env,
@@ -467,19 +612,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 folder=str(runs_dir / f"{name}_s{seed}"),
                 model=dict(PPO),
             )
-            t = time.perf_counter()
             summary = run_one(cfg)
             summary["label"] = name
             summary["curve"] = evaluate_run(summary, episodes=args.eval_episodes, greedy=args.greedy)
             runs.append(summary)
-            print(
-                f"[{len(runs)}/{total}] {name} seed {seed}: {summary['updates']} updates, "
-                f"{summary['valid_steps']} valid, final return {summary['curve'][-1]['return']:.2f} "
-                f"({time.perf_counter() - t:.0f} s)",
-                file=sys.stderr,
-                flush=True,
-            )
-    s = summarise(runs, args.modes, args.target_frac, args.budget_s)
+            _progress(runs, total, name, seed, t)
+    s = summarise(runs, args.modes, args.target_frac, args.budget_s, peers=peers)
     meta = {
         "command": ("python -m fastlight.bench.convergence " + shlex.join(argv)).strip(),
         "quick": args.quick,
@@ -496,7 +634,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "model": dict(PPO),
         "step_s": step_s,
         "raw_ceiling_tps": (os.cpu_count() or 1) / step_s,
-        "sb3": _sb3_status(),
+        "sb3": _sb3_status(args.peer),
+        "sb3_run": sb3_run,
         "load_before": "/".join(f"{x:.1f}" for x in load_before),
         "load_after": "/".join(f"{x:.1f}" for x in os.getloadavg()),
         "total_s": time.perf_counter() - t0,
@@ -505,8 +644,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     (args.out / "convergence.json").write_text(
         json.dumps(_strict({"meta": meta, "summary": s, "runs": runs}), indent=1, allow_nan=False) + "\n"
     )
-    plot(runs, args.modes, s["target"], args.out / "convergence.png")
+    plot(runs, args.modes, s["target"], args.out / "convergence.png", peers=peers)
     (args.out / "convergence.md").write_text(markdown(runs, s, meta))
+    print(target_lines(s)[-1], file=sys.stderr)  # the SB3 peer's target (or why it was not run)
     print(f"wrote {args.out}/convergence.md, .json, .png in {meta['total_s']:.0f} s", file=sys.stderr)
     return {"meta": meta, "summary": s, "runs": runs}
 
