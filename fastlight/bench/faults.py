@@ -98,6 +98,14 @@ def samplers(pid: int) -> list[int]:
     return out
 
 
+def newest_child(pid: int) -> int:
+    """The trainer's last-started spawned child: the inference worker, started after its samplers."""
+    def started(c: int) -> int:  # /proc/<pid>/stat field 22, starttime
+        return int(Path(f"/proc/{c}/stat").read_text().rsplit(")", 1)[1].split()[19])
+
+    return max(samplers(pid), key=started)
+
+
 def rows_logged(metrics: Path) -> int:
     return len(metrics.read_text().splitlines()) if metrics.is_file() else 0
 
@@ -106,7 +114,7 @@ def recover(proc: subprocess.Popen, log: Path, metrics: Path, t0: float, timeout
     """Seconds from ``t0`` until the run restarted a sampler and logged one more update after it;
     None if the run stopped instead."""
     while proc.poll() is None and time.monotonic() - t0 < timeout:
-        if "restarting it" in log.read_text():
+        if "; restarting" in log.read_text():  # a sampler, or the inference worker with its samplers
             rows = rows_logged(metrics)
             while proc.poll() is None and time.monotonic() - t0 < timeout:
                 if rows_logged(metrics) > rows:
@@ -141,8 +149,9 @@ def run(name: str, root: Path, inject: str | None, extra: tuple[str, ...] = (), 
         children |= descendants(proc.pid)
         if inject and rows_logged(metrics) >= 3:
             t_inject = time.monotonic()
-            if inject.startswith("SAMPLER:"):
-                os.kill(samplers(proc.pid)[0], getattr(signal, inject.split(":")[1]))
+            if inject.startswith(("SAMPLER:", "INFERENCE:")):
+                target = samplers(proc.pid)[0] if inject.startswith("SAMPLER:") else newest_child(proc.pid)
+                os.kill(target, getattr(signal, inject.split(":")[1]))
                 recovered = recover(proc, log, metrics, t_inject)
                 children |= descendants(proc.pid)
                 if proc.poll() is None:
@@ -194,6 +203,13 @@ def main() -> None:
         ),
         "SIGKILL sampler, budget 0": lambda r: run(
             "SIGKILL sampler, budget 0", r, "SAMPLER:SIGKILL", ("--data.max_worker_restarts", "0")
+        ),
+        "SIGKILL inference worker": lambda r: run(
+            "SIGKILL inference worker", r, "INFERENCE:SIGKILL", ("--data.inference_server", "true")
+        ),
+        "SIGKILL inference worker, budget 0": lambda r: run(
+            "SIGKILL inference worker, budget 0", r, "INFERENCE:SIGKILL",
+            ("--data.inference_server", "true", "--data.max_worker_restarts", "0"),
         ),
         "huge reward -> NaN loss": lambda r: run(
             "huge reward -> NaN loss", r, None, ("--model.max_nonfinite_updates", "1"),

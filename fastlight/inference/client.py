@@ -62,10 +62,15 @@ class InferenceClient:
             "logprobs": (tuple(out.logprobs.shape[1:]), out.logprobs.dtype),
         }
         self.slots = [Slot.allocate(n, obs_spec, act_spec) for n in rows]
-        pipes = [ctx.Pipe() for _ in rows]
-        self.server_ends = [a for a, _ in pipes]
-        self.sampler_ends = [b for _, b in pipes]
+        self.server_ends: list[Any] = []
+        self.sampler_ends: list[Any] = []
+        self.new_pipes()
         self.version = ctx.Value("q", -1, lock=False)
+        # Bumped by the worker's serving loop (and while it waits for weights): its heartbeat.
+        self.beats = ctx.Value("Q", 0, lock=False)
+        self._seen, self._seen_at = 0, time.monotonic()
+        # Set by the pool (--data.heartbeat_s, --data.worker_timeout_s); inf: never counted as hung.
+        self.heartbeat_s = self.start_timeout_s = float("inf")
         self.transport = choose_transport(self.worker_device)
         self.shared: SharedDoubleBuffer | None = None
         self.sync_config: SyncGroupConfig | None = None
@@ -78,6 +83,12 @@ class InferenceClient:
         self.max_batch, self.max_wait_ms, self.bucket_mb = max_batch, max_wait_ms, bucket_mb
         self.proc: Any = None
         self.broadcaster: WeightBroadcaster | None = None
+
+    def new_pipes(self) -> None:
+        """One fresh pipe per sampler slot (a restarted worker cannot reuse a dead one's ends)."""
+        pipes = [self.ctx.Pipe() for _ in self.slots]
+        self.server_ends = [a for a, _ in pipes]
+        self.sampler_ends = [b for _, b in pipes]
 
     def start(self, stop: Any, parent_pid: int) -> None:
         self.proc = self.ctx.Process(
@@ -94,11 +105,13 @@ class InferenceClient:
                 self.bucket_mb,
                 parent_pid,
                 str(self.worker_device),
+                self.beats,
             ),
             name=WORKER_NAME,
             daemon=True,
         )
         self.proc.start()
+        self._seen, self._seen_at = self.beats.value, time.monotonic()
         # The worker holds the server ends now; closing ours lets samplers see EOF if it dies.
         for conn in self.server_ends:
             conn.close()
@@ -138,12 +151,71 @@ class InferenceClient:
         stats = self.broadcaster.broadcast(version, policy)
         return dataclasses.replace(stats, trainer_wait_ms=1000.0 * (time.perf_counter() - t0))
 
+    @property
+    def restartable(self) -> bool:
+        """A CPU worker reads its weights from the double buffer, which still holds the last
+        published version when a new worker attaches; a broadcast group would need a new
+        rendezvous and a publish the trainer is not making."""
+        return self.shared is not None
+
+    def prepare_restart(self) -> None:
+        """Reap the old worker (killing it if it still runs), free what it may have held, and make
+        fresh pipes; then the pool spawns the samplers on them and calls :meth:`start`.
+
+        Call with the samplers stopped and no publish in flight (the pool's lock). The new worker
+        attaches the same double buffer and takes the active slot, i.e. the current weights and
+        version, before it serves a request (``serve_once`` waits for its first sync).
+        """
+        if not self.restartable:
+            raise RuntimeError("only a CPU inference worker (shared-memory weights) can be restarted")
+        self.reap()
+        assert self.shared is not None
+        # The double buffer's lock is held only for a few loads and stores; if the killed worker
+        # held it, nobody else can (the trainer's publishes wait for this restart). Either way it
+        # ends free: ours released, or the dead holder's (a SemLock any process may release).
+        self.shared.lock.acquire(timeout=1.0)
+        self.shared.lock.release()
+        self.new_pipes()
+        # From zero again: until its first beat the new worker is starting (start_timeout_s applies).
+        self.beats.value = 0
+        self._seen, self._seen_at = 0, time.monotonic()
+
+    def reap(self) -> None:
+        """SIGKILL the worker if it still runs (SIGSTOPped included) and reap it."""
+        if self.proc is not None:
+            if self.proc.exitcode is None:
+                self.proc.kill()
+            self.proc.join(timeout=5.0)
+
+    def silent_for(self) -> float:
+        """Seconds since the worker's heartbeat last moved (as seen by the calls to this)."""
+        now, beats = time.monotonic(), self.beats.value
+        if beats != self._seen:
+            self._seen, self._seen_at = beats, now
+        return now - self._seen_at
+
+    def hang(self) -> str | None:
+        """What is wrong if the worker made no progress for longer than allowed, else None.
+        Until its first beat (spawn, imports) it gets ``start_timeout_s``."""
+        silent, started = self.silent_for(), self._seen > 0
+        limit = self.heartbeat_s if started else max(self.heartbeat_s, self.start_timeout_s)
+        if silent <= limit:
+            return None
+        flag = "--data.heartbeat_s" if started else "--data.worker_timeout_s, while starting"
+        return f"made no progress for {silent:.1f} s ({flag} {limit:g})"
+
     def check_alive(self) -> None:
-        if self.proc is not None and not self.proc.is_alive():
+        """Raises naming the worker if it died or its heartbeat stood still too long."""
+        if self.proc is None:
+            return
+        if not self.proc.is_alive():
             raise RuntimeError(
                 f"inference worker ({self.proc.name}, pid {self.proc.pid}) died with exit "
                 f"code {self.proc.exitcode}"
             )
+        hung = self.hang()
+        if hung is not None:
+            raise RuntimeError(f"inference worker ({self.proc.name}, pid {self.proc.pid}) {hung}")
 
     def stop(self) -> None:
         if self.broadcaster is not None:

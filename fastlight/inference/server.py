@@ -214,12 +214,15 @@ def inference_main(
     bucket_mb: float,
     parent_pid: int,
     device: str = "cpu",
+    beats: Any = None,
 ) -> None:
     """Entry point of the inference worker process (spawned).
 
     Serves batches until ``stop``; between two forward passes it checks the trainer's drain
     signal and, when set, takes the new weights (nothing is in flight at that point):
     ``sync_config`` is the broadcast group's config, or the shared double buffer (CPU worker).
+    ``beats`` (a shared counter) is bumped at every turn of the loop and of a wait for weights:
+    the trainer's pool restarts a worker whose counter stands still for ``--data.heartbeat_s``.
     """
     from fastlight.sampling.child import start_child
 
@@ -227,8 +230,13 @@ def inference_main(
     server = InferenceServer(
         policy, slots, conns, max_batch=max_batch, max_wait_ms=max_wait_ms, device=torch.device(device)
     )
+    def stopped() -> bool:  # polled by every loop and wait of this worker: the heartbeat's place
+        if beats is not None:
+            beats.value += 1
+        return stop.is_set()
+
     try:
-        receiver = make_receiver(server.policy, sync_config, bucket_mb=bucket_mb, stopped=stop.is_set)
+        receiver = make_receiver(server.policy, sync_config, bucket_mb=bucket_mb, stopped=stopped)
 
         def serve_once() -> None:
             if not server.pending:
@@ -239,7 +247,7 @@ def inference_main(
         def on_sync(new: int) -> None:
             server.version = version.value = new
 
-        serve_until(receiver, server.policy, stopped=stop.is_set, serve_once=serve_once, on_sync=on_sync)
+        serve_until(receiver, server.policy, stopped=stopped, serve_once=serve_once, on_sync=on_sync)
     except Exception:
         server.fail_all(traceback.format_exc())
         raise

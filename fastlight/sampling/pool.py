@@ -13,6 +13,14 @@ is lost and counted (``dropped_rollouts``). At most ``max_restarts`` restarts pe
 sampler, its pid, its exit code and the env id. A Python exception in a sampler is not restarted:
 it carries its own message (a non-finite value, a bug in an env) and would recur.
 
+With an inference worker, the worker and the rank's samplers fail together (a dead worker's
+samplers lose their pipe; a dead sampler's EOF ends the worker's serving loop), so any of them dead
+or silent (the worker has a heartbeat too) restarts the group: the samplers are killed, the worker
+is reaped and started again on fresh pipes, attached to the same shared-memory weights (the
+current version, taken before it serves), and the samplers are spawned on the new pipes. It costs
+one restart of the budget; every sampler's round in flight is dropped and counted. Only a CPU
+worker (shared-memory weights) is restarted; a CUDA worker's failure stops the run, named.
+
 Each sampler writes to its own pipe, read by its own thread here, so a sampler killed in the
 middle of a send leaves nothing broken for the others; the locks samplers share with the trainer
 (weights, task weights) are freed if the killed sampler held them.
@@ -97,6 +105,9 @@ class SamplerPool:
             self.client = InferenceClient(
                 self.ctx, policy, example_obs, [c.num_envs for c in configs], **inference
             )
+            self.client.heartbeat_s, self.client.start_timeout_s = heartbeat_s, timeout_s
+        # Serialises a restart of the served group (prefetch thread) with a publish (trainer thread).
+        self._served_lock = threading.RLock()
         # One publisher (trainer end) and what the samplers read (their end) for either path.
         self.publisher: WeightPublisher
         self.weights: WeightSource
@@ -179,13 +190,25 @@ class SamplerPool:
             conn.close()
 
     def publish(self, policy: nn.Module, version: int) -> SyncStats:
-        """New weights for the samplers through the pool's one publisher."""
-        try:
+        """New weights for the samplers through the pool's one publisher.
+
+        With an inference worker, a worker that dies or stops making progress during the publish
+        is restarted (within the budget) and the publish is made again, to the new worker.
+        """
+        if self.client is None:
             return self.publisher.publish(policy, version)
-        except Exception as e:
-            if self.client is None:
-                raise
-            raise SamplerError(f"weight sync with the inference worker failed: {e}") from e
+        with self._served_lock:
+            while True:
+                try:
+                    return self.publisher.publish(policy, version)
+                except Exception as e:
+                    proc = self.client.proc
+                    hung = self.client.hang()
+                    healthy = proc is not None and proc.exitcode is None and hung is None
+                    if proc is None or healthy or not self.client.restartable:
+                        raise SamplerError(f"weight sync with the inference worker failed: {e}") from e
+                    what = f"died with exit code {proc.exitcode}" if proc.exitcode is not None else hung
+                    self._restart_served(f"{self._worker_name()} {what} (publishing version {version})")
 
     def request_drain(self) -> None:
         """Announce the next ``publish`` (AcceRL §inference drain; a no-op for shared memory)."""
@@ -218,7 +241,11 @@ class SamplerPool:
         if not force and now - self._last_watch < WATCH_EVERY_S:
             return
         self._last_watch = now
-        self._check_inference()
+        if self.client is not None:
+            with self._served_lock:
+                if not self.stop_event.is_set():
+                    self._watch_served(now)
+            return
         self._raise_reported()
         for s in list(self.samplers):
             if self.stop_event.is_set():
@@ -226,7 +253,6 @@ class SamplerPool:
             code = s.proc.exitcode
             if code is not None:
                 s.reader.join(timeout=2.0)  # a dying sampler's last words come before its EOF
-                self._check_inference()  # samplers of a dead inference worker die of it
                 self._raise_reported()
                 self._fault(s, f"died with exit code {code}")
                 continue
@@ -240,29 +266,69 @@ class SamplerPool:
                 flag = "--data.heartbeat_s" if beats else "--data.worker_timeout_s, while starting"
                 self._fault(s, f"made no progress for {now - s.seen_at:.1f} s ({flag} {limit:g})")
 
-    def _check_inference(self) -> None:
-        if self.client is not None:
-            try:
-                self.client.check_alive()
-            except RuntimeError as e:
-                raise SamplerError(f"{e} (the inference worker is not restarted)") from None
+    def _worker_name(self) -> str:
+        assert self.client is not None and self.client.proc is not None
+        proc, env_ids = self.client.proc, sorted({c.env_id for c in self.configs})
+        return f"inference worker ({proc.name}, pid {proc.pid}, env {', '.join(env_ids)})"
 
-    def _raise_reported(self) -> None:
+    def _watch_served(self, now: float) -> None:
+        """The inference path's watch: a dead or silent worker or sampler restarts the group."""
+        assert self.client is not None and self.client.proc is not None
+        # A sampler's own exception (not a pipe broken by a dead peer) would recur: stop on it.
         for i, payload in sorted(self.errors.items()):
-            raise SamplerError(f"sampler worker {i} (fastlight-sampler-{i}) crashed:\n{payload}")
+            if not _broken_pipe(payload):
+                raise SamplerError(f"sampler worker {i} (fastlight-sampler-{i}) crashed:\n{payload}")
+        worker = self.client.proc
+        if worker.exitcode is not None:
+            return self._restart_served(f"{self._worker_name()} died with exit code {worker.exitcode}")
+        for s in self.samplers:
+            name = f"sampler {s.index} ({s.proc.name}, pid {s.proc.pid}, env {self.configs[s.index].env_id})"
+            if s.proc.exitcode is not None:
+                return self._restart_served(f"{name} died with exit code {s.proc.exitcode}")
+            beats = s.beats.value
+            if beats != s.seen:
+                s.seen, s.seen_at = beats, now
+                continue
+            limit = self.heartbeat_s if beats else max(self.heartbeat_s, self.timeout_s)
+            if now - s.seen_at > limit:
+                flag = "--data.heartbeat_s" if beats else "--data.worker_timeout_s, while starting"
+                return self._restart_served(
+                    f"{name} made no progress for {now - s.seen_at:.1f} s ({flag} {limit:g})"
+                )
+        hung = self.client.hang()
+        if hung is not None:
+            self._restart_served(f"{self._worker_name()} {hung}")
 
-    def _fault(self, s: _Sampler, what: str) -> None:
-        """Restart sampler ``s`` (dead or silent) within the budget, else stop naming it."""
-        pid = s.proc.pid
-        self._kill(s)
-        killed = "" if what.startswith("died") else f"; killed it (exit code {s.proc.exitcode})"
-        env_id = self.configs[s.index].env_id
-        name = f"sampler {s.index} ({s.proc.name}, pid {pid}, env {env_id}) {what}{killed}"
-        if self.client is not None:
+    def _restart_served(self, what: str) -> None:
+        """Restart the inference worker and the rank's samplers within the budget, else stop
+        naming the process that failed (``what``). Call under ``_served_lock``."""
+        assert self.client is not None
+        client = self.client
+        if not client.restartable:
             raise SamplerError(
-                f"{name}; samplers served by the inference worker are not restarted "
-                "(--data.inference_server false restarts them)"
+                f"{what}; a CUDA inference worker is not restarted (--data.inference_device cpu "
+                "restarts it, --data.inference_server false restarts samplers alone)"
             )
+        for s in self.samplers:  # first, so none of them reports the worker's death as its own
+            self._kill(s)
+        worker = client.proc
+        if worker is not None and worker.exitcode is None:  # a silent worker, or a sampler's fault
+            client.reap()
+            if "inference worker" in what:
+                what += f"; killed it (exit code {worker.exitcode})"
+        self._spend_restart(what, f"restarting the inference worker and its {len(self.samplers)} samplers "
+                            "(their rounds in flight dropped)")
+        client.prepare_restart()
+        self.errors.clear()  # broken pipes of the group just replaced
+        self.dropped_rollouts += len(self.samplers)
+        with children_ignore_sigint():
+            self.samplers = [self._spawn(i) for i in range(len(self.configs))]
+            client.close_sampler_ends()
+            client.start(self.stop_event, os.getpid())
+
+    def _spend_restart(self, name: str, action: str) -> None:
+        """Take one restart from the budget (``--data.max_worker_restarts`` per window) and say
+        what is restarted; raises :class:`SamplerError` naming ``name`` once it is spent."""
         now = time.monotonic()
         while self.restart_times and now - self.restart_times[0] > self.restart_window_s:
             self.restart_times.popleft()
@@ -277,13 +343,26 @@ class SamplerPool:
             )
         self.restart_times.append(now)
         self.restarts += 1
-        self.dropped_rollouts += 1  # the round it was sampling
         print(
-            f"fastlight: {name}; restarting it ({len(self.restart_times)} of {self.max_restarts} "
-            f"restarts in {self.restart_window_s:g} s), its rollout in flight dropped",
+            f"fastlight: {name}; {action} ({len(self.restart_times)} of {self.max_restarts} "
+            f"restarts in {self.restart_window_s:g} s)",
             file=sys.stderr,
             flush=True,
         )
+
+    def _raise_reported(self) -> None:
+        for i, payload in sorted(self.errors.items()):
+            raise SamplerError(f"sampler worker {i} (fastlight-sampler-{i}) crashed:\n{payload}")
+
+    def _fault(self, s: _Sampler, what: str) -> None:
+        """Restart sampler ``s`` (dead or silent) within the budget, else stop naming it."""
+        pid = s.proc.pid
+        self._kill(s)
+        killed = "" if what.startswith("died") else f"; killed it (exit code {s.proc.exitcode})"
+        env_id = self.configs[s.index].env_id
+        name = f"sampler {s.index} ({s.proc.name}, pid {pid}, env {env_id}) {what}{killed}"
+        self._spend_restart(name, "restarting it")
+        self.dropped_rollouts += 1  # the round it was sampling
         with children_ignore_sigint():
             self.samplers[s.index] = self._spawn(s.index)
 
@@ -332,3 +411,9 @@ def _stop_ref(ref: weakref.ref) -> None:
     pool = ref()
     if pool is not None:
         pool.stop()
+
+
+def _broken_pipe(payload: str) -> bool:
+    """Whether a sampler's traceback is its pipe to the inference worker breaking (the worker died,
+    or ended its loop on another sampler's EOF): a consequence of a fault, not a fault of its own."""
+    return any(e in payload for e in ("EOFError", "ConnectionResetError", "BrokenPipeError"))
