@@ -144,14 +144,14 @@ def test_mixed_merge_is_one_line_naming_the_flag(tmp_path, capsys) -> None:
 
 @pytest.mark.benchmark
 def test_tiny_grid_end_to_end(tmp_path) -> None:
-    """Real runs (MuJoCo, sampler process, Trainer): 1 env x 2 variants x 2 seeds, very short."""
+    """Real runs (MuJoCo, sampler process, Trainer): 1 env x 2 variants x 1 seed, very short."""
     out, results = tmp_path / "runs", tmp_path / "results"
     argv = ["--envs", "InvertedPendulum-v5", "--variants", "ppo", "gipo0.2", "--lags", "1"]
-    argv += ["--seeds", "0", "1", "--budget", "2048", "--last-k", "2", "--out", str(out)]
+    argv += ["--seeds", "0", "--budget", "2048", "--last-k", "2", "--out", str(out)]
     assert objectives.main([*argv, "--results", str(results)]) == 0
     summary = json.loads((results / "objectives.json").read_text())
     runs = summary["runs"]
-    assert len(runs) == 4
+    assert len(runs) == 2
     for r in runs:
         assert r["env_steps"] == 2048 and r["updates"] == 4
         assert 0.0 < r["mean_lag"] <= 1.0 and r["max_lag"] <= 1  # data really carries older versions
