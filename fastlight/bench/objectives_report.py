@@ -186,6 +186,13 @@ def markdown(grid: GridConfig, summary: dict, command: str) -> str:
         "the best score of any run of this grid on that env (any variant, seed and lag). IQM and mean "
         "over the runs x envs matrix with stratified-bootstrap 95% CIs (rliable, 2000 reps).",
         "",
+        "**Lag**: max_staleness k lets the sampler act with weights up to k updates old; the measured "
+        "lag is the trainer's version minus the version stamped on each valid step, averaged over the "
+        "steps each update trained on (per run in the JSON). With k >= 1 the sampler never waits, so "
+        "it outruns the learner and rounds older than k versions are dropped before training "
+        f"('stale items dropped', each {grid.num_envs} envs x {grid.rollout_steps} steps); the budget "
+        "counts trained-on steps only.",
+        "",
     ]
     for lag in grid.lags:
         block = summary["by_lag"][str(lag)]
