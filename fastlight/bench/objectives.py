@@ -21,6 +21,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 from fastlight.bench.objectives_grid import (
     MUJOCO_ENVS,
@@ -67,8 +68,11 @@ def shard_dir(out: str, grid: GridConfig) -> str:
     return path
 
 
-def run_shard(grid: GridConfig, runs: list[RunSpec], path: str, *, log=print) -> list[str]:
+def run_shard(
+    grid: GridConfig, runs: list[RunSpec], path: str, *, log: Callable[[str], None] | None = None
+) -> list[str]:
     """Run each spec not yet done, each in its own process; returns the failed run names."""
+    log = log or (lambda line: print(line, flush=True))  # progress shows even when piped to a file
     failed = []
     for i, spec in enumerate(runs):
         result = os.path.join(path, "runs", f"{spec.name}.json")
@@ -161,7 +165,10 @@ def main(argv: list[str] | None = None) -> int:
             index, count = parse_shard(args.shard)
             folder = shard_dir(args.out, grid)
             runs = shard_runs(grid_runs(grid), index, count)
-            print(f"grid {grid.fingerprint()}: {len(grid_runs(grid))} runs, shard {args.shard}: {len(runs)}")
+            print(
+                f"grid {grid.fingerprint()}: {len(grid_runs(grid))} runs, shard {args.shard}: {len(runs)}",
+                flush=True,
+            )
             failed = run_shard(grid, runs, folder)
             if failed:
                 print(f"{len(failed)} runs failed: {failed}", file=sys.stderr)
