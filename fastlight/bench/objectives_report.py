@@ -35,27 +35,33 @@ def summarise(grid: GridConfig, results: list[dict], cache_dir: str, *, reps: in
     # A run with no completed episode in its last points has no score: counted as the random policy.
     score = {k: (r["score"] if r["score"] is not None else random[k[1]]) for k, r in raw.items()}
     reference = {env: max(s for k, s in score.items() if k[1] == env) for env in grid.envs}
+    # Normalising needs reference > random: on an env where no run beat the random policy the
+    # scale is undefined (a negative span would turn the ordering upside down), so it is left out.
+    scored = tuple(env for env in grid.envs if reference[env] > random[env])
     out: dict = {
         "grid": grid.to_json(),
         "random_score": random,
         "reference_score": reference,
         "normalisation": "(score - random) / (best score of any run on the env - random)",
+        "envs_scored": list(scored),
+        "envs_left_out": [env for env in grid.envs if env not in scored],
         "by_lag": {},
         "runs": [{k: v for k, v in r.items() if k != "curve"} for r in results],
     }
-    for lag in grid.lags:
+    for lag in grid.lags if scored else ():
         norm = {
             (v, env, seed): normalise(score[(v, env, lag, seed)], random[env], reference[env])
             for v in grid.variants
-            for env in grid.envs
+            for env in scored
             for seed in grid.seeds
         }
-        matrix = score_matrix(norm, variants=grid.variants, envs=grid.envs, seeds=grid.seeds)
-        block = {"aggregate": aggregate(matrix, reps=reps), "lag": _lags(raw, lag), "matrix": {}}
+        matrix = score_matrix(norm, variants=grid.variants, envs=scored, seeds=grid.seeds)
+        block = {"aggregate": aggregate(matrix, reps=reps), "matrix": {}}
         if "gipo0.2" in matrix and "ppo" in matrix:
             block["p_improvement_gipo0.2_over_ppo"] = improvement(matrix, "gipo0.2", "ppo", reps=reps)
         block["matrix"] = {v: m.tolist() for v, m in matrix.items()}
         out["by_lag"][str(lag)] = block
+    out["measured_lag"] = {str(lag): _lags(raw, lag) for lag in grid.lags}
     out["throughput"] = _throughput(results, grid.envs)
     return out
 
@@ -98,8 +104,8 @@ def write_report(
     os.makedirs(results_dir, exist_ok=True)
     with open(os.path.join(results_dir, "objectives.json"), "w") as f:
         json.dump(summary, f, indent=1)
-    for lag in grid.lags:
-        matrix = {v: np.asarray(m) for v, m in summary["by_lag"][str(lag)]["matrix"].items()}
+    for lag, block in summary["by_lag"].items():
+        matrix = {v: np.asarray(m) for v, m in block["matrix"].items()}
         png = os.path.join(results_dir, f"objectives_profile_lag{lag}.png")
         performance_profile_png(matrix, png, title=f"MuJoCo, max_staleness {lag}: performance profile")
     with open(os.path.join(results_dir, "objectives.md"), "w") as f:
@@ -161,6 +167,20 @@ def _env_table(grid: GridConfig, summary: dict, lag: int) -> list[str]:
     return rows
 
 
+def _aggregate_table(grid: GridConfig, block: dict, lag: int) -> list[str]:
+    lines = [
+        "| variant | IQM | 95% CI | mean | 95% CI | AcceRL IQM | AcceRL mean |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for v in grid.variants:
+        a = block["aggregate"][v]
+        lines.append(
+            f"| {v} | {a['iqm']:.3f} | {_ci(a['iqm_ci'])} | {a['mean']:.3f} | {_ci(a['mean_ci'])} | "
+            f"{_paper(v, 'iqm')} | {_paper(v, 'mean')} |"
+        )
+    return [*lines, "", *_verdict(block, lag), "", f"![profile](objectives_profile_lag{lag}.png)", ""]
+
+
 def markdown(grid: GridConfig, summary: dict, command: str) -> str:
     lines = [
         "# GIPO vs PPO vs SAPO under policy lag (MuJoCo, rliable)",
@@ -194,23 +214,22 @@ def markdown(grid: GridConfig, summary: dict, command: str) -> str:
         "counts trained-on steps only.",
         "",
     ]
-    for lag in grid.lags:
-        block = summary["by_lag"][str(lag)]
-        agg = block["aggregate"]
+    if summary["envs_left_out"]:
         lines += [
-            f"## max_staleness {lag} (measured mean lag {block['lag']['mean_lag']:.2f}, "
-            f"max {block['lag']['max_lag']}, stale items dropped {block['lag']['dropped_stale_items']})",
+            f"Left out of the aggregates: {', '.join(summary['envs_left_out'])}: no run of any variant "
+            "scored above the random policy within the budget, so the normalisation has no scale there "
+            "(raw scores below).",
             "",
-            "| variant | IQM | 95% CI | mean | 95% CI | AcceRL IQM | AcceRL mean |",
-            "|---|---|---|---|---|---|---|",
         ]
-        for v in grid.variants:
-            a = agg[v]
-            lines.append(
-                f"| {v} | {a['iqm']:.3f} | {_ci(a['iqm_ci'])} | {a['mean']:.3f} | {_ci(a['mean_ci'])} | "
-                f"{_paper(v, 'iqm')} | {_paper(v, 'mean')} |"
-            )
-        lines += ["", *_verdict(block, lag), "", f"![profile](objectives_profile_lag{lag}.png)", ""]
+    for lag in grid.lags:
+        measured = summary["measured_lag"][str(lag)]
+        lines += [
+            f"## max_staleness {lag} (measured mean lag {measured['mean_lag']:.2f}, "
+            f"max {measured['max_lag']}, stale items dropped {measured['dropped_stale_items']})",
+            "",
+        ]
+        if str(lag) in summary["by_lag"]:
+            lines += _aggregate_table(grid, summary["by_lag"][str(lag)], lag)
         lines += ["Raw scores (mean over seeds):", "", *_env_table(grid, summary, lag), ""]
     lines += [
         "AcceRL's numbers: 10 MuJoCo tasks, 196 runs, last 50 evaluation points; the text gives GIPO's "

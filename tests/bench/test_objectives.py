@@ -165,3 +165,26 @@ def test_tiny_grid_end_to_end(tmp_path) -> None:
     stamps = {p: p.stat().st_mtime_ns for p in out.rglob("*.json") if p.parent.name == "runs"}
     assert objectives.main([*argv, "--results", str(results)]) == 0
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
+
+
+def test_summary_normalises_per_env_and_leaves_out_an_env_no_run_beat_random(tmp_path) -> None:
+    from fastlight.bench.objectives_report import markdown, summarise
+
+    grid = _grid(envs=("Hopper-v5", "Reacher-v5"), variants=("ppo", "gipo0.2"), lags=(1,), seeds=(0, 1))
+    (tmp_path / "random_scores.json").write_text(json.dumps({"Hopper-v5": 10.0, "Reacher-v5": -40.0}))
+    hopper = {("ppo", 0): 60.0, ("ppo", 1): 110.0, ("gipo0.2", 0): 210.0, ("gipo0.2", 1): 10.0}
+    results = [
+        {
+            "variant": v, "env": env, "lag": 1, "seed": seed, "mean_lag": 1.0, "max_lag": 1,
+            "dropped_stale": 0, "sampler_tps": 80.0, "end_to_end_tps": 50.0, "plain_loop_tps": 100.0,
+            "score": hopper[(v, seed)] if env == "Hopper-v5" else -55.0 - seed, "curve": [],
+        }
+        for env in grid.envs for v in grid.variants for seed in grid.seeds
+    ]  # fmt: skip
+    summary = summarise(grid, results, str(tmp_path), reps=20)
+    assert summary["reference_score"]["Hopper-v5"] == 210.0
+    assert summary["envs_left_out"] == ["Reacher-v5"]  # every run below the random policy's -40
+    np.testing.assert_allclose(summary["by_lag"]["1"]["matrix"]["ppo"], [[0.25], [0.5]])
+    np.testing.assert_allclose(summary["by_lag"]["1"]["matrix"]["gipo0.2"], [[1.0], [0.0]])
+    assert summary["throughput"]["Hopper-v5"]["sampler_ratio"] == pytest.approx(0.8)
+    assert "Left out of the aggregates: Reacher-v5" in markdown(grid, summary, "cmd")
