@@ -56,7 +56,7 @@ MUJOCO_ENVS = (
 )
 
 #: ``--quick``: the three cheapest tasks per env step that still learn within a short budget.
-QUICK_ENVS = ("InvertedPendulum-v5", "Reacher-v5", "Hopper-v5")
+QUICK_ENVS = ("InvertedPendulum-v5", "InvertedDoublePendulum-v5", "Hopper-v5")
 
 
 @dataclass(frozen=True)
