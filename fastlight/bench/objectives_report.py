@@ -133,8 +133,8 @@ def _verdict(block: dict, lag: int) -> list[str]:
             f"At max_staleness {lag}, AcceRL's ordering GIPO(0.2) >= PPO on IQM **{holds}** here "
             f"({g:.3f} vs {p:.3f}); P(GIPO(0.2) > PPO) = {poi['p']:.2f} {_ci(poi['ci'])}"
             + (
-                " - the CI spans 0.5, so the difference is not resolved."
-                if poi["ci"][0] < 0.5 < poi["ci"][1]
+                " - the CI reaches 0.5, so the difference is not resolved."
+                if poi["ci"][0] <= 0.5 <= poi["ci"][1]
                 else "."
             )
         )
