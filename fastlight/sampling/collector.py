@@ -176,7 +176,11 @@ class Collector:
             return i, obs, info, dropped
 
         t0 = time.perf_counter()
-        for i, obs, info, dropped in self._pool.map(one, indices):
+        # One env alone resets inline: there is nothing to overlap it with, and handing it to a
+        # pool thread (wake-up + lock round trip, milliseconds on a busy machine) costs more than
+        # a MuJoCo reset. Autoreset mode resets envs one at a time, often every few steps.
+        results = map(one, indices) if len(indices) == 1 else self._pool.map(one, indices)
+        for i, obs, info, dropped in results:
             self._obs[i] = obs
             self._eps[i] = _Episode(task_id=int(info.get("task_id", 0)))
             stats.dropped_nonfinite += dropped
