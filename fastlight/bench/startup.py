@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shlex
 import statistics
@@ -43,13 +44,24 @@ def proc_cpu_s(pid: int) -> float:
 
 
 def proc_memory_mb(pid: int) -> dict[str, float]:
-    """``VmRSS`` and ``RssAnon`` of process ``pid`` in MB, from ``/proc/<pid>/status``."""
+    """``VmRSS`` and ``RssAnon`` (``/proc/<pid>/status``) and ``Pss`` (``smaps_rollup``) in MB.
+
+    ``Pss`` charges each shared page (libtorch's code, mapped by every sampler) to its sharers in
+    equal parts: the memory one more sampler really costs, where ``VmRSS`` counts them in full.
+    """
     out: dict[str, float] = {}
     with open(f"/proc/{pid}/status") as f:
         for line in f:
             key = line.split(":", 1)[0]
             if key in ("VmRSS", "RssAnon"):
                 out[key] = int(line.split()[1]) / 1024
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    out["Pss"] = int(line.split()[1]) / 1024
+    except OSError:  # kernels before 4.14 have no smaps_rollup
+        pass
     return out
 
 
@@ -148,6 +160,7 @@ def main(argv: list[str] | None = None) -> None:
         "sampler_cpu_s_median": statistics.median(c for r in results for c in r["sampler_cpu_s"]),
         "sampler_vmrss_mb_max": max(s["VmRSS"] for s in samplers),
         "sampler_rssanon_mb_max": max(s["RssAnon"] for s in samplers),
+        "sampler_pss_mb_max": max((s.get("Pss", math.nan) for s in samplers), default=math.nan),
         "trainer_vmrss_mb_max": max(r["trainer"]["VmRSS"] for r in results),
         "loadavg_1min": os.getloadavg()[0],
     }
