@@ -177,7 +177,7 @@ def markdown(rows: list[Row], meta: dict[str, Any]) -> str:
         meta["command"],
         "```",
         "",
-        f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores visible (shared with other jobs), "
+        f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores visible, "
         f"Python {platform.python_version()}. Path: `{meta.get('path', 'single')}`. Valid transitions "
         f"per cell: {meta['valid_steps']} over "
         f"{meta['rounds']} interleaved round(s); seed {meta['seed']}; total time {meta['total_s']:.0f} s. "

@@ -224,9 +224,9 @@ def _procs_lines(rows: list[Row], meta: dict[str, Any]) -> list[str]:
             f"transitions, dpsa one per {d['valid_steps'] / max(d['global_resets'], 1):.0f}."
         )
     out.append(
-        "- Other jobs share this machine's cores: a busy core slows the samplers' stepping, and more "
-        "so the multi-process cells, which need every core at once. A quiet re-run of the same command "
-        "is the reference."
+        "- Machine load (the load averages above) moves these figures: a busy core slows the "
+        "samplers' stepping, and more so the multi-process cells, which need every core at once; "
+        "compare tables measured on an idle machine."
     )
     return out
 
