@@ -378,10 +378,10 @@ def markdown(runs: list[dict[str, Any]], s: dict[str, Any], meta: dict[str, Any]
         meta["command"],
         "```",
         "",
-        f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores visible, **shared with other jobs while "
-        f"this ran** (load average before {meta['load_before']}, after {meta['load_after']}): absolute "
-        f"rates are low and noisy; a quiet re-run of the same command is the reference. Python "
-        f"{platform.python_version()}; total time {meta['total_s']:.0f} s.",
+        f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores visible; load average (1/5/15 min) "
+        f"before {meta['load_before']}, after {meta['load_after']} (the runs' own processes included; "
+        f"other jobs on the cores slow every rate here). Python {platform.python_version()}; total "
+        f"time {meta['total_s']:.0f} s.",
         "",
         "## Setting",
         "",
