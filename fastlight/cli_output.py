@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import re
@@ -19,6 +20,7 @@ import sys
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import NoReturn
 
 #: (message regex, category, why it is safe to hide).
 KNOWN_WARNINGS: tuple[tuple[str, type[Warning], str], ...] = (
@@ -87,3 +89,16 @@ def one_line_errors() -> Iterator[None]:
             raise
         print(f"fastlight: error: {line}  (FASTLIGHT_DEBUG=1 shows the traceback)", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def fail(message: str, *, prog: str = "fastlight") -> NoReturn:
+    """Print ``<prog>: error: <message>`` (one line) and exit with status 2, as argparse does."""
+    print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
+
+
+class OneLineArgumentParser(argparse.ArgumentParser):
+    """argparse whose errors are one line naming the flag (``fastlight evaluate``, ``plot``)."""
+
+    def error(self, message: str) -> NoReturn:
+        fail(message, prog=self.prog)

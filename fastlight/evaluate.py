@@ -38,6 +38,9 @@ import numpy as np
 if TYPE_CHECKING:
     from fastlight.evaluation import TaskEpisode
 
+from fastlight.cli_output import OneLineArgumentParser
+from fastlight.cli_output import fail as cli_fail
+
 PROG = "fastlight evaluate"
 #: Longest episode played when the env sets no time limit of its own (nothing runs forever).
 MAX_EPISODE_STEPS = 10_000
@@ -60,20 +63,14 @@ class EvalEpisode:
     frames: list[np.ndarray] = field(default_factory=list, repr=False)
 
 
-class _OneLineParser(argparse.ArgumentParser):
-    """argparse whose errors are one line (the flag and what is wrong) and exit status 2."""
-
-    def error(self, message: str) -> NoReturn:
-        fail(message)
-
-
 def fail(message: str) -> NoReturn:
-    print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
-    raise SystemExit(2)
+    cli_fail(message, prog=PROG)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _OneLineParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineArgumentParser(
+        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--ckpt", required=True, metavar="PATH", help="checkpoint of any fastlight module")
     p.add_argument("--episodes", type=int, default=10, help="episodes (per task for a multi-task env)")
     p.add_argument("--seed", type=int, default=10_000, help="episode i is reset with seed + i")

@@ -28,24 +28,23 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
+from fastlight.cli_output import OneLineArgumentParser
+from fastlight.cli_output import fail as cli_fail
+
 PROG = "fastlight plot"
 X_CHOICES = ("step", "env_steps", "time")
 #: Column that ``--x env_steps`` reads.
 ENV_STEPS = "perf/valid_steps_total"
 
 
-class _OneLineParser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        fail(message)
-
-
 def fail(message: str) -> NoReturn:
-    print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
-    raise SystemExit(2)
+    cli_fail(message, prog=PROG)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _OneLineParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineArgumentParser(
+        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("run_dir", metavar="RUN_DIR", help="the run's --trainer.default_root_dir")
     p.add_argument("--x", default="step", help=f"x axis: {' | '.join(X_CHOICES)} (default step)")
     p.add_argument("--y", nargs="+", default=["rollout/return"], metavar="KEY", help="logged keys")
