@@ -133,6 +133,31 @@ def _shard_folder(d: str) -> str:
     return subs[0]
 
 
+def measure_throughput(grid: GridConfig, folder: str, *, rounds: int) -> dict[str, dict[str, float]]:
+    """The sampler path against a plain loop per env, interleaved (the throughput target's
+    measurement, :mod:`fastlight.bench.objectives_throughput`), cached in ``<folder>/throughput.json``:
+    a merge on another machine reuses the numbers of the machine that ran them (delete the file to
+    measure again). ``rounds`` 0 skips it."""
+    if rounds == 0:
+        return {}
+    path = os.path.join(folder, "throughput.json")
+    cached = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            cached = json.load(f)
+    from fastlight.bench.objectives_throughput import measure_env
+
+    for env in grid.envs:
+        if env not in cached:
+            print(f"throughput: {env}, {rounds} interleaved rounds", flush=True)
+            cached[env] = measure_env(
+                env, num_envs=grid.num_envs, rollout_steps=grid.rollout_steps, rounds=rounds, plain_steps=1024
+            )
+            with open(path, "w") as f:
+                json.dump(cached, f, indent=1)
+    return {env: cached[env] for env in grid.envs}
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="3 cheap envs x 5 variants x 2 seeds at lag 1")
@@ -148,7 +173,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", default="runs/objectives", help="shard results go to <out>/<fingerprint>/")
     p.add_argument("--merge", nargs="+", metavar="DIR", help="combine these shard folders and report")
     p.add_argument("--results", default="benchmarks/results", help="where objectives.md/.json/.png go")
+    p.add_argument(
+        "--throughput-rounds",
+        type=int,
+        default=30,
+        help="interleaved sampler / plain-loop rounds per env for the throughput table (0: skip)",
+    )
     args = p.parse_args(argv)
+    if args.throughput_rounds < 0:
+        p.error(f"--throughput-rounds must be >= 0, got {args.throughput_rounds}")
     if args.last_k < 1:
         p.error(f"--last-k must be >= 1, got {args.last_k}")
     return args
@@ -182,7 +215,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from fastlight.bench.objectives_report import write_report
 
-    write_report(grid, results, results_dir=args.results, cache_dir=os.path.dirname(folder), command=command)
+    interleaved = measure_throughput(grid, folder, rounds=args.throughput_rounds)
+    write_report(
+        grid,
+        results,
+        results_dir=args.results,
+        cache_dir=os.path.dirname(folder),
+        command=command,
+        interleaved=interleaved,
+    )
     return 0
 
 

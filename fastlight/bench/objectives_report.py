@@ -59,6 +59,9 @@ def summarise(grid: GridConfig, results: list[dict], cache_dir: str, *, reps: in
         block = {"aggregate": aggregate(matrix, reps=reps), "matrix": {}}
         if "gipo0.2" in matrix and "ppo" in matrix:
             block["p_improvement_gipo0.2_over_ppo"] = improvement(matrix, "gipo0.2", "ppo", reps=reps)
+        for other in ("gipo0.2", "ppo"):  # SAPO's place in AcceRL's ordering: below both
+            if other in matrix and "sapo" in matrix:
+                block[f"p_improvement_{other}_over_sapo"] = improvement(matrix, other, "sapo", reps=reps)
         block["matrix"] = {v: m.tolist() for v, m in matrix.items()}
         out["by_lag"][str(lag)] = block
     out["measured_lag"] = {str(lag): _lags(raw, lag) for lag in grid.lags}
@@ -98,9 +101,16 @@ def _throughput(results: list[dict], envs: tuple[str, ...]) -> dict[str, dict[st
 
 
 def write_report(
-    grid: GridConfig, results: list[dict], *, results_dir: str, cache_dir: str, command: str
+    grid: GridConfig,
+    results: list[dict],
+    *,
+    results_dir: str,
+    cache_dir: str,
+    command: str,
+    interleaved: dict[str, dict[str, float]] | None = None,
 ) -> dict:
     summary = summarise(grid, results, cache_dir)
+    summary["throughput_interleaved"] = interleaved or {}
     os.makedirs(results_dir, exist_ok=True)
     with open(os.path.join(results_dir, "objectives.json"), "w") as f:
         json.dump(summary, f, indent=1)
@@ -141,11 +151,29 @@ def _verdict(block: dict, lag: int) -> list[str]:
     if "sapo" in agg:
         others = [v for v in ("gipo0.2", "ppo") if v in agg]
         below = all(agg["sapo"]["iqm"] < agg[v]["iqm"] for v in others)
-        lines.append(
+        line = (
             f"SAPO's IQM ({agg['sapo']['iqm']:.3f}) is {'below' if below else 'not below'} "
             + " and ".join(f"{v} ({agg[v]['iqm']:.3f})" for v in others)
-            + (", as in AcceRL." if below else ", unlike AcceRL.")
+            + (", as in AcceRL" if below else ", unlike AcceRL")
         )
+        pois = {
+            v: block[f"p_improvement_{v}_over_sapo"]
+            for v in others
+            if f"p_improvement_{v}_over_sapo" in block
+        }
+        if pois:
+            unresolved = [v for v, poi in pois.items() if poi["ci"][0] <= 0.5 <= poi["ci"][1]]
+            line += "; " + ", ".join(
+                f"P({v} > SAPO) = {poi['p']:.2f} {_ci(poi['ci'])}" for v, poi in pois.items()
+            )
+            line += (
+                f" - the CI reaches 0.5 for {' and '.join(unresolved)}: not resolved at this seed count."
+                if unresolved
+                else "."
+            )
+        else:
+            line += "."
+        lines.append(line)
     return lines
 
 
@@ -238,6 +266,15 @@ def markdown(grid: GridConfig, summary: dict, command: str) -> str:
         "compare, not the values.",
         "",
         "## Throughput",
+        "",
+    ]
+    if summary.get("throughput_interleaved"):
+        from fastlight.bench.objectives_throughput import markdown as interleaved_table
+
+        lines += [interleaved_table(summary["throughput_interleaved"]), ""]
+    lines += [
+        "During the runs (each run's sampler while its learner trains, so the two share the cores, and "
+        "the plain loop timed once after the run):",
         "",
         "Sampler: valid env steps per second of the sampler's busy time (policy inference included); "
         "end to end: env steps the learner consumed per second of training (updates included); plain: a "

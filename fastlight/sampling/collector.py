@@ -11,12 +11,15 @@
   ``collect()`` is ``rollout_steps`` steps and episodes carry over between calls.
 - ``sequential``: ``autoreset`` over exactly one env, the baseline of FAST's speed-up table.
 
-Resets of several envs at one moment run on a thread pool: scenario loading is I/O bound
-(HD maps, traffic logs), so the resets of one sampler overlap (see ``ScenarioLoadCost``).
+Resets of several envs at one moment run on a thread pool when they are slow: scenario loading is
+I/O bound (HD maps, traffic logs), so the resets of one sampler overlap (see ``ScenarioLoadCost``).
+Cheap resets (a MuJoCo ``mj_resetData``, tens of microseconds) run inline: a thread hand-off costs
+more than the reset itself, and CPU-bound resets cannot overlap under the GIL anyway.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -36,6 +39,10 @@ NONFINITE = ("raise", "drop")
 #: Resets in a row of one env that may return a non-finite observation under ``nonfinite="drop"``
 #: before the run stops anyway: an env that never resets cleanly cannot produce data.
 RESET_RETRIES = 3
+#: Resets slower than this (running mean of one env's reset, seconds) go to the thread pool when
+#: several envs reset at once; faster ones run inline. A pool hand-off costs ~0.1-1 ms (wake-up and
+#: lock round trip, more on a loaded machine), so below 2 ms the pool cannot win.
+POOL_RESET_S = 2e-3
 
 
 class NonFiniteError(ValueError):
@@ -45,9 +52,14 @@ class NonFiniteError(ValueError):
 def is_finite(value: Any) -> bool:
     """True unless a float in ``value`` (a number, an array, a dict of arrays) is NaN or infinite.
     Integer arrays (images, token ids) cannot hold either and are not scanned."""
+    # Fast paths first: this runs twice per env step (reward and observation).
+    if type(value) is np.ndarray:
+        return value.dtype.kind not in "fc" or bool(np.isfinite(value).all())
+    if isinstance(value, float):  # np.float64 is a float too
+        return math.isfinite(value)
     if isinstance(value, dict):
         return all(is_finite(v) for v in value.values())
-    if isinstance(value, (float, np.floating)):
+    if isinstance(value, np.floating):
         return bool(np.isfinite(value))
     arr = np.asarray(value) if not isinstance(value, torch.Tensor) else value.numpy()
     if arr.dtype.kind not in "fc":
@@ -145,6 +157,9 @@ class Collector:
         self._obs: list[Any] | None = None  # current observation of each env (autoreset carry-over)
         self._eps: list[_Episode] = []
         self._served = False  # the current round's policy is served by the inference worker
+        # Running mean of one env.reset() in seconds; None until the first reset was timed (the
+        # first global reset uses the pool: a scenario load may be slow).
+        self.reset_cost: float | None = None
 
     @property
     def num_envs(self) -> int:
@@ -162,10 +177,12 @@ class Collector:
             self._obs = [None] * self.num_envs
             self._eps = [_Episode() for _ in self.envs]
 
-        def one(i: int) -> tuple[int, Any, dict, int]:
+        def one(i: int) -> tuple[int, Any, dict, int, float]:
             seed = None if self._seeded else self.seed + i
             dropped = 0
+            t = time.perf_counter()
             obs, info = self.envs[i].reset(seed=seed)
+            cost = time.perf_counter() - t
             self.heartbeat()
             # Under "drop", a reset with NaN / inf has no episode yet: drop it and reset again (the
             # env's RNG has moved on, so the next start differs).
@@ -173,14 +190,16 @@ class Collector:
                 dropped += 1
                 obs, info = self.envs[i].reset()
                 self.heartbeat()
-            return i, obs, info, dropped
+            return i, obs, info, dropped, cost
 
         t0 = time.perf_counter()
-        # One env alone resets inline: there is nothing to overlap it with, and handing it to a
-        # pool thread (wake-up + lock round trip, milliseconds on a busy machine) costs more than
-        # a MuJoCo reset. Autoreset mode resets envs one at a time, often every few steps.
-        results = map(one, indices) if len(indices) == 1 else self._pool.map(one, indices)
-        for i, obs, info, dropped in results:
+        # One env alone resets inline: there is nothing to overlap it with. Several go to the pool
+        # only while resets are slow (see POOL_RESET_S); autoreset mode resets envs every few steps.
+        pooled = len(indices) > 1 and (self.reset_cost is None or self.reset_cost >= POOL_RESET_S)
+        results = self._pool.map(one, indices) if pooled else map(one, indices)
+        for i, obs, info, dropped, cost in results:
+            # 0.9/0.1 mean: a scenario-load env stays on the pool after one fast reset.
+            self.reset_cost = cost if self.reset_cost is None else 0.9 * self.reset_cost + 0.1 * cost
             self._obs[i] = obs
             self._eps[i] = _Episode(task_id=int(info.get("task_id", 0)))
             stats.dropped_nonfinite += dropped

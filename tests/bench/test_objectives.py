@@ -148,8 +148,10 @@ def test_tiny_grid_end_to_end(tmp_path) -> None:
     out, results = tmp_path / "runs", tmp_path / "results"
     argv = ["--envs", "InvertedPendulum-v5", "--variants", "ppo", "gipo0.2", "--lags", "1"]
     argv += ["--seeds", "0", "--budget", "2048", "--last-k", "2", "--out", str(out)]
+    argv += ["--throughput-rounds", "2"]
     assert objectives.main([*argv, "--results", str(results)]) == 0
     summary = json.loads((results / "objectives.json").read_text())
+    assert summary["throughput_interleaved"]["InvertedPendulum-v5"]["sampler_tps"] > 0
     runs = summary["runs"]
     assert len(runs) == 2
     for r in runs:
@@ -188,3 +190,28 @@ def test_summary_normalises_per_env_and_leaves_out_an_env_no_run_beat_random(tmp
     np.testing.assert_allclose(summary["by_lag"]["1"]["matrix"]["gipo0.2"], [[1.0], [0.0]])
     assert summary["throughput"]["Hopper-v5"]["sampler_ratio"] == pytest.approx(0.8)
     assert "Left out of the aggregates: Reacher-v5" in markdown(grid, summary, "cmd")
+
+
+def test_interleaved_throughput_ratio_and_verdict() -> None:
+    """A real Collector on a MuJoCo env against the plain loop: positive rates, the ratio is their
+    quotient, and the table says met / missed against the 70% target."""
+    from fastlight.bench.objectives_throughput import TARGET_RATIO, markdown, measure_env
+
+    r = measure_env("InvertedPendulum-v5", num_envs=4, rollout_steps=8, rounds=2, plain_steps=64)
+    assert r["plain_loop_tps"] > 0 and r["sampler_tps"] > 0
+    assert r["ratio"] == pytest.approx(r["sampler_tps"] / r["plain_loop_tps"])
+    assert r["ratio_min"] <= r["ratio_median"] <= r["ratio_max"]
+    low = {**r, "ratio": TARGET_RATIO - 0.05}
+    assert "missed by 5%" in markdown({"InvertedPendulum-v5": low}, command="cmd")
+    assert "| met |" in markdown({"InvertedPendulum-v5": {**r, "ratio": TARGET_RATIO}}, command="cmd")
+
+
+def test_throughput_bad_input_names_the_flag(capsys) -> None:
+    from fastlight.bench import objectives_throughput
+
+    with pytest.raises(SystemExit):
+        objectives_throughput.main(["--envs", "Pong-v5"])
+    assert "--envs" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        objectives_throughput.main(["--rounds", "0"])
+    assert "--rounds must be >= 1" in capsys.readouterr().err

@@ -170,3 +170,40 @@ def test_collector_on_highway_validates():
     r.validate()
     assert r.shape[1] == 3 and 1 <= r.shape[0] <= 8
     assert r.stats.step_time > 0 and r.stats.wall_time >= r.stats.step_time + 0.0
+
+
+class _ThreadRecordingEnv(FixedLengthEnv):
+    """Records the thread each reset runs on; ``reset_s`` makes a reset slow (a scenario load)."""
+
+    def __init__(self, reset_s: float, **kw) -> None:
+        super().__init__(**kw)
+        self.reset_s = reset_s
+        self.reset_threads: list[str] = []
+
+    def reset(self, *, seed=None, options=None):
+        import threading
+        import time
+
+        time.sleep(self.reset_s)
+        self.reset_threads.append(threading.current_thread().name)
+        return super().reset(seed=seed, options=options)
+
+
+@pytest.mark.parametrize("reset_s, pooled", [(0.0, False), (0.005, True)])
+def test_several_resets_use_the_pool_only_while_resets_are_slow(reset_s, pooled, obs_value_policy):
+    """The first global reset goes to the pool (its cost is unknown); later multi-env resets run
+    inline when a reset is cheaper than POOL_RESET_S (a thread hand-off would cost more) and stay
+    on the pool when it is slower (I/O-bound scenario loads overlap there)."""
+    from fastlight.sampling.collector import POOL_RESET_S
+
+    assert reset_s == 0.0 or reset_s > POOL_RESET_S
+    envs = [_ThreadRecordingEnv(reset_s, lengths=(3,), tag=i) for i in range(4)]  # all end together
+    c = Collector(envs, mode="dpsa", termination_threshold=1.0)
+    for _ in range(3):
+        c.collect(obs_value_policy).validate()
+    first = [e.reset_threads[0] for e in envs]
+    later = [name for e in envs for name in e.reset_threads[1:]]
+    assert len(later) == 8
+    assert all(name.startswith("fastlight-reset") for name in first)
+    assert all(name.startswith("fastlight-reset") == pooled for name in later), later
+    assert (c.reset_cost > POOL_RESET_S) == pooled
