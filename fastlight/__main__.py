@@ -7,12 +7,23 @@ CLI and transformers it never uses (about 0.2 GB and seconds of start-up each, i
 this module imports nothing at the top and loads the CLI only when ``main`` runs, which the
 console script's ``__name__ == "__main__"`` guard keeps from happening in a child.
 (``python -m fastlight`` is not re-imported at all: spawn skips ``*.__main__`` modules.)
+
+For ``fit``, the first thing ``main`` does is start a forkserver that imports the samplers'
+modules and the run's env package on the other core while this process imports Lightning
+(:mod:`fastlight.sampling.start`); the samplers are then forked from it, warm.
 """
 
 from __future__ import annotations
 
+import sys
+
 
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "fit" and "--help" not in sys.argv and "-h" not in sys.argv:
+        from fastlight.sampling.start import peek_data, peek_env_id, warm_forkserver
+
+        if peek_data(sys.argv[2:], "start_method") != "spawn":
+            warm_forkserver(peek_env_id(sys.argv[2:]))
     from fastlight.cli import main as cli
 
     cli()

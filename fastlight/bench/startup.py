@@ -2,6 +2,7 @@
 
     python -m fastlight.bench.startup --config configs/highway_dpsa.yaml --runs 3
     python -m fastlight.bench.startup --command "python -m fastlight" ...
+    python -m fastlight.bench.startup --start-methods spawn forkserver   # A/B, interleaved
 
 Each run launches the command as a fresh process with :class:`FirstRolloutClock` attached
 (``--trainer.callbacks+=``). The clock is read against the wall time the runner took right
@@ -10,6 +11,10 @@ every import, the config parse, the env probe, the sampler spawn and the first s
 it is the time until the first Rollout is in the trainer (``on_train_batch_start`` of batch 0).
 The callback also reads every sampler process's ``VmRSS`` / ``RssAnon`` from ``/proc`` once
 ``rss_after`` Rollouts have arrived (steady state: envs built, policy run), then stops the run.
+With a forkserver (``--data.start_method``, :mod:`fastlight.sampling.start`) it also reads the
+forkserver's CPU seconds (its preload imports, which a forked sampler does not repeat).
+With several ``--start-methods`` the launches alternate between them, so both see the same
+machine state.
 """
 
 from __future__ import annotations
@@ -89,6 +94,8 @@ class FirstRolloutClock(Callback):
             # grows with the load, these much less.
             self.result["trainer_cpu_s"] = proc_cpu_s(os.getpid())
             self.result["sampler_cpu_s"] = [proc_cpu_s(pid) for pid in _sampler_pids(trainer)]
+            servers = {_parent_pid(pid) for pid in _sampler_pids(trainer)} - {os.getpid()}
+            self.result["forkserver_cpu_s"] = sum(proc_cpu_s(pid) for pid in servers if pid)
 
     @override
     def on_train_batch_end(
@@ -110,7 +117,15 @@ def _sampler_pids(trainer: pl.Trainer) -> list[int]:
     return [p.pid for p in dm.pool.procs] if isinstance(dm, RolloutDataModule) and dm.pool else []
 
 
-def run_once(command: list[str], config: str, root: str) -> dict[str, Any]:
+def _parent_pid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def run_once(command: list[str], config: str, root: str, start_method: str | None = None) -> dict[str, Any]:
     """One launch of ``command fit --config config`` with the clock attached; its result."""
     out = os.path.join(root, "startup.json")
     args = [
@@ -122,6 +137,8 @@ def run_once(command: list[str], config: str, root: str) -> dict[str, Any]:
         "--trainer.callbacks+=fastlight.bench.startup.FirstRolloutClock",
         "--trainer.enable_progress_bar=false",
     ]
+    if start_method is not None:
+        args.append(f"--data.start_method={start_method}")
     env = dict(os.environ, **{_OUT: out, _T0: repr(time.time())})
     proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0 or not os.path.exists(out):
@@ -137,34 +154,50 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", default="configs/highway_dpsa.yaml")
     parser.add_argument("--command", default="fastlight", help="how to launch fastlight (shell words)")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--start-methods",
+        nargs="+",
+        choices=["spawn", "forkserver"],
+        help="launch with each --data.start_method in turn (default: the command's own choice)",
+    )
     a = parser.parse_args(argv)
-    results = []
+    if a.runs < 1:
+        parser.error(f"--runs must be >= 1, got {a.runs}")
+    methods = a.start_methods or [None]
+    results: dict[str, list[dict[str, Any]]] = {str(m): [] for m in methods}
     for _ in range(a.runs):
-        with tempfile.TemporaryDirectory() as root:
-            results.append(run_once(shlex.split(a.command), a.config, root))
-        r = results[-1]
-        rss = [round(s["VmRSS"]) for s in r["samplers"]]
-        cpu = [round(c, 1) for c in r["sampler_cpu_s"]]
-        print(
-            f"first rollout {r['first_rollout_s']:.2f} s (CPU: trainer {r['trainer_cpu_s']:.1f} s, "
-            f"samplers {cpu} s), sampler VmRSS {rss} MB, load {os.getloadavg()[0]:.1f}",
-            flush=True,
-        )
+        for method in methods:
+            with tempfile.TemporaryDirectory() as root:
+                r = run_once(shlex.split(a.command), a.config, root, method)
+            results[str(method)].append(r)
+            rss = [round(s["VmRSS"]) for s in r["samplers"]]
+            cpu = [round(c, 1) for c in r["sampler_cpu_s"]]
+            print(
+                f"[{method or 'default'}] first rollout {r['first_rollout_s']:.2f} s (CPU: trainer "
+                f"{r['trainer_cpu_s']:.1f} s, samplers {cpu} s, forkserver {r['forkserver_cpu_s']:.1f} s), "
+                f"sampler VmRSS {rss} MB, load {os.getloadavg()[0]:.1f}",
+                flush=True,
+            )
+    summary = {"command": a.command, "config": a.config, "loadavg_1min": os.getloadavg()[0]}
+    for method, runs in results.items():
+        summary[method if method != "None" else "default"] = _summary(runs)
+    print(json.dumps(summary, indent=1))
+
+
+def _summary(results: list[dict[str, Any]]) -> dict[str, Any]:
     firsts = [r["first_rollout_s"] for r in results]
     samplers = [s for r in results for s in r["samplers"]]
-    summary = {
-        "command": a.command,
+    return {
         "first_rollout_s_median": statistics.median(firsts),
         "first_rollout_s": firsts,
         "trainer_cpu_s_median": statistics.median(r["trainer_cpu_s"] for r in results),
         "sampler_cpu_s_median": statistics.median(c for r in results for c in r["sampler_cpu_s"]),
+        "forkserver_cpu_s_median": statistics.median(r["forkserver_cpu_s"] for r in results),
         "sampler_vmrss_mb_max": max(s["VmRSS"] for s in samplers),
         "sampler_rssanon_mb_max": max(s["RssAnon"] for s in samplers),
         "sampler_pss_mb_max": max((s.get("Pss", math.nan) for s in samplers), default=math.nan),
         "trainer_vmrss_mb_max": max(r["trainer"]["VmRSS"] for r in results),
-        "loadavg_1min": os.getloadavg()[0],
     }
-    print(json.dumps(summary, indent=1))
 
 
 if __name__ == "__main__":

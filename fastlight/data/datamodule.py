@@ -32,11 +32,12 @@ from torch.utils.data import DataLoader, IterableDataset
 from typing_extensions import override
 
 from fastlight.data.prefetch import Prefetcher
-from fastlight.data.protocols import ChecksEnvSpec, RolloutPolicyModule, require
+from fastlight.data.protocols import ChecksEnvSpec, MultiTaskEnv, RolloutPolicyModule, require
 from fastlight.envs.registry import make_env
 from fastlight.sampling.collector import check_collector_settings
 from fastlight.sampling.obs import obs_to_tensor, stack_obs
 from fastlight.sampling.pool import SamplerPool
+from fastlight.sampling.start import check_start_method, resolve_start_method
 from fastlight.sampling.worker import SamplerConfig
 from fastlight.weights.publisher import SyncStats
 
@@ -126,6 +127,11 @@ class RolloutDataModule(L.LightningDataModule):
         heartbeat_s: a started sampler that makes no progress (no env step, reset or wait) for
             this long is hung: it is killed and restarted as above. Detection takes at most
             ``heartbeat_s`` + 0.25 s once the trainer waits for data.
+        start_method: how sampler (and inference worker) processes start: ``spawn``, or
+            ``forkserver`` (forked from a server that has already imported torch, gymnasium and
+            the env package). ``None`` (default): ``forkserver`` when the ``fastlight`` command
+            warmed one at start-up (it does for ``fit``, in parallel with the trainer's own
+            imports), else ``spawn``. See :mod:`fastlight.sampling.start`.
     """
 
     def __init__(
@@ -156,8 +162,10 @@ class RolloutDataModule(L.LightningDataModule):
         max_worker_restarts: int = 3,
         restart_window_s: float = 600.0,
         heartbeat_s: float = 60.0,
+        start_method: str | None = None,
     ) -> None:
         super().__init__()
+        check_start_method(start_method)
         check_collector_settings(
             mode=reset_mode,
             num_envs=num_envs if reset_mode != "sequential" else 1,
@@ -307,6 +315,7 @@ class RolloutDataModule(L.LightningDataModule):
             max_restarts=h.get("max_worker_restarts", 3),
             restart_window_s=h.get("restart_window_s", 600.0),
             heartbeat_s=h.get("heartbeat_s", 60.0),
+            start_method=resolve_start_method(h.get("start_method")),
         )
         self.pool.start()
         self.prefetcher = Prefetcher(
@@ -324,11 +333,13 @@ class RolloutDataModule(L.LightningDataModule):
         steps = h.max_horizon if h.reset_mode in ("dpsa", "sgr") else h.rollout_steps
         return max(h.num_envs * h.cycles_per_step * steps, h.get("valid_steps_per_step") or 0)
 
-    def check_minibatches(self, module: Any) -> None:
+    def check_minibatches(self, module: object) -> None:
         """Refuse, before any sampler starts, a ``--model.num_minibatches`` that no Rollout can fill:
-        it would split every Rollout into empty minibatches."""
-        hparams = getattr(module, "hparams", None) or {}
-        wanted = hparams.get("num_minibatches") if hasattr(hparams, "get") else None
+        it would split every Rollout into empty minibatches. (A module without that setting, e.g. a
+        plain Lightning project's own or the sampling benchmark's fixed policy, is not checked.)"""
+        if not isinstance(module, L.LightningModule):
+            return
+        wanted = module.hparams.get("num_minibatches")
         if wanted is not None and wanted > self.max_valid_per_rollout():
             h = self.hparams
             cycle = "max_horizon" if h.reset_mode in ("dpsa", "sgr") else "rollout_steps"
@@ -470,10 +481,9 @@ def cpu_copy(module: torch.nn.Module) -> torch.nn.Module:
 def _task_names(env: gym.Env) -> tuple[str, ...] | None:
     """The task names of a multi-task env (one that takes task weights), else None."""
     base = env.unwrapped
-    names = getattr(base, "task_names", None)
-    if names is None or not callable(getattr(base, "set_task_weights", None)):
+    if not isinstance(base, MultiTaskEnv):
         return None
-    return tuple(str(n) for n in names)
+    return tuple(str(n) for n in base.task_names)
 
 
 def _share(total: int | None, envs: int, all_envs: int) -> int:

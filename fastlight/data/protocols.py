@@ -55,6 +55,16 @@ class MultiTaskData(TaskWeightSink, Protocol):
 
 
 @runtime_checkable
+class MultiTaskEnv(Protocol):
+    """An env (its ``env.unwrapped``) with named tasks that takes DWR's task weights, such as
+    :class:`fastlight.envs.metaworld.MetaWorldEnv`; ``RolloutDataModule.task_names`` reads it."""
+
+    task_names: Sequence[str]
+
+    def set_task_weights(self, weights: Sequence[float]) -> None: ...
+
+
+@runtime_checkable
 class WeightPublishing(Protocol):
     def request_drain(self) -> None: ...
 

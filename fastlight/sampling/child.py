@@ -61,22 +61,40 @@ def children_ignore_sigint() -> Iterator[None]:
 def die_with_parent(parent: int) -> None:
     """Exit when the trainer (pid ``parent``) dies: the kernel's PR_SET_PDEATHSIG on Linux, plus
     a watchdog thread. ``parent`` is passed in rather than read here, because the trainer may
-    die while this process is still importing, before this function runs."""
+    die while this process is still importing, before this function runs.
+
+    A child forked by the trainer's forkserver (:mod:`fastlight.sampling.start`) has the
+    forkserver as its parent, itself the trainer's child. The forkserver does not exit with the
+    trainer on its own: it waits until every process holding its "alive" pipe is gone, and its
+    children hold that pipe too. So such a child also watches the forkserver's parent, and exits
+    once that is no longer the trainer; the forkserver follows when its last child is gone."""
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
         except OSError:
             pass
-    if os.getppid() != parent:
+    direct = os.getppid()
+    via_server = direct != parent
+    if via_server and _parent_pid(direct) != parent:
         os._exit(1)
 
     def watchdog() -> None:
         while True:
-            if os.getppid() != parent:
+            if os.getppid() != direct or (via_server and _parent_pid(direct) != parent):
                 os._exit(1)
             time.sleep(1.0)
 
     threading.Thread(target=watchdog, daemon=True, name="fastlight-parent-watchdog").start()
+
+
+def _parent_pid(pid: int) -> int | None:
+    """The parent of process ``pid`` from ``/proc`` (Linux), or None where unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+        return int(stat.rsplit(")", 1)[1].split()[1])  # fields after "(comm)": state, ppid, ...
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def seed_everything(seed: int) -> None:

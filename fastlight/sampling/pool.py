@@ -92,6 +92,7 @@ class SamplerPool:
         max_restarts: int = 3,
         restart_window_s: float = 600.0,
         heartbeat_s: float = 60.0,
+        start_method: str = "spawn",
     ) -> None:
         check_policy(policy)  # a missing action_mapping must fail here, not in a child process
         self.configs = configs
@@ -99,7 +100,8 @@ class SamplerPool:
         self.timeout_s = timeout_s
         self.max_restarts, self.restart_window_s = max_restarts, restart_window_s
         self.heartbeat_s = heartbeat_s
-        self.ctx = tmp.get_context("spawn")
+        # spawn, or the forkserver the fastlight command warmed at start-up (fastlight.sampling.start)
+        self.ctx = tmp.get_context(start_method)
         self.client: InferenceClient | None = None
         if inference is not None:
             self.client = InferenceClient(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 from pathlib import Path
+from time import sleep as real_sleep
 from types import SimpleNamespace
 
 import gymnasium as gym
@@ -27,7 +28,7 @@ from fastlight.bench.sampling_runs import (
 )
 from fastlight.bench.shared_sim import shared_sim_clips
 from fastlight.envs import scenario_cost
-from fastlight.sampling.collector import Collector
+from fastlight.sampling.collector import POOL_RESET_S, Collector
 from tests.fake_envs import FixedLengthEnv
 
 KEYS = {"mode", "threshold", "clips", "reset_cost_s", "raw_tps", "effective_tps", "sample_efficiency",
@@ -172,6 +173,9 @@ def test_emulated_resets_of_one_sampler_overlap(monkeypatch: pytest.MonkeyPatch)
     def load(seconds: float) -> None:
         loads.append(seconds)
         barrier.wait()
+        # A real load takes time: the Collector keeps resets on its pool only while one costs more
+        # than POOL_RESET_S (cheaper ones run inline), so the emulated one must too.
+        real_sleep(2 * POOL_RESET_S)
 
     monkeypatch.setattr(scenario_cost, "time", SimpleNamespace(sleep=load))
     be = BenchEnv(env_id="BenchRandomLength-v0", reset_cost_s=RESET)

@@ -125,13 +125,19 @@ def test_policy_not_matching_env_is_refused():
 
 KILL_SCRIPT = textwrap.dedent(
     """
-    import lightning as L, sys
+    import sys
+    START = sys.argv[1]
+    if START == "forkserver":  # as the fastlight command does first, before Lightning is imported
+        from fastlight.sampling.start import warm_forkserver
+        assert warm_forkserver("tests.fake_envs:FixedLength-v0")
+    import lightning as L
     from fastlight.data.datamodule import RolloutDataModule
     from fastlight.modules.rl_module import RLModule
 
     class Announce(RLModule):
-        def on_train_start(self):
-            print("PIDS", *[p.pid for p in self.trainer.datamodule.pool.procs], flush=True)
+        def on_train_batch_end(self, outputs, batch, batch_idx):
+            if batch_idx == 0:  # a Rollout went through: the samplers work
+                print("PIDS", *[p.pid for p in self.trainer.datamodule.pool.procs], flush=True)
 
     dm = RolloutDataModule(env_id="tests.fake_envs:FixedLength-v0", num_envs=2, num_workers=2)
     L.Trainer(max_steps=100000, logger=False, enable_checkpointing=False, enable_progress_bar=False,
@@ -140,10 +146,12 @@ KILL_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.parametrize("start", ["spawn", "forkserver"])
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
-def test_no_orphans_when_trainer_is_interrupted_or_killed(sig):
+def test_no_orphans_when_trainer_is_interrupted_or_killed(sig, start):
+    """Samplers (and, with a warmed forkserver, the forkserver) never outlive their trainer."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", KILL_SCRIPT],
+        [sys.executable, "-c", KILL_SCRIPT, start],
         stdout=subprocess.PIPE,
         text=True,
         cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
@@ -155,14 +163,43 @@ def test_no_orphans_when_trainer_is_interrupted_or_killed(sig):
         if line.startswith("PIDS"):
             pids = [int(p) for p in line.split()[1:]]
             break
-    assert len(pids) == 2, "trainer never started its samplers"
+    assert len(pids) == 2, "trainer never trained on a Rollout"
+    family = _descendants(proc.pid)  # the samplers, multiprocessing's resource tracker, the forkserver
+    assert set(pids) <= family
+    parents = {_parent(p) for p in pids}
+    if start == "spawn":
+        assert parents == {proc.pid}
+    else:  # forked by the forkserver, a child of the trainer
+        assert parents != {proc.pid} and len(parents) == 1 and _parent(parents.pop()) == proc.pid
     time.sleep(1.0)
     proc.send_signal(sig)
     proc.wait(timeout=30)
     deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+    while time.monotonic() < deadline and any(_alive(p) for p in family):
         time.sleep(0.2)
-    assert not any(_alive(p) for p in pids), f"orphaned samplers after {sig.name}"
+    assert not any(_alive(p) for p in family), f"orphaned processes after {sig.name} ({start})"
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def _descendants(root: int) -> set[int]:
+    """Every live process below ``root`` (children, grandchildren...), from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                children.setdefault(_parent(int(entry)), []).append(int(entry))
+            except (OSError, ValueError, IndexError):
+                continue
+    out, todo = set(), [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.add(child)
+            todo.append(child)
+    return out
 
 
 def _alive(pid: int) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from time import sleep as real_sleep
 from types import SimpleNamespace
 
 import torch
@@ -11,6 +12,7 @@ from fastlight.data.datamodule import RolloutDataModule
 from fastlight.envs import scenario_cost
 from fastlight.rollout import Rollout
 from fastlight.sampling.child import seed_everything
+from fastlight.sampling.collector import POOL_RESET_S
 from fastlight.sampling.worker import build_collector
 from tests.conftest import ObsValuePolicy
 
@@ -73,6 +75,9 @@ def test_scenario_load_cost_loads_on_every_reset_and_the_loads_overlap(monkeypat
     def load(seconds: float) -> None:
         loads.append(seconds)
         barrier.wait()
+        # A real load takes time: the Collector keeps resets on its pool only while one costs more
+        # than POOL_RESET_S (cheaper ones run inline), so the emulated one must too.
+        real_sleep(2 * POOL_RESET_S)
 
     monkeypatch.setattr(scenario_cost, "time", SimpleNamespace(sleep=load))
     kw = {

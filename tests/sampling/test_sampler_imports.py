@@ -35,6 +35,10 @@ from {entry_module} import {entry_func}  # the console script's one import, re-r
 
 if __name__ == "__main__":
     import glob, json, os, time
+    start_method = sys.argv[2]
+    if start_method == "forkserver":  # as the fastlight command does, before Lightning is imported
+        from fastlight.sampling.start import warm_forkserver
+        assert warm_forkserver("tests.probe_env:ModulesProbe-v0")
     import lightning  # noqa: F401 - the trainer holds it; its children must not
     from fastlight.data.datamodule import RolloutDataModule, cpu_copy
     from fastlight.models.mlp import MLPActorCritic
@@ -46,7 +50,8 @@ if __name__ == "__main__":
         num_envs=2, num_workers=1, max_horizon=8, seed=0,
     )
     policy = MLPActorCritic(dm.obs_dim, dm.action_dim)
-    pool = SamplerPool(dm.sampler_configs(0), cpu_copy(policy).eval(), timeout_s=120)
+    policy = cpu_copy(policy).eval()
+    pool = SamplerPool(dm.sampler_configs(0), policy, timeout_s=120, start_method=start_method)
     pool.start()
     try:
         pids = [p.pid for p in pool.procs]
@@ -55,7 +60,9 @@ if __name__ == "__main__":
             item = None
             while item is None:
                 item = pool.next_item(timeout=1.0)
-        print(json.dumps({{"pids": pids, "trainer_has_lightning": "lightning" in sys.modules}}))
+        parents = [int(open(f"/proc/{{p}}/stat").read().rsplit(")", 1)[1].split()[1]) for p in pids]
+        print(json.dumps({{"pids": pids, "parents": parents, "trainer": os.getpid(),
+                          "trainer_has_lightning": "lightning" in sys.modules}}))
     finally:
         pool.stop()
 """
@@ -71,7 +78,10 @@ def _entry() -> tuple[str, str]:
 
 
 @pytest.mark.multiproc
-def test_highway_sampler_loads_no_lightning_transformers_or_metaworld(tmp_path):
+@pytest.mark.parametrize("start_method", ["spawn", "forkserver"])
+def test_highway_sampler_loads_no_lightning_transformers_or_metaworld(tmp_path, start_method):
+    """Spawned, or forked from the forkserver the fastlight command warms before it imports
+    Lightning: either way the sampler holds no Lightning, transformers or Meta-World."""
     module, func = _entry()
     script = tmp_path / "fastlight"  # a file named like the console script, run by path
     script.write_text(DRIVER.format(entry_module=module, entry_func=func))
@@ -79,7 +89,7 @@ def test_highway_sampler_loads_no_lightning_transformers_or_metaworld(tmp_path):
     reports.mkdir()
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
     proc = subprocess.run(
-        [sys.executable, str(script), str(reports)],
+        [sys.executable, str(script), str(reports), start_method],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -90,6 +100,8 @@ def test_highway_sampler_loads_no_lightning_transformers_or_metaworld(tmp_path):
     parent = json.loads(proc.stdout.strip().splitlines()[-1])
     assert parent["trainer_has_lightning"]
     (pid,) = parent["pids"]
+    forked = parent["parents"] != [parent["trainer"]]  # a forkserver child has the server as parent
+    assert forked == (start_method == "forkserver")
     report = json.loads((reports / f"{pid}.json").read_text())
     modules = set(report["modules"])
     assert "highway_env" in modules and "fastlight.sampling.worker" in modules  # it did sample

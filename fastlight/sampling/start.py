@@ -1,0 +1,139 @@
+"""How fastlight starts its child processes: ``spawn``, or a ``forkserver`` warmed at start-up.
+
+A spawned sampler imports torch, gymnasium and its env package itself (3-4 s of CPU each for
+highway-env on a 2-core machine), and it can only start once the trainer has imported Lightning
+and parsed the config. The ``fastlight`` command instead starts a forkserver as its very first
+step (:func:`warm_forkserver`): a clean single-threaded process that imports the sampler's
+modules (and the run's env package, read from the command line or the ``--config`` files) on
+the other core *while* the trainer imports Lightning. Samplers are then forked from it with
+those modules already loaded. A forkserver child is a fresh process as far as the trainer is
+concerned (its arguments are pickled as with spawn, it shares no trainer state, no CUDA, no
+threads); its parent is the forkserver, which exits when the trainer does
+(:func:`fastlight.sampling.child.die_with_parent` accepts it).
+
+Library use (a user's own script, the tests) keeps ``spawn`` unless it warms a forkserver or
+passes ``start_method="forkserver"`` explicitly (``--data.start_method``).
+
+This module imports nothing heavy: it runs before Lightning is imported.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+
+START_METHODS = ("spawn", "forkserver")
+#: The forkserver imports these (module :mod:`fastlight.sampling.preload` reads the env id).
+PRELOAD = ["fastlight.sampling.preload"]
+#: Environment variable through which the forkserver learns the run's env id.
+PRELOAD_ENV_VAR = "FASTLIGHT_PRELOAD_ENV_ID"
+
+_warm = False
+
+
+def forkserver_available() -> bool:
+    import multiprocessing
+
+    return "forkserver" in multiprocessing.get_all_start_methods()
+
+
+def warm_forkserver(env_id: str | None = None) -> bool:
+    """Start the forkserver now, importing the sampler's modules (and ``env_id``'s package) in it.
+
+    Returns False (and changes nothing) where the platform has no forkserver. Later calls are
+    no-ops. After it, :func:`resolve_start_method` (``None``) picks ``forkserver``.
+    """
+    global _warm
+    if _warm:
+        return True
+    if not forkserver_available():
+        return False
+    import multiprocessing
+    import signal
+    import threading
+    from multiprocessing import forkserver
+
+    if env_id:
+        os.environ[PRELOAD_ENV_VAR] = env_id
+    multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
+    # Started with SIGINT ignored, the forkserver and every child forked from it ignore Ctrl-C from
+    # their first instruction (an ignored disposition survives exec, and Python then installs no
+    # KeyboardInterrupt handler): the trainer handles Ctrl-C and stops its children itself.
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main_thread else None
+    try:
+        forkserver.ensure_running()
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGINT, previous)
+    _warm = True
+    return True
+
+
+def resolve_start_method(value: str | None) -> str:
+    """``None`` -> ``forkserver`` if :func:`warm_forkserver` ran in this process, else ``spawn``.
+    A bad value raises one line naming ``--data.start_method``."""
+    if value is None:
+        return "forkserver" if _warm else "spawn"
+    check_start_method(value)
+    return value
+
+
+def check_start_method(value: str | None) -> None:
+    if value is None:
+        return
+    if value not in START_METHODS:
+        raise ValueError(f"--data.start_method must be null, {' or '.join(START_METHODS)}, got {value!r}")
+    if value == "forkserver" and not forkserver_available():
+        raise ValueError(f"--data.start_method forkserver is not available on {sys.platform}: use spawn")
+
+
+def peek_data(argv: Sequence[str], key: str) -> str | None:
+    """``data.<key>`` as the command line gives it, without parsing it the CLI's way: the last
+    ``--data.<key>`` flag, else the last ``--config`` file that sets it (plain or ``init_args``
+    form). ``None`` when neither does. Used before Lightning is imported, to warm the forkserver
+    for the run's env (:func:`peek_env_id`) or not at all (``--data.start_method spawn``); the CLI
+    parses and checks the real value later."""
+    flag = f"--data.{key}"
+    value = None
+    configs = []
+    for i, arg in enumerate(argv):
+        following = argv[i + 1] if i + 1 < len(argv) else None
+        if arg.startswith(f"{flag}="):
+            value = arg.split("=", 1)[1]
+        elif arg == flag and following is not None:
+            value = following
+        elif arg.startswith("--config="):
+            configs.append(arg.split("=", 1)[1])
+        elif arg in ("--config", "-c") and following is not None:
+            configs.append(following)
+    if value is not None:
+        return value
+    for path in reversed(configs):
+        found = _data_in_config(path, key)
+        if found is not None:
+            return found
+    return None
+
+
+def peek_env_id(argv: Sequence[str]) -> str | None:
+    """The run's ``data.env_id`` (:func:`peek_data`); ``None`` leaves the forkserver without an
+    env package to preload (a warm start still, not a wrong one)."""
+    return peek_data(argv, "env_id")
+
+
+def _data_in_config(path: str, key: str) -> str | None:
+    try:
+        import yaml
+
+        with open(path) as f:
+            config = yaml.safe_load(f)
+    except Exception:  # the CLI reports an unreadable config with its own message later
+        return None
+    data = config.get("data") if isinstance(config, dict) else None
+    if not isinstance(data, dict):
+        return None
+    args = data.get("init_args") if isinstance(data.get("init_args"), dict) else data
+    value = args.get(key)
+    return value if isinstance(value, str) else None
