@@ -195,17 +195,10 @@ def evaluate_run(summary: dict[str, Any], *, episodes: int, greedy: bool = False
     """
     import torch
 
+    from fastlight.bench.convergence_snapshots import run_policy
     from fastlight.evaluation import policy_act_fn, run_episodes
-    from fastlight.modules.rl_module import RLModule
 
-    module = RLModule(
-        obs_dim=summary["obs_dim"],
-        action_dim=summary["action_dim"],
-        continuous=summary["continuous"],
-        **summary["model"],
-    )
-    module.configure_model()
-    policy = module.policy.eval()
+    policy = run_policy(summary)
     curve = []
     for path in sorted(Path(summary["folder"]).glob("snap_*.pt")):
         snap = torch.load(path, map_location="cpu", weights_only=True)

@@ -96,3 +96,36 @@ class WallClockSnapshots(L.Callback):
         self.valid_steps = int(state_dict["valid_steps"])
         self.snapshots = int(state_dict["snapshots"])
         self.elapsed = float(state_dict["elapsed"])
+
+
+def run_policy(summary: dict[str, Any]) -> torch.nn.Module:
+    """The (untrained) policy of a convergence run, from its ``summary.json``: the RLModule the
+    worker built (same sizes and settings), in eval mode, to load a snapshot's weights into."""
+    from fastlight.modules.rl_module import RLModule
+
+    module = RLModule(
+        obs_dim=summary["obs_dim"],
+        action_dim=summary["action_dim"],
+        continuous=summary["continuous"],
+        **summary["model"],
+    )
+    module.configure_model()
+    return module.policy.eval()
+
+
+def is_snapshot(path: str | Path) -> bool:
+    """A ``snap_<k>.pt`` of a finished convergence run (its ``summary.json`` next to it)."""
+    path = Path(path)
+    return path.name.startswith("snap_") and path.suffix == ".pt" and (path.parent / "summary.json").is_file()
+
+
+def load_snapshot(path: str | Path) -> tuple[torch.nn.Module, dict[str, Any], dict[str, Any]]:
+    """``(policy with the snapshot's weights, the run's summary, the snapshot's t/updates/valid_steps)``."""
+    import json
+
+    path = Path(path)
+    summary = json.loads((path.parent / "summary.json").read_text())
+    snap = torch.load(path, map_location="cpu", weights_only=True)
+    policy = run_policy(summary)
+    policy.load_state_dict(snap["policy"])
+    return policy, summary, {k: v for k, v in snap.items() if k != "policy"}

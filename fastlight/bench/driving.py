@@ -2,6 +2,8 @@
 
     python -m fastlight.bench.driving --ckpt A.ckpt --ckpt B.ckpt [--episodes 30] [--seed 20000]
         [--out benchmarks/results/driving_metrics]
+    python -m fastlight.bench.driving --ckpt runs/convergence/sequential_s0/snap_0006.pt \
+        --ckpt runs/convergence/dpsa1.0_s0/snap_0006.pt      # a convergence run's snapshots
 
 Both policies play the same evaluation seeds ``seed, seed + 1, ...`` of the env their checkpoints
 were trained on (rebuilt from the checkpoint's saved datamodule settings: ``env_id`` and
@@ -22,12 +24,14 @@ import os
 import shlex
 import sys
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import torch
 
+from fastlight.bench.convergence_snapshots import is_snapshot, load_snapshot
 from fastlight.bench.extras import require
 from fastlight.checkpoints import load_module, read_checkpoint
 from fastlight.envs.registry import make_env
@@ -84,7 +88,13 @@ class PolicyRun:
 
 
 def checkpoint_env(path: str, flag: str = "--ckpt") -> tuple[str, dict[str, Any] | None, int | None]:
-    """``(env_id, env_kwargs, global_step)`` saved in a checkpoint by its ``RolloutDataModule``."""
+    """``(env_id, env_kwargs, global_step)`` saved in a checkpoint by its ``RolloutDataModule``, or
+    ``(env_id, None, updates)`` of a convergence run's snapshot (``snap_<k>.pt`` next to the run's
+    ``summary.json``: :mod:`fastlight.bench.convergence`), which evaluates with native resets."""
+    if is_snapshot(path):
+        summary = json.loads((Path(path).parent / "summary.json").read_text())
+        snap = torch.load(path, map_location="cpu", weights_only=True)
+        return str(summary["env_id"]), None, int(snap["updates"])
     ckpt = read_checkpoint(path, flag=flag)
     data = ckpt.get("datamodule_hyper_parameters") or {}
     if "env_id" not in data:
@@ -124,12 +134,12 @@ def evaluate(
 ) -> PolicyRun:
     """Play ``episodes`` seeds with checkpoint ``path``'s policy and record the driving metrics."""
     env_id, env_kwargs, step = checkpoint_env(path)
-    module = load_module(path)
+    policy = load_snapshot(path)[0] if is_snapshot(path) else load_module(path).policy
     torch.manual_seed(seed)  # sampled actions are reproducible, and both policies draw the same stream
     recorder = DrivingRecorder(thresholds)
     records = run_episodes(
         env_id,
-        policy_act_fn(module.policy, deterministic=greedy),
+        policy_act_fn(policy, deterministic=greedy),
         episodes=episodes,
         seed=seed,
         env_kwargs=env_kwargs,
@@ -181,6 +191,13 @@ def _verdict(key: str, row: dict[str, Any]) -> str:
     return "favours B" if better else "favours A"
 
 
+def _progress(run: dict[str, Any]) -> str:
+    """A checkpoint's global step, or a convergence snapshot's policy updates."""
+    if is_snapshot(run["ckpt"]):
+        return f"convergence snapshot after {run['global_step']} policy updates"
+    return f"global step {run['global_step']}"
+
+
 def _fmt(x: float) -> str:
     return "n/a" if not np.isfinite(x) else f"{x:.4g}"
 
@@ -190,8 +207,8 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [
         "# Closed-loop driving metrics (FAST §5): B vs A, paired jackknife 95% CIs",
         "",
-        f"- A: `{a['ckpt']}` (global step {a['global_step']})",
-        f"- B: `{b['ckpt']}` (global step {b['global_step']})",
+        f"- A: `{a['ckpt']}` ({_progress(a)})",
+        f"- B: `{b['ckpt']}` ({_progress(b)})",
         f"- env `{result['env_id']}`, {result['episodes']} evaluation seeds from {result['seed']} (same "
         f"seeds for both), {'greedy' if result['greedy'] else 'sampled'} actions, each episode to its "
         "natural end (crash or time limit; no DPSA cut).",

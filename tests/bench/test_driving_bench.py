@@ -91,3 +91,46 @@ def test_quick_compares_two_trained_checkpoints(tmp_path):
         assert all(1 <= ep["steps"] <= 30 for ep in eps)  # highway-fast-v0: 30 s at 1 Hz at most
     assert "n/a in this scene" in table and "red_light_violation" in table
     assert saved["metrics"]["parking_error_m"]["a"] is None  # no parking goal on a highway
+
+
+def _snapshot_run(folder, *, updates: int, seed: int) -> str:
+    """A convergence run folder as ``fastlight.bench.convergence`` leaves it: ``summary.json`` and
+    one ``snap_0000.pt`` (random weights, seeded)."""
+    import torch
+
+    from fastlight.bench.convergence_snapshots import run_policy
+    from fastlight.bench.convergence_worker import PPO
+
+    folder.mkdir(parents=True)
+    summary = {
+        "env_id": "highway-fast-v0", "obs_dim": 25, "action_dim": 5, "continuous": False,
+        "model": dict(PPO), "folder": str(folder),
+    }  # fmt: skip
+    (folder / "summary.json").write_text(json.dumps(summary))
+    torch.manual_seed(seed)
+    policy = run_policy(summary)
+    payload = {"policy": policy.state_dict(), "t": 12.5, "updates": updates, "valid_steps": 100}
+    torch.save(payload, folder / "snap_0000.pt")
+    return str(folder / "snap_0000.pt")
+
+
+def test_convergence_snapshots_are_compared_like_checkpoints(tmp_path):
+    import torch
+
+    from fastlight.bench.convergence_snapshots import is_snapshot, load_snapshot
+
+    a = _snapshot_run(tmp_path / "sequential_s0", updates=7, seed=1)
+    b = _snapshot_run(tmp_path / "dpsa1.0_s0", updates=9, seed=2)
+    assert is_snapshot(a) and not is_snapshot(tmp_path / "sequential_s0" / "summary.json")
+    policy, summary, meta = load_snapshot(b)
+    saved = torch.load(b, weights_only=True)["policy"]
+    for name, value in policy.state_dict().items():
+        assert torch.equal(value, saved[name]), name  # the snapshot's weights, exactly
+    assert meta == {"t": 12.5, "updates": 9, "valid_steps": 100} and summary["env_id"] == "highway-fast-v0"
+    out = tmp_path / "driving"
+    result = main(["--ckpt", a, "--ckpt", b, "--quick", "--out", str(out)])
+    assert result["a"]["global_step"] == 7 and result["b"]["global_step"] == 9
+    table = (tmp_path / "driving.md").read_text()
+    assert "convergence snapshot after 7 policy updates" in table
+    assert "convergence snapshot after 9 policy updates" in table
+    assert len(result["a"]["episodes"]) == 3
