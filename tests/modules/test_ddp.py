@@ -66,6 +66,7 @@ def test_two_rank_ddp_keeps_models_identical(tmp_path):
     assert ranks[0]["seeds"] != ranks[1]["seeds"]
 
 
+@pytest.mark.slow  # 45 s on 2 cores (two ranks, each with MT10 samplers); DDP itself is covered above
 @pytest.mark.multiproc
 def test_two_rank_ddp_on_mt10_state_only_with_dwr_pooled(tmp_path):
     ranks = run_ddp(
