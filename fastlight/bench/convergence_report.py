@@ -89,7 +89,7 @@ def markdown(runs: list[dict[str, Any]], s: dict[str, Any], meta: dict[str, Any]
         "",
         f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores visible; load average (1/5/15 min) "
         f"before {meta['load_before']}, after {meta['load_after']} (the runs' own processes included; "
-        f"other jobs on the cores slow every rate here). Python {platform.python_version()}; total "
+        f"any other job on the cores would slow every rate here). Python {platform.python_version()}; total "
         f"time {meta['total_s']:.0f} s.",
         "",
         "## Setting",

@@ -103,14 +103,19 @@ def plain_loop_tps(env_id: str, steps: int = 5000, seed: int = 0) -> float:
     env = gym.make(env_id)
     env.reset(seed=seed)
     env.action_space.seed(seed)
+    dt = plain_steps_s(env, steps)
+    env.close()
+    return steps / dt
+
+
+def plain_steps_s(env: gym.Env, steps: int) -> float:
+    """Seconds of ``steps`` random-action steps of an already reset ``env``, resetting at episode ends."""
     t0 = time.perf_counter()
     for _ in range(steps):
         _, _, term, trunc, _ = env.step(env.action_space.sample())
         if term or trunc:
             env.reset()
-    dt = time.perf_counter() - t0
-    env.close()
-    return steps / dt
+    return time.perf_counter() - t0
 
 
 def _read_json(path: str) -> dict:

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from fastlight.bench.objectives_grid import QUICK_ENVS, GridConfig, check_grid
+from fastlight.bench.objectives_run import plain_steps_s
 from fastlight.envs.registry import make_env
 from fastlight.modules.rl_module import RLModule
 from fastlight.sampling.collector import Collector
@@ -48,22 +49,14 @@ def measure_env(
     plain.reset(seed=seed)
     plain.action_space.seed(seed)
 
-    def plain_block() -> float:
-        t0 = time.perf_counter()
-        for _ in range(plain_steps):
-            _, _, term, trunc, _ = plain.step(plain.action_space.sample())
-            if term or trunc:
-                plain.reset()
-        return time.perf_counter() - t0
-
     with torch.no_grad():
         collector.collect(policy)  # first resets and lazy torch init out of the timing
-        plain_block()
+        plain_steps_s(plain, plain_steps)
         plain_s = collector_s = 0.0
         collected = 0
         ratios = []
         for _ in range(rounds):
-            p = plain_block()
+            p = plain_steps_s(plain, plain_steps)
             t0 = time.perf_counter()
             rollout = collector.collect(policy)
             c = time.perf_counter() - t0

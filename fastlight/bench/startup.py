@@ -36,6 +36,7 @@ from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from fastlight.data.datamodule import RolloutDataModule
+from fastlight.sampling.child import parent_pid
 
 _T0 = "FASTLIGHT_T0"
 _OUT = "FASTLIGHT_STARTUP_OUT"
@@ -94,7 +95,7 @@ class FirstRolloutClock(Callback):
             # grows with the load, these much less.
             self.result["trainer_cpu_s"] = proc_cpu_s(os.getpid())
             self.result["sampler_cpu_s"] = [proc_cpu_s(pid) for pid in _sampler_pids(trainer)]
-            servers = {_parent_pid(pid) for pid in _sampler_pids(trainer)} - {os.getpid()}
+            servers = {parent_pid(pid) for pid in _sampler_pids(trainer)} - {os.getpid()}
             self.result["forkserver_cpu_s"] = sum(proc_cpu_s(pid) for pid in servers if pid)
 
     @override
@@ -115,14 +116,6 @@ class FirstRolloutClock(Callback):
 def _sampler_pids(trainer: pl.Trainer) -> list[int]:
     dm = trainer.datamodule
     return [p.pid for p in dm.pool.procs] if isinstance(dm, RolloutDataModule) and dm.pool else []
-
-
-def _parent_pid(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def run_once(command: list[str], config: str, root: str, start_method: str | None = None) -> dict[str, Any]:

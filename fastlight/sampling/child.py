@@ -75,19 +75,19 @@ def die_with_parent(parent: int) -> None:
             pass
     direct = os.getppid()
     via_server = direct != parent
-    if via_server and _parent_pid(direct) != parent:
+    if via_server and parent_pid(direct) != parent:
         os._exit(1)
 
     def watchdog() -> None:
         while True:
-            if os.getppid() != direct or (via_server and _parent_pid(direct) != parent):
+            if os.getppid() != direct or (via_server and parent_pid(direct) != parent):
                 os._exit(1)
             time.sleep(1.0)
 
     threading.Thread(target=watchdog, daemon=True, name="fastlight-parent-watchdog").start()
 
 
-def _parent_pid(pid: int) -> int | None:
+def parent_pid(pid: int) -> int | None:
     """The parent of process ``pid`` from ``/proc`` (Linux), or None where unreadable."""
     try:
         with open(f"/proc/{pid}/stat") as f:

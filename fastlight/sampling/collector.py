@@ -218,7 +218,7 @@ class Collector:
         if is_finite(value):
             return
         env = self.envs[i]
-        name = getattr(getattr(env, "spec", None), "id", None) or type(env.unwrapped).__name__
+        name = env.spec.id if env.spec is not None else type(env.unwrapped).__name__
         raise NonFiniteError(
             f"env {name} (index {i} of this sampler, seed {self.seed + i}) returned a non-finite {what} "
             f"at episode step {self._eps[i].step}: {_preview(value)}"

@@ -15,6 +15,7 @@ import torch
 
 from fastlight.data.datamodule import RolloutDataModule
 from fastlight.modules.rl_module import RLModule
+from fastlight.sampling.child import parent_pid
 from fastlight.sampling.pool import SamplerError
 from tests.lightning_helpers import quiet_trainer, wait_no_children
 
@@ -166,11 +167,11 @@ def test_no_orphans_when_trainer_is_interrupted_or_killed(sig, start):
     assert len(pids) == 2, "trainer never trained on a Rollout"
     family = _descendants(proc.pid)  # the samplers, multiprocessing's resource tracker, the forkserver
     assert set(pids) <= family
-    parents = {_parent(p) for p in pids}
+    parents = {parent_pid(p) for p in pids}
     if start == "spawn":
         assert parents == {proc.pid}
     else:  # forked by the forkserver, a child of the trainer
-        assert parents != {proc.pid} and len(parents) == 1 and _parent(parents.pop()) == proc.pid
+        assert parents != {proc.pid} and len(parents) == 1 and parent_pid(parents.pop()) == proc.pid
     time.sleep(1.0)
     proc.send_signal(sig)
     proc.wait(timeout=30)
@@ -180,20 +181,12 @@ def test_no_orphans_when_trainer_is_interrupted_or_killed(sig, start):
     assert not any(_alive(p) for p in family), f"orphaned processes after {sig.name} ({start})"
 
 
-def _parent(pid: int) -> int:
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[1])
-
-
 def _descendants(root: int) -> set[int]:
     """Every live process below ``root`` (children, grandchildren...), from /proc."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
-            try:
-                children.setdefault(_parent(int(entry)), []).append(int(entry))
-            except (OSError, ValueError, IndexError):
-                continue
+            children.setdefault(parent_pid(int(entry)), []).append(int(entry))
     out, todo = set(), [root]
     while todo:
         for child in children.get(todo.pop(), []):
