@@ -22,11 +22,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 from typing_extensions import override
 
-from fastlight.losses.masked import masked_mean
+from fastlight.losses.imitation import token_cross_entropy
 from fastlight.modules.vla_module import VLAModule
 
 
@@ -45,6 +44,11 @@ class VLASFTModule(VLAModule):
             raise ValueError(f"--model.label_smoothing must be in [0, 1), got {label_smoothing}")
         if warmup_steps < 0:
             raise ValueError(f"--model.warmup_steps must be >= 0, got {warmup_steps}")
+        if kwargs.get("sil_coef", 0.0) > 0:
+            raise ValueError(
+                "--model.sil_coef is self-imitation of RL successes and has no effect in SFT, which "
+                "imitates the demonstrations: set it in the RL config"
+            )
         super().__init__(**kwargs)
 
     @override
@@ -62,22 +66,9 @@ class VLASFTModule(VLAModule):
         policy = self.policy
         bins = policy.action_tokenizer.encode(batch["actions"]).to(self.device)  # [B, K]
         logits, _ = policy(batch["obs"], actions=bins)  # [B, K, n_bins]
-        valid = batch.get("valid")
-        valid = torch.ones_like(bins, dtype=torch.bool) if valid is None else valid.bool()
-        if valid.dim() == 1:
-            valid = valid[:, None].expand_as(bins)
-        ce = F.cross_entropy(
-            logits.flatten(0, 1), bins.flatten(), reduction="none",
-            label_smoothing=self.hparams.label_smoothing,
-        ).view_as(bins)  # fmt: skip
-        loss = masked_mean(ce, valid)
-        with torch.no_grad():
-            pred = logits.argmax(-1)
-            info = {
-                "token_accuracy": masked_mean((pred == bins).float(), valid),
-                "bin_error": masked_mean((pred - bins).abs().float(), valid),
-            }
-        return loss, info
+        return token_cross_entropy(
+            logits=logits, bins=bins, valid=batch.get("valid"), label_smoothing=self.hparams.label_smoothing
+        )
 
     @override
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:

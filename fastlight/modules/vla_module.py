@@ -12,7 +12,12 @@ what changes is the policy and its batch shapes:
   step embedding) has its own optimizer param group and learning rate ``value_lr``; the value
   loss never reaches the backbone;
 - ``recompute_values`` re-runs the latest critic (with the episode ``step``) before GAE (AcceRL
-  §value recomputation).
+  §value recomputation);
+- ``sil_coef > 0`` adds self-imitation of the run's own successful episodes (Oh et al., 2018; see
+  :mod:`fastlight.modules.self_imitation`): every minibatch loss gets ``sil_coef`` x the token
+  cross-entropy of ``sil_batch_size`` steps drawn from a per-task buffer of successes, so that a
+  policy started from few demonstrations keeps what its exploration found. Not in AcceRL; off by
+  default.
 
 The policy is injected like any RLModule policy, ``--model.policy`` with ``class_path:
 fastlight.models.vla.VLAPolicy`` and its ``init_args`` (backbone, sizes, decoding, ...); anything
@@ -31,10 +36,20 @@ from __future__ import annotations
 from typing import Any
 
 import gymnasium as gym
-from torch import nn
+import torch
+from torch import Tensor, nn
+from typing_extensions import override
 
+from fastlight.losses.imitation import token_cross_entropy
+from fastlight.models.base import EvalOutput
 from fastlight.models.vla import VLAPolicy
+from fastlight.modules.minibatch import Minibatch
 from fastlight.modules.rl_module import RLModule
+from fastlight.modules.self_imitation import SuccessBuffer
+from fastlight.rollout import Rollout
+
+#: Checkpoint key of the self-imitation buffer.
+SIL_CHECKPOINT_KEY = "fastlight_success_buffer"
 
 
 class VLAModule(RLModule):
@@ -48,6 +63,10 @@ class VLAModule(RLModule):
         objective: ``ppo | gipo | sapo`` (default ``gipo``, AcceRL).
         obs_dim, action_dim, continuous: the env's sizes, linked from the data module: 0 for dict
             observations, ``K`` action dimensions (= action tokens), continuous actions (required).
+        sil_coef: weight of the self-imitation term (0 turns it off). It imitates episodes that end
+            ``terminated``, which the VLA envs use for success: not for envs where it means failure.
+        sil_batch_size: buffer steps in the self-imitation term of each minibatch.
+        sil_capacity: steps of successful episodes the buffer keeps per task (oldest dropped).
         **kwargs: every other :class:`~fastlight.modules.rl_module.RLModule` setting (``lr``,
             ``ratio_granularity``, ``update_epochs``, ``recompute_values``, ...).
     """
@@ -60,9 +79,17 @@ class VLAModule(RLModule):
         obs_dim: int = 0,
         action_dim: int = 4,
         continuous: bool = True,
+        sil_coef: float = 0.0,
+        sil_batch_size: int = 256,
+        sil_capacity: int = 4096,
         **kwargs: Any,
     ) -> None:
         _validate_vla(policy, value_lr, action_dim, kwargs)
+        for name, value in (("sil_batch_size", sil_batch_size), ("sil_capacity", sil_capacity)):
+            if value < 1:
+                raise ValueError(f"--model.{name} must be >= 1, got {value}")
+        if sil_coef < 0:
+            raise ValueError(f"--model.sil_coef must be >= 0 (0 turns self-imitation off), got {sil_coef}")
         super().__init__(
             policy=policy,
             obs_dim=obs_dim,
@@ -71,6 +98,7 @@ class VLAModule(RLModule):
             objective=objective,
             **kwargs,
         )
+        self.success_buffer = SuccessBuffer(sil_capacity)
 
     # ------------------------------------------------------------------ RLModule hooks
     def build_policy(self) -> nn.Module:
@@ -84,6 +112,64 @@ class VLAModule(RLModule):
         value = [p for p in self.policy.value_parameters() if p.requires_grad]
         value_lr = h.lr if h.value_lr is None else h.value_lr
         return [{"params": policy, "name": "policy"}, {"params": value, "lr": value_lr, "name": "value_head"}]
+
+    @property
+    def _sil_active(self) -> bool:
+        h = self.hparams
+        return h.sil_coef > 0 and self.policy_version >= h.get("value_warmup_updates", 0)
+
+    @override
+    def training_step(self, batch: Rollout, batch_idx: int) -> None:
+        if self.hparams.sil_coef > 0 and isinstance(batch, Rollout):
+            # Before the update: this rollout's successes are imitated from this update on.
+            self.success_buffer.add_rollout(batch)
+        super().training_step(batch, batch_idx)
+        if self.hparams.sil_coef > 0:
+            buf = self.success_buffer
+            n = max(batch.num_valid, 1)
+            self.log_dict(
+                {
+                    "sil/buffer_steps": float(len(buf)),
+                    "sil/episodes": float(buf.episodes_added),
+                    "sil/tasks": float(len(buf.steps_per_task())),
+                },
+                on_step=True,
+                on_epoch=False,
+                batch_size=n,
+            )
+
+    @override
+    def compute_loss(
+        self, mb: Minibatch, out: EvalOutput, count: Tensor | None
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """The RLModule loss, plus ``sil_coef`` x the token cross-entropy of a buffer sample."""
+        loss, info = super().compute_loss(mb, out, count)
+        if self.hparams.sil_coef <= 0:
+            return loss, info
+        zero = torch.zeros((), device=loss.device)
+        sil, acc = zero, zero
+        if self._sil_active and len(self.success_buffer):
+            obs, bins = self.success_buffer.sample(self.hparams.sil_batch_size)
+            obs = {k: v.to(self.device) for k, v in obs.items()}
+            bins = bins.to(self.device).long()
+            logits, _ = self.policy(obs, actions=bins)
+            sil, sil_info = token_cross_entropy(logits=logits, bins=bins)
+            acc = sil_info["token_accuracy"]
+            loss = loss + self.hparams.sil_coef * sil
+            info["total"] = loss.detach()
+        return loss, {**info, "sil": sil.detach(), "sil_token_accuracy": acc}
+
+    @override
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        if self.hparams.sil_coef > 0:
+            checkpoint[SIL_CHECKPOINT_KEY] = self.success_buffer.state_dict()
+
+    @override
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
+        if SIL_CHECKPOINT_KEY in checkpoint:
+            self.success_buffer.load_state_dict(checkpoint[SIL_CHECKPOINT_KEY])
 
     def check_env_spec(self, spec: Any) -> None:
         """Continuous actions with ``K`` dims, and (when the spec carries the observation space) a

@@ -1,0 +1,137 @@
+"""Self-imitation of successful episodes: the steps to imitate, and the per-task buffer that keeps them.
+
+Self-Imitation Learning (Oh et al., 2018, "Self-Imitation Learning", ICML) adds to an on-policy
+actor-critic a term that imitates the agent's own past decisions that led to good outcomes, kept in
+a replay buffer. Here the good outcome is success, read off the Rollout: the VLA envs end an episode
+at success (``fastlight/MetaWorld-v0``'s ``terminate_on_success``), so an episode whose last step is
+``terminated`` succeeded and one that is ``truncated`` did not. This is the success-filtered form
+(imitate the episodes with return 1 under the binary outcome); filtering by outcome is also what
+ReST / RAFT-style self-training of sequence policies does.
+
+Why it matters for a VLA started from few demonstrations: the sampled policy already succeeds
+on some episodes of most tasks (other object and goal positions than the demonstration's), and
+each success is one more demonstration of that task. A replay buffer keeps them across updates,
+which the on-policy objective cannot: its gradient sees each success once.
+
+The buffer is per task (``task_id``), so frequent easy tasks cannot crowd out the rare successes of
+a hard one, and sampling is uniform over the tasks that have any, then over their steps.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from fastlight.rollout import Obs, Rollout
+
+
+def successful_steps(*, terminated: Tensor, truncated: Tensor, valid: Tensor) -> Tensor:
+    """Valid steps of the episodes that end, inside this rollout, with ``terminated``.
+
+    Shapes: ``[T, E]`` bool each; returns ``[T, E]`` bool. A step belongs to the episode whose end
+    is the first done (terminated or truncated) step at or after it in its env column; steps after
+    a column's last done step (padding, DPSA dummy steps) are never selected. One reverse scan over
+    time, ``O(T)`` vector operations.
+    """
+    if not (terminated.shape == truncated.shape == valid.shape) or terminated.dim() != 2:
+        raise ValueError(
+            f"terminated, truncated, valid must be [T, E] of one shape, got {tuple(terminated.shape)}, "
+            f"{tuple(truncated.shape)}, {tuple(valid.shape)}"
+        )
+    done = terminated | truncated
+    ends_in_success = torch.zeros_like(terminated[0])
+    out = torch.zeros_like(terminated)
+    for t in range(terminated.shape[0] - 1, -1, -1):
+        ends_in_success = torch.where(done[t], terminated[t], ends_in_success)
+        out[t] = ends_in_success & valid[t]
+    return out
+
+
+class SuccessBuffer:
+    """Per-task FIFO of the steps of successful episodes: observations and action bins.
+
+    Args:
+        capacity: steps kept per task; the oldest go first.
+
+    Steps are stored on the CPU. :meth:`state_dict` / :meth:`load_state_dict` carry the buffer in a
+    checkpoint, so a resumed run imitates what the interrupted one had found.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"SuccessBuffer capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self._tasks: dict[int, dict[str, Tensor]] = {}  # task -> {"obs.<key>" | "actions": [n, ...]}
+        self.episodes_added = 0
+
+    def __len__(self) -> int:
+        return sum(len(d["actions"]) for d in self._tasks.values())
+
+    def steps_per_task(self) -> dict[int, int]:
+        return {task: len(d["actions"]) for task, d in sorted(self._tasks.items())}
+
+    def add_rollout(self, rollout: Rollout) -> int:
+        """Keep the steps of the rollout's successful episodes; returns how many steps were added."""
+        keep = successful_steps(
+            terminated=rollout.terminated, truncated=rollout.truncated, valid=rollout.valid
+        )
+        if not bool(keep.any()):
+            return 0
+        self.episodes_added += int((keep & rollout.terminated).sum())
+        idx = keep.reshape(-1).nonzero().squeeze(-1)
+        obs = rollout.flat("obs")
+        fields = {"actions": rollout.flat("actions")[idx]}
+        if isinstance(obs, dict):
+            fields.update({f"obs.{k}": v[idx] for k, v in obs.items()})
+        else:
+            fields["obs"] = obs[idx]
+        task = rollout.flat("task_id")[idx]
+        for t in task.unique().tolist():
+            rows = task == t
+            self._append(int(t), {k: v[rows].detach().cpu() for k, v in fields.items()})
+        return int(idx.numel())
+
+    def _append(self, task: int, fields: dict[str, Tensor]) -> None:
+        old = self._tasks.get(task)
+        if old is not None:
+            if old.keys() != fields.keys():
+                raise ValueError(
+                    f"SuccessBuffer: observation keys changed from {sorted(old)} to {sorted(fields)}"
+                )
+            fields = {k: torch.cat([old[k], v]) for k, v in fields.items()}
+        self._tasks[task] = {k: v[-self.capacity :] for k, v in fields.items()}
+
+    def sample(self, n: int, *, generator: torch.Generator | None = None) -> tuple[Obs, Tensor]:
+        """``n`` steps: a task uniformly among those with any, then a step of it uniformly.
+
+        Returns ``(obs, actions)`` with ``obs`` a dict ``[n, ...]`` per key (or a tensor) and
+        ``actions [n, ...]``. Raises ``ValueError`` on an empty buffer.
+        """
+        if not self._tasks:
+            raise ValueError("SuccessBuffer.sample: the buffer is empty")
+        tasks = sorted(self._tasks)
+        which = torch.randint(len(tasks), (n,), generator=generator)
+        parts: list[dict[str, Tensor]] = []
+        for i, task in enumerate(tasks):
+            m = int((which == i).sum())
+            if m == 0:
+                continue
+            d = self._tasks[task]
+            rows = torch.randint(len(d["actions"]), (m,), generator=generator)
+            parts.append({k: v[rows] for k, v in d.items()})
+        batch = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+        actions = batch.pop("actions")
+        if "obs" in batch:
+            return batch["obs"], actions
+        return {k[len("obs.") :]: v for k, v in batch.items()}, actions
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"capacity": self.capacity, "episodes_added": self.episodes_added, "tasks": dict(self._tasks)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.episodes_added = int(state["episodes_added"])
+        self._tasks = {}
+        for task, fields in state["tasks"].items():
+            self._tasks[int(task)] = {k: v[-self.capacity :] for k, v in fields.items()}
