@@ -332,6 +332,7 @@ class RLModule(L.LightningModule):
     def _update(self, rollout: Rollout, adv: Tensor, ret: Tensor, values: Tensor) -> dict[str, Tensor]:
         h = self.hparams
         opt = self.optimizers()
+        opt = opt[0] if isinstance(opt, list) else opt  # the RL optimizer first (a subclass may add more)
         flat_valid = rollout.valid.reshape(-1)
         idx = flat_valid.nonzero().squeeze(-1)  # minibatches hold valid transitions only
         data = Minibatch.from_rollout(rollout, adv, ret, values)

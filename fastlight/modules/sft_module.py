@@ -44,9 +44,9 @@ class VLASFTModule(VLAModule):
             raise ValueError(f"--model.label_smoothing must be in [0, 1), got {label_smoothing}")
         if warmup_steps < 0:
             raise ValueError(f"--model.warmup_steps must be >= 0, got {warmup_steps}")
-        if kwargs.get("sil_coef", 0.0) > 0:
+        if kwargs.get("sil_steps", 0):
             raise ValueError(
-                "--model.sil_coef is self-imitation of RL successes and has no effect in SFT, which "
+                "--model.sil_steps is self-imitation of RL successes and has no effect in SFT, which "
                 "imitates the demonstrations: set it in the RL config"
             )
         super().__init__(**kwargs)

@@ -13,11 +13,12 @@ what changes is the policy and its batch shapes:
   loss never reaches the backbone;
 - ``recompute_values`` re-runs the latest critic (with the episode ``step``) before GAE (AcceRL
   §value recomputation);
-- ``sil_coef > 0`` adds self-imitation of the run's own successful episodes (Oh et al., 2018; see
-  :mod:`fastlight.modules.self_imitation`): every minibatch loss gets ``sil_coef`` x the token
-  cross-entropy of ``sil_batch_size`` steps drawn from a per-task buffer of successes, so that a
-  policy started from few demonstrations keeps what its exploration found. Not in AcceRL; off by
-  default.
+- ``sil_steps > 0`` adds self-imitation of the run's own successful episodes (Oh et al., 2018; see
+  :mod:`fastlight.modules.self_imitation`): after each RL update, ``sil_steps`` optimizer steps of
+  token cross-entropy on ``sil_batch_size`` steps drawn from a per-task buffer of successes, with
+  their own AdamW optimizer and learning rate ``sil_lr``, as the SIL paper runs its updates after
+  the on-policy ones. A policy started from few demonstrations thereby keeps (and generalises) what
+  its exploration found. Not in AcceRL; off by default.
 
 The policy is injected like any RLModule policy, ``--model.policy`` with ``class_path:
 fastlight.models.vla.VLAPolicy`` and its ``init_args`` (backbone, sizes, decoding, ...); anything
@@ -37,13 +38,12 @@ from typing import Any
 
 import gymnasium as gym
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 from typing_extensions import override
 
 from fastlight.losses.imitation import token_cross_entropy
-from fastlight.models.base import EvalOutput
 from fastlight.models.vla import VLAPolicy
-from fastlight.modules.minibatch import Minibatch
 from fastlight.modules.rl_module import RLModule
 from fastlight.modules.self_imitation import SuccessBuffer
 from fastlight.rollout import Rollout
@@ -63,9 +63,11 @@ class VLAModule(RLModule):
         objective: ``ppo | gipo | sapo`` (default ``gipo``, AcceRL).
         obs_dim, action_dim, continuous: the env's sizes, linked from the data module: 0 for dict
             observations, ``K`` action dimensions (= action tokens), continuous actions (required).
-        sil_coef: weight of the self-imitation term (0 turns it off). It imitates episodes that end
-            ``terminated``, which the VLA envs use for success: not for envs where it means failure.
-        sil_batch_size: buffer steps in the self-imitation term of each minibatch.
+        sil_steps: self-imitation optimizer steps after each RL update (0 turns it off). They imitate
+            episodes that end ``terminated``, which the VLA envs use for success: not for envs where
+            it means failure.
+        sil_lr: learning rate of the self-imitation optimizer (``None``: ``lr``).
+        sil_batch_size: buffer steps in each self-imitation step.
         sil_capacity: steps of successful episodes the buffer keeps per task (oldest dropped).
         **kwargs: every other :class:`~fastlight.modules.rl_module.RLModule` setting (``lr``,
             ``ratio_granularity``, ``update_epochs``, ``recompute_values``, ...).
@@ -79,7 +81,8 @@ class VLAModule(RLModule):
         obs_dim: int = 0,
         action_dim: int = 4,
         continuous: bool = True,
-        sil_coef: float = 0.0,
+        sil_steps: int = 0,
+        sil_lr: float | None = None,
         sil_batch_size: int = 256,
         sil_capacity: int = 4096,
         **kwargs: Any,
@@ -88,8 +91,10 @@ class VLAModule(RLModule):
         for name, value in (("sil_batch_size", sil_batch_size), ("sil_capacity", sil_capacity)):
             if value < 1:
                 raise ValueError(f"--model.{name} must be >= 1, got {value}")
-        if sil_coef < 0:
-            raise ValueError(f"--model.sil_coef must be >= 0 (0 turns self-imitation off), got {sil_coef}")
+        if sil_steps < 0:
+            raise ValueError(f"--model.sil_steps must be >= 0 (0 turns self-imitation off), got {sil_steps}")
+        if sil_lr is not None and sil_lr <= 0:
+            raise ValueError(f"--model.sil_lr must be > 0 or null, got {sil_lr}")
         super().__init__(
             policy=policy,
             obs_dim=obs_dim,
@@ -99,6 +104,7 @@ class VLAModule(RLModule):
             **kwargs,
         )
         self.success_buffer = SuccessBuffer(sil_capacity)
+        self._sil_ready = False  # this update runs the self-imitation steps (set per training step)
 
     # ------------------------------------------------------------------ RLModule hooks
     def build_policy(self) -> nn.Module:
@@ -113,56 +119,77 @@ class VLAModule(RLModule):
         value_lr = h.lr if h.value_lr is None else h.value_lr
         return [{"params": policy, "name": "policy"}, {"params": value, "lr": value_lr, "name": "value_head"}]
 
-    @property
-    def _sil_active(self) -> bool:
+    @override
+    def configure_optimizers(self) -> Any:
+        """The RL optimizer, plus (with ``sil_steps``) an AdamW of the policy parameters for the
+        self-imitation steps: their own moments and learning rate, apart from the RL updates'."""
+        rl = super().configure_optimizers()
         h = self.hparams
-        return h.sil_coef > 0 and self.policy_version >= h.get("value_warmup_updates", 0)
+        if not h.get("sil_steps", 0):
+            return rl
+        params = [p for p in self.policy.policy_parameters() if p.requires_grad]
+        sil_lr = h.lr if h.sil_lr is None else h.sil_lr
+        return [rl, torch.optim.AdamW([{"params": params, "name": "sil"}], lr=sil_lr, weight_decay=0.0)]
+
+    @property
+    @override
+    def optimizer_steps_per_update(self) -> int:
+        return super().optimizer_steps_per_update + (self.hparams.sil_steps if self._sil_ready else 0)
 
     @override
     def training_step(self, batch: Rollout, batch_idx: int) -> None:
-        if self.hparams.sil_coef > 0 and isinstance(batch, Rollout):
-            # Before the update: this rollout's successes are imitated from this update on.
+        h = self.hparams
+        if not h.sil_steps:
+            return super().training_step(batch, batch_idx)
+        if isinstance(batch, Rollout):
             self.success_buffer.add_rollout(batch)
-        super().training_step(batch, batch_idx)
-        if self.hparams.sil_coef > 0:
-            buf = self.success_buffer
-            n = max(batch.num_valid, 1)
-            self.log_dict(
-                {
-                    "sil/buffer_steps": float(len(buf)),
-                    "sil/episodes": float(buf.episodes_added),
-                    "sil/tasks": float(len(buf.steps_per_task())),
-                },
-                on_step=True,
-                on_epoch=False,
-                batch_size=n,
-            )
+        warm = self.policy_version >= h.get("value_warmup_updates", 0)
+        self._sil_ready = self._all_ranks(warm and len(self.success_buffer) > 0)
+        super().training_step(batch, batch_idx)  # the RL update first: its ratios need the behaviour policy
+        info = self._self_imitation() if self._sil_ready else {}
+        buf = self.success_buffer
+        metrics = {
+            **{f"sil/{k}": v for k, v in info.items()},
+            "sil/buffer_steps": float(len(buf)),
+            "sil/episodes": float(buf.episodes_added),
+            "sil/tasks": float(len(buf.steps_per_task())),
+        }
+        self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=max(batch.num_valid, 1))
 
-    @override
-    def compute_loss(
-        self, mb: Minibatch, out: EvalOutput, count: Tensor | None
-    ) -> tuple[Tensor, dict[str, Tensor]]:
-        """The RLModule loss, plus ``sil_coef`` x the token cross-entropy of a buffer sample."""
-        loss, info = super().compute_loss(mb, out, count)
-        if self.hparams.sil_coef <= 0:
-            return loss, info
-        zero = torch.zeros((), device=loss.device)
-        sil, acc = zero, zero
-        if self._sil_active and len(self.success_buffer):
-            obs, bins = self.success_buffer.sample(self.hparams.sil_batch_size)
+    def _all_ranks(self, flag: bool) -> bool:
+        """``flag`` on every rank (a MIN all-reduce under DDP): the self-imitation steps run on all
+        ranks or on none, so the gradient all-reduces stay matched."""
+        if not (dist.is_available() and dist.is_initialized()) or self.trainer.world_size == 1:
+            return flag
+        t = torch.tensor(float(flag), device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        return bool(t.item())
+
+    def _self_imitation(self) -> dict[str, Tensor]:
+        """``sil_steps`` optimizer steps of token cross-entropy on buffer samples (Oh et al., 2018)."""
+        h = self.hparams
+        opt = self.optimizers()[1]
+        infos = []
+        for i in range(h.sil_steps):
+            obs, bins = self.success_buffer.sample(h.sil_batch_size)
             obs = {k: v.to(self.device) for k, v in obs.items()}
             bins = bins.to(self.device).long()
             logits, _ = self.policy(obs, actions=bins)
-            sil, sil_info = token_cross_entropy(logits=logits, bins=bins)
-            acc = sil_info["token_accuracy"]
-            loss = loss + self.hparams.sil_coef * sil
-            info["total"] = loss.detach()
-        return loss, {**info, "sil": sil.detach(), "sil_token_accuracy": acc}
+            loss, info = token_cross_entropy(logits=logits, bins=bins)
+            opt.zero_grad(set_to_none=True)
+            self.manual_backward(loss)
+            if h.max_grad_norm is not None:
+                self.clip_gradients(opt, gradient_clip_val=h.max_grad_norm, gradient_clip_algorithm="norm")
+            if h.get("max_nonfinite_updates", 3):
+                self._skip_if_nonfinite(opt, loss, epoch=0, minibatch=i)
+            opt.step()
+            infos.append({"loss": loss.detach(), **info})
+        return {k: torch.stack([i[k] for i in infos]).mean() for k in infos[0]}
 
     @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(checkpoint)
-        if self.hparams.sil_coef > 0:
+        if self.hparams.sil_steps:
             checkpoint[SIL_CHECKPOINT_KEY] = self.success_buffer.state_dict()
 
     @override

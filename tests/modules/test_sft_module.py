@@ -71,8 +71,8 @@ def test_sft_on_a_few_demos_drives_the_token_loss_down(tmp_path):
 def test_sft_refuses_rollouts_and_bad_settings():
     with pytest.raises(ValueError, match="--model.label_smoothing"):
         VLASFTModule(policy=small_policy(), label_smoothing=1.0)
-    with pytest.raises(ValueError, match="--model.sil_coef"):
-        VLASFTModule(policy=small_policy(), sil_coef=1.0)
+    with pytest.raises(ValueError, match="--model.sil_steps"):
+        VLASFTModule(policy=small_policy(), sil_steps=4)
     module = VLASFTModule(policy=small_policy(), action_dim=4)
     with pytest.raises(TypeError, match="DemoDataModule"):
         module.training_step(torch.zeros(3), 0)
