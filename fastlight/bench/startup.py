@@ -50,16 +50,20 @@ def proc_cpu_s(pid: int) -> float:
 
 
 def proc_memory_mb(pid: int) -> dict[str, float]:
-    """``VmRSS`` and ``RssAnon`` (``/proc/<pid>/status``) and ``Pss`` (``smaps_rollup``) in MB.
+    """``VmRSS``, ``RssAnon``, ``RssFile``, ``RssShmem`` (``/proc/<pid>/status``) and ``Pss``
+    (``smaps_rollup``) in MB.
 
-    ``Pss`` charges each shared page (libtorch's code, mapped by every sampler) to its sharers in
-    equal parts: the memory one more sampler really costs, where ``VmRSS`` counts them in full.
+    ``VmRSS`` is the sum of the three ``Rss*`` parts: anonymous memory (heap, copy-on-write pages
+    shared with a forkserver), file pages (shared libraries' code and data a process has touched)
+    and shared memory (the weight buffers). ``Pss`` charges each shared page (libtorch's code,
+    mapped by every sampler) to its sharers in equal parts: the memory one more sampler really
+    costs, where ``VmRSS`` counts them in full.
     """
     out: dict[str, float] = {}
     with open(f"/proc/{pid}/status") as f:
         for line in f:
             key = line.split(":", 1)[0]
-            if key in ("VmRSS", "RssAnon"):
+            if key in ("VmRSS", "RssAnon", "RssFile", "RssShmem"):
                 out[key] = int(line.split()[1]) / 1024
     try:
         with open(f"/proc/{pid}/smaps_rollup") as f:

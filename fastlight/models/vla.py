@@ -97,6 +97,12 @@ class VLAPolicy(nn.Module):
         vocab_size, hidden_size, num_hidden_layers, num_attention_heads, intermediate_size,
             tie_word_embeddings: the Llama built when ``backbone is None``.
         value_mlp_hidden: hidden width of the value head's MLP.
+        temperature: sampling temperature of the acting policy: ``act`` samples from, and
+            ``act`` / ``evaluate`` score actions under, ``softmax(logits / temperature)``, so the
+            behaviour log-probs and the RL ratios are of the same tempered policy (as LLM RL
+            frameworks apply their rollout temperature in the learner too). ``forward`` (SFT and
+            self-imitation cross-entropy) and argmax actions do not depend on it. Below 1 the policy
+            explores closer to its greedy actions, which is what the evaluation plays.
     """
 
     def __init__(
@@ -118,8 +124,11 @@ class VLAPolicy(nn.Module):
         intermediate_size: int = 128,
         tie_word_embeddings: bool = False,
         value_mlp_hidden: int = 256,
+        temperature: float = 1.0,
     ) -> None:
         super().__init__()
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
         if decoding not in DECODING_MODES:
             raise ValueError(f"decoding must be one of {DECODING_MODES}, got {decoding!r}")
         for name, val, low in (("action_dim", action_dim, 1), ("proprio_dim", proprio_dim, 0)):
@@ -129,6 +138,7 @@ class VLAPolicy(nn.Module):
             raise ValueError(f"max_text_len must be >= 1, got {max_text_len}")
         self.action_dim, self.n_bins, self.proprio_dim = action_dim, n_bins, proprio_dim
         self.max_text_len, self.decoding, self.prune_head = max_text_len, decoding, prune_head
+        self.temperature = float(temperature)
         self.backbone = self._load_backbone(
             backbone, vocab_size, hidden_size, num_hidden_layers, num_attention_heads, intermediate_size,
             tie_word_embeddings,
@@ -254,6 +264,10 @@ class VLAPolicy(nn.Module):
             logits = logits[..., self.action_tokenizer.first_id : self.action_tokenizer.last_id]
         return logits.float()
 
+    def _tempered(self, logits: Tensor) -> Tensor:
+        """The acting policy's logits: ``logits / temperature`` (the same argmax)."""
+        return logits if self.temperature == 1.0 else logits / self.temperature
+
     def forward(self, obs: dict[str, Tensor], actions: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Action logits ``[N, K, n_bins]`` and slot hidden states ``[N, K, H]``.
 
@@ -283,7 +297,7 @@ class VLAPolicy(nn.Module):
         step = self._check_step(step, n, prefix[0].device)
         hidden = self._hidden(prefix, self._slots(n, None))
         values = self.value_head(hidden, step)
-        logits = self._logits(hidden)
+        logits = self._tempered(self._logits(hidden))
         if self.decoding == "parallel":
             actions = _choose(logits, deterministic)
             return ActOutput(actions, _token_logprobs(logits, actions), values)
@@ -292,7 +306,7 @@ class VLAPolicy(nn.Module):
         for k in range(self.action_dim):
             if k > 0:  # slots 0..k: the placeholder, then the k tokens chosen so far
                 slots = self._slots(n, torch.stack(chosen, 1))
-                step_logits = self._logits(self._hidden(prefix, slots)[:, -1:])
+                step_logits = self._tempered(self._logits(self._hidden(prefix, slots)[:, -1:]))
             a_k = _choose(step_logits, deterministic)  # [N, 1]
             chosen.append(a_k[:, 0])
             logps.append(_token_logprobs(step_logits, a_k)[:, 0])
@@ -315,6 +329,7 @@ class VLAPolicy(nn.Module):
             logits = self._logits(self._hidden(prefix, self._slots(n, actions)))
             with torch.no_grad():
                 value_hidden = self._hidden(prefix, self._slots(n, None))
+        logits = self._tempered(logits)
         entropy = Categorical(logits=logits).entropy()
         return EvalOutput(_token_logprobs(logits, actions), entropy, self.value_head(value_hidden, step))
 

@@ -86,6 +86,26 @@ def test_decoding_setting_changes_conditioning() -> None:
 
 
 @pytest.mark.parametrize("decoding", MODES)
+def test_temperature_tempers_sampling_and_scoring_not_the_argmax_or_forward(decoding: str) -> None:
+    obs = _obs()
+    cold, plain = _policy(decoding=decoding, temperature=0.5), _policy(decoding=decoding)
+    with torch.no_grad():
+        greedy = cold.act(obs, deterministic=True).actions
+        assert torch.equal(greedy, plain.act(obs, deterministic=True).actions)
+        torch.testing.assert_close(cold(obs)[0], plain(obs)[0])  # SFT / self-imitation logits
+        torch.manual_seed(3)
+        acted = cold.act(obs)
+        out = cold.evaluate(obs, acted.actions)
+        torch.testing.assert_close(out.logprobs, acted.logprobs, rtol=1e-5, atol=1e-5)  # behaviour = learner
+        logits = plain(obs, actions=acted.actions)[0]
+        expected = torch.log_softmax(logits / 0.5, -1).gather(-1, acted.actions[..., None])[..., 0]
+        torch.testing.assert_close(out.logprobs, expected, rtol=1e-5, atol=1e-5)
+        assert bool((out.entropy < plain.evaluate(obs, acted.actions).entropy).all())  # sharper
+    with pytest.raises(ValueError, match="temperature"):
+        _policy(temperature=0.0)
+
+
+@pytest.mark.parametrize("decoding", MODES)
 def test_pruned_and_unpruned_heads_agree(decoding: str) -> None:
     pruned, full = _policy(decoding=decoding), _policy(decoding=decoding, prune_head=False)
     assert pruned.backbone.get_output_embeddings().out_features == BINS
