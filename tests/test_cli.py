@@ -330,9 +330,12 @@ def test_vla_sft_then_rl_chain(tmp_path):
 
     sft_config, rl_config = SFT_CONFIGS[0], os.path.join(ROOT, "configs", "vla_metaworld_mt10.yaml")
     sft_spec, rl_spec = (yaml.safe_load(open(c)) for c in (sft_config, rl_config))
-    # The demonstrations show what RL will see: same env and policy blocks.
+    # The demonstrations show what RL will see: same env and policy blocks (RL samples at its own
+    # temperature, which is no weight).
     assert sft_spec["data"]["init_args"]["env_kwargs"] == rl_spec["data"]["init_args"]["env_kwargs"]
-    assert sft_spec["model"]["init_args"]["policy"] == rl_spec["model"]["init_args"]["policy"]
+    rl_policy = rl_spec["model"]["init_args"]["policy"]
+    assert rl_policy["init_args"].pop("temperature") < 1.0
+    assert sft_spec["model"]["init_args"]["policy"] == rl_policy
     sft_root, rl_root = tmp_path / "sft", tmp_path / "rl"
     sft = cli_main([
         "fit", "--config", sft_config, "--data.demos_per_task", "1", "--data.num_workers", "0",

@@ -38,14 +38,13 @@ from typing import Any
 
 import gymnasium as gym
 import torch
-import torch.distributed as dist
 from torch import Tensor, nn
 from typing_extensions import override
 
 from fastlight.losses.imitation import token_cross_entropy
 from fastlight.models.vla import VLAPolicy
 from fastlight.modules.rl_module import RLModule
-from fastlight.modules.self_imitation import SuccessBuffer
+from fastlight.modules.self_imitation import SuccessBuffer, on_every_rank
 from fastlight.rollout import Rollout
 
 #: Checkpoint key of the self-imitation buffer.
@@ -144,7 +143,7 @@ class VLAModule(RLModule):
         if isinstance(batch, Rollout):
             self.success_buffer.add_rollout(batch)
         warm = self.policy_version >= h.get("value_warmup_updates", 0)
-        self._sil_ready = self._all_ranks(warm and len(self.success_buffer) > 0)
+        self._sil_ready = on_every_rank(warm and len(self.success_buffer) > 0, device=self.device)
         super().training_step(batch, batch_idx)  # the RL update first: its ratios need the behaviour policy
         info = self._self_imitation() if self._sil_ready else {}
         buf = self.success_buffer
@@ -155,15 +154,6 @@ class VLAModule(RLModule):
             "sil/tasks": float(len(buf.steps_per_task())),
         }
         self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=max(batch.num_valid, 1))
-
-    def _all_ranks(self, flag: bool) -> bool:
-        """``flag`` on every rank (a MIN all-reduce under DDP): the self-imitation steps run on all
-        ranks or on none, so the gradient all-reduces stay matched."""
-        if not (dist.is_available() and dist.is_initialized()) or self.trainer.world_size == 1:
-            return flag
-        t = torch.tensor(float(flag), device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MIN)
-        return bool(t.item())
 
     def _self_imitation(self) -> dict[str, Tensor]:
         """``sil_steps`` optimizer steps of token cross-entropy on buffer samples (Oh et al., 2018)."""

@@ -84,6 +84,8 @@ def test_two_rank_ddp_on_mt10_state_only_with_dwr_pooled(tmp_path):
         "6",
         "--data.cycles_per_step",
         "2",
+        "--model.sil_steps",  # self-imitation steps would count in max_steps once a success appears
+        "0",
         "--trainer.max_steps",
         str(2 * 2 * 2),  # 2 updates of 2x2 minibatches
         # State-only: the VLA's image encoder gets no input, hence no gradient.

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import json
+import os
+import socket
+import time
+from datetime import timedelta
+from pathlib import Path
+
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 from torch.utils.data import DataLoader
 
 from fastlight.models.vla import VLAPolicy
-from fastlight.modules.self_imitation import SuccessBuffer, successful_steps
+from fastlight.modules.self_imitation import SuccessBuffer, on_every_rank, successful_steps
 from fastlight.modules.vla_module import SIL_CHECKPOINT_KEY, VLAModule
 from fastlight.rollout import Rollout
 from tests.lightning_helpers import quiet_trainer
@@ -219,3 +228,44 @@ def test_bad_sil_settings_name_the_flag():
     for name, value in (("sil_steps", -1), ("sil_lr", 0.0), ("sil_batch_size", 0), ("sil_capacity", 0)):
         with pytest.raises(ValueError, match=f"--model.{name}"):
             sil_module(**{name: value})
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _agree_worker(rank: int, world: int, port: int, flags: list, out_dir: str) -> None:
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=30))
+    try:
+        got = [on_every_rank(f[rank]) for f in flags]
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(got))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.multiproc
+def test_self_imitation_runs_on_every_rank_or_on_none(tmp_path):
+    """Two gloo ranks: one with successes in its buffer and one without both skip the steps."""
+    flags = [(True, True), (True, False), (False, True), (False, False)]
+    ctx = mp.start_processes(
+        _agree_worker,
+        args=(2, _free_port(), flags, str(tmp_path)),
+        nprocs=2,
+        join=False,
+        start_method="spawn",
+    )
+    deadline = time.monotonic() + 60
+    try:
+        while not ctx.join(timeout=1):  # raises with the child's traceback if a rank fails
+            if time.monotonic() > deadline:
+                pytest.fail("gloo ranks did not finish within 60 s")
+    finally:
+        for proc in ctx.processes:
+            if proc.is_alive():
+                proc.kill()
+    for rank in range(2):
+        assert json.loads((tmp_path / f"rank{rank}.json").read_text()) == [True, False, False, False]
+    assert on_every_rank(True) and not on_every_rank(False)  # no process group: the flag itself
