@@ -100,7 +100,8 @@ class FastlightCLI(LightningCLI):
         undoing e.g. ``--model.lr 0.01``. Here the typed settings are kept and one line lists
         those that differ from the checkpoint's; the module applies a changed learning rate to
         the restored optimizer too (:meth:`RLModule.on_load_checkpoint`). A missing, truncated or
-        non-checkpoint file is refused naming the path.
+        non-checkpoint file is refused naming the path. ``--model.init_from`` is not read when
+        resuming (the checkpoint holds the weights), so a moved SFT checkpoint does not stop it.
         """
         sub = self.config.get("subcommand")
         ckpt_path = self.config[sub].get("ckpt_path") if sub else None
@@ -112,7 +113,19 @@ class FastlightCLI(LightningCLI):
         model = self.config[sub].get("model")
         if model is None or getattr(model, "class_path", None) is None:
             return super()._parse_ckpt_path()  # nothing typed: rebuild the checkpoint's model
-        diffs = _differences(saved, model)
+        init_args = model.get("init_args")
+        init_from = init_args.get("init_from") if init_args is not None else None
+        if init_from:
+            # The checkpoint restores the weights after configure_model: loading init_from first
+            # would be moot, and would fail on a file moved or deleted since the run started.
+            init_args["init_from"] = None
+            print(
+                f"fastlight: resuming {ckpt_path}: --model.init_from {init_from} is not read "
+                "(the checkpoint holds the weights)",
+                file=sys.stderr,
+                flush=True,
+            )
+        diffs = [d for d in _differences(saved, model) if not d.startswith("--model.init_from ")]
         if diffs:
             print(
                 f"fastlight: resuming {ckpt_path} with settings that differ from the checkpoint's "

@@ -362,3 +362,29 @@ def test_vla_sft_then_rl_chain(tmp_path):
     moved = sorted(k for k in after if not torch.equal(after[k], sft_weights[k]))
     assert moved and all(k.startswith("policy.value_head.") for k in moved), moved
     assert (rl_root / "checkpoints" / "last.ckpt").is_file()
+
+
+@pytest.mark.multiproc
+def test_resume_does_not_read_init_from(tmp_path, capsys):
+    """--ckpt_path resumes a run started with --model.init_from even once that file is gone: the
+    checkpoint holds the weights, and one line says init_from was not read."""
+    import torch
+
+    config = os.path.join(ROOT, "configs", "highway_dpsa.yaml")
+    start = tmp_path / "start"
+    cli_main(["fit", "--config", config, *tiny_overrides(), "--trainer.default_root_dir", str(start)])
+    init = tmp_path / "init.ckpt"
+    os.replace(start / "checkpoints" / "last.ckpt", init)
+    run = tmp_path / "run"
+    args = ["fit", "--config", config, *tiny_overrides(), "--trainer.default_root_dir", str(run)]
+    cli_main([*args, "--model.init_from", str(init)])
+    last = run / "checkpoints" / "last.ckpt"
+    step = torch.load(last, weights_only=False)["global_step"]
+    os.remove(init)  # the SFT / earlier run's file moved away since
+    capsys.readouterr()
+    resumed = cli_main([*args, "--model.init_from", str(init), "--ckpt_path", str(last),
+                        "--trainer.max_steps", str(2 * step)])  # fmt: skip
+    assert resumed.trainer.global_step == 2 * step and resumed.model.policy_version == 2
+    err = capsys.readouterr().err
+    assert f"--model.init_from {init} is not read (the checkpoint holds the weights)" in err
+    assert "(yours apply)" not in err  # init_from is no setting that differs
