@@ -125,7 +125,7 @@ class FastlightCLI(LightningCLI):
                 file=sys.stderr,
                 flush=True,
             )
-        diffs = [d for d in _differences(saved, model) if not d.startswith("--model.init_from ")]
+        diffs = _differences(saved, model)
         if diffs:
             print(
                 f"fastlight: resuming {ckpt_path} with settings that differ from the checkpoint's "
@@ -155,7 +155,7 @@ def _differences(saved: dict[str, Any], model: Namespace) -> list[str]:
         out.append(f"--model.class_path {model.class_path} (checkpoint: {theirs_class})")
     mine = _plain(model.get("init_args") or Namespace())
     for key, value in mine.items():
-        if key in _LINKED or key not in saved:
+        if key in _LINKED or key == "init_from" or key not in saved:  # init_from: not read on resume
             continue
         theirs = _plain(saved[key])
         if theirs != value:

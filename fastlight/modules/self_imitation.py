@@ -22,7 +22,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
 from fastlight.rollout import Obs, Rollout
@@ -48,18 +47,6 @@ def successful_steps(*, terminated: Tensor, truncated: Tensor, valid: Tensor) ->
         ends_in_success = torch.where(done[t], terminated[t], ends_in_success)
         out[t] = ends_in_success & valid[t]
     return out
-
-
-def on_every_rank(flag: bool, *, device: torch.device | str = "cpu") -> bool:
-    """``flag`` and-ed over the ranks of the default process group (a MIN all-reduce; ``flag`` itself
-    outside one). Each rank keeps its own buffer, so one may have successes while another has none:
-    the self-imitation steps must run on every rank or on none, or the gradient all-reduces of the
-    ranks that run them would wait forever for the others."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return flag
-    t = torch.tensor(float(flag), device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MIN)
-    return bool(t.item())
 
 
 class SuccessBuffer:

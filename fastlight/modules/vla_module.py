@@ -44,7 +44,7 @@ from typing_extensions import override
 from fastlight.losses.imitation import token_cross_entropy
 from fastlight.models.vla import VLAPolicy
 from fastlight.modules.rl_module import RLModule
-from fastlight.modules.self_imitation import SuccessBuffer, on_every_rank
+from fastlight.modules.self_imitation import SuccessBuffer
 from fastlight.rollout import Rollout
 
 #: Checkpoint key of the self-imitation buffer.
@@ -143,7 +143,11 @@ class VLAModule(RLModule):
         if isinstance(batch, Rollout):
             self.success_buffer.add_rollout(batch)
         warm = self.policy_version >= h.get("value_warmup_updates", 0)
-        self._sil_ready = on_every_rank(warm and len(self.success_buffer) > 0, device=self.device)
+        # Each rank keeps its own buffer: the steps run on every rank or on none (Lightning's
+        # all-ranks decision, an all-reduce under DDP), or the ranks' gradient all-reduces would
+        # wait forever for each other.
+        ready = warm and len(self.success_buffer) > 0
+        self._sil_ready = self.trainer.strategy.reduce_boolean_decision(ready, all=True)
         super().training_step(batch, batch_idx)  # the RL update first: its ratios need the behaviour policy
         info = self._self_imitation() if self._sil_ready else {}
         buf = self.success_buffer

@@ -2,21 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import time
-from datetime import timedelta
-from pathlib import Path
-
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.utils.data import DataLoader
 
 from fastlight.models.vla import VLAPolicy
-from fastlight.modules.self_imitation import SuccessBuffer, on_every_rank, successful_steps
+from fastlight.modules.self_imitation import SuccessBuffer, successful_steps
 from fastlight.modules.vla_module import SIL_CHECKPOINT_KEY, VLAModule
 from fastlight.rollout import Rollout
 from tests.lightning_helpers import quiet_trainer
@@ -230,42 +221,22 @@ def test_bad_sil_settings_name_the_flag():
             sil_module(**{name: value})
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def test_self_imitation_runs_on_every_rank_or_on_none(monkeypatch):
+    """The steps run only where the strategy's all-ranks decision says every rank is ready (under
+    DDP, Lightning's reduce_boolean_decision all-reduces it): a rank with successes skips them when
+    another rank has none."""
+    r = one_success_rollout()
+    for others_ready in (True, False):
+        m = sil_module(sil_steps=2)
+        trainer = quiet_trainer(max_epochs=1)
+        asked = []
 
+        def decide(decision: bool, all: bool = True, others: bool = others_ready, asked: list = asked):
+            asked.append((decision, all))
+            return decision and others if all else decision or others
 
-def _agree_worker(rank: int, world: int, port: int, flags: list, out_dir: str) -> None:
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=30))
-    try:
-        got = [on_every_rank(f[rank]) for f in flags]
-        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(got))
-    finally:
-        dist.destroy_process_group()
-
-
-@pytest.mark.multiproc
-def test_self_imitation_runs_on_every_rank_or_on_none(tmp_path):
-    """Two gloo ranks: one with successes in its buffer and one without both skip the steps."""
-    flags = [(True, True), (True, False), (False, True), (False, False)]
-    ctx = mp.start_processes(
-        _agree_worker,
-        args=(2, _free_port(), flags, str(tmp_path)),
-        nprocs=2,
-        join=False,
-        start_method="spawn",
-    )
-    deadline = time.monotonic() + 60
-    try:
-        while not ctx.join(timeout=1):  # raises with the child's traceback if a rank fails
-            if time.monotonic() > deadline:
-                pytest.fail("gloo ranks did not finish within 60 s")
-    finally:
-        for proc in ctx.processes:
-            if proc.is_alive():
-                proc.kill()
-    for rank in range(2):
-        assert json.loads((tmp_path / f"rank{rank}.json").read_text()) == [True, False, False, False]
-    assert on_every_rank(True) and not on_every_rank(False)  # no process group: the flag itself
+        monkeypatch.setattr(trainer.strategy, "reduce_boolean_decision", decide)
+        trainer.fit(m, train_dataloaders=DataLoader([r] * 2, batch_size=None))
+        assert asked == [(True, True), (True, True)]  # this rank had successes, "all" was asked
+        assert len(m.success_buffer) == 24
+        assert trainer.global_step == 2 * (1 + (2 if others_ready else 0)), others_ready
