@@ -128,7 +128,7 @@ class VLAPolicy(nn.Module):
     ) -> None:
         super().__init__()
         if not temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
+            raise ValueError(f"--model.policy.init_args.temperature must be > 0, got {temperature}")
         if decoding not in DECODING_MODES:
             raise ValueError(f"decoding must be one of {DECODING_MODES}, got {decoding!r}")
         for name, val, low in (("action_dim", action_dim, 1), ("proprio_dim", proprio_dim, 0)):

@@ -101,7 +101,7 @@ def test_temperature_tempers_sampling_and_scoring_not_the_argmax_or_forward(deco
         expected = torch.log_softmax(logits / 0.5, -1).gather(-1, acted.actions[..., None])[..., 0]
         torch.testing.assert_close(out.logprobs, expected, rtol=1e-5, atol=1e-5)
         assert bool((out.entropy < plain.evaluate(obs, acted.actions).entropy).all())  # sharper
-    with pytest.raises(ValueError, match="temperature"):
+    with pytest.raises(ValueError, match="--model.policy.init_args.temperature must be > 0"):
         _policy(temperature=0.0)
 
 
