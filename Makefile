@@ -44,12 +44,12 @@ test-all: install
 
 bench: install
 	$(BIN)/python -m pip install -q -e ".[bench]"
-	$(BIN)/python -m fastlight.bench.sampling
-	$(BIN)/python -m fastlight.bench.pruning
-	$(BIN)/python -m fastlight.bench.sync
+	$(BIN)/python -m benchmarks.sampling
+	$(BIN)/python -m benchmarks.pruning
+	$(BIN)/python -m benchmarks.sync
 
 lint: install
-	$(BIN)/ruff check fastlight tests examples
+	$(BIN)/ruff check fastlight benchmarks tests examples
 
 clean:
 	rm -rf runs lightning_logs .pytest_cache

@@ -15,10 +15,14 @@ modules and the run's env package on the other core while this process imports L
 
 from __future__ import annotations
 
+import os
 import sys
 
 
 def main() -> None:
+    # First of all: MuJoCo (Meta-World's image mode) renders offscreen only with a GL backend set,
+    # and the forkserver below, ``evaluate`` and ``plot`` all start before ``cli_main`` would set it.
+    os.environ.setdefault("MUJOCO_GL", "egl")
     if len(sys.argv) > 1 and sys.argv[1] == "fit" and "--help" not in sys.argv and "-h" not in sys.argv:
         from fastlight.sampling.start import peek_data, peek_env_id, warm_forkserver
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import sys
 import warnings
+from argparse import ArgumentError
 from typing import Any
 
 import lightning as L
@@ -25,12 +26,15 @@ from lightning.pytorch.plugins.io import CheckpointIO
 
 from fastlight.callbacks.preemption import PreemptionCheckpoint
 from fastlight.checkpoints import AtomicCheckpointIO
+from fastlight.class_paths import class_path, same_class
 from fastlight.cli_callbacks import merge_repeated_callbacks
 from fastlight.cli_output import one_line_errors, quiet_third_party
+from fastlight.cli_parser import FastlightArgumentParser
+from fastlight.modules.objective_hparams import legacy_setting_hint
 from fastlight.modules.rl_module import RLModule
 
 _MODEL_CHECKPOINT = "lightning.pytorch.callbacks.ModelCheckpoint"
-_PREEMPTION = f"{PreemptionCheckpoint.__module__}.{PreemptionCheckpoint.__qualname__}"
+_PREEMPTION = class_path(PreemptionCheckpoint)
 _ENV_STEPS = "fastlight.callbacks.env_steps.EnvStepBudget"
 #: Model arguments the CLI links from the data module: not the user's to set, never a difference.
 _LINKED = ("obs_dim", "action_dim", "continuous")
@@ -56,20 +60,20 @@ class FastlightCLI(LightningCLI):
         # stage finds them (e.g. the RL config's --model.init_from <sft root>/checkpoints/last.ckpt).
         callbacks = trainer.get("callbacks") or []
         for cb in callbacks:
-            if getattr(cb, "class_path", None) in (_MODEL_CHECKPOINT, _PREEMPTION):
+            if any(same_class(getattr(cb, "class_path", None), p) for p in (_MODEL_CHECKPOINT, _PREEMPTION)):
                 if cb.get("init_args") is None:
                     cb["init_args"] = Namespace()
                 if cb["init_args"].get("dirpath") is None:
                     cb["init_args"]["dirpath"] = os.path.join(root, "checkpoints")
         # Preemption-safe by default: a checkpoint on SIGTERM / SIGINT / SIGUSR1, on a fault, and
         # every 30 minutes (a config that lists PreemptionCheckpoint itself chooses its settings).
-        if not any(getattr(cb, "class_path", None) == _PREEMPTION for cb in callbacks):
+        if not any(same_class(getattr(cb, "class_path", None), _PREEMPTION) for cb in callbacks):
             init_args = Namespace(dirpath=os.path.join(root, "checkpoints"))
             callbacks.append(Namespace(class_path=_PREEMPTION, init_args=init_args))
             trainer["callbacks"] = callbacks
         # Every run logs env_steps (the unit an RL user plans in); one that lists EnvStepBudget itself
         # (e.g. --trainer.callbacks+=EnvStepBudget --trainer.callbacks.total_env_steps N) sets a budget.
-        if not any(getattr(cb, "class_path", None) == _ENV_STEPS for cb in callbacks):
+        if not any(same_class(getattr(cb, "class_path", None), _ENV_STEPS) for cb in callbacks):
             callbacks.append(Namespace(class_path=_ENV_STEPS, init_args=Namespace()))
             trainer["callbacks"] = callbacks
         if trainer.get("logger") in (None, True):
@@ -84,6 +88,27 @@ class FastlightCLI(LightningCLI):
                 ),
             ]
 
+
+    def parse_arguments(self, parser, args) -> None:  # noqa: ANN001 - jsonargparse parser and args
+        """LightningCLI's parsing, but a setting of the old objective interface (``--model.objective
+        gipo``, ``gipo_sigma: 0.2`` ...) is refused with one line saying what to write instead."""
+        subcommands = parser._subcommands_action
+        parsers = [parser, *(subcommands._name_parser_map.values() if subcommands else ())]
+        exits = [p.exit_on_error for p in parsers]
+        for p in parsers:
+            p.exit_on_error = False
+        try:
+            super().parse_arguments(parser, args)
+        except ArgumentError as error:
+            hint = legacy_setting_hint(str(error))
+            if hint is not None:
+                raise ValueError(hint) from None
+            for p, exit_on_error in zip(parsers, exits, strict=True):
+                p.exit_on_error = exit_on_error
+            parser.error(str(error), error.__cause__)  # jsonargparse's own report, as without this
+        finally:
+            for p, exit_on_error in zip(parsers, exits, strict=True):
+                p.exit_on_error = exit_on_error
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
         """Atomic checkpoint files unless the user brings a CheckpointIO of their own."""
@@ -151,7 +176,7 @@ def _differences(saved: dict[str, Any], model: Namespace) -> list[str]:
     """``--model.<key> <yours> (checkpoint: <theirs>)`` for every setting both sides hold."""
     out = []
     theirs_class = saved.get("_class_path")
-    if theirs_class and theirs_class != model.class_path:
+    if theirs_class and not same_class(theirs_class, model.class_path):
         out.append(f"--model.class_path {model.class_path} (checkpoint: {theirs_class})")
     mine = _plain(model.get("init_args") or Namespace())
     for key, value in mine.items():
@@ -179,6 +204,7 @@ def cli_main(args: list[str] | None = None, *, run: bool = True) -> FastlightCLI
         L.LightningDataModule,  # RolloutDataModule, DemoDataModule, or a user's own
         subclass_mode_model=True,
         subclass_mode_data=True,
+        parser_class=FastlightArgumentParser,  # a bad Literal value or a moved setting: one line
         parser_kwargs={"parser_mode": "omegaconf"},
         save_config_kwargs={"overwrite": True},
         args=args,

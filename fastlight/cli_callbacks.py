@@ -30,6 +30,7 @@ import fastlight.callbacks.dwr  # noqa: F401 - registers the short names (see ab
 import fastlight.callbacks.env_steps  # noqa: F401
 import fastlight.callbacks.throughput  # noqa: F401
 import fastlight.callbacks.weight_sync  # noqa: F401
+from fastlight.class_paths import class_key
 
 #: Callbacks whose several instances are meaningful (their state key includes their arguments).
 MAY_REPEAT = frozenset(
@@ -46,17 +47,19 @@ def merge_repeated_callbacks(callbacks: list[Any] | None) -> list[Any] | None:
     if not callbacks:
         return callbacks
     merged: list[Any] = []
-    first: dict[str, Any] = {}
+    first: dict[Any, Any] = {}  # keyed by the class, so that two spellings of one path meet
+    may_repeat = {class_key(p) for p in MAY_REPEAT}
     for cb in callbacks:
         path = cb.get("class_path") if isinstance(cb, Namespace) else None
-        if path is None or path in MAY_REPEAT:
+        key = None if path is None else class_key(path)
+        if key is None or key in may_repeat:
             merged.append(cb)
             continue
-        if path not in first:
-            first[path] = cb
+        if key not in first:
+            first[key] = cb
             merged.append(cb)
             continue
-        kept = first[path]
+        kept = first[key]
         if kept.get("init_args") is None:
             kept["init_args"] = Namespace()
         defaults = _defaults(path)

@@ -9,12 +9,15 @@ The env is rebuilt from the checkpoint's own data-module settings (``env_id`` / 
 (termination or the env's own time limit): no DPSA unified truncation and no emulated
 scenario-load cost, so returns compare across runs and with the literature. Episode ``i`` is reset
 with seed ``--seed + i`` (fastlight's multi-task Meta-World: :func:`fastlight.evaluation.eval_seed`,
-``--episodes`` per task), so two checkpoints evaluated with one seed face the same episodes.
+``--episodes`` per task), so two checkpoints evaluated with one seed face the same episodes. The
+episodes are played by :func:`fastlight.evaluation.play_episodes`, the one player every fastlight
+evaluation uses.
 
 Reported (95%): mean return with a percentile-bootstrap interval (10,000 resamples of the
-episodes, :func:`fastlight.bench.vla_eval.bootstrap_mean_ci`), mean episode length, and the
-success rate (``info['is_success']`` or ``info['success']``) and crash rate (highway-env's
-``info['crashed']``) with Wilson score intervals, each where the env reports it. Printed, and
+episodes, :func:`fastlight.stats.stratified_mean_ci` with one stratum), mean episode length, and the
+success rate (an episode succeeded if any step's ``info['success']`` or ``info['is_success']``
+is true: :func:`fastlight.rollout.success_after`) and crash rate (highway-env's ``info['crashed']``
+at the last step) with Wilson score intervals, each where the env reports it. Printed, and
 written with one row per episode to ``--out`` (default ``<ckpt>.eval.json``). ``--video DIR``
 writes one GIF per episode (imageio, from the optional ``bench`` extra).
 
@@ -28,39 +31,19 @@ import argparse
 import json
 import os
 import sys
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-import gymnasium as gym
 import numpy as np
 
 if TYPE_CHECKING:
-    from fastlight.evaluation import TaskEpisode
+    from fastlight.rollout import EpisodeRecord
 
 from fastlight.cli_output import OneLineArgumentParser
 from fastlight.cli_output import fail as cli_fail
 
 PROG = "fastlight evaluate"
-#: Longest episode played when the env sets no time limit of its own (nothing runs forever).
-MAX_EPISODE_STEPS = 10_000
 N_BOOT = 10_000
-
-
-@dataclass
-class EvalEpisode:
-    """One evaluation episode, played to its natural end. ``None``: the env does not report it."""
-
-    index: int
-    seed: int
-    length: int = 0
-    ret: float = 0.0
-    terminated: bool | None = None  # None: not recorded (the multi-task path)
-    truncated: bool | None = None
-    success: bool | None = None
-    crashed: bool | None = None
-    task: str | None = None
-    frames: list[np.ndarray] = field(default_factory=list, repr=False)
 
 
 def fail(message: str) -> NoReturn:
@@ -109,43 +92,19 @@ def parse(argv: list[str]) -> argparse.Namespace:
 def load_checkpoint(path: str) -> tuple[Any, dict[str, Any]]:
     """``(module on the CPU in eval mode, checkpoint dict)``; every failure names ``--ckpt``."""
     from fastlight.checkpoints import read_checkpoint
+    from fastlight.modules.loading import load_module_of
 
     ckpt = read_checkpoint(path, flag="--ckpt")
-    return load_module_of(path, ckpt), ckpt
-
-
-def load_module_of(path: str, ckpt: dict[str, Any]) -> Any:
-    """The module of checkpoint ``path`` (already read as ``ckpt``), of the class it records."""
-    import torch
-
-    from fastlight.checkpoints import module_class
-    from fastlight.modules.rl_module import RLModule
-
-    class_path = (ckpt.get("hyper_parameters") or {}).get("_class_path")
-    try:
-        cls = module_class(ckpt, RLModule)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(
-            f"--ckpt: cannot import the checkpoint's module class {class_path!r} ({type(e).__name__}: {e}); "
-            "run from the directory that holds its package, or add that directory to PYTHONPATH"
-        ) from e
-    try:
-        module = cls.load_from_checkpoint(path, map_location="cpu")
-    except (RuntimeError, TypeError, KeyError) as e:
-        recorded = "" if class_path else " (it records no class path, so it was loaded as RLModule)"
-        raise ValueError(
-            f"--ckpt: cannot rebuild {cls.__module__}.{cls.__qualname__} from {path}{recorded}: "
-            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        ) from e
-    module.eval()
-    if not isinstance(module._modules.get("policy"), torch.nn.Module):
-        raise ValueError(f"--ckpt: {cls.__qualname__} has no policy to evaluate")
-    return module
+    return load_module_of(path, ckpt, flag="--ckpt"), ckpt
 
 
 def env_settings(ckpt: dict[str, Any], env_id: str | None, override: dict[str, Any]) -> tuple[str, dict]:
-    """The checkpoint's ``(env_id, env_kwargs)`` with the command line's over them."""
-    data = ckpt.get("datamodule_hyper_parameters") or {}
+    """The checkpoint's ``(env_id, env_kwargs)`` with the command line's over them (a checkpoint
+    with the old flat data settings is read in today's shape, see
+    :func:`fastlight.data.legacy.upgrade_hparams`)."""
+    from fastlight.data.legacy import upgrade_hparams
+
+    data = upgrade_hparams(ckpt.get("datamodule_hyper_parameters") or {})
     env_id = env_id or data.get("env_id")
     if not env_id:
         raise ValueError("--env: the checkpoint records no env (no data.env_id); give one with --env ID")
@@ -153,53 +112,35 @@ def env_settings(ckpt: dict[str, Any], env_id: str | None, override: dict[str, A
 
 
 # ---------------------------------------------------------------------- playing
-def play_episodes(act: Any, env: gym.Env, *, episodes: int, seed: int, record: bool) -> list[EvalEpisode]:
-    """Episode ``i`` on seed ``seed + i``, to its natural end; ``record`` keeps ``env.render()`` frames.
+def play_seeded(
+    policy: Any, env_id: str, env_kwargs: dict[str, Any], args: argparse.Namespace
+) -> tuple[list[EpisodeRecord], float]:
+    """``(episodes, GIF fps)``: episode ``i`` on seed ``--seed + i``; ``--video`` keeps ``env.render()``."""
+    from fastlight.envs.registry import make_env
+    from fastlight.evaluation import one_at_a_time, play_episodes, policy_act_fn, seeded_specs
 
-    ``act`` is :func:`fastlight.evaluation.policy_act_fn`'s ``(obs, step) -> env action``; ``env``
-    is closed at the end. Without a time limit of its own an episode stops at ``MAX_EPISODE_STEPS``.
-    """
-    limit = MAX_EPISODE_STEPS if env.spec is None or env.spec.max_episode_steps is None else None
-    out = []
+    if args.video:
+        # rgb_array frames need no window: SDL's offscreen driver draws without looking for a
+        # display (not "dummy": highway-env then stops drawing, every frame the first one).
+        os.environ.setdefault("SDL_VIDEODRIVER", "offscreen")
+    kwargs = {**env_kwargs, "render_mode": "rgb_array"} if args.video else env_kwargs
+    env = make_env(env_id, env_kwargs=kwargs, flag="--env")
     try:
-        for i in range(episodes):
-            ep = EvalEpisode(index=i, seed=seed + i)
-            obs, _ = env.reset(seed=ep.seed)
-            if record:
-                ep.frames.append(np.asarray(env.render()))
-            done = False
-            while not done:
-                obs, reward, term, trunc, info = env.step(act(obs, ep.length))
-                ep.length += 1
-                ep.ret += float(reward)
-                _read_outcome(ep, info)
-                if record:
-                    ep.frames.append(np.asarray(env.render()))
-                capped = limit is not None and ep.length >= limit  # counts as a time limit
-                ep.terminated, ep.truncated = bool(term), bool(trunc) or capped
-                done = ep.terminated or ep.truncated
-            out.append(ep)
+        fps = args.fps or float(min(max(env.metadata.get("render_fps") or 20, 1), 30))
+        act = one_at_a_time(policy_act_fn(policy, deterministic=not args.sample))
+        specs = seeded_specs(args.episodes, args.seed, record=bool(args.video))
+        return play_episodes(act, [env], specs), fps
     finally:
         env.close()
-    return out
-
-
-def _read_outcome(ep: EvalEpisode, info: dict[str, Any]) -> None:
-    """Success: any step says so (Meta-World reports it on the step it happens). Crash: the last step."""
-    for key in ("is_success", "success"):
-        if key in info:
-            ep.success = bool(ep.success) or bool(info[key])
-    if "crashed" in info:
-        ep.crashed = bool(info["crashed"])
 
 
 def play_multitask(
     policy: Any, env_id: str, env_kwargs: dict[str, Any], args: argparse.Namespace, *, record: bool
-) -> tuple[list[EvalEpisode], list[TaskEpisode]]:
+) -> list[EpisodeRecord]:
     """fastlight's Meta-World: :func:`fastlight.evaluation.play_tasks`, ``--episodes`` per task."""
     from fastlight.evaluation import play_tasks, policy_batch_act_fn
 
-    eps = play_tasks(
+    return play_tasks(
         policy_batch_act_fn(policy, deterministic=not args.sample),
         env_id=env_id,
         env_kwargs=env_kwargs,
@@ -208,20 +149,15 @@ def play_multitask(
         batch=args.batch,
         record=args.episodes if record else 0,
     )
-    mine = [
-        EvalEpisode(i, e.seed, e.length, e.ret, success=e.success, task=e.task, frames=e.frames)
-        for i, e in enumerate(eps)
-    ]
-    return mine, eps
 
 
 # ---------------------------------------------------------------------- statistics and output
-def summarise(episodes: list[EvalEpisode], *, seed: int) -> dict[str, Any]:
+def summarise(episodes: list[EpisodeRecord], *, seed: int) -> dict[str, Any]:
     """Mean return (bootstrap CI), mean length, success / crash rates (Wilson CIs) where reported."""
-    from fastlight.bench.vla_eval import bootstrap_mean_ci, wilson_interval
+    from fastlight.stats import stratified_mean_ci, wilson_interval
 
     returns = np.asarray([e.ret for e in episodes], dtype=np.float64)
-    mean, low, high = bootstrap_mean_ci({"all": returns}, n_boot=N_BOOT, seed=seed)
+    mean, low, high = stratified_mean_ci({"all": returns}, n_boot=N_BOOT, seed=seed)  # one stratum
     out: dict[str, Any] = {
         "episodes": len(episodes),
         "return": {"mean": mean, "ci_low": low, "ci_high": high, "std": float(returns.std())},
@@ -241,26 +177,35 @@ def summarise(episodes: list[EvalEpisode], *, seed: int) -> dict[str, Any]:
     return out
 
 
-def write_gifs(directory: Path, episodes: list[EvalEpisode], fps: float) -> list[str]:
+def write_gifs(directory: Path, episodes: list[EpisodeRecord], fps: float) -> list[str]:
     """``episode_<i>[_<task>]_seed<seed>.gif`` for every episode that kept frames."""
     import imageio.v3 as iio
 
     written = []
-    for e in episodes:
+    for i, e in enumerate(episodes):
         if len(e.frames) < 1:
             continue
         directory.mkdir(parents=True, exist_ok=True)
-        name = f"episode_{e.index:03d}" + (f"_{e.task}" if e.task else "") + f"_seed{e.seed}.gif"
+        name = f"episode_{i:03d}" + (f"_{e.task}" if e.task else "") + f"_seed{e.seed}.gif"
         # Pillow's GIF writer takes the frame duration in milliseconds; loop=0 repeats forever.
         iio.imwrite(directory / name, np.stack(e.frames), extension=".gif", duration=1000.0 / fps, loop=0)
         written.append(str(directory / name))
     return written
 
 
-def _row(e: EvalEpisode) -> dict[str, Any]:
+def _row(index: int, e: EpisodeRecord) -> dict[str, Any]:
     """An episode as a JSON row (``return``, not the attribute's ``ret``; no frames)."""
-    row = {k: v for k, v in asdict(e).items() if k not in ("frames", "ret")}
-    return {**row, "return": e.ret}
+    return {
+        "index": index,
+        "seed": e.seed,
+        "length": e.length,
+        "terminated": e.terminated,
+        "truncated": e.truncated,
+        "success": e.success,
+        "crashed": e.crashed,
+        "task": e.task,
+        "return": e.ret,
+    }
 
 
 def _fmt_rate(r: dict[str, float] | None) -> str:
@@ -293,15 +238,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     if args.video:
-        from fastlight.bench.extras import require
+        from fastlight.extras import check_extra
 
         try:  # before the (long) evaluation
-            require("imageio", command=f"{PROG} --video")
+            check_extra("imageio", extra="bench", what=f"{PROG} --video")
         except ModuleNotFoundError as e:
             fail(str(e))
-    from fastlight.bench.vla_eval import probe_env
     from fastlight.checkpoints import read_checkpoint
     from fastlight.envs.registry import check_env_id
+    from fastlight.evaluation import probe_env
+    from fastlight.modules.loading import load_module_of
 
     try:
         ckpt = read_checkpoint(args.ckpt, flag="--ckpt")
@@ -325,29 +271,17 @@ def _evaluate(
 ) -> dict[str, Any]:
     import torch
 
-    from fastlight.envs.registry import make_env
-    from fastlight.evaluation import policy_act_fn
-
     torch.manual_seed(args.seed)  # --sample: reproducible
     video_note = None
-    task_eps: list[TaskEpisode] = []
     if task_names:
         record = bool(args.video) and image_mode
         if args.video and not image_mode:
             video_note = "--video: state mode has no camera frames; image mode is data.env_kwargs.image: true"
             print(f"{PROG}: {video_note}", file=sys.stderr)
-        episodes, task_eps = play_multitask(module.policy, env_id, env_kwargs, args, record=record)
+        episodes = play_multitask(module.policy, env_id, env_kwargs, args, record=record)
         fps = args.fps or 20.0
     else:
-        if args.video:
-            # rgb_array frames need no window: SDL's offscreen driver draws without looking for a
-            # display (not "dummy": highway-env then stops drawing, every frame the first one).
-            os.environ.setdefault("SDL_VIDEODRIVER", "offscreen")
-        kwargs = {**env_kwargs, "render_mode": "rgb_array"} if args.video else env_kwargs
-        env = make_env(env_id, env_kwargs=kwargs, flag="--env")
-        fps = args.fps or float(min(max(env.metadata.get("render_fps") or 20, 1), 30))
-        act = policy_act_fn(module.policy, deterministic=not args.sample)
-        episodes = play_episodes(act, env, episodes=args.episodes, seed=args.seed, record=bool(args.video))
+        episodes, fps = play_seeded(module.policy, env_id, env_kwargs, args)
     videos = write_gifs(Path(args.video), episodes, fps) if args.video else []
     version = ckpt["state_dict"].get("_policy_version")
     result: dict[str, Any] = {
@@ -363,12 +297,12 @@ def _evaluate(
         "summary": summarise(episodes, seed=args.seed),
         "videos": videos,
         "video_note": video_note,
-        "episodes": [_row(e) for e in episodes],
+        "episodes": [_row(i, e) for i, e in enumerate(episodes)],
     }
     if task_names:
-        from fastlight.bench.vla_eval import summarise as per_task_summary
+        from fastlight.evaluation import per_task_summary
 
-        result["per_task"] = per_task_summary(task_eps, task_names, n_boot=N_BOOT, seed=args.seed)
+        result["per_task"] = per_task_summary(episodes, task_names, n_boot=N_BOOT, seed=args.seed)
     out = Path(args.out or str(Path(args.ckpt).with_suffix("")) + ".eval.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")

@@ -1,13 +1,37 @@
-"""Evaluation episodes for a trained policy (or a uniform-random baseline).
+"""Evaluation: one episode player, one episode record, one rule for success.
 
-Episodes run to their natural end (termination or the env's own time limit): no DPSA
-truncation here, so returns are comparable across policies and with the literature.
+A trained policy (or a uniform-random baseline) plays full episodes: each runs to its natural end
+(termination or the env's own time limit; :data:`MAX_EPISODE_STEPS` where the env sets none), with
+no DPSA unified truncation and no emulated scenario-load cost, so returns compare across policies
+and with the literature.
+
+- **The player**, :func:`play_episodes`: a list of :class:`EpisodeSpec` (reset seed, task, whether
+  to keep frames) played on one or more envs, consecutive episodes of one task in lockstep (one
+  batched policy call per step). Two seed schemes build the specs: :func:`seeded_specs`, episode
+  ``i`` on ``seed + i`` (:func:`run_episodes`, ``fastlight evaluate``, the learning, convergence
+  and driving benchmarks), and :func:`task_specs`, every task of fastlight's multi-task Meta-World
+  on :func:`eval_seed` (:func:`play_tasks`: ``fastlight evaluate`` on Meta-World,
+  ``python -m benchmarks.vla.eval``, the BC baseline). Two policies evaluated with one seed face
+  the same episodes.
+- **The record**, :class:`fastlight.rollout.EpisodeRecord`, the one the training side logs too:
+  ``length``, ``ret``, ``terminated`` / ``truncated``, ``task_id``, ``success``, ``crashed``, and
+  here also the reset ``seed``, the ``task`` name and, when asked, the camera ``frames``.
+- **Success**: an episode succeeded if *any* of its steps reports ``info["success"]`` (Meta-World,
+  which reports it at every step; the Meta-World and AcceRL evaluations count an episode that
+  reached success at any step) or ``info["is_success"]`` (gymnasium-robotics) true. It is ``None``
+  where no step reports either key: the env has no notion of success, and ``fastlight evaluate``
+  says "not reported". The rule is one function, :func:`fastlight.rollout.success_after`; the
+  training-side collector folds it over the steps too, so ``rollout/success_rate``, DWR and every
+  evaluation count the same episodes as successes. A crash is highway-env's ``info["crashed"]`` at
+  the last step (:func:`fastlight.rollout.crashed_at_end`), ``None`` where not reported.
+- **Per-task summary** of a multi-task evaluation (:func:`per_task_summary`): success per task
+  with Wilson intervals and the stratified-bootstrap mean over tasks (:mod:`fastlight.stats`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import gymnasium as gym
@@ -15,14 +39,21 @@ import numpy as np
 import torch
 
 from fastlight.envs.registry import make_env
-from fastlight.rollout import EpisodeRecord
-from fastlight.sampling.obs import action_to_env, obs_to_tensor
+from fastlight.rollout import EpisodeRecord, crashed_at_end, success_after
+from fastlight.sampling.obs import action_to_env, obs_to_tensor, stack_obs
 
+#: ``(one observation, its step in the episode) -> env action``.
 ActFn = Callable[[Any, int], Any]
+#: ``(observation batch, step batch [B]) -> env actions [B, ...]``: what :func:`play_episodes` calls.
+BatchActFn = Callable[[Any, np.ndarray], Any]
+#: Longest episode played when the env sets no time limit of its own (nothing runs forever); it
+#: ends ``truncated``, as a time limit does.
+MAX_EPISODE_STEPS = 10_000
 
 
+# ---------------------------------------------------------------------- acting
 def policy_act_fn(policy: torch.nn.Module, *, deterministic: bool = False) -> ActFn:
-    """An ``(obs, step) -> env action`` function from a fastlight policy."""
+    """An :data:`ActFn` from a fastlight policy (one observation at a time)."""
 
     @torch.no_grad()
     def act(obs: Any, step: int) -> Any:
@@ -37,21 +68,181 @@ def policy_act_fn(policy: torch.nn.Module, *, deterministic: bool = False) -> Ac
     return act
 
 
+def policy_batch_act_fn(policy: torch.nn.Module, *, deterministic: bool = True) -> BatchActFn:
+    """A :data:`BatchActFn` from a fastlight policy (``act`` then the policy's own ``env_action``)."""
+
+    @torch.no_grad()
+    def act(obs: Any, step: np.ndarray) -> np.ndarray:
+        out = policy.act(
+            obs_to_tensor(obs), step=torch.as_tensor(step, dtype=torch.long), deterministic=deterministic
+        )
+        return policy.env_action(out.actions).detach().cpu().numpy()
+
+    return act
+
+
 def random_act_fn(env: gym.Env, seed: int) -> ActFn:
+    """Uniform-random actions from ``env``'s action space, seeded with ``seed``."""
     env.action_space.seed(seed)
     return lambda obs, step: env.action_space.sample()
 
 
+def one_at_a_time(act: ActFn) -> BatchActFn:
+    """A :data:`BatchActFn` that calls ``act`` on each observation of the batch in turn."""
+
+    def act_batch(obs: Any, step: np.ndarray) -> list[Any]:
+        one = (lambda j: {k: v[j] for k, v in obs.items()}) if isinstance(obs, dict) else (lambda j: obs[j])
+        rows = [one(j) for j in range(len(step))]
+        return [act(o, int(s)) for o, s in zip(rows, step, strict=True)]
+
+    return act_batch
+
+
+# ---------------------------------------------------------------------- the player
+@dataclass(frozen=True)
+class EpisodeSpec:
+    """One episode to play: its reset ``seed``, the task of a multi-task env, whether to keep frames.
+
+    ``task_id`` resets with ``options={"task_id": task_id}`` (fastlight's Meta-World); ``None``
+    resets without options and the record takes the reset info's ``task_id`` (0 if absent).
+    """
+
+    seed: int
+    task_id: int | None = None
+    task: str | None = None
+    record: bool = False
+
+
 class EpisodeObserver(Protocol):
-    """Reads the env's own state during :func:`run_episodes` (e.g. driving metrics from the simulator)."""
+    """Reads the env's own state during :func:`play_episodes` (e.g. driving metrics from the simulator)."""
 
     def on_reset(self, env: gym.Env, episode: int) -> None:
-        """Called after ``env.reset`` of episode ``episode``."""
+        """Called after ``env.reset`` of episode ``episode`` (its index in the specs)."""
 
     def on_step(self, env: gym.Env, episode: int, done: bool) -> None:
         """Called after every ``env.step``; ``done`` on the episode's last step."""
 
 
+def seeded_specs(episodes: int, seed: int, *, record: bool = False) -> list[EpisodeSpec]:
+    """Episode ``i`` on seed ``seed + i``."""
+    return [EpisodeSpec(seed + i, record=record) for i in range(episodes)]
+
+
+def eval_seed(seed: int, task_id: int, episode: int) -> int:
+    """Seed of evaluation episode ``episode`` of task ``task_id`` (a stream apart from demo seeds)."""
+    return int(np.random.SeedSequence([seed, task_id, episode, 0xE7A1]).generate_state(1)[0])
+
+
+def task_specs(
+    task_names: Sequence[str], episodes_per_task: int, seed: int, *, record: int = 0
+) -> list[EpisodeSpec]:
+    """``episodes_per_task`` episodes of every task on :func:`eval_seed`; the first ``record`` keep frames."""
+    return [
+        EpisodeSpec(eval_seed(seed, k, i), task_id=k, task=name, record=i < record)
+        for k, name in enumerate(task_names)
+        for i in range(episodes_per_task)
+    ]
+
+
+def play_episodes(
+    act: BatchActFn,
+    envs: Sequence[gym.Env],
+    specs: Sequence[EpisodeSpec],
+    *,
+    observer: EpisodeObserver | None = None,
+) -> list[EpisodeRecord]:
+    """Play every spec to its natural end, in order; one :class:`EpisodeRecord` per spec.
+
+    Consecutive specs of one task run ``len(envs)`` at a time in lockstep, spec ``j`` of a group
+    on ``envs[j]``, with one ``act`` call per step for the episodes still running. A kept frame is
+    the observation's ``image`` (image mode) or ``env.render()``, after the reset and after every
+    step. The envs stay open (the caller owns them).
+    """
+    if not envs:
+        raise ValueError("play_episodes needs at least one env")
+    records: list[EpisodeRecord] = []
+    for group in _lockstep_groups(specs, len(envs)):
+        records += _play_group(act, envs[: len(group)], group, observer, first=len(records))
+    return records
+
+
+def _lockstep_groups(specs: Sequence[EpisodeSpec], size: int) -> Iterator[list[EpisodeSpec]]:
+    group: list[EpisodeSpec] = []
+    for spec in specs:
+        if group and (len(group) == size or spec.task_id != group[0].task_id):
+            yield group
+            group = []
+        group.append(spec)
+    if group:
+        yield group
+
+
+def _play_group(
+    act: BatchActFn,
+    envs: Sequence[gym.Env],
+    specs: list[EpisodeSpec],
+    observer: EpisodeObserver | None,
+    *,
+    first: int,
+) -> list[EpisodeRecord]:
+    obs, eps = _start_group(envs, specs, observer, first=first)
+    limits = [_step_limit(env) for env in envs]
+    live = list(range(len(envs)))
+    while live:
+        step = np.asarray([eps[i].length for i in live], dtype=np.int64)
+        actions = act(stack_obs([obs[i] for i in live]), step)
+        still = []
+        for j, i in enumerate(live):
+            ep = eps[i]
+            obs[i], reward, term, trunc, info = envs[i].step(actions[j])
+            ep.length += 1
+            ep.ret += float(reward)
+            ep.success = success_after(ep.success, info)
+            capped = limits[i] is not None and ep.length >= limits[i]  # counts as a time limit
+            ep.terminated, ep.truncated = bool(term), bool(trunc) or capped
+            _keep_frame(ep, specs[i], envs[i], obs[i])
+            done = ep.terminated or ep.truncated
+            if observer is not None:
+                observer.on_step(envs[i], first + i, done)
+            if done:
+                ep.crashed = crashed_at_end(info)
+            else:
+                still.append(i)
+        live = still
+    return eps
+
+
+def _start_group(
+    envs: Sequence[gym.Env], specs: list[EpisodeSpec], observer: EpisodeObserver | None, *, first: int
+) -> tuple[list[Any], list[EpisodeRecord]]:
+    """Reset ``envs[j]`` for ``specs[j]``: the first observations and the empty records."""
+    obs, eps = [], []
+    for j, (env, spec) in enumerate(zip(envs, specs, strict=True)):
+        options = None if spec.task_id is None else {"task_id": spec.task_id}
+        o, info = env.reset(seed=spec.seed, options=options)
+        task_id = spec.task_id if spec.task_id is not None else int(info.get("task_id", 0))
+        obs.append(o)
+        eps.append(EpisodeRecord(0, 0.0, False, False, task_id=task_id, seed=spec.seed, task=spec.task))
+        _keep_frame(eps[j], spec, env, o)
+        if observer is not None:
+            observer.on_reset(env, first + j)
+    return obs, eps
+
+
+def _step_limit(env: gym.Env) -> int | None:
+    """:data:`MAX_EPISODE_STEPS` for an env without a time limit of its own, else ``None``."""
+    return MAX_EPISODE_STEPS if env.spec is None or env.spec.max_episode_steps is None else None
+
+
+def _keep_frame(ep: EpisodeRecord, spec: EpisodeSpec, env: gym.Env, obs: Any) -> None:
+    if not spec.record:
+        return
+    frame = obs["image"] if isinstance(obs, dict) and "image" in obs else env.render()
+    if frame is not None:
+        ep.frames.append(np.asarray(frame))
+
+
+# ---------------------------------------------------------------------- the two seed schemes
 def run_episodes(
     env_id: str,
     act_fn: ActFn | None,
@@ -61,73 +252,13 @@ def run_episodes(
     env_kwargs: dict[str, Any] | None = None,
     observer: EpisodeObserver | None = None,
 ) -> list[EpisodeRecord]:
-    """Play ``episodes`` episodes with seeds ``seed, seed+1, ...``; ``act_fn=None`` acts at random.
-
-    ``observer`` sees the env after each reset and each step (episodes end naturally: no DPSA cut).
-    """
+    """Play ``episodes`` episodes of one env on seeds ``seed, seed+1, ...``; ``act_fn=None``: random."""
     env = make_env(env_id, env_kwargs=env_kwargs)
-    act = act_fn or random_act_fn(env, seed)
-    records = []
-    for i in range(episodes):
-        obs, info = env.reset(seed=seed + i)
-        if observer is not None:
-            observer.on_reset(env, i)
-        ret, steps, done = 0.0, 0, False
-        while not done:
-            obs, reward, term, trunc, info = env.step(act(obs, steps))
-            ret += float(reward)
-            steps += 1
-            done = term or trunc
-            if observer is not None:
-                observer.on_step(env, i, bool(done))
-        records.append(
-            EpisodeRecord(
-                length=steps,
-                ret=ret,
-                terminated=bool(term),
-                truncated=bool(trunc),
-                crashed=bool(info.get("crashed", False)),
-                success=bool(info.get("success", False)),
-            )
-        )
-    env.close()
-    return records
-
-
-# ---------------------------------------------------------------------- multi-task evaluation
-#: ``(obs batch, step batch [B]) -> env actions [B, A]``: a batched policy for :func:`play_tasks`.
-BatchActFn = Callable[[dict[str, np.ndarray], np.ndarray], np.ndarray]
-
-
-@dataclass
-class TaskEpisode:
-    """One evaluation episode of one task, played to its natural end (success or time limit)."""
-
-    task: str
-    task_id: int
-    seed: int
-    success: bool
-    length: int
-    ret: float
-    frames: list[np.ndarray] = field(default_factory=list, repr=False)  # uint8 [S, S, 3], if recorded
-
-
-def eval_seed(seed: int, task_id: int, episode: int) -> int:
-    """Seed of evaluation episode ``episode`` of task ``task_id`` (a stream apart from demo seeds)."""
-    return int(np.random.SeedSequence([seed, task_id, episode, 0xE7A1]).generate_state(1)[0])
-
-
-def policy_batch_act_fn(policy: torch.nn.Module, *, deterministic: bool = True) -> BatchActFn:
-    """A :data:`BatchActFn` from a fastlight policy (``act`` then the policy's own ``env_action``)."""
-
-    @torch.no_grad()
-    def act(obs: dict[str, np.ndarray], step: np.ndarray) -> np.ndarray:
-        out = policy.act(
-            obs_to_tensor(obs), step=torch.as_tensor(step, dtype=torch.long), deterministic=deterministic
-        )
-        return policy.env_action(out.actions).detach().cpu().numpy()
-
-    return act
+    try:
+        act = act_fn or random_act_fn(env, seed)
+        return play_episodes(one_at_a_time(act), [env], seeded_specs(episodes, seed), observer=observer)
+    finally:
+        env.close()
 
 
 def play_tasks(
@@ -139,56 +270,67 @@ def play_tasks(
     seed: int = 12_345,
     batch: int = 4,
     record: int = 0,
-) -> list[TaskEpisode]:
+) -> list[EpisodeRecord]:
     """Play ``episodes_per_task`` episodes of every task of a multi-task env (fastlight's Meta-World).
 
-    Episodes of one task run ``batch`` at a time in lockstep (one batched policy call per step);
-    episode ``i`` of task ``k`` is reset with ``options={"task_id": k}`` and :func:`eval_seed`, so
-    two policies evaluated with the same ``seed`` face the same goals. No DPSA cut: an episode ends
-    on success or at the env's time limit. The first ``record`` episodes of each task keep their
-    camera frames (image mode only).
+    :func:`task_specs` on ``min(batch, episodes_per_task)`` envs: episode ``i`` of task ``k`` is
+    reset with ``options={"task_id": k}`` and :func:`eval_seed`, so two policies evaluated with the
+    same ``seed`` face the same goals. The first ``record`` episodes of each task keep their
+    camera frames (image mode).
     """
     if episodes_per_task < 1 or batch < 1:
         raise ValueError(f"episodes_per_task and batch must be >= 1, got {episodes_per_task} and {batch}")
     envs = [make_env(env_id, env_kwargs=env_kwargs) for _ in range(min(batch, episodes_per_task))]
-    names = tuple(envs[0].unwrapped.task_names)
-    results: list[TaskEpisode] = []
     try:
-        for k, name in enumerate(names):
-            for start in range(0, episodes_per_task, len(envs)):
-                ids = list(range(start, min(start + len(envs), episodes_per_task)))
-                results += _play_lockstep(
-                    act,
-                    envs[: len(ids)],
-                    name,
-                    k,
-                    [eval_seed(seed, k, i) for i in ids],
-                    [i < record for i in ids],
-                )
+        specs = task_specs(tuple(envs[0].unwrapped.task_names), episodes_per_task, seed, record=record)
+        return play_episodes(act, envs, specs)
     finally:
         for env in envs:
             env.close()
-    return results
 
 
-def _play_lockstep(
-    act: BatchActFn, envs: list[gym.Env], name: str, task_id: int, seeds: list[int], record: list[bool]
-) -> list[TaskEpisode]:
-    obs = [env.reset(seed=s, options={"task_id": task_id})[0] for env, s in zip(envs, seeds, strict=True)]
-    eps = [TaskEpisode(name, task_id, s, False, 0, 0.0) for s in seeds]
-    live = list(range(len(envs)))
-    while live:
-        batch = {key: np.stack([obs[i][key] for i in live]) for key in obs[live[0]]}
-        actions = act(batch, np.asarray([eps[i].length for i in live], dtype=np.int64))
-        still = []
-        for j, i in enumerate(live):
-            if record[i] and "image" in obs[i]:
-                eps[i].frames.append(obs[i]["image"])
-            obs[i], reward, term, trunc, info = envs[i].step(actions[j])
-            eps[i].length += 1
-            eps[i].ret += float(reward)
-            eps[i].success = eps[i].success or bool(info.get("success", False))
-            if not (term or trunc):
-                still.append(i)
-        live = still
-    return eps
+# ---------------------------------------------------------------------- multi-task summaries
+def probe_env(env_id: str, env_kwargs: dict[str, Any]) -> tuple[tuple[str, ...], bool]:
+    """``(task names, image mode)`` of the env, without stepping it (Meta-World builds lazily).
+
+    Task names are those of fastlight's multi-task Meta-World; ``()`` for any other env.
+    """
+    from fastlight.envs.metaworld import MetaWorldEnv
+
+    env = make_env(env_id, env_kwargs=env_kwargs)
+    try:
+        base = env.unwrapped
+        names = tuple(base.task_names) if isinstance(base, MetaWorldEnv) else ()
+        space = env.observation_space
+        return names, isinstance(space, gym.spaces.Dict) and "image" in space.spaces
+    finally:
+        env.close()
+
+
+def per_task_outcomes(episodes: list[EpisodeRecord], task_names: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """task -> successes ``[n_task]`` (0/1 float, episode order), in the env's task order."""
+    return {
+        t: np.asarray([e.success is True for e in episodes if e.task == t], dtype=np.float64)
+        for t in task_names
+    }
+
+
+def per_task_summary(
+    episodes: list[EpisodeRecord], task_names: tuple[str, ...], *, n_boot: int, seed: int
+) -> dict[str, Any]:
+    """Per-task success with Wilson CIs, the stratified-bootstrap mean over tasks, mean length and return."""
+    from fastlight.stats import stratified_mean_ci, wilson_interval
+
+    outcomes = per_task_outcomes(episodes, task_names)
+    per_task = {}
+    for t, x in outcomes.items():
+        k, n = int(x.sum()), int(x.size)
+        low, high = wilson_interval(k, n)
+        per_task[t] = {"successes": k, "episodes": n, "rate": k / n, "ci_low": low, "ci_high": high}
+    mean, low, high = stratified_mean_ci(outcomes, n_boot=n_boot, seed=seed)
+    return {
+        "per_task": per_task,
+        "mean": {"rate": mean, "ci_low": low, "ci_high": high},
+        "mean_length": float(np.mean([e.length for e in episodes])),
+        "mean_return": float(np.mean([e.ret for e in episodes])),
+    }

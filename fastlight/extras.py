@@ -4,16 +4,19 @@
 - ``fastlight[metaworld]``: Meta-World MT10 envs (``metaworld``, ``mujoco``);
 - ``fastlight[vla]``: the VLA policy and instruction tokenizer (``transformers``, ``tokenizers``,
   ``safetensors``);
-- ``fastlight[bench]``: benchmark reports (checked by :mod:`fastlight.bench.extras`).
+- ``fastlight[bench]``: ``fastlight plot``, ``fastlight evaluate --video`` and the benchmarks
+  (``python -m benchmarks.<study>``: plots, statistics, reports, the Stable-Baselines3 peer).
 
 Code that needs an extra imports it through :func:`import_extra` at the point of use, never at
 module level, so a core install never loads (or needs) it and a missing one is one line naming
-the extra to install.
+the extra to install. A command that would fail late (after a long evaluation) checks its extras
+up front with :func:`check_extra`, which finds the modules without importing them.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import re
 from types import ModuleType
 
@@ -21,6 +24,8 @@ from types import ModuleType
 EXTRAS: dict[str, tuple[str, ...]] = {
     "metaworld": ("metaworld", "mujoco"),
     "vla": ("transformers", "tokenizers", "safetensors"),
+    # The distribution stable-baselines3 imports as stable_baselines3.
+    "bench": ("matplotlib", "pandas", "scipy", "rliable", "imageio", "stable_baselines3"),
 }
 
 #: The line :class:`MissingExtraError` says, also when a caller (jsonargparse) re-raised it as text.
@@ -48,6 +53,27 @@ def import_extra(module: str, *, extra: str, what: str) -> ModuleType:
             f"{what} needs the {extra} extra: pip install 'fastlight[{extra}]' (no module named {e.name!r})",
             name=e.name,
         ) from None
+
+
+def check_extra(*modules: str, extra: str, what: str) -> None:
+    """Raise :class:`MissingExtraError` if any of ``modules`` (of ``extra``) is not installed.
+
+    Finds the top-level modules without importing them, so a command can fail at once rather than
+    after a long run. ``what`` names the feature for the message, e.g. ``"fastlight plot"``; a
+    module that is not one of ``extra``'s is a ``ValueError`` (the check would prove nothing).
+    """
+    if extra not in EXTRAS:
+        raise ValueError(f"check_extra: extra must be one of {sorted(EXTRAS)}, got {extra!r}")
+    unknown = [m for m in modules if m not in EXTRAS[extra]]
+    if unknown:
+        raise ValueError(f"check_extra: {unknown} are not in the {extra} extra {EXTRAS[extra]}")
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        names = ", ".join(repr(m) for m in missing)
+        raise MissingExtraError(
+            f"{what} needs the {extra} extra: pip install 'fastlight[{extra}]' (no module named {names})",
+            name=missing[0],
+        )
 
 
 def missing_extra_line(error: BaseException) -> str | None:

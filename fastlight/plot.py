@@ -133,9 +133,9 @@ def plot(
     """Draw the curves and write the PNG; returns its path. ``ValueError`` names the bad argument."""
     if x not in X_CHOICES:
         raise ValueError(f"--x must be one of {' | '.join(X_CHOICES)}, got {x!r}")
-    from fastlight.bench.extras import require
+    from fastlight.extras import check_extra
 
-    require("matplotlib", command=PROG)
+    check_extra("matplotlib", extra="bench", what=PROG)
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display needed

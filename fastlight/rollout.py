@@ -32,6 +32,7 @@ episodes (length, return, outcome) for ``rollout/*`` logging and DWR.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -57,14 +58,45 @@ STEP_FIELDS = (
 )
 
 
+#: The info keys that report success: Meta-World's ``success``, gymnasium-robotics' ``is_success``.
+SUCCESS_KEYS = ("success", "is_success")
+
+
+def success_after(success: bool | None, info: Mapping[str, Any]) -> bool | None:
+    """The episode's success verdict after one more step: fastlight's one rule for success.
+
+    An episode succeeded if *any* of its steps reported success under either of
+    :data:`SUCCESS_KEYS` (Meta-World reports ``success`` at every step and the Meta-World / AcceRL
+    evaluations count an episode that reached success at any step; gymnasium-robotics reports
+    ``is_success``). ``success`` is the verdict so far (``None`` before the first step); a step
+    whose info has neither key leaves it as it is, so ``None`` at the end means the env never
+    reports success. Fold it over the steps: ``v = None; for info in infos: v = success_after(v, info)``.
+    """
+    for key in SUCCESS_KEYS:
+        if key in info:
+            success = bool(success) or bool(info[key])
+    return success
+
+
+def crashed_at_end(info: Mapping[str, Any]) -> bool | None:
+    """highway-env's ``info['crashed']`` of an episode's last step; ``None``: the env does not report it."""
+    return bool(info["crashed"]) if "crashed" in info else None
+
+
 @dataclass
 class EpisodeRecord:
-    """One finished (or truncated) trajectory as the learner receives it.
+    """One finished (or truncated) episode: the learner's and the evaluation's one record.
 
     ``length`` is the number of valid steps the trajectory contributed; a trajectory cut by a
     unified truncation counts at its cut length (FAST §short-time bias). ``cut`` marks exactly
     those: the episode did not end by itself (neither terminated nor hit the env's own time
-    limit), so its outcome (``success``, ``crashed``) is unknown.
+    limit), so its outcome is not known (``success`` says only whether it had succeeded by the
+    cut). ``success`` follows :func:`success_after` and ``crashed`` :func:`crashed_at_end`;
+    ``None`` where the env does not report it. ``info`` keeps the numeric entries of the last
+    step's info (training side).
+
+    The evaluation player (:func:`fastlight.evaluation.play_episodes`) also fills in the reset
+    ``seed``, the ``task`` name of a multi-task env and, when asked, the camera ``frames``.
     """
 
     length: int
@@ -72,10 +104,13 @@ class EpisodeRecord:
     terminated: bool
     truncated: bool
     task_id: int = 0
-    success: bool = False
-    crashed: bool = False
+    success: bool | None = None
+    crashed: bool | None = None
     cut: bool = False
     info: dict[str, float] = field(default_factory=dict)
+    seed: int | None = None
+    task: str | None = None
+    frames: list[Any] = field(default_factory=list, repr=False, compare=False)  # uint8 [H, W, 3] each
 
 
 @dataclass

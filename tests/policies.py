@@ -8,6 +8,10 @@ paths cannot be compared; the greedy action of the same weights on the same obse
 
 from __future__ import annotations
 
+import torch
+
+from fastlight.models.action_mapping import IdentityActions
+from fastlight.models.base import ActOutput, EvalOutput
 from fastlight.models.mlp import MLPActorCritic
 from fastlight.models.vla import VLAPolicy
 from fastlight.weights.checksum import weights_checksum
@@ -38,3 +42,35 @@ class AuditedMLP(MLPActorCritic):
         with open(self.audit_path, "a") as f:
             f.write(f"{weights_checksum(self)!r}\n")
         return super().act(obs, step=step, deterministic=deterministic)
+
+
+class ObsValuePolicy(torch.nn.Module):
+    """Deterministic policy for bookkeeping tests: action 0, logprob 0, V(s) = 10*tag + step."""
+
+    obs_dim = 3
+    action_dim = 2
+    continuous = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(1))
+
+    def _v(self, obs):
+        return 10 * obs[:, 0] + obs[:, 1]
+
+    def act(self, obs, *, step=None, deterministic=False):
+        n = obs.shape[0]
+        return ActOutput(torch.zeros(n, dtype=torch.long), torch.zeros(n), self._v(obs))
+
+    def evaluate(self, obs, actions, *, step=None):
+        n = obs.shape[0]
+        return EvalOutput(torch.zeros(n) + self.w, torch.zeros(n), self._v(obs))
+
+    def value(self, obs, *, step=None):
+        return self._v(obs)
+
+    def action_mapping(self):
+        return IdentityActions()
+
+    def env_action(self, actions):
+        return actions

@@ -94,6 +94,11 @@ def test_config_runs_one_step(config, tmp_path):
                 if hasattr(cli.model.policy, name):  # the object itself, where it keeps the setting
                     assert getattr(cli.model.policy, name) == arg, (key, name)
             continue
+        if key == "objective":  # a class too: that objective was built, with the config's init_args
+            assert type(cli.model.objective) is resolve(value["class_path"])
+            for name, arg in value.get("init_args", {}).items():
+                assert getattr(cli.model.objective, name) == arg, (key, name)
+            continue
         if key == "init_from":
             continue
         assert cli.model.hparams[key] == value, key
@@ -276,7 +281,7 @@ def test_print_config_shows_the_full_config():
     for key in (
         "termination_threshold: 0.5",
         "reset_mode: dpsa",
-        "class_path: fastlight.modules.rl_module.RLModule",
+        "class_path: fastlight.RLModule",  # the public name (fastlight exports it)
         "gae_lambda: 0.95",
         "max_staleness: 0",
     ):
@@ -314,6 +319,85 @@ def test_fastlight_debug_shows_the_traceback():
     out = run_cli("--data.reset_mode", "foo", debug=True)
     assert out.returncode == 1
     assert "Traceback" in out.stderr and "--data.reset_mode must be one of" in out.stderr
+
+
+def objective_cli(tmp_path, *args: str) -> object:
+    config = os.path.join(ROOT, "configs", "highway_dpsa.yaml")
+    return cli_main(["--config", config, *args, "--trainer.default_root_dir", str(tmp_path)], run=False)
+
+
+def test_objective_is_a_class_with_its_own_settings(tmp_path):
+    from fastlight.modules.objectives import GIPO, SAPO, PPOClip
+
+    assert objective_cli(tmp_path).model.objective == PPOClip(clip_eps=0.2)  # the default
+    cli = objective_cli(tmp_path, "--model.objective", "GIPO", "--model.objective.sigma", "0.2")
+    assert cli.model.objective == GIPO(sigma=0.2)
+    assert cli.model.hparams.objective == {
+        "class_path": "fastlight.GIPO",  # the public name, as the CLI records it
+        "init_args": {"sigma": 0.2, "clip_frac_eps": 0.2},
+    }
+    yaml_config = tmp_path / "sapo.yaml"
+    yaml_config.write_text(
+        "model:\n  init_args:\n    objective:\n      class_path: fastlight.modules.objectives.SAPO\n"
+        "      init_args: {tau_neg: 2.0}\n"
+    )
+    assert objective_cli(tmp_path, "--config", str(yaml_config)).model.objective == SAPO(tau_neg=2.0)
+
+
+@pytest.mark.parametrize(
+    ("args", "refused"),
+    [
+        (("PPOClip", "--model.objective.sigma", "0.2"), "Option 'sigma' is not accepted"),
+        (("GIPO", "--model.objective.clip_eps", "0.1"), "Option 'clip_eps' is not accepted"),
+        (("SAPO", "--model.objective.sigma", "0.1"), "Option 'sigma' is not accepted"),
+    ],
+)
+def test_a_setting_of_another_objective_is_refused(tmp_path, capsys, args, refused):
+    with pytest.raises(SystemExit) as exit_info:
+        objective_cli(tmp_path, "--model.objective", *args)
+    assert exit_info.value.code == 2
+    assert refused in capsys.readouterr().err
+
+
+OLD_OBJECTIVE = [
+    (
+        ("--model.objective", "gipo"),
+        "--model.objective 'gipo' is a string; write --model.objective GIPO --model.objective.sigma 0.5 "
+        "(YAML: objective: {class_path: fastlight.modules.objectives.GIPO, init_args: {sigma: 0.5}})",
+    ),
+    (
+        ("--model.gipo_sigma", "0.2"),
+        "--model.gipo_sigma is gone: the objective holds its settings; write --model.objective GIPO "
+        "--model.objective.sigma <value> (YAML: objective: {class_path: fastlight.modules.objectives.GIPO, "
+        "init_args: {sigma: <value>}})",
+    ),
+    (
+        ("--model.clip_eps", "0.1"),
+        "--model.clip_eps is gone: the objective holds its settings; write --model.objective PPOClip "
+        "--model.objective.clip_eps <value>",
+    ),
+    (("--model.sapo_tau_pos", "2"), "write --model.objective SAPO --model.objective.tau_pos <value>"),
+]
+
+
+@pytest.mark.parametrize(("args", "line"), OLD_OBJECTIVE)
+def test_old_objective_settings_are_refused_saying_what_to_write(tmp_path, args, line):
+    with pytest.raises(ValueError) as error:
+        objective_cli(tmp_path, *args)
+    assert line in str(error.value) and "\n" not in str(error.value)
+    old_yaml = tmp_path / "old.yaml"  # the same in a config file
+    key, value = args[0].removeprefix("--model."), args[1]
+    old_yaml.write_text(f"model:\n  init_args:\n    {key}: {value}\n")
+    with pytest.raises(ValueError) as error:
+        objective_cli(tmp_path, "--config", str(old_yaml))
+    assert line in str(error.value)
+
+
+def test_old_objective_setting_is_one_line_on_the_command_line():
+    out = run_cli("--model.objective", "gipo")
+    assert out.returncode == 2, out.stderr
+    errors = [x for x in out.stderr.splitlines() if "error" in x.lower()]
+    assert errors == [f"fastlight: error: {OLD_OBJECTIVE[0][1]}  (FASTLIGHT_DEBUG=1 shows the traceback)"]
 
 
 @pytest.mark.multiproc

@@ -19,9 +19,9 @@ HIGHWAY = str(ROOT / "configs" / "highway_dpsa.yaml")
 def test_highway_episodes_are_full_seeded_and_replayable(highway_run, tmp_path, capsys):
     import imageio.v3 as iio
 
-    from fastlight.checkpoints import load_module
     from fastlight.envs.registry import make_env
     from fastlight.evaluation import policy_act_fn
+    from fastlight.modules.loading import load_module
     from tests.eval_modules import NarrowModule
 
     ckpt = highway_run / "checkpoints" / "last.ckpt"
@@ -173,7 +173,7 @@ def test_vla_metaworld_checkpoint_plays_every_task(vla_ckpt, tmp_path, capsys):
     assert result["env_id"] == "fastlight/MetaWorld-v0" and result["task_names"] == ["reach-v3"]
     assert result["env_kwargs"]["max_path_length"] == 10  # the checkpoint's env settings
     rows = result["episodes"]
-    # The multi-task evaluation's seeds (shared with python -m fastlight.bench.vla_eval), full episodes.
+    # The multi-task evaluation's seeds (shared with python -m benchmarks.vla.eval), full episodes.
     assert [(r["task"], r["seed"]) for r in rows] == [("reach-v3", eval_seed(3, 0, i)) for i in range(2)]
     assert all(1 <= r["length"] <= 10 and r["success"] is not None for r in rows)
     s = result["summary"]

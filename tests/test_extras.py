@@ -6,6 +6,7 @@ raise ``ModuleNotFoundError`` exactly as an uninstalled package does.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from fastlight.cli_output import one_line_errors
-from fastlight.extras import EXTRAS, MissingExtraError, import_extra, missing_extra_line
+from fastlight.extras import EXTRAS, MissingExtraError, check_extra, import_extra, missing_extra_line
 
 ROOT = Path(__file__).resolve().parents[1]
 METAWORLD_LINE = (
@@ -63,7 +64,7 @@ def test_other_import_errors_are_not_taken_for_a_missing_extra():
     with pytest.raises(ModuleNotFoundError) as info:
         import_extra("fastlight.no_such_module", extra="vla", what="x")
     assert not isinstance(info.value, MissingExtraError)
-    with pytest.raises(ValueError, match=r"extra must be one of \['metaworld', 'vla'\], got 'gpu'"):
+    with pytest.raises(ValueError, match=r"extra must be one of \['bench', 'metaworld', 'vla'\], got 'gpu'"):
         import_extra("json", extra="gpu", what="x")
     assert import_extra("mujoco", extra="metaworld", what="x").__name__ == "mujoco"  # installed here
 
@@ -93,17 +94,39 @@ def test_pyproject_extras_match_and_core_is_the_driving_path():
     tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 
-    def names(reqs: list[str]) -> set[str]:
-        return {r.split(">")[0].split("=")[0].split("[")[0] for r in reqs}
+    def names(reqs: list[str]) -> set[str]:  # import names: stable-baselines3 imports as stable_baselines3
+        return {r.split(">")[0].split("=")[0].split("[")[0].replace("-", "_") for r in reqs}
 
     extras = meta["optional-dependencies"]
     for extra, modules in EXTRAS.items():
         assert names(extras[extra]) == set(modules), extra
     core = names(meta["dependencies"])
-    assert {"highway-env", "gymnasium", "lightning", "torch"} <= core
+    assert {"highway_env", "gymnasium", "lightning", "torch"} <= core
     assert not core & {m for mods in EXTRAS.values() for m in mods}
     dev = next(r for r in extras["dev"] if r.startswith("fastlight["))
-    assert set(dev.removeprefix("fastlight[").removesuffix("]").split(",")) == {"bench", *EXTRAS}
+    assert set(dev.removeprefix("fastlight[").removesuffix("]").split(",")) == set(EXTRAS)
+
+
+def test_check_extra_names_every_missing_module_and_the_extra(monkeypatch):
+    real = importlib.util.find_spec
+    gone = {"scipy", "pandas"}
+    monkeypatch.setattr(importlib.util, "find_spec", lambda m, *a: None if m in gone else real(m, *a))
+    want = (
+        r"^python -m benchmarks\.learning needs the bench extra: pip install 'fastlight\[bench\]' "
+        r"\(no module named 'scipy', 'pandas'\)$"
+    )
+    with pytest.raises(MissingExtraError, match=want) as info:
+        check_extra("scipy", "matplotlib", "pandas", extra="bench", what="python -m benchmarks.learning")
+    assert info.value.name == "scipy"
+    assert missing_extra_line(info.value).startswith("python -m benchmarks.learning needs the bench extra")
+    check_extra("matplotlib", "imageio", extra="bench", what="x")  # installed here: no error
+
+
+def test_check_extra_refuses_modules_outside_the_extra():
+    with pytest.raises(ValueError, match=r"\['torch'\] are not in the bench extra"):
+        check_extra("torch", extra="bench", what="x")
+    with pytest.raises(ValueError, match=r"extra must be one of .*, got 'plots'"):
+        check_extra("matplotlib", extra="plots", what="x")
 
 
 HIGHWAY_ONLY = """\

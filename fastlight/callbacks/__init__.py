@@ -1,0 +1,17 @@
+"""fastlight's callbacks, one per file; each also attaches to a plain Lightning project."""
+
+from fastlight.callbacks.dwr import DynamicWeightedResampling
+from fastlight.callbacks.env_steps import EnvStepBudget
+from fastlight.callbacks.preemption import PreemptionCheckpoint
+from fastlight.callbacks.throughput import RolloutThroughput
+from fastlight.callbacks.timed_checkpoint import TimedCheckpoint
+from fastlight.callbacks.weight_sync import WeightSync
+
+__all__ = [
+    "DynamicWeightedResampling",
+    "EnvStepBudget",
+    "PreemptionCheckpoint",
+    "RolloutThroughput",
+    "TimedCheckpoint",
+    "WeightSync",
+]

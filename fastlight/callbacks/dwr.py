@@ -190,7 +190,8 @@ class DynamicWeightedResampling(Callback):
                 )
             return
         ended = [e for e in batch.stats.episodes if not e.cut]
-        local = torch.tensor([[e.task_id, int(e.success)] for e in ended], dtype=torch.long).reshape(-1, 2)
+        rows = [[e.task_id, int(e.success is True)] for e in ended]  # None: the env reports no success
+        local = torch.tensor(rows, dtype=torch.long).reshape(-1, 2)
         pooled = _gather_rows(trainer, local)
         self.record(pooled[:, 0].tolist(), pooled[:, 1].bool().tolist())
         self._push(trainer)

@@ -17,53 +17,37 @@ into the Rollout sampled with them.
 
 from __future__ import annotations
 
-import copy
 import math
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
-import gymnasium as gym
 import lightning as L
 import torch
 from lightning.pytorch.utilities import AttributeDict, rank_zero_warn
 from torch.utils.data import DataLoader, IterableDataset
 from typing_extensions import override
 
+from fastlight.data.cpu_copy import cpu_copy
+from fastlight.data.data_settings import check_data_settings, plain_settings
+from fastlight.data.env_spec import EnvSpec, task_names_of
 from fastlight.data.prefetch import Prefetcher
-from fastlight.data.protocols import ChecksEnvSpec, MultiTaskEnv, RolloutPolicyModule, require
+from fastlight.data.protocols import ChecksEnvSpec, RolloutPolicyModule, require
 from fastlight.envs.registry import make_env
-from fastlight.sampling.collector import check_collector_settings
+from fastlight.envs.wrappers import EnvWrapper, wrap_env
+from fastlight.inference.settings import InferenceSettings
+from fastlight.sampling.collector import Nonfinite, ResetMode
+from fastlight.sampling.faults import FaultSettings
 from fastlight.sampling.obs import obs_to_tensor, stack_obs
 from fastlight.sampling.pool import SamplerPool
-from fastlight.sampling.start import check_start_method, resolve_start_method
+from fastlight.sampling.start import StartMethod, resolve_start_method
 from fastlight.sampling.worker import SamplerConfig
 from fastlight.weights.publisher import SyncStats
 
+__all__ = ["EnvSpec", "RolloutDataModule", "StepTickets", "cpu_copy"]
 
-@dataclass(frozen=True)
-class EnvSpec:
-    """What the policy must match: flattened obs size, action size, action kind.
-
-    ``observation_space`` is the env's own space, for policies over dict observations (their
-    ``obs_dim`` is 0) to check keys and shapes (e.g. ``VLAModule.check_env_spec``).
-    """
-
-    obs_dim: int
-    action_dim: int
-    continuous: bool
-    observation_space: gym.Space | None = field(default=None, compare=False, repr=False)
-
-    @staticmethod
-    def from_env(env: gym.Env) -> EnvSpec:
-        obs_space, act_space = env.observation_space, env.action_space
-        obs_dim = int(math.prod(obs_space.shape)) if obs_space.shape else 0
-        if isinstance(act_space, gym.spaces.Discrete):
-            return EnvSpec(obs_dim, int(act_space.n), False, obs_space)
-        if isinstance(act_space, gym.spaces.Box):
-            return EnvSpec(obs_dim, int(math.prod(act_space.shape)), True, obs_space)
-        raise ValueError(f"unsupported action space {act_space}: fastlight supports Discrete and Box")
+#: ``--data.faults`` when a config names none (frozen, so one shared default is safe).
+DEFAULT_FAULTS = FaultSettings()
 
 
 class StepTickets(IterableDataset):
@@ -80,11 +64,16 @@ class StepTickets(IterableDataset):
 
 
 class RolloutDataModule(L.LightningDataModule):
-    """Background sampling for on-policy RL.
+    """Background sampling for on-policy RL. Every argument is keyword-only; the settings of one
+    concern are one typed object (``inference``, ``faults``, ``env_wrappers``).
 
     Args:
         env_id: gymnasium id (highway-env ids import ``highway_env`` on demand).
         env_kwargs: keyword arguments for ``gym.make`` (e.g. ``{config: {...}}`` for highway-env).
+        env_wrappers: :class:`~fastlight.envs.EnvWrapper` settings applied, in order, around every
+            env the samplers build (and the probe env that sizes the policy), e.g. the emulated
+            scenario-load latency ``[{class_path: fastlight.envs.ScenarioLoadCost, init_args:
+            {seconds: 0.2}}]`` (FAST §background).
         num_envs: environment clips in total per trainer rank, spread over the samplers.
         num_workers: sampler processes per trainer rank.
         reset_mode: ``dpsa | sgr | autoreset | sequential`` (FAST §DPSA).
@@ -100,18 +89,12 @@ class RolloutDataModule(L.LightningDataModule):
         max_staleness: 0 = strictly on-policy; k = accept data up to k versions old (older
             data is dropped and counted as ``rollout/dropped_stale``).
         prefetch: super-batches the background prefetcher keeps ready (AcceRL §prefetch).
-        inference_server: serve every sampler from one inference worker process that holds the
-            policy instead of a policy copy per sampler.
-        inference_device: where the inference worker holds the policy: ``None`` = the trainer's
-            device (``cpu``, or the rank's GPU), else ``cpu`` or ``cuda:N``. Weights go over NCCL
-            when trainer and worker are on two different GPUs, over gloo otherwise (NCCL cannot
-            group two processes on one GPU).
-        max_batch, max_wait_ms: the inference worker's dynamic batching.
-        sync_bucket_mb, sync_timeout_s: trainer -> inference worker weight broadcast (flat
-            buckets of this size; a peer silent for this long is an error).
-        scenario_load_cost_s: emulated scenario-load latency per reset (``ScenarioLoadCost``).
+        inference: an :class:`~fastlight.inference.InferenceSettings` serves every sampler from
+            one inference worker process that holds the policy (AcceRL §inference); ``None``
+            (default): each sampler acts with its own CPU copy of the policy.
+        faults: :class:`~fastlight.sampling.FaultSettings`: the rollout timeout, the heartbeat
+            and the restart budget of the samplers (and of a CPU inference worker).
         steps_per_epoch: training steps per Lightning epoch (the stream itself never ends).
-        worker_timeout_s: fail if no rollout arrives for this long.
         seed: base seed of the envs; rank ``r`` worker ``w`` uses ``seed + 10_000 r + 1_000 w``.
             ``None`` (default) derives it from the global seed (``--seed_everything``, read from
             ``PL_GLOBAL_SEED`` when the samplers start), so a seed sweep varies the envs too; 0
@@ -119,14 +102,6 @@ class RolloutDataModule(L.LightningDataModule):
         nonfinite: a NaN / inf observation or reward from an env: ``raise`` stops the run naming
             the env, its index, seed, episode step and the field; ``drop`` drops that episode (its
             steps become padding) and counts it as ``rollout/dropped_nonfinite``.
-        max_worker_restarts, restart_window_s: a sampler that dies without a traceback (a signal,
-            a segfault) or hangs is restarted on the current weights, at most this many times per
-            window of this many seconds (0 = never); its round in flight is dropped. Counted as
-            ``faults/worker_restarts`` and ``faults/dropped_rollouts``. Past the budget the run
-            stops naming the sampler, its pid, exit code and env id.
-        heartbeat_s: a started sampler that makes no progress (no env step, reset or wait) for
-            this long is hung: it is killed and restarted as above. Detection takes at most
-            ``heartbeat_s`` + 0.25 s once the trainer waits for data.
         start_method: how sampler (and inference worker) processes start: ``spawn``, or
             ``forkserver`` (forked from a server that has already imported torch, gymnasium and
             the env package). ``None`` (default): ``forkserver`` when the ``fastlight`` command
@@ -136,11 +111,13 @@ class RolloutDataModule(L.LightningDataModule):
 
     def __init__(
         self,
+        *,
         env_id: str = "highway-fast-v0",
         env_kwargs: dict[str, Any] | None = None,
+        env_wrappers: list[EnvWrapper] | None = None,
         num_envs: int = 8,
         num_workers: int = 2,
-        reset_mode: str = "dpsa",
+        reset_mode: ResetMode = "dpsa",
         termination_threshold: float = 0.5,
         max_horizon: int = 200,
         rollout_steps: int = 128,
@@ -148,68 +125,26 @@ class RolloutDataModule(L.LightningDataModule):
         valid_steps_per_step: int | None = None,
         max_staleness: int = 0,
         prefetch: int = 2,
-        inference_server: bool = False,
-        inference_device: str | None = None,
-        max_batch: int = 256,
-        max_wait_ms: float = 2.0,
-        sync_bucket_mb: float = 64.0,
-        sync_timeout_s: float = 60.0,
-        scenario_load_cost_s: float = 0.0,
+        inference: InferenceSettings | None = None,
+        faults: FaultSettings = DEFAULT_FAULTS,
         steps_per_epoch: int = 50,
-        worker_timeout_s: float = 300.0,
         seed: int | None = None,
-        nonfinite: str = "raise",
-        max_worker_restarts: int = 3,
-        restart_window_s: float = 600.0,
-        heartbeat_s: float = 60.0,
-        start_method: str | None = None,
+        nonfinite: Nonfinite = "raise",
+        start_method: StartMethod | None = None,
     ) -> None:
         super().__init__()
-        check_start_method(start_method)
-        check_collector_settings(
-            mode=reset_mode,
-            num_envs=num_envs if reset_mode != "sequential" else 1,
-            termination_threshold=termination_threshold,
-            max_horizon=max_horizon,
-            rollout_steps=rollout_steps,
-            nonfinite=nonfinite,
-        )
-        _check_positive(
-            prefetch=prefetch,
-            max_batch=max_batch,
-            max_wait_ms=max_wait_ms,
-            sync_bucket_mb=sync_bucket_mb,
-            sync_timeout_s=sync_timeout_s,
-            num_workers=num_workers,
-            cycles_per_step=cycles_per_step,
-            steps_per_epoch=steps_per_epoch,
-            worker_timeout_s=worker_timeout_s,
-            restart_window_s=restart_window_s,
-            heartbeat_s=heartbeat_s,
-        )
-        if max_worker_restarts < 0:
-            raise ValueError(f"--data.max_worker_restarts must be >= 0, got {max_worker_restarts}")
-        if num_workers > num_envs:
-            raise ValueError(f"--data.num_workers must be <= --data.num_envs ({num_envs}), got {num_workers}")
-        if reset_mode == "sequential" and num_workers != num_envs:
-            raise ValueError(
-                "--data.reset_mode sequential runs one env per sampler: set --data.num_envs equal "
-                f"to --data.num_workers, got num_envs={num_envs}, num_workers={num_workers}"
-            )
-        _check_device(inference_device)
-        if valid_steps_per_step is not None and valid_steps_per_step < 1:
-            raise ValueError(f"--data.valid_steps_per_step must be null or >= 1, got {valid_steps_per_step}")
-        if max_staleness < 0:
-            raise ValueError(f"--data.max_staleness must be >= 0, got {max_staleness}")
-        if scenario_load_cost_s < 0:
-            raise ValueError(f"--data.scenario_load_cost_s must be >= 0, got {scenario_load_cost_s}")
+        self.env_wrappers: tuple[EnvWrapper, ...] = tuple(env_wrappers or ())
+        self.inference, self.faults = inference, faults
+        check_data_settings(locals())
         self.save_hyperparameters()
+        self._plain_settings()
         probe = make_env(env_id, env_kwargs=env_kwargs)
+        probe = wrap_env(probe, self.env_wrappers)  # the policy's sizes are the wrapped env's
         self.env_spec = EnvSpec.from_env(probe)
         # One observation, for the inference worker's shared-memory layout.
         self.example_obs = obs_to_tensor(stack_obs([probe.reset(seed=seed or 0)[0]]))
         # Task names of a multi-task env (None otherwise): DWR sizes itself from them.
-        self.task_names = _task_names(probe)
+        self.task_names = task_names_of(probe)
         probe.close()
         self.pool: SamplerPool | None = None
         self.prefetcher: Prefetcher | None = None
@@ -221,6 +156,15 @@ class RolloutDataModule(L.LightningDataModule):
         # Fault counters of earlier pools (a resumed run's, restored from the checkpoint).
         self._restarts_before = 0
         self._dropped_rollouts_before = 0
+
+    def _plain_settings(self) -> None:
+        """hparams (what loggers and checkpoints record) hold the settings objects as plain data,
+        in the shape a config writes them (the CLI already passes them so)."""
+        for hp in (self._hparams, self._hparams_initial):
+            hp["inference"] = plain_settings(hp["inference"])
+            hp["faults"] = plain_settings(hp["faults"])
+            wrappers = [plain_settings(w, class_path=True) for w in hp["env_wrappers"] or []]
+            hp["env_wrappers"] = wrappers or None
 
     @property
     @override
@@ -269,11 +213,11 @@ class RolloutDataModule(L.LightningDataModule):
                 max_horizon=h.max_horizon,
                 rollout_steps=h.rollout_steps,
                 cycles_per_step=h.cycles_per_step,
-                min_valid_steps=_share(h.get("valid_steps_per_step"), base + (w < extra), h.num_envs),
+                min_valid_steps=_share(h.valid_steps_per_step, base + (w < extra), h.num_envs),
                 max_staleness=h.max_staleness,
-                scenario_load_cost_s=h.scenario_load_cost_s,
+                env_wrappers=self.env_wrappers,
                 seed=seed + 10_000 * rank + 1_000 * w,
-                nonfinite=h.get("nonfinite", "raise"),
+                nonfinite=h.nonfinite,
             )
             for w in range(h.num_workers)
         ]
@@ -293,29 +237,16 @@ class RolloutDataModule(L.LightningDataModule):
             module.check_env_spec(self.env_spec)
         self.check_minibatches(module)
         policy = cpu_copy(module.policy).eval()
-        h = self.hparams
-        inference = None
-        if h.inference_server:
-            root = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
-            inference = {
-                "max_batch": h.max_batch,
-                "max_wait_ms": h.max_wait_ms,
-                "bucket_mb": h.sync_bucket_mb,
-                "sync_timeout_s": h.sync_timeout_s,
-                # The strategy's device, known before the model is moved there.
-                "trainer_device": root,
-                "worker_device": torch.device(h.inference_device or root),
-            }
+        # The strategy's device, known before the model is moved there.
+        root = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
         self.pool = SamplerPool(
             self.sampler_configs(self.trainer.global_rank if self.trainer is not None else 0),
             policy,
-            timeout_s=h.worker_timeout_s,
-            inference=inference,
+            inference=self.inference,
+            trainer_device=root,
             example_obs=self.example_obs,
-            max_restarts=h.get("max_worker_restarts", 3),
-            restart_window_s=h.get("restart_window_s", 600.0),
-            heartbeat_s=h.get("heartbeat_s", 60.0),
-            start_method=resolve_start_method(h.get("start_method")),
+            faults=self.faults,
+            start_method=resolve_start_method(self.hparams.start_method),
         )
         self.pool.start()
         self.prefetcher = Prefetcher(
@@ -331,7 +262,7 @@ class RolloutDataModule(L.LightningDataModule):
         stepping for the whole cycle (``max_horizon`` in dpsa/sgr, ``rollout_steps`` otherwise)."""
         h = self.hparams
         steps = h.max_horizon if h.reset_mode in ("dpsa", "sgr") else h.rollout_steps
-        return max(h.num_envs * h.cycles_per_step * steps, h.get("valid_steps_per_step") or 0)
+        return max(h.num_envs * h.cycles_per_step * steps, h.valid_steps_per_step or 0)
 
     def check_minibatches(self, module: object) -> None:
         """Refuse, before any sampler starts, a ``--model.num_minibatches`` that no Rollout can fill:
@@ -363,7 +294,7 @@ class RolloutDataModule(L.LightningDataModule):
         module = self.trainer.lightning_module
         self._check_version_advanced(module)
         self.publish(module)
-        rollout = self.prefetcher.get(timeout=self.hparams.worker_timeout_s)
+        rollout = self.prefetcher.get(timeout=self.faults.worker_timeout_s)
         self.dropped_stale += rollout.stats.dropped_stale
         self._handed = int(module.policy_version)
         return rollout
@@ -373,7 +304,7 @@ class RolloutDataModule(L.LightningDataModule):
 
         Samplers load new weights only when ``policy_version`` changes, and with ``max_staleness 0``
         they start no round until it does: a module that never bumps it would wait
-        ``worker_timeout_s`` for a Rollout that cannot come. Refused here, after the first step.
+        ``faults.worker_timeout_s`` for a Rollout that cannot come. Refused here, after the first step.
         """
         version = int(module.policy_version)
         if self._handed is None or version != self._handed:
@@ -462,54 +393,7 @@ class RolloutDataModule(L.LightningDataModule):
         self._dropped_rollouts_before = int(state_dict.get("dropped_rollouts", 0))
 
 
-def cpu_copy(module: torch.nn.Module) -> torch.nn.Module:
-    """A CPU copy of ``module`` for the samplers, made without a second copy on its device.
-
-    The samplers start after the strategy moved the model (a GPU, for a VLA): a plain
-    ``deepcopy(...).to("cpu")`` would first duplicate every weight on the GPU. Seeding deepcopy's
-    memo with CPU clones of the parameters and buffers copies each tensor straight to the host.
-    """
-    memo: dict[int, Any] = {}
-    with torch.no_grad():
-        for p in module.parameters():
-            memo[id(p)] = torch.nn.Parameter(p.detach().to("cpu", copy=True), requires_grad=p.requires_grad)
-        for b in module.buffers():
-            memo[id(b)] = b.detach().to("cpu", copy=True)
-    return copy.deepcopy(module, memo)
-
-
-def _task_names(env: gym.Env) -> tuple[str, ...] | None:
-    """The task names of a multi-task env (one that takes task weights), else None."""
-    base = env.unwrapped
-    if not isinstance(base, MultiTaskEnv):
-        return None
-    return tuple(str(n) for n in base.task_names)
-
-
 def _share(total: int | None, envs: int, all_envs: int) -> int:
     """A sampler's part of a valid-step budget, by its share of the envs (rounded up, so the
     parts add up to at least ``total``); 0 = no budget."""
     return 0 if total is None else math.ceil(total * envs / all_envs)
-
-
-def _check_device(device: str | None) -> None:
-    if device is None:
-        return
-    try:
-        parsed = torch.device(device)
-    except (RuntimeError, TypeError):
-        parsed = None
-    if parsed is None or parsed.type not in ("cpu", "cuda"):
-        raise ValueError(f"--data.inference_device must be null, 'cpu' or 'cuda[:N]', got {device!r}")
-    if parsed.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--data.inference_device is {device!r} but this machine has no CUDA device")
-    if parsed.type == "cuda" and (parsed.index or 0) >= torch.cuda.device_count():
-        raise ValueError(
-            f"--data.inference_device is {device!r} but only {torch.cuda.device_count()} CUDA devices exist"
-        )
-
-
-def _check_positive(**values: float) -> None:
-    for name, value in values.items():
-        if value <= 0:
-            raise ValueError(f"--data.{name} must be > 0, got {value}")

@@ -45,6 +45,7 @@ from typing_extensions import override
 
 from fastlight.data.datamodule import EnvSpec
 from fastlight.envs.registry import make_env
+from fastlight.rollout import success_after
 
 #: Bump when the cached arrays change meaning.
 CACHE_FORMAT = 1
@@ -137,7 +138,7 @@ def play_expert(
         actions.append(action)
         obs, reward, terminated, truncated, info = env.step(action)
         rewards.append(float(reward))
-        success = success or bool(info.get("success", False))
+        success = bool(success_after(success, info))  # fastlight's one rule for success
         done = terminated or truncated
     return observations, actions, rewards, success
 
@@ -188,7 +189,7 @@ def _demo_env(settings: DemoSettings) -> Any:
 
 
 def _init_worker(parent: int) -> None:
-    from fastlight.sampling.child import start_child
+    from fastlight.procs import start_child
 
     start_child(parent, threads=1)
 

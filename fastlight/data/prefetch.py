@@ -95,7 +95,8 @@ class Prefetcher:
                 batch = self.ready.get(timeout=0.1)
             except queue.Empty:
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"no rollout for {timeout:.0f} s (--data.worker_timeout_s)") from None
+                    flag = "--data.faults.worker_timeout_s"
+                    raise TimeoutError(f"no rollout for {timeout:.0f} s ({flag})") from None
                 continue
             if self._stale(batch):
                 self.dropped += 1

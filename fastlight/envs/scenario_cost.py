@@ -1,22 +1,42 @@
-"""``ScenarioLoadCost``: an emulated scenario-load latency on ``reset()``.
+"""``ScenarioLoadCost``: an emulated scenario-load latency on ``reset()``, as an env wrapper.
 
 highway-env resets in about 5 ms; the driving simulators FAST targets reload HD maps and
 rebuild traffic on every reset, which takes seconds (FAST §background). This wrapper adds a
 clearly labelled, configurable wall-clock sleep to ``reset()`` so that the cost structure of
 that setting can be reproduced. A sleep models I/O-bound loading: it uses no CPU, and resets
 of several envs in one sampler overlap (the Collector resets them on a thread pool).
+
+It is part of the env spec: ``--data.env_wrappers [{class_path: fastlight.envs.ScenarioLoadCost,
+init_args: {seconds: 0.2}}]``; benchmarks wrap their own envs with ``ScenarioLoadCost(seconds=s).wrap(env)``.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
 
+from fastlight.envs.wrappers import EnvWrapper
 
-class ScenarioLoadCost(gym.Wrapper):
-    """Adds ``seconds`` of emulated scenario loading to every ``reset()``.
+
+@dataclass(frozen=True)
+class ScenarioLoadCost(EnvWrapper):
+    """Adds ``seconds`` of emulated scenario loading to every ``reset()`` of the envs it wraps."""
+
+    seconds: float
+
+    def __post_init__(self) -> None:
+        if self.seconds < 0:
+            raise ValueError(f"ScenarioLoadCost seconds must be >= 0, got {self.seconds}")
+
+    def wrap(self, env: gym.Env) -> gym.Env:
+        return ScenarioLoadEnv(env, seconds=self.seconds)
+
+
+class ScenarioLoadEnv(gym.Wrapper):
+    """The env side of :class:`ScenarioLoadCost`: sleeps ``seconds`` before each ``reset()``.
 
     ``info["scenario_load_s"]`` reports the emulated time, so logs never mistake it for
     simulator work.

@@ -1,6 +1,6 @@
 """Trainer-side handle on a rank's inference worker: start it, wire samplers to it, sync weights.
 
-Used by :class:`~fastlight.sampling.pool.SamplerPool` when ``--data.inference_server true``.
+Used by :class:`~fastlight.sampling.pool.SamplerPool` when ``--data.inference`` is set.
 Each sampler gets a :class:`~fastlight.inference.remote.RemotePolicy` (its shared-memory slot
 and pipe end) instead of a policy copy; the worker gets the other pipe ends and the real policy.
 The client is the pool's :class:`~fastlight.weights.publisher.WeightPublisher` on this path;
@@ -22,7 +22,9 @@ from torch import nn
 
 from fastlight.inference.remote import RemotePolicy, ServerVersion
 from fastlight.inference.server import Slot, inference_main, tensor_spec
+from fastlight.inference.settings import InferenceSettings
 from fastlight.models.base import Policy, check_policy
+from fastlight.procs import Liveness
 from fastlight.weights.broadcast import SyncGroupConfig, WeightBroadcaster, choose_backend
 from fastlight.weights.double_buffer import SharedDoubleBuffer
 from fastlight.weights.publisher import SyncStats
@@ -44,16 +46,14 @@ class InferenceClient:
         policy: nn.Module,
         example_obs: Any,
         rows: list[int],
+        settings: InferenceSettings,
         *,
-        max_batch: int,
-        max_wait_ms: float,
-        bucket_mb: float,
-        sync_timeout_s: float,
         trainer_device: torch.device | str = "cpu",
-        worker_device: torch.device | str = "cpu",
     ) -> None:
-        self.ctx, self.policy = ctx, policy
-        self.trainer_device, self.worker_device = torch.device(trainer_device), torch.device(worker_device)
+        self.ctx, self.policy, self.settings = ctx, policy, settings
+        self.trainer_device = torch.device(trainer_device)
+        self.worker_device = settings.worker_device(self.trainer_device)
+        sync_timeout_s = settings.sync_timeout_s
         with torch.no_grad():
             out = policy.act(example_obs, step=torch.zeros(_rows(example_obs), dtype=torch.long))
         obs_spec = tensor_spec(example_obs)
@@ -66,11 +66,9 @@ class InferenceClient:
         self.sampler_ends: list[Any] = []
         self.new_pipes()
         self.version = ctx.Value("q", -1, lock=False)
-        # Bumped by the worker's serving loop (and while it waits for weights): its heartbeat.
-        self.beats = ctx.Value("Q", 0, lock=False)
-        self._seen, self._seen_at = 0, time.monotonic()
-        # Set by the pool (--data.heartbeat_s, --data.worker_timeout_s); inf: never counted as hung.
-        self.heartbeat_s = self.start_timeout_s = float("inf")
+        # Beaten by the worker's serving loop (and while it waits for weights). Its limits are set by
+        # the pool (--data.faults.heartbeat_s, --data.faults.worker_timeout_s); inf: never counted as hung.
+        self.liveness = Liveness(ctx)
         self.transport = choose_transport(self.worker_device)
         self.shared: SharedDoubleBuffer | None = None
         self.sync_config: SyncGroupConfig | None = None
@@ -80,7 +78,8 @@ class InferenceClient:
         else:  # NCCL between two CUDA devices, gloo otherwise (worker and trainer on one GPU).
             backend = choose_backend(self.trainer_device, self.worker_device)
             self.sync_config = SyncGroupConfig.local(backend=backend, timeout_s=sync_timeout_s)
-        self.max_batch, self.max_wait_ms, self.bucket_mb = max_batch, max_wait_ms, bucket_mb
+        self.max_batch, self.max_wait_ms = settings.max_batch, settings.max_wait_ms
+        self.bucket_mb = settings.sync_bucket_mb
         self.proc: Any = None
         self.broadcaster: WeightBroadcaster | None = None
 
@@ -105,13 +104,13 @@ class InferenceClient:
                 self.bucket_mb,
                 parent_pid,
                 str(self.worker_device),
-                self.beats,
+                self.liveness,
             ),
             name=WORKER_NAME,
             daemon=True,
         )
         self.proc.start()
-        self._seen, self._seen_at = self.beats.value, time.monotonic()
+        self.liveness.reset()
         # The worker holds the server ends now; closing ours lets samplers see EOF if it dies.
         for conn in self.server_ends:
             conn.close()
@@ -177,8 +176,7 @@ class InferenceClient:
         self.shared.lock.release()
         self.new_pipes()
         # From zero again: until its first beat the new worker is starting (start_timeout_s applies).
-        self.beats.value = 0
-        self._seen, self._seen_at = 0, time.monotonic()
+        self.liveness.reset(restart=True)
 
     def reap(self) -> None:
         """SIGKILL the worker if it still runs (SIGSTOPped included) and reap it."""
@@ -187,22 +185,10 @@ class InferenceClient:
                 self.proc.kill()
             self.proc.join(timeout=5.0)
 
-    def silent_for(self) -> float:
-        """Seconds since the worker's heartbeat last moved (as seen by the calls to this)."""
-        now, beats = time.monotonic(), self.beats.value
-        if beats != self._seen:
-            self._seen, self._seen_at = beats, now
-        return now - self._seen_at
-
     def hang(self) -> str | None:
-        """What is wrong if the worker made no progress for longer than allowed, else None.
-        Until its first beat (spawn, imports) it gets ``start_timeout_s``."""
-        silent, started = self.silent_for(), self._seen > 0
-        limit = self.heartbeat_s if started else max(self.heartbeat_s, self.start_timeout_s)
-        if silent <= limit:
-            return None
-        flag = "--data.heartbeat_s" if started else "--data.worker_timeout_s, while starting"
-        return f"made no progress for {silent:.1f} s ({flag} {limit:g})"
+        """What is wrong if the worker made no progress for longer than allowed, else None
+        (:meth:`fastlight.procs.Liveness.hang`; until its first beat it gets the start-up limit)."""
+        return self.liveness.hang()
 
     def check_alive(self) -> None:
         """Raises naming the worker if it died or its heartbeat stood still too long."""

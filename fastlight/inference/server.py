@@ -37,6 +37,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
+from fastlight.procs import Liveness, start_child
 from fastlight.weights.broadcast import SyncGroupConfig, WeightReceiver
 from fastlight.weights.double_buffer import SharedDoubleBuffer
 
@@ -193,7 +194,7 @@ def serve_until(
     once they are in place: broadcast received, or shared-memory slot swapped in); otherwise
     ``serve_once()``. Until ``stopped()``.
 
-    Shared by the worker below and the benchmark's emulated worker (``fastlight.bench.sync_worker``).
+    Shared by the worker below and the benchmark's emulated worker (``benchmarks.sync.worker``).
     """
     while not stopped():
         if receiver.sync_pending():
@@ -214,25 +215,23 @@ def inference_main(
     bucket_mb: float,
     parent_pid: int,
     device: str = "cpu",
-    beats: Any = None,
+    liveness: Liveness | None = None,
 ) -> None:
     """Entry point of the inference worker process (spawned).
 
     Serves batches until ``stop``; between two forward passes it checks the trainer's drain
     signal and, when set, takes the new weights (nothing is in flight at that point):
     ``sync_config`` is the broadcast group's config, or the shared double buffer (CPU worker).
-    ``beats`` (a shared counter) is bumped at every turn of the loop and of a wait for weights:
-    the trainer's pool restarts a worker whose counter stands still for ``--data.heartbeat_s``.
+    ``liveness`` (its heartbeat) beats at every turn of the loop and of a wait for weights:
+    the trainer's pool restarts a worker whose counter stands still for ``--data.faults.heartbeat_s``.
     """
-    from fastlight.sampling.child import start_child
-
     start_child(parent_pid)
     server = InferenceServer(
         policy, slots, conns, max_batch=max_batch, max_wait_ms=max_wait_ms, device=torch.device(device)
     )
     def stopped() -> bool:  # polled by every loop and wait of this worker: the heartbeat's place
-        if beats is not None:
-            beats.value += 1
+        if liveness is not None:
+            liveness.beat()
         return stop.is_set()
 
     try:

@@ -16,14 +16,18 @@ This module also holds what PPO, GIPO and SAPO share: the padding-safe preparati
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 import torch
 from torch import Tensor
 
 from fastlight.losses.masked import check_mask, masked_mean, zero_invalid
 
-__all__ = ["GRANULARITIES", "log_ratio", "policy_terms", "ratio_diagnostics"]
+__all__ = ["GRANULARITIES", "Granularity", "log_ratio", "policy_terms", "ratio_diagnostics"]
 
-GRANULARITIES = ("token", "action", "chunk")
+#: Where an importance ratio is taken: per action token, per action, or per chunk (their product).
+Granularity = Literal["token", "action", "chunk"]
+GRANULARITIES: tuple[str, ...] = get_args(Granularity)
 
 
 def log_ratio(

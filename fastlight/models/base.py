@@ -19,9 +19,10 @@ token policies (one entry per action token), which is what token-level ratios ne
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import NamedTuple, Protocol, runtime_checkable
 
-from torch import Tensor
+from torch import Tensor, nn
 
 Obs = Tensor | dict[str, Tensor]
 
@@ -56,6 +57,33 @@ class Policy(Protocol):
     def action_mapping(self) -> ActionMapping: ...
 
     def env_action(self, actions: Tensor) -> Tensor: ...
+
+
+class PolicyBase(nn.Module, ABC):
+    """The base class of a user's own policy: an ``nn.Module`` that implements :class:`Policy`.
+
+    Subclasses implement ``act``, ``evaluate``, ``value`` and ``action_mapping``; ``env_action``
+    applies the mapping, so it cannot disagree with what an inference-served sampler applies.
+    A subclass that forgets one of the four cannot be instantiated (``TypeError`` naming it).
+    Any object that has the five methods still works (:class:`Policy` is a Protocol); this base
+    only saves writing ``env_action``.
+    """
+
+    @abstractmethod
+    def act(self, obs: Obs, *, step: Tensor | None = None, deterministic: bool = False) -> ActOutput: ...
+
+    @abstractmethod
+    def evaluate(self, obs: Obs, actions: Tensor, *, step: Tensor | None = None) -> EvalOutput: ...
+
+    @abstractmethod
+    def value(self, obs: Obs, *, step: Tensor | None = None) -> Tensor: ...
+
+    @abstractmethod
+    def action_mapping(self) -> ActionMapping: ...
+
+    def env_action(self, actions: Tensor) -> Tensor:
+        """``action_mapping()`` applied: policy actions ``[N, ...]`` -> what ``env.step`` receives."""
+        return self.action_mapping()(actions)
 
 
 @runtime_checkable

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from torch.distributions import Categorical, Normal
 
 from fastlight.models.action_mapping import ClampActions, IdentityActions
-from fastlight.models.base import ActionMapping, ActOutput, EvalOutput
+from fastlight.models.base import ActionMapping, ActOutput, EvalOutput, PolicyBase
 
 
 def _mlp(sizes: list[int], *, out_gain: float) -> nn.Sequential:
@@ -31,7 +31,7 @@ def _mlp(sizes: list[int], *, out_gain: float) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
-class MLPActorCritic(nn.Module):
+class MLPActorCritic(PolicyBase):
     """Actor-critic for vector observations.
 
     Args:
@@ -109,6 +109,3 @@ class MLPActorCritic(nn.Module):
         if self.continuous and self.action_bound is not None:
             return ClampActions(float(self.action_bound))
         return IdentityActions()
-
-    def env_action(self, actions: Tensor) -> Tensor:
-        return self.action_mapping()(actions)

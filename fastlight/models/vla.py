@@ -35,6 +35,8 @@ placeholder forward under ``no_grad`` for the critic (the same one ``act`` start
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 import torch
 from torch import Tensor, nn
 from torch.distributions import Categorical
@@ -42,12 +44,14 @@ from torch.distributions import Categorical
 from fastlight.extras import import_extra
 from fastlight.models.action_mapping import BinsToActions
 from fastlight.models.action_tokenizer import ActionTokenizer
-from fastlight.models.base import ActionMapping, ActOutput, EvalOutput
+from fastlight.models.base import ActionMapping, ActOutput, EvalOutput, PolicyBase
 from fastlight.models.pruning import load_pruned_causal_lm, prune_lm_head, pruned_range
 from fastlight.models.value_heads import ActionAwareValueHead
 from fastlight.models.vision import PatchEncoder
 
-DECODING_MODES = ("parallel", "autoregressive")
+#: How the action tokens of one policy call are decoded (see the module docstring).
+Decoding = Literal["parallel", "autoregressive"]
+DECODING_MODES: tuple[str, ...] = get_args(Decoding)
 
 
 def build_llama(
@@ -79,7 +83,7 @@ def build_llama(
     return LlamaForCausalLM(cfg)
 
 
-class VLAPolicy(nn.Module):
+class VLAPolicy(PolicyBase):
     """Token-level VLA actor-critic implementing the fastlight policy interface (AcceRL).
 
     Args:
@@ -115,7 +119,7 @@ class VLAPolicy(nn.Module):
         proprio_dim: int = 0,
         max_text_len: int = 16,
         max_episode_steps: int = 500,
-        decoding: str = "parallel",
+        decoding: Decoding = "parallel",
         prune_head: bool = True,
         vocab_size: int = 32000,
         hidden_size: int = 64,
@@ -353,10 +357,6 @@ class VLAPolicy(nn.Module):
     def action_mapping(self) -> ActionMapping:
         """Bins -> bin centres in ``[-1, 1]``, without the backbone (for inference-served samplers)."""
         return BinsToActions(self.action_tokenizer)
-
-    def env_action(self, actions: Tensor) -> Tensor:
-        """Same as :meth:`bins_to_env_action`, the name samplers call on every policy."""
-        return self.action_mapping()(actions)
 
 
 def _choose(logits: Tensor, deterministic: bool) -> Tensor:

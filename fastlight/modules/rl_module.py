@@ -33,13 +33,16 @@ from torch import Tensor, nn
 from typing_extensions import override
 
 from fastlight.advantages import masked_gae, normalize_advantages
+from fastlight.class_paths import same_class
 from fastlight.data.protocols import ReportsFaults
-from fastlight.losses import OBJECTIVES, entropy_bonus, explained_variance, value_loss
-from fastlight.losses.ratios import GRANULARITIES
+from fastlight.losses import entropy_bonus, explained_variance, value_loss
+from fastlight.losses.ratios import GRANULARITIES, Granularity
 from fastlight.models.base import EvalOutput
 from fastlight.models.mlp import MLPActorCritic
 from fastlight.modules.init_from import load_policy_weights
 from fastlight.modules.minibatch import Minibatch, recompute_values
+from fastlight.modules.objective_hparams import as_objective, legacy_load_kwargs
+from fastlight.modules.objectives import Objective, PPOClip
 from fastlight.modules.rollout_logging import rollout_metrics
 from fastlight.rollout import Rollout
 
@@ -56,11 +59,12 @@ class RLModule(L.LightningModule):
         lr: Adam learning rate.
         gamma, gae_lambda: discount and GAE lambda.
         update_epochs, num_minibatches: K epochs x M minibatches per rollout.
-        objective: ``ppo | gipo | sapo`` (DESIGN formulas; AcceRL §GIPO).
-        clip_eps: PPO clip range (also the ``clip_frac`` threshold for the others).
-        gipo_sigma: GIPO trust width sigma.
-        sapo_tau_pos, sapo_tau_neg: SAPO temperatures for positive / negative advantages.
-        ratio_granularity: ``token | action | chunk`` importance ratios (token policies).
+        objective: the policy objective, an :class:`~fastlight.modules.objectives.Objective` holding
+            its own settings (CLI: ``--model.objective GIPO --model.objective.sigma 0.2``; YAML
+            ``class_path`` / ``init_args``): :class:`~fastlight.modules.objectives.PPOClip` (the
+            default, ``None``), ``GIPO`` (AcceRL §GIPO), ``SAPO`` or a subclass of your own.
+        ratio_granularity: ``token | action | chunk`` importance ratios (token policies), for
+            every objective.
         tokens_per_action: tokens per action group for ``action`` granularity.
         vf_coef, ent_coef: value and entropy loss weights.
         value_clip_eps: PPO2-style value clipping range, ``None`` for the unclipped loss.
@@ -90,12 +94,8 @@ class RLModule(L.LightningModule):
         gae_lambda: float = 0.95,
         update_epochs: int = 4,
         num_minibatches: int = 4,
-        objective: str = "ppo",
-        clip_eps: float = 0.2,
-        gipo_sigma: float = 0.5,
-        sapo_tau_pos: float = 1.0,
-        sapo_tau_neg: float = 1.05,
-        ratio_granularity: str = "token",
+        objective: Objective | None = None,
+        ratio_granularity: Granularity = "token",
         tokens_per_action: int = 1,
         vf_coef: float = 0.5,
         ent_coef: float = 0.01,
@@ -111,7 +111,11 @@ class RLModule(L.LightningModule):
         _validate(locals())
         if policy is None and type(self).build_policy is RLModule.build_policy:
             _check_mlp_sizes(obs_dim, action_dim)  # refuse now rather than when fit starts
+        #: The policy objective compute_loss uses (hparams hold its class_path / init_args).
+        self.objective = as_objective(objective, default=self.default_objective)
         self._save_hparams_without_policy_object(policy)
+        if "_instantiator" not in self.hparams:  # built from Python: hparams hold plain data, as the CLI's
+            self._record_policy_hparams({"objective": self.objective.config()})
         self.automatic_optimization = False
         if policy is not None:
             self.policy = policy
@@ -123,6 +127,16 @@ class RLModule(L.LightningModule):
         self._nonfinite_in_a_row = 0
 
     policy: nn.Module  # set by __init__ (injected) or configure_model (build_policy)
+    #: The objective ``objective=None`` means (a subclass may choose another, e.g. VLAModule GIPO).
+    default_objective: type[Objective] = PPOClip
+
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        """Lightning's, plus checkpoints saved before objectives were objects (``objective: gipo``,
+        ``gipo_sigma`` ...): they load with the objective they trained with
+        (:func:`~fastlight.modules.objective_hparams.legacy_load_kwargs`)."""
+        kwargs = {**kwargs, **legacy_load_kwargs(checkpoint_path, kwargs)}
+        return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
 
     def _save_hparams_without_policy_object(self, policy: nn.Module | None) -> None:
         """``save_hyperparameters`` of the whole ``__init__`` chain, minus a policy *object*.
@@ -149,9 +163,9 @@ class RLModule(L.LightningModule):
         a checkpoint saved from this module rebuilds the policy too."""
         saved = checkpoint.get(self.CHECKPOINT_HYPER_PARAMS_KEY) or {}
         config = saved.get("policy")
-        if isinstance(config, dict) and self.hparams.get("policy") == config.get("class_path"):
+        if isinstance(config, dict) and same_class(self.hparams.get("policy"), config.get("class_path")):
             values = {"policy": config}
-            if saved.get("_class_path") == _class_path(self) and "_instantiator" in saved:
+            if same_class(saved.get("_class_path"), _class_path(self)) and "_instantiator" in saved:
                 values.update(_class_path=saved["_class_path"], _instantiator=saved["_instantiator"])
             self._record_policy_hparams(values)
         self._use_typed_learning_rates(checkpoint)
@@ -265,19 +279,14 @@ class RLModule(L.LightningModule):
     ) -> tuple[Tensor, dict[str, Tensor]]:
         """Objective + ``vf_coef`` x value loss - ``ent_coef`` x entropy, all SMPO-reduced."""
         h = self.hparams
-        kwargs: dict[str, Any] = {"sigma": h.gipo_sigma} if h.objective == "gipo" else {}
-        if h.objective == "sapo":
-            kwargs = {"tau_pos": h.sapo_tau_pos, "tau_neg": h.sapo_tau_neg}
-        pg, info = OBJECTIVES[h.objective](
+        pg, info = self.objective.loss(
             logprobs=out.logprobs,
             old_logprobs=mb.logprobs,
             advantages=mb.advantages,
             valid=mb.valid,
-            clip_eps=h.clip_eps,
             granularity=h.ratio_granularity,
             tokens_per_action=h.tokens_per_action,
             count=count,
-            **kwargs,
         )
         vl = value_loss(
             values=out.values,
@@ -461,10 +470,6 @@ def _validate(args: dict[str, Any]) -> None:
             "--model.hidden_sizes sizes the default MLP policy and has no effect with --model.policy: "
             "set the injected policy's own sizes in --model.policy.init_args"
         )
-    if args["objective"] not in OBJECTIVES:
-        raise ValueError(
-            f"--model.objective must be one of {' | '.join(OBJECTIVES)}, got {args['objective']!r}"
-        )
     if args["ratio_granularity"] not in GRANULARITIES:
         raise ValueError(
             f"--model.ratio_granularity must be one of {' | '.join(GRANULARITIES)}, "
@@ -480,9 +485,8 @@ def _validate(args: dict[str, Any]) -> None:
     for name in ("gamma", "gae_lambda"):
         if not 0.0 <= args[name] <= 1.0:
             raise ValueError(f"--model.{name} must be in [0, 1], got {args[name]}")
-    for name in ("lr", "clip_eps", "gipo_sigma", "sapo_tau_pos", "sapo_tau_neg"):
-        if args[name] <= 0:
-            raise ValueError(f"--model.{name} must be > 0, got {args[name]}")
+    if args["lr"] <= 0:
+        raise ValueError(f"--model.lr must be > 0, got {args['lr']}")
     for name in ("value_clip_eps", "max_grad_norm"):
         if args[name] is not None and args[name] <= 0:
             raise ValueError(f"--model.{name} must be > 0 or null, got {args[name]}")

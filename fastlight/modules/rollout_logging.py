@@ -18,6 +18,8 @@ def rollout_metrics(rollout: Rollout, *, current_version: int) -> dict[str, Tens
     truncation (``EpisodeRecord.cut``) stopped at an arbitrary step and have no outcome; they are
     reported apart as ``rollout/return_cut`` (their mean return at the cut) and
     ``rollout/episodes_cut`` (their count). Each mean is present only when such episodes exist.
+    An env that does not report success (crashes) counts as 0 in ``rollout/success_rate``
+    (``rollout/crash_rate``): the record's ``None``, :func:`fastlight.rollout.success_after`.
 
     ``policy_lag`` = current version - behaviour version (AcceRL §staleness); 0 when on-policy.
     """
@@ -28,8 +30,8 @@ def rollout_metrics(rollout: Rollout, *, current_version: int) -> dict[str, Tens
         n = len(done)
         out["rollout/return"] = torch.tensor(sum(e.ret for e in done) / n)
         out["rollout/episode_length"] = torch.tensor(sum(e.length for e in done) / n, dtype=torch.float32)
-        out["rollout/crash_rate"] = torch.tensor(sum(e.crashed for e in done) / n)
-        out["rollout/success_rate"] = torch.tensor(sum(e.success for e in done) / n)
+        out["rollout/crash_rate"] = torch.tensor(sum(e.crashed is True for e in done) / n)
+        out["rollout/success_rate"] = torch.tensor(sum(e.success is True for e in done) / n)
     out["rollout/episodes"] = torch.tensor(float(len(done)))
     out["rollout/episodes_cut"] = torch.tensor(float(len(cut)))
     if cut:

@@ -43,6 +43,7 @@ from typing_extensions import override
 
 from fastlight.losses.imitation import token_cross_entropy
 from fastlight.models.vla import VLAPolicy
+from fastlight.modules.objectives import GIPO, Objective
 from fastlight.modules.rl_module import RLModule
 from fastlight.modules.self_imitation import SuccessBuffer
 from fastlight.rollout import Rollout
@@ -59,7 +60,9 @@ class VLAModule(RLModule):
             fastlight.models.vla.VLAPolicy`` + ``--model.policy.init_args.*``); ``None`` builds one
             with the VLAPolicy defaults and ``action_dim`` tokens in ``configure_model``.
         value_lr: learning rate of the value head's param group (``None``: ``lr``).
-        objective: ``ppo | gipo | sapo`` (default ``gipo``, AcceRL).
+        objective: an :class:`~fastlight.modules.objectives.Objective`; ``None`` is
+            ``GIPO()`` (AcceRL), e.g. ``--model.objective GIPO --model.objective.sigma 0.2`` or
+            ``--model.objective PPOClip``.
         obs_dim, action_dim, continuous: the env's sizes, linked from the data module: 0 for dict
             observations, ``K`` action dimensions (= action tokens), continuous actions (required).
         sil_steps: self-imitation optimizer steps after each RL update (0 turns it off). They imitate
@@ -72,11 +75,13 @@ class VLAModule(RLModule):
             ``ratio_granularity``, ``update_epochs``, ``recompute_values``, ...).
     """
 
+    default_objective = GIPO
+
     def __init__(
         self,
         policy: nn.Module | None = None,
         value_lr: float | None = None,
-        objective: str = "gipo",
+        objective: Objective | None = None,
         obs_dim: int = 0,
         action_dim: int = 4,
         continuous: bool = True,

@@ -23,19 +23,23 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Literal, get_args
 
 import gymnasium as gym
 import numpy as np
 import torch
 
 from fastlight.models.base import Policy, ServedPolicy
-from fastlight.rollout import EpisodeRecord, Rollout, RolloutStats
+from fastlight.rollout import EpisodeRecord, Rollout, RolloutStats, crashed_at_end, success_after
 from fastlight.sampling.obs import action_to_env, obs_to_tensor, stack_obs
 from fastlight.sampling.rows import Row, RowBuffer, Step
 
-RESET_MODES = ("dpsa", "sgr", "autoreset", "sequential")
-NONFINITE = ("raise", "drop")
+#: How a fleet of envs resets (FAST §DPSA); the CLI refuses any other value.
+ResetMode = Literal["dpsa", "sgr", "autoreset", "sequential"]
+#: What a NaN / inf observation or reward from an env does.
+Nonfinite = Literal["raise", "drop"]
+RESET_MODES: tuple[str, ...] = get_args(ResetMode)
+NONFINITE: tuple[str, ...] = get_args(Nonfinite)
 #: Resets in a row of one env that may return a non-finite observation under ``nonfinite="drop"``
 #: before the run stops anyway: an env that never resets cleanly cannot produce data.
 RESET_RETRIES = 3
@@ -97,12 +101,13 @@ def check_collector_settings(
 class _Episode:
     """Running bookkeeping of one env's current episode."""
 
-    __slots__ = ("step", "ret", "task_id")
+    __slots__ = ("step", "ret", "task_id", "success")
 
     def __init__(self, task_id: int = 0) -> None:
         self.step = 0
         self.ret = 0.0
         self.task_id = task_id
+        self.success: bool | None = None  # fastlight.rollout.success_after, folded over the steps
 
 
 class Collector:
@@ -259,6 +264,7 @@ class Collector:
         self._check_finite(i, "observation", nobs)
         row.set_step(i, float(reward), bool(term), bool(trunc))
         ep.ret += float(reward)
+        ep.success = success_after(ep.success, info)
         self._obs[i] = nobs
         if term or trunc:
             rows.episodes.append(_record(ep, terminated=bool(term), truncated=bool(trunc), info=info))
@@ -383,8 +389,8 @@ def _record(
         terminated=terminated,
         truncated=truncated,
         task_id=ep.task_id,
-        success=bool(info.get("success", info.get("is_success", False))),
-        crashed=bool(info.get("crashed", False)),
+        success=ep.success,
+        crashed=crashed_at_end(info),
         cut=cut,
         info=numeric,
     )

@@ -39,13 +39,16 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 import torch.multiprocessing as tmp
 from torch import nn
 
 from fastlight.inference.client import InferenceClient
+from fastlight.inference.settings import InferenceSettings
 from fastlight.models.base import check_policy
+from fastlight.procs import HeartbeatLimits, Liveness, StopFlag, children_ignore_sigint
 from fastlight.rollout import Rollout
-from fastlight.sampling.child import StopFlag, children_ignore_sigint
+from fastlight.sampling.faults import FLAG, FaultSettings
 from fastlight.sampling.task_weights import SharedTaskWeights
 from fastlight.sampling.worker import SamplerConfig, rollout_from_numpy, sampler_main
 from fastlight.weights.publisher import SyncStats, WeightPublisher, WeightSource
@@ -64,21 +67,20 @@ class _Sampler:
 
     index: int
     proc: Any
-    beats: Any  # shared counter the sampler bumps on progress (see worker.Heartbeat)
+    liveness: Liveness  # the heartbeat the sampler beats on progress
     reader: threading.Thread
-    seen: int = 0  # last counter value the pool saw ...
-    seen_at: float = 0.0  # ... and when (the pool's clock)
 
 
 class SamplerPool:
     """Sampler processes of one trainer rank, each with a policy copy - or, with ``inference``
-    settings (``max_batch``, ``max_wait_ms``, ``bucket_mb``, ``sync_timeout_s``), all served by
-    one inference worker (``example_obs`` then gives the observation layout).
+    (:class:`~fastlight.inference.InferenceSettings`), all served by one inference worker on
+    ``inference.device`` (``None``: ``trainer_device``; ``example_obs`` gives the observation layout).
 
-    ``max_restarts`` per ``restart_window_s`` bounds the restarts of dead or silent samplers;
-    ``heartbeat_s`` is how long a started sampler may make no progress (no env step, reset or wait
-    loop) before it counts as hung. Until its first beat (spawn, imports, building the envs) a
-    sampler gets ``timeout_s``.
+    ``faults`` (:class:`~fastlight.sampling.FaultSettings`): ``max_worker_restarts`` per
+    ``restart_window_s`` bounds the restarts of dead or silent samplers; ``heartbeat_s`` is how
+    long a started sampler may make no progress (no env step, reset or wait loop) before it counts
+    as hung. Until its first beat (spawn, imports, building the envs) a sampler gets
+    ``worker_timeout_s``, which is also how long ``next_item`` waits for data.
     """
 
     def __init__(
@@ -86,28 +88,32 @@ class SamplerPool:
         configs: list[SamplerConfig],
         policy: nn.Module,
         *,
-        timeout_s: float = 300.0,
-        inference: dict[str, Any] | None = None,
+        inference: InferenceSettings | None = None,
+        trainer_device: torch.device | str = "cpu",
         example_obs: Any = None,
-        max_restarts: int = 3,
-        restart_window_s: float = 600.0,
-        heartbeat_s: float = 60.0,
+        faults: FaultSettings | None = None,
         start_method: str = "spawn",
     ) -> None:
         check_policy(policy)  # a missing action_mapping must fail here, not in a child process
         self.configs = configs
         self.policy = policy
-        self.timeout_s = timeout_s
-        self.max_restarts, self.restart_window_s = max_restarts, restart_window_s
-        self.heartbeat_s = heartbeat_s
+        self.faults = faults = faults or FaultSettings()
+        self.timeout_s = timeout_s = faults.worker_timeout_s
+        self.max_restarts, self.restart_window_s = faults.max_worker_restarts, faults.restart_window_s
+        self.heartbeat_s = heartbeat_s = faults.heartbeat_s
+        # Samplers and the inference worker alike; until its first beat a process gets worker_timeout_s.
+        self.heartbeat_limits = HeartbeatLimits(
+            heartbeat_s, timeout_s, f"{FLAG}.heartbeat_s", start_flag=f"{FLAG}.worker_timeout_s"
+        )
         # spawn, or the forkserver the fastlight command warmed at start-up (fastlight.sampling.start)
         self.ctx = tmp.get_context(start_method)
         self.client: InferenceClient | None = None
         if inference is not None:
             self.client = InferenceClient(
-                self.ctx, policy, example_obs, [c.num_envs for c in configs], **inference
-            )
-            self.client.heartbeat_s, self.client.start_timeout_s = heartbeat_s, timeout_s
+                self.ctx, policy, example_obs, [c.num_envs for c in configs], inference,
+                trainer_device=trainer_device,
+            )  # fmt: skip
+            self.client.liveness.limits = self.heartbeat_limits
         # Serialises a restart of the served group (prefetch thread) with a publish (trainer thread).
         self._served_lock = threading.RLock()
         # One publisher (trainer end) and what the samplers read (their end) for either path.
@@ -155,10 +161,11 @@ class SamplerPool:
         cfg = self.configs[i]
         policy = self.policy if self.client is None else self.client.remote_policy(i, self.policy)
         receive, send = self.ctx.Pipe(duplex=False)
-        beats = self.ctx.Value("Q", 0, lock=False)
+        liveness = Liveness(self.ctx, self.heartbeat_limits)
         p = self.ctx.Process(
             target=sampler_main,
-            args=(i, cfg, policy, self.weights, send, beats, self.stop_event, os.getpid(), self.task_weights),
+            args=(i, cfg, policy, self.weights, send, liveness, self.stop_event, os.getpid(),
+                  self.task_weights),
             name=f"fastlight-sampler-{i}",
             daemon=True,
         )
@@ -170,7 +177,8 @@ class SamplerPool:
             target=self._read, args=(i, receive), daemon=True, name=f"fastlight-sampler-{i}-reader"
         )
         reader.start()
-        return _Sampler(i, p, beats, reader, seen=0, seen_at=time.monotonic())
+        liveness.reset()
+        return _Sampler(i, p, liveness, reader)
 
     def _read(self, index: int, conn: Any) -> None:
         """Sampler ``index``'s messages into ``self.items`` (tracebacks into ``self.errors``)."""
@@ -221,7 +229,7 @@ class SamplerPool:
 
         Restarts dead or hung samplers on the way (see the module docstring). Raises
         :class:`SamplerError` naming the worker if a sampler raised, if one failed past the restart
-        budget, and if nothing at all arrived for ``timeout_s`` (``--data.worker_timeout_s``).
+        budget, and if nothing at all arrived for ``timeout_s`` (``--data.faults.worker_timeout_s``).
         """
         self.watch()
         try:
@@ -230,7 +238,8 @@ class SamplerPool:
             self.watch(force=True)
             if time.monotonic() - self._last_item > self.timeout_s:
                 raise SamplerError(
-                    f"no rollout from the samplers for {self.timeout_s:.0f} s (--data.worker_timeout_s); "
+                    f"no rollout from the samplers for {self.timeout_s:.0f} s "
+                    "(--data.faults.worker_timeout_s); "
                     f"alive: {[p.is_alive() for p in self.procs]}"
                 ) from None
             return None
@@ -258,15 +267,10 @@ class SamplerPool:
                 self._raise_reported()
                 self._fault(s, f"died with exit code {code}")
                 continue
-            beats = s.beats.value
-            if beats != s.seen:
-                s.seen, s.seen_at = beats, now
-                continue
             # Until the first beat the sampler is starting (imports, envs): timeout_s applies.
-            limit = self.heartbeat_s if beats else max(self.heartbeat_s, self.timeout_s)
-            if now - s.seen_at > limit:
-                flag = "--data.heartbeat_s" if beats else "--data.worker_timeout_s, while starting"
-                self._fault(s, f"made no progress for {now - s.seen_at:.1f} s ({flag} {limit:g})")
+            hung = s.liveness.hang(now)
+            if hung is not None:
+                self._fault(s, hung)
 
     def _worker_name(self) -> str:
         assert self.client is not None and self.client.proc is not None
@@ -287,16 +291,9 @@ class SamplerPool:
             name = f"sampler {s.index} ({s.proc.name}, pid {s.proc.pid}, env {self.configs[s.index].env_id})"
             if s.proc.exitcode is not None:
                 return self._restart_served(f"{name} died with exit code {s.proc.exitcode}")
-            beats = s.beats.value
-            if beats != s.seen:
-                s.seen, s.seen_at = beats, now
-                continue
-            limit = self.heartbeat_s if beats else max(self.heartbeat_s, self.timeout_s)
-            if now - s.seen_at > limit:
-                flag = "--data.heartbeat_s" if beats else "--data.worker_timeout_s, while starting"
-                return self._restart_served(
-                    f"{name} made no progress for {now - s.seen_at:.1f} s ({flag} {limit:g})"
-                )
+            hung = s.liveness.hang(now)
+            if hung is not None:
+                return self._restart_served(f"{name} {hung}")
         hung = self.client.hang()
         if hung is not None:
             self._restart_served(f"{self._worker_name()} {hung}")
@@ -308,8 +305,8 @@ class SamplerPool:
         client = self.client
         if not client.restartable:
             raise SamplerError(
-                f"{what}; a CUDA inference worker is not restarted (--data.inference_device cpu "
-                "restarts it, --data.inference_server false restarts samplers alone)"
+                f"{what}; a CUDA inference worker is not restarted (--data.inference.device cpu "
+                "restarts it, --data.inference null restarts samplers alone)"
             )
         for s in self.samplers:  # first, so none of them reports the worker's death as its own
             self._kill(s)
@@ -329,14 +326,14 @@ class SamplerPool:
             client.start(self.stop_event, os.getpid())
 
     def _spend_restart(self, name: str, action: str) -> None:
-        """Take one restart from the budget (``--data.max_worker_restarts`` per window) and say
+        """Take one restart from the budget (``--data.faults.max_worker_restarts`` per window) and say
         what is restarted; raises :class:`SamplerError` naming ``name`` once it is spent."""
         now = time.monotonic()
         while self.restart_times and now - self.restart_times[0] > self.restart_window_s:
             self.restart_times.popleft()
         budget = (
-            f"--data.max_worker_restarts {self.max_restarts} per "
-            f"--data.restart_window_s {self.restart_window_s:g}"
+            f"--data.faults.max_worker_restarts {self.max_restarts} per "
+            f"--data.faults.restart_window_s {self.restart_window_s:g}"
         )
         if len(self.restart_times) >= self.max_restarts:
             raise SamplerError(

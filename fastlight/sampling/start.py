@@ -9,7 +9,7 @@ the other core *while* the trainer imports Lightning. Samplers are then forked f
 those modules already loaded. A forkserver child is a fresh process as far as the trainer is
 concerned (its arguments are pickled as with spawn, it shares no trainer state, no CUDA, no
 threads); its parent is the forkserver, which exits when the trainer does
-(:func:`fastlight.sampling.child.die_with_parent` accepts it).
+(:func:`fastlight.procs.die_with_parent` accepts it).
 
 Library use (a user's own script, the tests) keeps ``spawn`` unless it warms a forkserver or
 passes ``start_method="forkserver"`` explicitly (``--data.start_method``).
@@ -22,8 +22,11 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
+from typing import Literal, get_args
 
-START_METHODS = ("spawn", "forkserver")
+#: How sampler and inference processes start (``None`` picks one, see :func:`resolve_start_method`).
+StartMethod = Literal["spawn", "forkserver"]
+START_METHODS: tuple[str, ...] = get_args(StartMethod)
 #: The forkserver imports these (module :mod:`fastlight.sampling.preload` reads the env id).
 PRELOAD = ["fastlight.sampling.preload"]
 #: Environment variable through which the forkserver learns the run's env id.

@@ -13,7 +13,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from fastlight.sampling.child import OwnedLock
+from fastlight.procs import OwnedLock
 
 MAX_TASKS = 1024
 

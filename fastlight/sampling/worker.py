@@ -28,8 +28,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from fastlight.envs.wrappers import EnvWrapper
+from fastlight.procs import Liveness, start_child
 from fastlight.rollout import Rollout
-from fastlight.sampling.child import start_child
 from fastlight.sampling.collector import Collector
 from fastlight.sampling.task_weights import SharedTaskWeights
 from fastlight.weights.publisher import WeightSource
@@ -50,20 +51,19 @@ class SamplerConfig:
     #: Keep collecting whole cycles past ``cycles_per_step`` until this many valid transitions (0 = off).
     min_valid_steps: int = 0
     max_staleness: int = 0
-    scenario_load_cost_s: float = 0.0
+    #: Applied around every env, in order (``--data.env_wrappers``, e.g. ``ScenarioLoadCost``).
+    env_wrappers: tuple[EnvWrapper, ...] = ()
     seed: int = 0
     nonfinite: str = "raise"
 
 
 def build_envs(cfg: SamplerConfig) -> list:
-    """The sampler's envs: ``make_env`` (+ ``ScenarioLoadCost`` when a load cost is set)."""
+    """The sampler's envs: ``make_env``, inside the config's env wrappers."""
     from fastlight.envs.registry import make_env
-    from fastlight.envs.scenario_cost import ScenarioLoadCost
+    from fastlight.envs.wrappers import wrap_env
 
     envs = [make_env(cfg.env_id, env_kwargs=cfg.env_kwargs) for _ in range(cfg.num_envs)]
-    if cfg.scenario_load_cost_s > 0:
-        envs = [ScenarioLoadCost(e, seconds=cfg.scenario_load_cost_s) for e in envs]
-    return envs
+    return [wrap_env(e, cfg.env_wrappers) for e in envs]
 
 
 def build_collector(
@@ -89,17 +89,6 @@ def rollout_to_numpy(r: Rollout) -> Rollout:
 
 def rollout_from_numpy(r: Rollout) -> Rollout:
     return r.map(torch.from_numpy)
-
-
-class Heartbeat:
-    """The sampler's side of its heartbeat: a shared counter bumped on every sign of progress.
-    The trainer only looks for a change, so neither clocks nor atomic increments matter."""
-
-    def __init__(self, counter: Any) -> None:
-        self.counter = counter
-
-    def __call__(self) -> None:
-        self.counter.value += 1
 
 
 class Outbox:
@@ -142,16 +131,16 @@ def sampler_main(
     policy: nn.Module,
     weights: WeightSource,
     conn: Any,
-    heartbeat: Any,
+    heartbeat: Liveness,
     stop: Any,
     parent_pid: int,
     task_weights: SharedTaskWeights | None = None,
 ) -> None:
     """Entry point of sampler process ``index`` (spawned). ``conn`` is the write end of its pipe to
-    the trainer, ``heartbeat`` its shared progress counter, ``stop`` the pool's StopFlag."""
+    the trainer, ``heartbeat`` its :class:`~fastlight.procs.Liveness`, ``stop`` the pool's StopFlag."""
     start_child(parent_pid, seed=cfg.seed, threads=1)
-    beat = Heartbeat(heartbeat)
-    beat()  # started: from here on the trainer holds it to --data.heartbeat_s
+    beat = heartbeat.beat
+    beat()  # started: from here on the trainer holds it to --data.faults.heartbeat_s
     outbox = Outbox(conn)
     collector = None
     failed = False

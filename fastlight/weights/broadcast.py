@@ -22,7 +22,7 @@ Here:
   ``[version, n_collectives, signature, 0]`` goes first, and the worker acks with its new
   version last, so :meth:`WeightBroadcaster.broadcast` returns once the worker's weights are in
   place. How the tensors travel between header and ack is a :class:`Transport` (the extension
-  hook; :data:`BUCKETED` is the only one used in training, and ``fastlight.bench.per_tensor``
+  hook; :data:`BUCKETED` is the only one used in training, and ``benchmarks.sync.per_tensor``
   plugs in the one-collective-per-tensor baseline).
 - Drain: :meth:`WeightBroadcaster.signal_drain` bumps a counter in the group's store;
   :meth:`WeightReceiver.sync_pending` (checked by the worker between forward batches) tells it to

@@ -15,7 +15,7 @@ import time
 import torch
 from torch import nn
 
-from fastlight.sampling.child import OwnedLock
+from fastlight.procs import OwnedLock
 from fastlight.weights.publisher import SyncStats
 
 

@@ -9,12 +9,12 @@ from types import SimpleNamespace
 import torch
 
 from fastlight.data.datamodule import RolloutDataModule
-from fastlight.envs import scenario_cost
+from fastlight.envs import ScenarioLoadCost, scenario_cost
+from fastlight.procs import seed_everything
 from fastlight.rollout import Rollout
-from fastlight.sampling.child import seed_everything
 from fastlight.sampling.collector import POOL_RESET_S
 from fastlight.sampling.worker import build_collector
-from tests.conftest import ObsValuePolicy
+from tests.policies import ObsValuePolicy
 
 FIXED = "tests.fake_envs:FixedLength-v0"
 
@@ -79,7 +79,6 @@ def test_scenario_load_cost_loads_on_every_reset_and_the_loads_overlap(monkeypat
         # than POOL_RESET_S (cheaper ones run inline), so the emulated one must too.
         real_sleep(2 * POOL_RESET_S)
 
-    monkeypatch.setattr(scenario_cost, "time", SimpleNamespace(sleep=load))
     kw = {
         "env_id": FIXED,
         "env_kwargs": {"lengths": (3,)},
@@ -87,9 +86,14 @@ def test_scenario_load_cost_loads_on_every_reset_and_the_loads_overlap(monkeypat
         "num_workers": 1,
         "cycles_per_step": 2,
     }
-    fast = sample(RolloutDataModule(**kw))
+    plain = RolloutDataModule(**kw)
+    # Built before the clock is replaced: the probe env (one reset) wears the env wrappers too.
+    loaded = RolloutDataModule(**kw, env_wrappers=[ScenarioLoadCost(seconds=0.2)])
+    assert loaded.sampler_configs(0)[0].env_wrappers == (ScenarioLoadCost(seconds=0.2),)
+    monkeypatch.setattr(scenario_cost, "time", SimpleNamespace(sleep=load))
+    fast = sample(plain)
     assert loads == []  # no load cost: no emulated loading
-    slow = sample(RolloutDataModule(**kw, scenario_load_cost_s=0.2))
+    slow = sample(loaded)
     assert slow.stats.global_resets == 2
     assert loads == [0.2] * 4  # 2 global resets x 2 envs, each env's load overlapping the other's
     # Loading costs time only: the data are the same.

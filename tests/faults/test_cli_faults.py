@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from fastlight.cli import cli_main
+from fastlight.procs import alive, descendants
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = str(ROOT / "configs" / "highway_dpsa.yaml")
@@ -64,31 +65,6 @@ def child_env() -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     env.setdefault("MUJOCO_GL", "egl")
     return env
-
-
-def descendants(pid: int) -> set[int]:
-    """Every live process below ``pid`` (from /proc's parent links)."""
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-    out, frontier = set(), {pid}
-    while frontier:
-        frontier = {c for c, p in parents.items() if p in frontier} - out
-        out |= frontier
-    return out
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def start(root: Path, *extra: str, **kw) -> tuple[subprocess.Popen, Path]:

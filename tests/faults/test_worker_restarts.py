@@ -12,6 +12,8 @@ import time
 import pytest
 
 from fastlight.modules.rl_module import RLModule
+from fastlight.procs import descendants, spawned_descendants
+from fastlight.sampling.faults import FaultSettings
 from fastlight.sampling.pool import SamplerError, SamplerPool
 from fastlight.sampling.worker import SamplerConfig
 from tests.lightning_helpers import wait_no_children
@@ -46,10 +48,11 @@ def until_restarted(pool: SamplerPool, restarts: int, timeout: float = 60.0) -> 
     return time.monotonic() - t0
 
 
-def test_killed_and_stopped_samplers_restart_then_the_budget_stops_naming_the_sampler():
+def test_killed_and_stopped_samplers_restart_then_the_budget_stops_naming_the_sampler(capfd):
     configs = [SamplerConfig(env_id=ENV, num_envs=1, max_horizon=4, seed=1000 * w) for w in range(2)]
     net = policy()
-    pool = SamplerPool(configs, net, timeout_s=120.0, max_restarts=2, restart_window_s=600.0, heartbeat_s=2.0)
+    faults = FaultSettings(worker_timeout_s=120.0, max_worker_restarts=2, heartbeat_s=2.0)
+    pool = SamplerPool(configs, net, faults=faults)
     pool.start()
     try:
         pool.publish(net, 0)
@@ -70,6 +73,12 @@ def test_killed_and_stopped_samplers_restart_then_the_budget_stops_naming_the_sa
         seconds = until_restarted(pool, 2)
         assert 2.0 <= seconds < 2.0 + 8.0, seconds  # the bound, plus a loaded machine's slack
         assert not os.path.exists(f"/proc/{pids[1]}")  # killed and reaped, not left stopped
+        said = capfd.readouterr().err
+        assert re.search(
+            rf"fastlight: sampler 1 \(fastlight-sampler-1, pid {pids[1]}, env {re.escape(ENV)}\) made no "
+            r"progress for \d+\.\d s \(--data.faults.heartbeat_s 2\); killed it \(exit code -9\); restarting",
+            said,
+        ), said
         pool.publish(net, 2)
         assert items_of(pool, 2, 2) == [2, 2]
         assert pool.restarts == 2 and pool.dropped_rollouts == 2
@@ -83,7 +92,7 @@ def test_killed_and_stopped_samplers_restart_then_the_budget_stops_naming_the_sa
         assert re.search(
             rf"sampler 0 \(fastlight-sampler-0, pid {victim}, env {re.escape(ENV)}\) died with exit code -9; "
             r"restart budget exhausted: 2 restarts in the last 600 s "
-            r"\(--data.max_worker_restarts 2 per --data.restart_window_s 600\)",
+            r"\(--data.faults.max_worker_restarts 2 per --data.faults.restart_window_s 600\)",
             msg,
         ), msg
     finally:
@@ -91,36 +100,16 @@ def test_killed_and_stopped_samplers_restart_then_the_budget_stops_naming_the_sa
     wait_no_children()
 
 
-def sampler_pids(trainer_pid: int) -> list[int]:
-    from tests.faults.test_cli_faults import descendants
-
-    out = []
-    for c in sorted(descendants(trainer_pid)):
-        try:
-            with open(f"/proc/{c}/cmdline", "rb") as f:
-                if b"spawn_main" in f.read():  # a spawned child, not the resource tracker
-                    out.append(c)
-        except OSError:
-            pass
-    return out
-
-
 def test_fit_restarts_a_killed_sampler_and_stops_named_when_the_budget_is_spent(tmp_path):
     """A real ``fastlight fit``: SIGKILL one sampler -> restarted, training goes on and the counters
     are logged; SIGKILL the next one with the budget (1) spent -> exit 1 naming it, a checkpoint."""
-    from tests.faults.test_cli_faults import (
-        assert_no_orphans,
-        descendants,
-        last_line,
-        start,
-        wait_for_training,
-    )
+    from tests.faults.test_cli_faults import assert_no_orphans, last_line, start, wait_for_training
 
     root = tmp_path / "run"
-    proc, log = start(root, "--data.max_worker_restarts", "1")
+    proc, log = start(root, "--data.faults.max_worker_restarts", "1")
     wait_for_training(proc, root)
     children = descendants(proc.pid)
-    first = sampler_pids(proc.pid)[0]
+    first = spawned_descendants(proc.pid)[0]
     t0 = time.monotonic()
     os.kill(first, signal.SIGKILL)
     metrics = root / "csv" / "version_0" / "metrics.csv"
@@ -137,7 +126,7 @@ def test_fit_restarts_a_killed_sampler_and_stops_named_when_the_budget_is_spent(
     header = metrics.read_text().splitlines()[0].split(",")
     assert "faults/worker_restarts" in header and "faults/dropped_rollouts" in header
     children |= descendants(proc.pid)
-    second = sampler_pids(proc.pid)[0]
+    second = spawned_descendants(proc.pid)[0]
     os.kill(second, signal.SIGKILL)
     rc = proc.wait(timeout=120)
     text = log.read_text()

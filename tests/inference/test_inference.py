@@ -11,7 +11,9 @@ import pytest
 from fastlight.callbacks.weight_sync import WeightSync
 from fastlight.data.datamodule import RolloutDataModule
 from fastlight.inference import client as client_module
+from fastlight.inference.settings import InferenceSettings
 from fastlight.modules.rl_module import RLModule
+from fastlight.sampling.faults import FaultSettings
 from fastlight.sampling.pool import SamplerError
 from fastlight.weights.checksum import weights_checksum
 from tests.lightning_helpers import quiet_trainer, wait_no_children
@@ -64,8 +66,7 @@ def test_every_forward_uses_a_whole_published_model(drain, transport, tmp_path, 
         env_kwargs={"lengths": (3, 5)},
         num_envs=4,
         num_workers=2,
-        inference_server=True,
-        max_wait_ms=1.0,
+        inference=InferenceSettings(max_wait_ms=1.0),
     )
     model = Audited(obs_dim=3, action_dim=2, update_epochs=2, num_minibatches=2)
     model.audit_path = str(audit)  # read by build_policy in configure_model; the worker's copy writes here
@@ -99,8 +100,8 @@ def test_killing_the_inference_worker_stops_fit_with_a_clear_error():
 
     # Budget 0: the worker is not restarted (restarts: tests/faults/test_inference_restarts.py).
     dm = RolloutDataModule(
-        env_id=FIXED, num_envs=2, num_workers=2, inference_server=True, sync_timeout_s=10,
-        max_worker_restarts=0,
+        env_id=FIXED, num_envs=2, num_workers=2, inference=InferenceSettings(sync_timeout_s=10),
+        faults=FaultSettings(max_worker_restarts=0),
     )
     model = Killer(obs_dim=3, action_dim=2, update_epochs=1, num_minibatches=1)
     t0 = time.monotonic()

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from fastlight.envs.registry import make_env
+from fastlight.inference.settings import InferenceSettings
 from fastlight.models.action_mapping import BinsToActions, ClampActions
 from fastlight.sampling.obs import obs_to_tensor, stack_obs
 from fastlight.sampling.pool import SamplerPool
@@ -22,7 +23,7 @@ from tests.policies import GreedyMLP, GreedyVLA
 pytestmark = pytest.mark.multiproc
 ECHO = "tests.fake_envs:ActionEcho-v0"
 A = 3  # action dimensions
-INFERENCE = {"max_batch": 64, "max_wait_ms": 1.0, "bucket_mb": 1.0, "sync_timeout_s": 30.0}
+INFERENCE = InferenceSettings(max_batch=64, max_wait_ms=1.0, sync_bucket_mb=1.0, sync_timeout_s=30.0)
 
 
 def mlp() -> GreedyMLP:

@@ -35,6 +35,8 @@ def test_shapes_and_detach() -> None:
 def test_step_embedding_changes_value_and_clamps() -> None:
     torch.manual_seed(0)
     head = ActionAwareValueHead(hidden_size=8, max_episode_steps=10)
+    with torch.no_grad():  # rows of unit scale (the init's 0.02 makes step differences ~1e-4)
+        head.step_embedding.weight.normal_(std=1.0)
     hidden = torch.randn(1, 3, 8).expand(3, -1, -1)
     v = head(hidden, torch.tensor([0, 9, 10_000]))
     # Rows 1 and 2 of one batch may go through different SIMD lanes or GEMM tails, so they are
@@ -52,7 +54,6 @@ def test_attention_pooling_weights_tokens() -> None:
     head = ActionAwareValueHead(hidden_size=4, max_episode_steps=2)
     with torch.no_grad():
         head.score.weight.zero_()
-        head.score.bias.zero_()
     hidden = torch.randn(2, 3, 4)
     # Equal scores: a plain mean, up to float32 rounding of softmax(0) = 1/3 (tolerance 1e-6; a
     # pooling that ignored the scores' softmax, e.g. a sum, is off by ~2x the mean).
@@ -100,3 +101,16 @@ def test_value_method_trains_only_the_head() -> None:
     v.sum().backward()
     assert all(p.grad is None for p in policy.policy_parameters())
     assert all(p.grad is not None for p in policy.value_parameters())
+
+
+def test_checkpoint_with_the_old_score_bias_loads_unchanged() -> None:
+    # The score had a bias once: softmax is shift-invariant, so it never changed a value and its
+    # gradient was zero by mathematics. A state dict that still holds it loads, strictly, to the same head.
+    torch.manual_seed(0)
+    head = ActionAwareValueHead(hidden_size=8, max_episode_steps=5, mlp_hidden=16)
+    old = {**head.state_dict(), "score.bias": torch.tensor([3.0])}
+    fresh = ActionAwareValueHead(hidden_size=8, max_episode_steps=5, mlp_hidden=16)
+    fresh.load_state_dict(old, strict=True)
+    hidden, step = torch.randn(4, 3, 8), torch.tensor([0, 1, 2, 9])
+    torch.testing.assert_close(fresh(hidden, step), head(hidden, step), rtol=0, atol=0)
+    assert "score.bias" not in fresh.state_dict()

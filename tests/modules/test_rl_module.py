@@ -9,7 +9,11 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from fastlight.losses import gipo_loss, ppo_clip_loss, sapo_loss, value_loss
+from fastlight.losses.masked import masked_mean
+from fastlight.losses.ratios import policy_terms, ratio_diagnostics
 from fastlight.modules.minibatch import Minibatch
+from fastlight.modules.objectives import GIPO, SAPO, Objective, PPOClip
 from fastlight.modules.rl_module import RLModule
 from fastlight.rollout import Rollout
 from fastlight.sampling.collector import Collector
@@ -41,7 +45,7 @@ def full_batch_loss(module: RLModule, rollout: Rollout) -> tuple[torch.Tensor, l
     return loss.detach(), [p.grad.clone() for p in module.policy.parameters()]
 
 
-@pytest.mark.parametrize("objective", ["ppo", "gipo", "sapo"])
+@pytest.mark.parametrize("objective", [PPOClip(), GIPO(), SAPO()], ids=repr)
 def test_smpo_padding_changes_nothing_in_the_module(objective):
     """Appending padded steps with garbage values leaves loss and every gradient unchanged."""
     torch.manual_seed(1)
@@ -89,9 +93,7 @@ SETTINGS = {
     "gae_lambda": 0.5,
     "update_epochs": 2,
     "num_minibatches": 1,
-    "objective": "gipo",
-    "clip_eps": 0.01,
-    "gipo_sigma": 0.05,
+    "objective": GIPO(),
     "vf_coef": 2.0,
     "ent_coef": 0.5,
     "value_clip_eps": 0.01,
@@ -114,12 +116,6 @@ def test_every_setting_changes_the_update(name, baseline):
     kwargs = {**base, name: SETTINGS[name]}
     if name == "update_epochs":
         kwargs[name] = 3
-    if name == "gipo_sigma":
-        kwargs["objective"] = "gipo"
-        base_g = run_update(**{**base, "objective": "gipo"})
-        other = run_update(**kwargs)
-        assert any(not torch.equal(base_g[k], other[k]) for k in base_g)
-        return
     other = run_update(**kwargs)
     if name == "hidden_sizes":
         assert other["actor.0.weight"].shape == (8, 3)
@@ -127,16 +123,29 @@ def test_every_setting_changes_the_update(name, baseline):
     assert any(not torch.equal(baseline[k], other[k]) for k in baseline), name
 
 
-def test_sapo_temperatures_change_the_update():
-    a = run_update(objective="sapo", lr=3e-3)
-    b = run_update(objective="sapo", lr=3e-3, sapo_tau_pos=3.0, sapo_tau_neg=3.0)
+@pytest.mark.parametrize(
+    ("default", "changed"),
+    [
+        (PPOClip(), PPOClip(clip_eps=0.01)),
+        (GIPO(), GIPO(sigma=0.05)),
+        (SAPO(), SAPO(tau_pos=3.0)),
+        (SAPO(), SAPO(tau_neg=3.0)),
+    ],
+    ids=repr,
+)
+def test_every_objective_setting_changes_the_update(default, changed):
+    a = run_update(objective=default, lr=3e-3)
+    b = run_update(objective=changed, lr=3e-3)
     assert any(not torch.equal(a[k], b[k]) for k in a)
 
 
 @pytest.mark.parametrize(
     "kwargs,match",
     [
-        ({"objective": "trpo"}, "--model.objective must be one of ppo | gipo | sapo, got 'trpo'"),
+        (
+            {"objective": "gipo"},
+            "--model.objective 'gipo' is a string; write --model.objective GIPO --model.objective.sigma 0.5",
+        ),
         ({"ratio_granularity": "word"}, "--model.ratio_granularity must be one of token | action | chunk"),
         ({"num_minibatches": 0}, "--model.num_minibatches must be >= 1"),
         ({"gamma": 1.5}, r"--model.gamma must be in \[0, 1\]"),
@@ -175,3 +184,89 @@ def test_training_step_logs_ppo_diagnostics():
     assert logged["rollout/policy_lag"] == 0
     assert 0 <= logged["loss/clip_frac"] <= 1
     assert logged["loss/entropy"] > 0.5  # near log 2 for a fresh 2-action policy
+
+
+def perturbed_minibatch(module: RLModule) -> tuple[Minibatch, object]:
+    """A full-batch minibatch of a fixed rollout, and the module's outputs on it (ratios != 1)."""
+    built(module)
+    with torch.no_grad():
+        for p in module.policy.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(5)))
+    r = sample_rollout()
+    adv, ret, values = module.compute_advantages(r)
+    mb = Minibatch.from_rollout(r, adv, ret, values)
+    return mb, module.evaluate_actions(mb)
+
+
+@pytest.mark.parametrize(
+    ("objective", "pure", "args"),
+    [
+        (PPOClip(clip_eps=0.1), ppo_clip_loss, {"clip_eps": 0.1}),
+        (GIPO(sigma=0.2, clip_frac_eps=0.1), gipo_loss, {"sigma": 0.2, "clip_eps": 0.1}),
+        (
+            SAPO(tau_pos=0.7, tau_neg=1.3, clip_frac_eps=0.1),
+            sapo_loss,
+            {"tau_pos": 0.7, "tau_neg": 1.3, "clip_eps": 0.1},
+        ),
+    ],
+    ids=["ppo", "gipo", "sapo"],
+)
+def test_compute_loss_is_the_pure_loss_of_the_objective(objective, pure, args):
+    """The object path gives bit-identical numbers to the pure function with the same settings."""
+    torch.manual_seed(0)
+    module = RLModule(obs_dim=3, action_dim=2, objective=objective, vf_coef=0.7, ent_coef=0.1)
+    mb, out = perturbed_minibatch(module)
+    loss, info = module.compute_loss(mb, out, None)
+    inputs = {"logprobs": out.logprobs, "old_logprobs": mb.logprobs, "advantages": mb.advantages}
+    pg, pure_info = pure(**inputs, valid=mb.valid, **args)
+    vl = value_loss(values=out.values, returns=mb.returns, valid=mb.valid, old_values=mb.values)
+    ent = masked_mean(out.entropy, mb.valid)
+    assert 0 < float(pure_info["clip_frac"]) < 1  # the setting is in play
+    assert torch.equal(info["policy"], pg.detach())
+    for key, value in pure_info.items():  # approx_kl, clip_frac, ratio_mean (+ GIPO's trust_weight_mean)
+        assert torch.equal(info[key], value), key
+    torch.testing.assert_close(loss, pg + 0.7 * vl - 0.1 * ent, rtol=0, atol=1e-7)
+
+
+class ScaledPG(Objective):
+    """A user's objective, defined outside fastlight: ``scale x`` the plain policy gradient ``-r·A``."""
+
+    def __init__(self, scale: float = 1.0) -> None:
+        self.scale = scale
+        self.calls = 0
+
+    def loss(self, *, logprobs, old_logprobs, advantages, valid, granularity, tokens_per_action, count):
+        self.calls += 1
+        log_r, adv = policy_terms(
+            logprobs=logprobs,
+            old_logprobs=old_logprobs,
+            advantages=advantages,
+            valid=valid,
+            granularity=granularity,
+            tokens_per_action=tokens_per_action,
+        )
+        info = ratio_diagnostics(log_r=log_r.detach(), valid=valid, clip_eps=0.2, count=count)
+        return self.scale * masked_mean(-log_r.exp() * adv, valid, count=count), info
+
+
+def test_a_users_objective_needs_no_edit_of_the_module():
+    torch.manual_seed(0)
+    module = RLModule(obs_dim=3, action_dim=2, objective=ScaledPG(scale=3.0))
+    mb, out = perturbed_minibatch(module)
+    _, info = module.compute_loss(mb, out, None)
+    log_r = out.logprobs - mb.logprobs
+    expected = -3.0 * (log_r.exp() * mb.advantages)[mb.valid].mean()
+    torch.testing.assert_close(info["policy"], expected.detach(), rtol=1e-6, atol=0)
+    assert module.hparams.objective == {"class_path": f"{__name__}.ScaledPG", "init_args": {"scale": 3.0}}
+    # Through a training step: the objective is called once per minibatch, and with scale 0 (and no
+    # value / entropy terms) the actor does not move, where PPOClip's would.
+    frozen = ScaledPG(scale=0.0)
+    common = {"vf_coef": 0.0, "ent_coef": 0.0, "update_epochs": 2, "num_minibatches": 3, "lr": 1e-2}
+    torch.manual_seed(0)
+    start = built(RLModule(obs_dim=3, action_dim=2)).policy.state_dict()
+    after = run_update(objective=frozen, **common)
+    assert frozen.calls == 6
+    actor = [k for k in start if k.startswith("actor")]
+    assert actor and all(torch.equal(after[k], start[k]) for k in actor)
+    ppo = run_update(objective=PPOClip(), **common)
+    assert any(not torch.equal(ppo[k], start[k]) for k in actor)

@@ -6,8 +6,8 @@ import pytest
 
 from fastlight.modules.rollout_logging import rollout_metrics
 from fastlight.sampling.collector import Collector
-from tests.conftest import ObsValuePolicy
 from tests.fake_envs import FixedLengthEnv
+from tests.policies import ObsValuePolicy
 
 
 def dpsa_rollout():

@@ -16,6 +16,7 @@ from fastlight.losses import value_loss
 from fastlight.models.mlp import MLPActorCritic
 from fastlight.models.vla import VLAPolicy
 from fastlight.modules.minibatch import Minibatch
+from fastlight.modules.objectives import GIPO, SAPO, PPOClip
 from fastlight.modules.vla_module import VLAModule
 from fastlight.rollout import Rollout
 from fastlight.sampling.collector import Collector
@@ -107,7 +108,9 @@ def test_value_head_has_its_own_param_group_and_lr():
 
 def test_objective_and_granularity_change_the_update(collected):
     state, rollout = collected
-    assert module().hparams.objective == "gipo"
+    assert module().objective == GIPO()  # the default (AcceRL)
+    assert module().hparams.objective == {"class_path": "fastlight.modules.objectives.GIPO",
+                                          "init_args": {"sigma": 0.5, "clip_frac_eps": 0.2}}  # fmt: skip
 
     def grad(**kw) -> torch.Tensor:
         m = perturbed(7, state, **kw)
@@ -119,18 +122,21 @@ def test_objective_and_granularity_change_the_update(collected):
         return m.policy.action_queries.grad.clone()
 
     settings = [
-        {"objective": "gipo"},
-        {"objective": "ppo", "clip_eps": 0.01},
-        {"objective": "sapo"},
-        {"objective": "gipo", "ratio_granularity": "chunk"},
-        {"objective": "gipo", "gipo_sigma": 0.01},
+        {"objective": GIPO()},
+        {"objective": PPOClip(clip_eps=0.01)},
+        {"objective": SAPO()},
+        {"objective": GIPO(), "ratio_granularity": "chunk"},
+        {"objective": GIPO(sigma=0.01)},
+        {"objective": PPOClip(clip_eps=0.01), "ratio_granularity": "chunk"},
+        {"objective": SAPO(), "ratio_granularity": "chunk"},
     ]
     grads = [grad(**s) for s in settings]
     for i in range(len(grads)):
         for j in range(i + 1, len(grads)):
             assert not torch.allclose(grads[i], grads[j]), (settings[i], settings[j])
-    # "action" granularity with one token per action dimension is the token-level ratio.
-    torch.testing.assert_close(grad(ratio_granularity="action"), grads[0])
+    # "action" granularity with one token per action dimension is the token-level ratio, for each.
+    for s in (settings[0], settings[1], settings[2]):
+        torch.testing.assert_close(grad(**s, ratio_granularity="action"), grad(**s))
 
 
 def test_value_loss_gives_the_backbone_no_gradient(collected):

@@ -42,6 +42,7 @@ if __name__ == "__main__":
     import lightning  # noqa: F401 - the trainer holds it; its children must not
     from fastlight.data.datamodule import RolloutDataModule, cpu_copy
     from fastlight.models.mlp import MLPActorCritic
+    from fastlight.sampling.faults import FaultSettings
     from fastlight.sampling.pool import SamplerPool
 
     report_dir = sys.argv[1]
@@ -51,7 +52,9 @@ if __name__ == "__main__":
     )
     policy = MLPActorCritic(dm.obs_dim, dm.action_dim)
     policy = cpu_copy(policy).eval()
-    pool = SamplerPool(dm.sampler_configs(0), policy, timeout_s=120, start_method=start_method)
+    pool = SamplerPool(
+        dm.sampler_configs(0), policy, faults=FaultSettings(worker_timeout_s=120), start_method=start_method
+    )
     pool.start()
     try:
         pids = [p.pid for p in pool.procs]

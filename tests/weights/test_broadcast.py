@@ -19,8 +19,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from fastlight.bench import sync as bench_sync
-from fastlight.bench.per_tensor import PER_TENSOR
+from benchmarks.sync import __main__ as bench_sync
+from benchmarks.sync.per_tensor import PER_TENSOR
 from fastlight.weights.broadcast import (
     TRAINER_RANK,
     SyncGroupConfig,
@@ -329,5 +329,5 @@ def test_bench_runs_every_method_tiny(tmp_path) -> None:
     lat = out["rows"][0]["latency"]
     assert set(lat) == set(bench_sync.METHODS) and all(m["bit_exact"] for m in lat.values())
     assert out["rows"][0]["drain"][0]["served"]["syncs"] == 4
-    assert "python -m fastlight.bench.sync --sizes 100K" in (tmp_path / "sync.md").read_text()
+    assert "python -m benchmarks.sync --sizes 100K" in (tmp_path / "sync.md").read_text()
     assert (tmp_path / "sync.json").exists()

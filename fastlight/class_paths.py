@@ -1,0 +1,46 @@
+"""Import paths of classes, compared by what they name, not by how they are spelt.
+
+One class has several import paths: ``fastlight.RLModule`` (the public name, which LightningCLI's
+parser records since ``fastlight`` exports it) and ``fastlight.modules.rl_module.RLModule`` (its
+module, which older configs and checkpoints hold). Code that asks "is this entry that class?"
+resolves both sides, so a config, a checkpoint and fastlight's own defaults agree however they
+spell it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+
+def class_path(cls: type) -> str:
+    """``module.QualName`` of ``cls``: the path that works whatever the package exports."""
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def resolve(path: str) -> Any | None:
+    """The object ``path`` (``pkg.module.Name``) names, or ``None`` where it does not import."""
+    module, _, name = path.rpartition(".")
+    if not module:
+        return None
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
+        return resolve(module) and getattr(resolve(module), name, None)
+
+
+def same_class(a: str | None, b: str | None) -> bool:
+    """``a`` and ``b`` name the same object (equal strings do, without importing anything)."""
+    if a is None or b is None:
+        return False
+    if a == b:
+        return True
+    found = resolve(a)
+    return found is not None and found is resolve(b)
+
+
+def class_key(path: str) -> Any:
+    """A dict key under which every spelling of one class meets (the class itself, or the
+    string when it does not import)."""
+    found = resolve(path)
+    return found if found is not None else path

@@ -1,0 +1,65 @@
+"""Checking and recording ``RolloutDataModule``'s settings: one check per setting, naming its CLI
+flag, and the settings objects as plain data for loggers and checkpoints."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from fastlight.envs.wrappers import check_env_wrappers
+from fastlight.inference.settings import InferenceSettings
+from fastlight.sampling.collector import check_collector_settings
+from fastlight.sampling.faults import FaultSettings
+from fastlight.sampling.start import check_start_method
+
+
+def check_data_settings(args: dict[str, Any]) -> None:
+    """Every ``RolloutDataModule`` setting's check (``args``: its constructor's arguments), before
+    anything is built; errors name the CLI flag."""
+    check_start_method(args["start_method"])
+    mode, num_envs, num_workers = args["reset_mode"], args["num_envs"], args["num_workers"]
+    check_collector_settings(
+        mode=mode,
+        num_envs=num_envs if mode != "sequential" else 1,
+        termination_threshold=args["termination_threshold"],
+        max_horizon=args["max_horizon"],
+        rollout_steps=args["rollout_steps"],
+        nonfinite=args["nonfinite"],
+    )
+    for name in ("prefetch", "num_workers", "cycles_per_step", "steps_per_epoch"):
+        if args[name] <= 0:
+            raise ValueError(f"--data.{name} must be > 0, got {args[name]}")
+    if num_workers > num_envs:
+        raise ValueError(f"--data.num_workers must be <= --data.num_envs ({num_envs}), got {num_workers}")
+    if mode == "sequential" and num_workers != num_envs:
+        raise ValueError(
+            "--data.reset_mode sequential runs one env per sampler: set --data.num_envs equal "
+            f"to --data.num_workers, got num_envs={num_envs}, num_workers={num_workers}"
+        )
+    valid = args["valid_steps_per_step"]
+    if valid is not None and valid < 1:
+        raise ValueError(f"--data.valid_steps_per_step must be null or >= 1, got {valid}")
+    if args["max_staleness"] < 0:
+        raise ValueError(f"--data.max_staleness must be >= 0, got {args['max_staleness']}")
+    check_type("inference", args["inference"], InferenceSettings, optional=True)
+    check_type("faults", args["faults"], FaultSettings)
+    check_env_wrappers(args["env_wrappers"] or ())
+
+
+def check_type(name: str, value: object, cls: type, *, optional: bool = False) -> None:
+    """A programmatic caller's wrong object (a dict, an old flag's bool) named, not used."""
+    if (value is None and optional) or isinstance(value, cls):
+        return
+    allowed = f"null or {cls.__name__}(...)" if optional else f"{cls.__name__}(...)"
+    raise TypeError(f"--data.{name} must be {allowed} ({cls.__module__}), got {value!r}")
+
+
+def plain_settings(value: Any, *, class_path: bool = False) -> Any:
+    """A settings object as a config writes it: its fields (``class_path`` + ``init_args`` for an
+    env wrapper, whose class is open); plain data (the CLI's) as it is."""
+    if value is None or isinstance(value, dict):
+        return value
+    fields = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else dict(vars(value))
+    if not class_path:
+        return fields
+    return {"class_path": f"{type(value).__module__}.{type(value).__qualname__}", "init_args": fields}

@@ -1,0 +1,59 @@
+"""Loading a fastlight LightningModule from a checkpoint, whatever its class.
+
+A checkpoint written by ``fastlight fit`` records the module's class (``_class_path`` in its
+hyperparameters, from LightningCLI), so evaluation tools need not know whether it came from
+``RLModule``, ``VLAModule``, ``VLASFTModule`` or a user's subclass. Reading the file itself (and
+naming it when it is missing or not a checkpoint) is :mod:`fastlight.checkpoints`' job.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from torch import nn
+
+from fastlight.checkpoints import read_checkpoint
+from fastlight.modules.rl_module import RLModule
+
+
+def module_class(ckpt: dict[str, Any], default: type[L.LightningModule]) -> type[L.LightningModule]:
+    """The LightningModule class a checkpoint was saved from (``default`` when it records none)."""
+    path = (ckpt.get("hyper_parameters") or {}).get("_class_path")
+    if not path:
+        return default
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def load_module_of(path: str | Path, ckpt: dict[str, Any], *, flag: str = "--ckpt") -> L.LightningModule:
+    """The module of checkpoint ``path`` (already read as ``ckpt``), of the class it records, on the
+    CPU in eval mode with its policy built. Raises ``ValueError`` naming ``flag`` when the class cannot
+    be imported, cannot be rebuilt from the file, or has no policy."""
+    class_path = (ckpt.get("hyper_parameters") or {}).get("_class_path")
+    try:
+        cls = module_class(ckpt, RLModule)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(
+            f"{flag}: cannot import the checkpoint's module class {class_path!r} ({type(e).__name__}: {e}); "
+            "run from the directory that holds its package, or add that directory to PYTHONPATH"
+        ) from e
+    try:
+        module = cls.load_from_checkpoint(str(path), map_location="cpu")
+    except (RuntimeError, TypeError, KeyError) as e:
+        recorded = "" if class_path else " (it records no class path, so it was loaded as RLModule)"
+        raise ValueError(
+            f"{flag}: cannot rebuild {cls.__module__}.{cls.__qualname__} from {path}{recorded}: "
+            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        ) from e
+    module.eval()
+    if not isinstance(module._modules.get("policy"), nn.Module):
+        raise ValueError(f"{flag}: {cls.__qualname__} has no policy to evaluate")
+    return module
+
+
+def load_module(path: str | Path, *, flag: str = "--ckpt") -> L.LightningModule:
+    """The module of checkpoint ``path`` on the CPU, in eval mode, with its policy built."""
+    return load_module_of(path, read_checkpoint(path, flag=flag), flag=flag)

@@ -1,0 +1,322 @@
+"""Process helpers every fastlight process shares: what a child does first (die with its trainer,
+ignore SIGINT, seed, limit threads), the shared stop flag and lock, the children's heartbeat
+(:class:`Liveness`), and the readers of Linux's ``/proc``.
+
+Used by the sampler processes (:mod:`fastlight.sampling.worker`), their pool
+(:mod:`fastlight.sampling.pool`), the inference worker and its client (:mod:`fastlight.inference`),
+the shared weights (:mod:`fastlight.weights.shared_memory`) and the tests and benchmarks that look
+for orphans. Processes start with the spawn context (or the forkserver the CLI warms) and get their
+seed from the trainer (DESIGN: processes), so a run is reproducible and no child outlives it.
+
+This module is the ground floor: it imports nothing from fastlight.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import random
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def start_child(parent_pid: int, *, seed: int | None = None, threads: int | None = None) -> None:
+    """Call first in a spawned child: :func:`die_with_parent`, then seeding and the thread count.
+
+    SIGINT is ignored: a Ctrl-C in a terminal reaches the whole process group, and the trainer
+    handles it (checkpoint, then it stops its children); a child that raised KeyboardInterrupt
+    would print a traceback and look like a crash. (The pool also starts children with SIGINT
+    ignored, which covers their start-up, before this runs.)
+    """
+    ignore_sigint()
+    die_with_parent(parent_pid)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    if seed is not None:
+        seed_everything(seed)
+
+
+def ignore_sigint() -> None:
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def children_ignore_sigint() -> Iterator[None]:
+    """Start processes inside this block to have them ignore SIGINT from their first instruction:
+    an ignored disposition survives fork and exec, and Python then installs no KeyboardInterrupt
+    handler. The trainer's own handler is back when the block ends."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def die_with_parent(parent: int) -> None:
+    """Exit when the trainer (pid ``parent``) dies: the kernel's PR_SET_PDEATHSIG on Linux, plus
+    a watchdog thread. ``parent`` is passed in rather than read here, because the trainer may
+    die while this process is still importing, before this function runs.
+
+    A child forked by the trainer's forkserver (:mod:`fastlight.sampling.start`) has the
+    forkserver as its parent, itself the trainer's child. The forkserver does not exit with the
+    trainer on its own: it waits until every process holding its "alive" pipe is gone, and its
+    children hold that pipe too. So such a child also watches the forkserver's parent, and exits
+    once that is no longer the trainer; the forkserver follows when its last child is gone."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+    direct = os.getppid()
+    via_server = direct != parent
+    if via_server and parent_pid(direct) != parent:
+        os._exit(1)
+
+    def watchdog() -> None:
+        while True:
+            if os.getppid() != direct or (via_server and parent_pid(direct) != parent):
+                os._exit(1)
+            time.sleep(1.0)
+
+    threading.Thread(target=watchdog, daemon=True, name="fastlight-parent-watchdog").start()
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+class StopFlag:
+    """A stop request shared with child processes, read without a lock.
+
+    ``multiprocessing.Event.is_set`` takes a lock shared by every process: a child killed or
+    SIGSTOPped inside it (samplers poll it in their loops) would block the trainer's ``set()``
+    forever. A single shared byte cannot be left locked.
+    """
+
+    def __init__(self, ctx: Any) -> None:
+        self._flag = ctx.Value("b", 0, lock=False)
+
+    def set(self) -> None:
+        self._flag.value = 1
+
+    def is_set(self) -> bool:
+        return bool(self._flag.value)
+
+
+class OwnedLock:
+    """A process-shared lock that remembers which pid holds it, so that the trainer can free it
+    when it kills that process (a restarted sampler must not leave the weights locked forever).
+
+    The holder's pid is written right after acquiring and cleared right before releasing; a
+    process killed between those instructions and the lock calls themselves is the only gap.
+    """
+
+    def __init__(self, ctx: Any) -> None:
+        self._lock = ctx.Lock()
+        self._holder = ctx.Value("i", 0, lock=False)
+
+    def __enter__(self) -> OwnedLock:
+        self._lock.acquire()
+        self._holder.value = os.getpid()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._holder.value = 0
+        self._lock.release()
+
+    def release_if_held_by(self, pid: int) -> bool:
+        """Release the lock if the (dead) process ``pid`` holds it; True if it did."""
+        if pid and self._holder.value == pid:
+            self._holder.value = 0
+            self._lock.release()  # a multiprocessing Lock is a semaphore: any process may release it
+            return True
+        return False
+
+
+@dataclass(frozen=True)
+class HeartbeatLimits:
+    """How long a child may be silent, and the flags that set it (error messages name them).
+
+    A child that has beaten at least once may be silent for ``heartbeat_s``; until its first beat
+    (spawn, imports, building envs) it gets ``max(heartbeat_s, start_timeout_s)``. The defaults
+    (infinite) never count a child as hung.
+    """
+
+    heartbeat_s: float = float("inf")
+    start_timeout_s: float = float("inf")
+    heartbeat_flag: str = "heartbeat_s"
+    start_flag: str = "start_timeout_s"
+
+
+class Liveness:
+    """A child process's heartbeat, both ends: the child calls :meth:`beat` on every sign of progress
+    (an env step, a reset, a turn of a wait loop), the trainer calls :meth:`hang` and restarts or
+    names a child whose counter stood still too long (Sample Factory's habit; DESIGN: a silent hang
+    is never acceptable).
+
+    The counter lives in shared memory (``ctx.Value("Q", lock=False)``); the trainer only looks for a
+    change, so neither clocks nor atomic increments matter, and a child killed mid-increment leaves
+    nothing locked. The object is passed to the child as a ``Process`` argument; the watching state
+    (last value seen and when, on the trainer's monotonic clock) is the trainer's copy.
+
+    Timeout rule: :class:`HeartbeatLimits`. Silence is measured from the last time a watcher saw the
+    counter move (or from :meth:`reset`, called right after the child starts), so a hang is detected
+    one watch interval after the limit at the latest.
+    """
+
+    def __init__(self, ctx: Any, limits: HeartbeatLimits | None = None) -> None:
+        self.counter = ctx.Value("Q", 0, lock=False)
+        self.limits = limits or HeartbeatLimits()
+        self._seen, self._seen_at = 0, time.monotonic()
+
+    def beat(self) -> None:
+        """The child's side: one sign of progress."""
+        self.counter.value += 1
+
+    def reset(self, *, restart: bool = False) -> None:
+        """Start watching now (call right after starting the child); ``restart`` also zeroes the
+        counter, so a child started again on the same counter is held to the start-up limit."""
+        if restart:
+            self.counter.value = 0
+        self._seen, self._seen_at = self.counter.value, time.monotonic()
+
+    @property
+    def started(self) -> bool:
+        """Whether the watcher has seen the child beat at least once."""
+        return self._seen > 0
+
+    def silent_for(self, now: float | None = None) -> float:
+        """Seconds since the counter last moved, as seen by the calls to this (``now``: monotonic)."""
+        now = time.monotonic() if now is None else now
+        beats = self.counter.value
+        if beats != self._seen:
+            self._seen, self._seen_at = beats, now
+        return now - self._seen_at
+
+    def hang(self, now: float | None = None) -> str | None:
+        """What is wrong if the child made no progress for longer than allowed, else None, e.g.
+        ``"made no progress for 5.3 s (--data.faults.heartbeat_s 5)"``."""
+        silent, started, lim = self.silent_for(now), self.started, self.limits
+        limit = lim.heartbeat_s if started else max(lim.heartbeat_s, lim.start_timeout_s)
+        if silent <= limit:
+            return None
+        flag = lim.heartbeat_flag if started else f"{lim.start_flag}, while starting"
+        return f"made no progress for {silent:.1f} s ({flag} {limit:g})"
+
+
+# --- Linux /proc readers: every function returns None / False / empty where /proc cannot be read.
+
+
+def _stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after ``(comm)`` (a command name may hold spaces and
+    parentheses): ``[0]`` state, ``[1]`` ppid, ``[11]`` utime, ``[12]`` stime, ``[19]`` starttime."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def parent_pid(pid: int) -> int | None:
+    """The parent of process ``pid`` from ``/proc`` (Linux), or None where unreadable."""
+    fields = _stat(pid)
+    try:
+        return int(fields[1]) if fields else None
+    except (ValueError, IndexError):
+        return None
+
+
+def state(pid: int) -> str | None:
+    """Process ``pid``'s one-letter state (``R``, ``S``, ``T`` stopped, ``Z`` zombie...), None if gone."""
+    fields = _stat(pid)
+    return fields[0] if fields else None
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (dead, not yet reaped)."""
+    return state(pid) not in (None, "Z")
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process below ``pid`` (children, grandchildren...), from ``/proc``'s parent links."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (ppid := parent_pid(int(entry))) is not None:
+            parents[int(entry)] = ppid
+    out: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        frontier = {c for c, p in parents.items() if p in frontier} - out
+        out |= frontier
+    return out
+
+
+def spawned_descendants(pid: int) -> list[int]:
+    """The processes below ``pid`` started by multiprocessing's spawn (samplers, the inference worker),
+    not its resource tracker, sorted by pid."""
+    out = []
+    for c in sorted(descendants(pid)):
+        try:
+            if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes():
+                out.append(c)
+        except OSError:
+            pass
+    return out
+
+
+def start_ticks(pid: int) -> int:
+    """When process ``pid`` started, in clock ticks since boot (``/proc/<pid>/stat`` field 22)."""
+    fields = _stat(pid)
+    if not fields:
+        raise ProcessLookupError(f"no process {pid} in /proc")
+    return int(fields[19])
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds process ``pid`` has used, from ``/proc/<pid>/stat``."""
+    fields = _stat(pid)
+    if not fields:
+        raise ProcessLookupError(f"no process {pid} in /proc")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def memory_mb(pid: int) -> dict[str, float]:
+    """``VmRSS``, ``RssAnon``, ``RssFile``, ``RssShmem`` (``/proc/<pid>/status``) and ``Pss``
+    (``smaps_rollup``) in MB.
+
+    ``VmRSS`` is the sum of the three ``Rss*`` parts: anonymous memory (heap, copy-on-write pages
+    shared with a forkserver), file pages (shared libraries' code and data a process has touched)
+    and shared memory (the weight buffers). ``Pss`` charges each shared page (libtorch's code,
+    mapped by every sampler) to its sharers in equal parts: the memory one more sampler really
+    costs, where ``VmRSS`` counts them in full.
+    """
+    out: dict[str, float] = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key = line.split(":", 1)[0]
+            if key in ("VmRSS", "RssAnon", "RssFile", "RssShmem"):
+                out[key] = int(line.split()[1]) / 1024
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    out["Pss"] = int(line.split()[1]) / 1024
+    except OSError:  # kernels before 4.14 have no smaps_rollup
+        pass
+    return out

@@ -1,0 +1,119 @@
+"""fastlight.procs: the heartbeat's timeout rule and messages, the ``/proc`` readers, the owned lock."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from fastlight.procs import (
+    HeartbeatLimits,
+    Liveness,
+    OwnedLock,
+    alive,
+    cpu_seconds,
+    descendants,
+    memory_mb,
+    parent_pid,
+    spawned_descendants,
+    start_ticks,
+    state,
+)
+
+CTX = mp.get_context("spawn")
+LIMITS = HeartbeatLimits(1.0, 5.0, "--data.faults.heartbeat_s", "--data.faults.worker_timeout_s")
+
+
+def test_liveness_gives_a_starting_child_the_start_limit_then_the_heartbeat_limit():
+    live = Liveness(CTX, LIMITS)
+    t0 = time.monotonic()
+    live.reset()
+    assert not live.started and live.hang(t0 + 4.9) is None  # starting: max(1, 5) = 5 s
+    hung = live.hang(t0 + 5.3)
+    assert hung is not None and hung.endswith("s (--data.faults.worker_timeout_s, while starting 5)")
+    assert hung.startswith("made no progress for 5.")
+
+    live.beat()
+    assert live.hang(t0 + 6.0) is None and live.started  # it moved: silence counts from t0 + 6
+    assert live.silent_for(t0 + 6.5) == pytest.approx(0.5)
+    assert live.hang(t0 + 7.0) is None  # exactly the limit is not a hang
+    assert live.hang(t0 + 7.2) == "made no progress for 1.2 s (--data.faults.heartbeat_s 1)"
+    live.beat()
+    assert live.hang(t0 + 7.3) is None  # any change counts, not its size or a clock in the child
+
+
+def test_liveness_restart_goes_back_to_the_start_limit_and_a_long_heartbeat_wins():
+    live = Liveness(CTX, LIMITS)
+    live.beat()
+    live.reset()
+    assert live.started and live.counter.value == 1
+    live.reset(restart=True)
+    t0 = time.monotonic()
+    assert live.counter.value == 0 and not live.started and live.hang(t0 + 4.0) is None
+    slow = Liveness(CTX, HeartbeatLimits(heartbeat_s=10.0, start_timeout_s=2.0))  # max(heartbeat, start)
+    slow.reset()
+    assert slow.hang(time.monotonic() + 9.0) is None
+    assert slow.hang(time.monotonic() + 10.5).endswith("(start_timeout_s, while starting 10)")
+    assert Liveness(CTX).hang(time.monotonic() + 1e9) is None  # no limits set: never hung
+
+
+def test_proc_readers_follow_a_child_a_grandchild_and_a_zombie():
+    me = os.getpid()
+    assert parent_pid(me) == os.getppid() and state(me) == "R" and alive(me)
+    assert parent_pid(2**22 + 12345) is None and state(2**22 + 12345) is None
+    shell = subprocess.Popen(["sh", "-c", f"{sys.executable} -c 'import time; time.sleep(60)'; true"])
+    spawned = CTX.Process(target=time.sleep, args=(60,), daemon=True)
+    spawned.start()
+    grandchild = None
+    try:
+        deadline = time.monotonic() + 30
+        while not descendants(shell.pid):
+            assert time.monotonic() < deadline, "the grandchild never appeared"
+            time.sleep(0.05)
+        (grandchild,) = descendants(shell.pid)
+        assert parent_pid(grandchild) == shell.pid and {shell.pid, grandchild, spawned.pid} <= descendants(me)
+        assert start_ticks(grandchild) >= start_ticks(shell.pid) >= start_ticks(me)
+        spawned_ones = spawned_descendants(me)  # multiprocessing's children only, not the shell's
+        assert spawned.pid in spawned_ones and not {shell.pid, grandchild} & set(spawned_ones)
+        shell.kill()  # not reaped yet: a zombie, which is not alive
+        deadline = time.monotonic() + 10
+        while state(shell.pid) != "Z" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert state(shell.pid) == "Z" and not alive(shell.pid)
+        shell.wait()
+        assert state(shell.pid) is None and not alive(shell.pid)
+    finally:
+        shell.kill()
+        shell.wait()
+        spawned.kill()
+        spawned.join()
+        if grandchild is not None and alive(grandchild):
+            os.kill(grandchild, signal.SIGKILL)
+
+
+def test_memory_parts_add_up_and_cpu_seconds_grow():
+    mem = memory_mb(os.getpid())
+    assert mem["VmRSS"] > 10
+    assert mem["VmRSS"] == pytest.approx(mem["RssAnon"] + mem["RssFile"] + mem["RssShmem"], abs=0.01)
+    before = cpu_seconds(os.getpid())
+    t = time.process_time()
+    while time.process_time() - t < 0.3:
+        pass
+    assert cpu_seconds(os.getpid()) - before >= 0.2
+    with pytest.raises(ProcessLookupError):
+        cpu_seconds(2**22 + 12345)
+
+
+def test_owned_lock_is_freed_only_for_its_holder():
+    lock = OwnedLock(CTX)
+    lock.__enter__()
+    assert not lock.release_if_held_by(os.getpid() + 1) and not lock.release_if_held_by(0)
+    assert lock.release_if_held_by(os.getpid())  # as the pool does for a killed holder
+    with lock:  # free again
+        pass
+    assert not lock.release_if_held_by(os.getpid())
