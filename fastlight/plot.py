@@ -8,9 +8,10 @@ version unless ``--version N``; a version folder or a ``metrics.csv`` itself als
 one panel per ``--y`` key (default ``rollout/return``) against ``--x``:
 
 - ``step``: Lightning's logging step, one per training step (= one Rollout, one policy update);
-- ``env_steps``: ``perf/valid_steps_total``, the env transitions learned from so far (DPSA's
-  padding excluded; logged by the ``RolloutThroughput`` callback, so absent from a run without it,
-  and from the first training step, whose Rollout only starts that callback's clock);
+- ``env_steps``: the ``env_steps`` column, the env transitions learned from so far (DPSA's padding
+  excluded), logged with every Rollout by ``EnvStepBudget``, which ``fastlight fit`` attaches to
+  every run; a log without it (an older run, a plain Lightning project) falls back to
+  ``perf/valid_steps_total`` (the ``RolloutThroughput`` callback's, from the second Rollout on);
 - ``time``: seconds since the first logged value, from the wall times of the run's TensorBoard
   log of the same version (``RUN_DIR/tb/version_N``): a CSV row holds no clock.
 
@@ -33,8 +34,8 @@ from fastlight.cli_output import fail as cli_fail
 
 PROG = "fastlight plot"
 X_CHOICES = ("step", "env_steps", "time")
-#: Column that ``--x env_steps`` reads.
-ENV_STEPS = "perf/valid_steps_total"
+#: Columns that ``--x env_steps`` reads, the first one present.
+ENV_STEPS = ("env_steps", "perf/valid_steps_total")
 
 
 def fail(message: str) -> NoReturn:
@@ -112,12 +113,13 @@ def series(columns: dict[str, list[float]], x: str, y: str, metrics: Path) -> tu
     if x == "step":
         xs = steps
     elif x == "env_steps":
-        if ENV_STEPS not in columns:
+        found = [c for c in ENV_STEPS if c in columns]
+        if not found:
             raise ValueError(
-                f"--x env_steps reads {ENV_STEPS}, which {metrics} lacks (logged by the RolloutThroughput "
-                "callback); use --x step"
+                f"--x env_steps reads {' or '.join(ENV_STEPS)}, which {metrics} lacks (logged by the "
+                "EnvStepBudget and RolloutThroughput callbacks); use --x step"
             )
-        xs = columns[ENV_STEPS]
+        xs = columns[found[0]]
     else:
         clock = wall_times(metrics, y)
         xs = [clock.get(int(s), math.nan) if not math.isnan(s) else math.nan for s in steps]

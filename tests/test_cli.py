@@ -146,6 +146,7 @@ def test_fragment_attaches_to_every_config(fragment, config, tmp_path):
     import yaml
 
     from fastlight.callbacks.dwr import DynamicWeightedResampling
+    from fastlight.callbacks.preemption import PreemptionCheckpoint
 
     spec, frag = (yaml.safe_load(open(f)) for f in (config, fragment))
     (added,) = frag["trainer"]["callbacks+"]
@@ -161,6 +162,8 @@ def test_fragment_attaches_to_every_config(fragment, config, tmp_path):
     for own in (c for c in spec["trainer"]["callbacks"] if c["class_path"] == added["class_path"]):
         for key, value in own.get("init_args", {}).items():  # the config's settings survive the fragment
             assert getattr(attached, key) == value, key
+    if cls is PreemptionCheckpoint and "vla" in os.path.basename(config):
+        return  # attached as above; the CLI adds it to every run, so test_config_runs_one_step runs it there
     if cls is DynamicWeightedResampling and cli.datamodule.task_names is None:
         match = f"--data.env_id {cli.datamodule.hparams.env_id} has no tasks"
         with pytest.raises(TypeError, match=match):  # at setup, before any sampler starts
@@ -472,3 +475,17 @@ def test_resume_does_not_read_init_from(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"--model.init_from {init} is not read (the checkpoint holds the weights)" in err
     assert "(yours apply)" not in err  # init_from is no setting that differs
+
+
+def test_two_spellings_of_one_callback_merge_into_one():
+    # jsonargparse records fastlight's public name (fastlight.X); an older config spells the module.
+    from jsonargparse import Namespace
+
+    from fastlight.cli_callbacks import merge_repeated_callbacks
+
+    full = "fastlight.callbacks.throughput.RolloutThroughput"
+    merged = merge_repeated_callbacks([
+        Namespace(class_path="fastlight.RolloutThroughput", init_args=Namespace(window=4)),
+        Namespace(class_path=full, init_args=Namespace(window=8)),
+    ])  # fmt: skip
+    assert len(merged) == 1 and merged[0]["init_args"]["window"] == 8

@@ -231,6 +231,8 @@ def _gather_rows(trainer: pl.Trainer, rows: Tensor) -> Tensor:
     n = torch.tensor([rows.shape[0]], device=trainer.strategy.root_device)
     counts = trainer.strategy.all_gather(n).reshape(-1)
     longest = int(counts.max())
+    if longest == 0:  # no rank finished an episode in this rollout (every rank saw the same counts)
+        return rows.reshape(0, 2)
     padded = torch.zeros(longest, 2, dtype=torch.long, device=n.device)
     padded[: rows.shape[0]] = rows.to(n.device)
     everything = trainer.strategy.all_gather(padded).reshape(-1, longest, 2)

@@ -32,7 +32,8 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
-from fastlight.rollout import Rollout
+from fastlight.callbacks.batch_counts import BatchCounts
+from fastlight.data.protocols import BatchCountsFn
 
 #: Checkpoint key of this callback's state (fixed, whatever its arguments).
 STATE_KEY = "fastlight.EnvStepBudget"
@@ -48,6 +49,10 @@ class EnvStepBudget(Callback):
         prog_bar: show ``env_steps`` in the progress bar.
         tensorboard_keys: metrics also written to TensorBoard against env steps
             (``env_steps/<key>``), when logged in the same step.
+        batch_counts_fn: ``batch -> RolloutStats`` for training batches that are not Rollouts (a
+            plain Lightning project; :data:`fastlight.data.protocols.BatchCountsFn`): its
+            ``valid_steps`` are the batch's env steps. ``None``: such batches warn once, and count
+            nothing (so a budget cannot stop the run).
     """
 
     def __init__(
@@ -55,6 +60,7 @@ class EnvStepBudget(Callback):
         total_env_steps: int | None = None,
         prog_bar: bool = True,
         tensorboard_keys: list[str] | None = None,
+        batch_counts_fn: BatchCountsFn | None = None,
     ) -> None:
         super().__init__()
         if total_env_steps is not None and total_env_steps < 1:
@@ -65,14 +71,18 @@ class EnvStepBudget(Callback):
         self.prog_bar = prog_bar
         self.tensorboard_keys = list(DEFAULT_TB_KEYS if tensorboard_keys is None else tensorboard_keys)
         self.env_steps = 0
+        self.batch_counts_fn = batch_counts_fn
+        missing = "no env_steps are counted, so total_env_steps never stops the run"
+        self._batch_counts = BatchCounts("EnvStepBudget", batch_counts_fn, missing=missing)
 
     @override
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if not isinstance(batch, Rollout):
+        stats = self._batch_counts(batch)
+        if stats is None:
             return
-        steps = torch.tensor(float(batch.stats.valid_steps), dtype=torch.float64, device=pl_module.device)
+        steps = torch.tensor(float(stats.valid_steps), dtype=torch.float64, device=pl_module.device)
         if trainer.world_size > 1:  # the job's count: every rank's samplers
             steps = trainer.strategy.reduce(steps, reduce_op="sum")
         self.env_steps += int(steps.item())

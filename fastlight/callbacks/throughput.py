@@ -44,12 +44,12 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
+from fastlight.callbacks.batch_counts import BatchCounts
 from fastlight.data.protocols import BatchCountsFn
 from fastlight.metrics.throughput import ThroughputMetrics
-from fastlight.rollout import Rollout, RolloutStats
+from fastlight.rollout import RolloutStats
 
 #: The clock; a module attribute so tests can substitute a deterministic one.
 _now = time.perf_counter
@@ -81,7 +81,7 @@ class RolloutThroughput(Callback):
         self.window = window
         self.prog_bar = prog_bar
         self.batch_counts_fn = batch_counts_fn
-        self._warned = False
+        self._batch_counts = BatchCounts("RolloutThroughput", batch_counts_fn, missing="no perf/* is logged")
         self.metric = ThroughputMetrics()
         self.totals: dict[str, int] = dict.fromkeys(_TOTALS, 0)
         self._last: float | None = None
@@ -115,25 +115,7 @@ class RolloutThroughput(Callback):
             self._log(pl_module)
 
     def _counts(self, batch: Any) -> RolloutStats | None:
-        if isinstance(batch, Rollout):
-            return batch.stats
-        if self.batch_counts_fn is None:
-            if not self._warned:
-                self._warned = True
-                rank_zero_warn(
-                    f"RolloutThroughput: the training batches are {type(batch).__name__}, not "
-                    "fastlight.rollout.Rollout, so there is nothing to count and no perf/* is logged; "
-                    "pass RolloutThroughput(batch_counts_fn=...), a function batch -> "
-                    "fastlight.rollout.RolloutStats (at least raw_steps and valid_steps)"
-                )
-            return None
-        stats = self.batch_counts_fn(batch)
-        if not isinstance(stats, RolloutStats):
-            raise TypeError(
-                f"RolloutThroughput batch_counts_fn must return fastlight.rollout.RolloutStats, "
-                f"got {type(stats).__name__}"
-            )
-        return stats
+        return self._batch_counts(batch)
 
     def _log(self, pl_module: pl.LightningModule) -> None:
         values = {f"perf/{k}": float(v) for k, v in self.metric.compute().items()}

@@ -216,3 +216,33 @@ def test_datamodule_reads_task_names_from_a_multi_task_env_only():
     assert two.task_names == ("fails", "succeeds")
     one = RolloutDataModule(env_id="tests.fake_envs:FixedLength-v0", num_envs=1, num_workers=1)
     assert one.task_names is None
+
+
+class _Ranks:
+    """Stands in for a trainer of len(rows) DDP ranks, seen from rank 0: ``all_gather`` stacks what
+    every rank contributes to the same call (each rank pads its own rows as ``_gather_rows`` does)."""
+
+    def __init__(self, rows: list[torch.Tensor]) -> None:
+        self.rows, self.world_size, self.calls = rows, len(rows), 0
+        self.strategy = self
+        self.root_device = torch.device("cpu")
+
+    def all_gather(self, t: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if t.dim() == 1:  # the row counts
+            return torch.stack([torch.tensor([r.shape[0]]) for r in self.rows])
+        pad = [torch.zeros(t.shape[0] - r.shape[0], 2, dtype=torch.long) for r in self.rows]
+        return torch.stack([torch.cat([r, p]) for r, p in zip(self.rows, pad, strict=True)])
+
+
+@pytest.mark.parametrize("counts", [(0, 0), (0, 3), (2, 0)])
+def test_gather_rows_when_some_or_all_ranks_finished_no_episode(counts):
+    from fastlight.callbacks.dwr import _gather_rows
+
+    rows = [torch.arange(2 * n).reshape(n, 2) + 10 * r for r, n in enumerate(counts)]
+    ranks = _Ranks(rows)
+    got = _gather_rows(ranks, rows[0])
+    assert torch.equal(got, torch.cat(rows))  # every rank's rows in rank order, none when none ended
+    assert got.shape == (sum(counts), 2)
+    # with no rows anywhere, the second gather is skipped on every rank alike (they share the counts)
+    assert ranks.calls == (1 if sum(counts) == 0 else 2)

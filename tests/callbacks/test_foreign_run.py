@@ -101,3 +101,25 @@ def test_dwr_on_tuple_batches_warns_once_naming_the_rollout():
         quiet_trainer(max_steps=3, callbacks=[dwr]).fit(PlainModule(), datamodule=data)
     assert sum("DynamicWeightedResampling" in str(x.message) for x in w) == 1
     assert data.pushed == [[0.5, 0.5]]  # pushed at the start, never updated: no outcomes arrived
+
+
+def test_env_step_budget_stops_a_plain_run_through_batch_counts_fn():
+    from fastlight.callbacks.env_steps import EnvStepBudget
+
+    budget = EnvStepBudget(total_env_steps=20, batch_counts_fn=count_transitions)
+    trainer = quiet_trainer(max_steps=100, callbacks=[budget])
+    trainer.fit(PlainModule())
+    # 8 env steps a batch: 8, 16, 24 >= 20 stops at the 3rd batch boundary (never mid-batch).
+    assert budget.env_steps == 3 * BATCH and trainer.global_step == 3
+
+
+def test_env_step_budget_without_counts_fn_warns_once_on_a_plain_run():
+    from fastlight.callbacks.env_steps import EnvStepBudget
+
+    budget = EnvStepBudget(total_env_steps=5)
+    match = r"EnvStepBudget: the training batches are list.*never stops"
+    with pytest.warns(UserWarning, match=match) as record:
+        trainer = quiet_trainer(max_steps=3, callbacks=[budget])
+        trainer.fit(PlainModule())
+    assert sum("EnvStepBudget" in str(w.message) for w in record) == 1
+    assert budget.env_steps == 0 and trainer.global_step == 3  # the budget could not stop it, and said so

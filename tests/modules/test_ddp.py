@@ -17,7 +17,7 @@ def run_ddp(tmp_path, config: str, *extra: str, strategy: str = "ddp") -> list[d
     cmd = [
         sys.executable,
         "-m",
-        "fastlight.cli",
+        "fastlight",  # the command's own entry: it warms a forkserver in each rank, as users run it
         "fit",
         "--config",
         os.path.join(ROOT, config),
