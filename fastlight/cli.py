@@ -116,7 +116,11 @@ class FastlightCLI(LightningCLI):
         plugins = [] if plugins is None else list(plugins) if isinstance(plugins, list) else [plugins]
         if not any(isinstance(p, CheckpointIO) for p in plugins):
             kwargs["plugins"] = [*plugins, AtomicCheckpointIO()]
-        return super().instantiate_trainer(**kwargs)
+        trainer = super().instantiate_trainer(**kwargs)
+        for cb in trainer.callbacks:
+            if isinstance(cb, PreemptionCheckpoint):
+                cb.resume_hint = "--ckpt_path {path}"  # this command's way to resume
+        return trainer
 
     def _parse_ckpt_path(self) -> None:
         """``--ckpt_path`` resumes with the settings the user typed (config + command line).

@@ -252,7 +252,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     try:
         ckpt = read_checkpoint(args.ckpt, flag="--ckpt")
         env_id, env_kwargs = env_settings(ckpt, args.env, args.env_override)
-        check_env_id(env_id, flag="--env")  # before the (possibly large) model is built
+        # Before the (possibly large) model is built. An id read from the checkpoint is named as the
+        # checkpoint's (a user's own env resolves from the folder its package is importable from).
+        flag = "--env" if args.env else f"the checkpoint's data.env_id (from {args.ckpt}; or give --env)"
+        check_env_id(env_id, flag=flag)
         module = load_module_of(args.ckpt, ckpt)
         task_names, image_mode = probe_env(env_id, env_kwargs)
     except (FileNotFoundError, ValueError) as e:

@@ -104,13 +104,20 @@ def test_unimportable_module_class_names_it(highway_run, tmp_path, capsys):
         (["--ckpt", "{ckpt}", "--env-kwargs", "[1]"], "--env-kwargs must be a JSON object, got '[1]'"),
         (["--ckpt", "{ckpt}", "--out", "x.txt"], "--out must name a .json file, got 'x.txt'"),
         (["--ckpt", "{ckpt}", "--env", "highway-fats-v0"], "--env must be a registered gymnasium id"),
+        (  # the id comes from the checkpoint, not from --env: the message says so
+            ["--ckpt", "{own}"],
+            "the checkpoint's data.env_id (from {own}; or give --env) must be a registered gymnasium id, "
+            "got 'mytask/Uneven-v0'; an env your package registers on import is named as "
+            "mytask:mytask/Uneven-v0",
+        ),
     ],
 )
 def test_bad_input_is_one_line_naming_the_flag(argv, message, tmp_path, capsys):
-    ckpt, text = tmp_path / "model.ckpt", tmp_path / "notes.ckpt"
+    ckpt, text, own = tmp_path / "model.ckpt", tmp_path / "notes.ckpt", tmp_path / "own.ckpt"
     torch.save({"state_dict": {}}, ckpt)
+    torch.save({"state_dict": {}, "datamodule_hyper_parameters": {"env_id": "mytask/Uneven-v0"}}, own)
     text.write_text("not a checkpoint")
-    paths = {"ckpt": ckpt, "missing": tmp_path / "none.ckpt", "text": text}
+    paths = {"ckpt": ckpt, "missing": tmp_path / "none.ckpt", "text": text, "own": own}
     with pytest.raises(SystemExit) as e:
         main([a.format(**paths) for a in argv])
     assert e.value.code == 2
@@ -169,7 +176,7 @@ def test_vla_metaworld_checkpoint_plays_every_task(vla_ckpt, tmp_path, capsys):
     # Default results file: beside the checkpoint.
     written = vla_ckpt.with_name("last.eval.json")
     assert json.loads(written.read_text())["summary"] == json.loads(json.dumps(result["summary"]))
-    assert result["module"] == "fastlight.modules.sft_module.VLASFTModule"
+    assert result["module"] == "fastlight.VLASFTModule"  # the public name, as the CLI records it
     assert result["env_id"] == "fastlight/MetaWorld-v0" and result["task_names"] == ["reach-v3"]
     assert result["env_kwargs"]["max_path_length"] == 10  # the checkpoint's env settings
     rows = result["episodes"]

@@ -75,6 +75,9 @@ class PreemptionCheckpoint(Callback):
         self.every_minutes = every_minutes
         self.handle_signals = handle_signals
         self.saves = 0  # checkpoints this callback wrote (timer + stop)
+        #: How the stop line says to resume (``{path}``: the checkpoint). A plain Lightning script
+        #: resumes through ``fit``; the ``fastlight`` command sets its ``--ckpt_path`` flag here.
+        self.resume_hint = "trainer.fit(..., ckpt_path={path!r})"
         self._previous: dict[int, Any] = {}
         self._active = False  # handlers act only while a fit is running
         self._trained = False  # on_train_start ran in this fit
@@ -175,7 +178,7 @@ class PreemptionCheckpoint(Callback):
                 self._save(trainer)
                 where = (
                     f"at global step {trainer.global_step}; checkpoint saved to {self.ckpt_path} "
-                    f"(resume with --ckpt_path {self.ckpt_path})"
+                    f"(resume with {self.resume_hint.format(path=self.ckpt_path)})"
                 )
             except Exception as e:  # noqa: BLE001 - the original error must still surface
                 where = f"at global step {trainer.global_step}; saving the checkpoint failed: {e}"

@@ -64,6 +64,12 @@ def check_env_id(env_id: str, *, flag: str = "--data.env_id") -> None:
         return
     close = difflib.get_close_matches(env_id, list(gym.registry.keys()), n=5, cutoff=0.5)
     hint = f"; did you mean one of {close}?" if close else ""
+    if "/" in env_id:
+        # A namespaced id of the user's own package is registered when that package is imported:
+        # gymnasium's module syntax imports it first.
+        package = env_id.split("/", 1)[0]
+        own = f"; an env your package registers on import is named as {package}:{env_id} (module:id)"
+        hint = own + hint
     raise ValueError(f"{flag} must be a registered gymnasium id, got {env_id!r}{hint}")
 
 

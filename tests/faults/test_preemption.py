@@ -100,6 +100,9 @@ def test_signal_during_update_stops_after_it_with_checkpoint(tmp_path, signum, c
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert line.startswith(f"fastlight: stopped by {signal.Signals(signum).name} at global step 6")
     assert str(tmp_path / "checkpoints" / "last.ckpt") in line
+    # Outside the fastlight command there is no --ckpt_path flag: the line says how a script resumes.
+    last = str(tmp_path / "checkpoints" / "last.ckpt")
+    assert line.endswith(f"(resume with trainer.fit(..., ckpt_path={last!r}))")
     # The handlers are given back: the process's own SIGINT behaviour is back after the fit.
     with pytest.raises(KeyboardInterrupt):
         os.kill(os.getpid(), signal.SIGINT)

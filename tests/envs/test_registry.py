@@ -1,0 +1,19 @@
+"""Env ids: gymnasium's registry, fastlight's own ids, and a user's package named with module:id."""
+
+from __future__ import annotations
+
+import pytest
+
+from fastlight.envs.registry import check_env_id
+
+
+def test_own_namespaced_id_points_at_the_module_syntax() -> None:
+    match = r"--data.env_id must be .*'mytask/Uneven-v0'.*mytask:mytask/Uneven-v0"
+    with pytest.raises(ValueError, match=match):
+        check_env_id("mytask/Uneven-v0")
+
+
+def test_module_syntax_imports_the_registering_module() -> None:
+    check_env_id("tests.fake_envs:FixedLength-v0")  # registered by importing tests.fake_envs
+    with pytest.raises(ValueError, match=r"cannot import module 'nosuchpkg' named before ':'"):
+        check_env_id("nosuchpkg:nosuchpkg/Env-v0")
