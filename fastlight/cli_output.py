@@ -29,6 +29,13 @@ KNOWN_WARNINGS: tuple[tuple[str, type[Warning], str], ...] = (
         FutureWarning,
         "torch >= 2.9 deprecates LeafSpec; Lightning's own _pytree still uses it (nothing to do here)",
     ),
+    (
+        r"You're resuming from a checkpoint that ended before the epoch ended and your dataloader is"
+        r" not resumable",
+        UserWarning,  # Lightning's PossibleUserWarning
+        "an RL stream has no position to restore: the samplers start fresh episodes on the restored "
+        "weights, and the epoch only paces checkpoints (RolloutDataModule's steps_per_epoch)",
+    ),
 )
 
 #: A CLI flag inside an error message: ``--data.seed``, ``--model.policy.init_args.vocab_size``.

@@ -262,6 +262,18 @@ def test_cli_hides_third_party_tips_and_known_warnings(tmp_path, capfd, caplog):
     with warnings.catch_warnings(record=True) as caught:
         torch.utils._pytree.LeafSpec()  # what Lightning's _pytree does on every step
     assert not [w for w in caught if "LeafSpec" in str(w.message)]
+    # Lightning's resume warning about a non-resumable dataloader means nothing for an RL stream.
+    from lightning.fabric.utilities.warnings import PossibleUserWarning
+    from lightning.pytorch.utilities import rank_zero_warn
+
+    with warnings.catch_warnings(record=True) as caught:
+        rank_zero_warn(
+            "You're resuming from a checkpoint that ended before the epoch ended and your dataloader is"
+            " not resumable. This can cause unreliable results if further training is done.",
+            category=PossibleUserWarning,
+        )
+        rank_zero_warn("another warning stays", category=PossibleUserWarning)
+    assert [str(w.message) for w in caught] == ["another warning stays"]
 
 
 def test_print_config_shows_the_full_config():

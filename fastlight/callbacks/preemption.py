@@ -156,7 +156,7 @@ class PreemptionCheckpoint(Callback):
         self._save(trainer)
 
     def _save(self, trainer: L.Trainer) -> None:
-        trainer.save_checkpoint(self.ckpt_path)
+        trainer.save_checkpoint(self.ckpt_path, weights_only=False)  # a full resume point
         self.saves += 1
         self._last_save = time.monotonic()
 

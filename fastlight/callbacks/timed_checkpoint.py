@@ -67,7 +67,7 @@ class TimedCheckpoint(Callback):
     def _save(self, trainer: pl.Trainer, elapsed: float) -> None:
         root = self.dirpath or os.path.join(trainer.default_root_dir, "checkpoints")
         name = f"time={int(elapsed // 60):04d}min-step={trainer.global_step}.ckpt"
-        trainer.save_checkpoint(os.path.join(root, name))
+        trainer.save_checkpoint(os.path.join(root, name), weights_only=False)
         self._last_step = trainer.global_step
 
     @override
