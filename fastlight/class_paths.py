@@ -26,7 +26,8 @@ def resolve(path: str) -> Any | None:
     try:
         return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError, ValueError):
-        return resolve(module) and getattr(resolve(module), name, None)
+        parent = resolve(module)  # a nested name, e.g. pkg.module.Outer.Inner
+        return None if parent is None else getattr(parent, name, None)
 
 
 def same_class(a: str | None, b: str | None) -> bool:

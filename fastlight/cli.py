@@ -40,6 +40,11 @@ _ENV_STEPS = "fastlight.callbacks.env_steps.EnvStepBudget"
 _LINKED = ("obs_dim", "action_dim", "continuous")
 
 
+def _entry_path(cb: Any) -> str | None:
+    """The ``class_path`` of a parsed callback entry; ``None`` for a callback object given as such."""
+    return cb.get("class_path") if isinstance(cb, Namespace) else None
+
+
 class FastlightCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:  # noqa: ANN001 - jsonargparse parser
         for key in _LINKED:
@@ -60,20 +65,20 @@ class FastlightCLI(LightningCLI):
         # stage finds them (e.g. the RL config's --model.init_from <sft root>/checkpoints/last.ckpt).
         callbacks = trainer.get("callbacks") or []
         for cb in callbacks:
-            if any(same_class(getattr(cb, "class_path", None), p) for p in (_MODEL_CHECKPOINT, _PREEMPTION)):
+            if any(same_class(_entry_path(cb), p) for p in (_MODEL_CHECKPOINT, _PREEMPTION)):
                 if cb.get("init_args") is None:
                     cb["init_args"] = Namespace()
                 if cb["init_args"].get("dirpath") is None:
                     cb["init_args"]["dirpath"] = os.path.join(root, "checkpoints")
         # Preemption-safe by default: a checkpoint on SIGTERM / SIGINT / SIGUSR1, on a fault, and
         # every 30 minutes (a config that lists PreemptionCheckpoint itself chooses its settings).
-        if not any(same_class(getattr(cb, "class_path", None), _PREEMPTION) for cb in callbacks):
+        if not any(same_class(_entry_path(cb), _PREEMPTION) for cb in callbacks):
             init_args = Namespace(dirpath=os.path.join(root, "checkpoints"))
             callbacks.append(Namespace(class_path=_PREEMPTION, init_args=init_args))
             trainer["callbacks"] = callbacks
         # Every run logs env_steps (the unit an RL user plans in); one that lists EnvStepBudget itself
         # (e.g. --trainer.callbacks+=EnvStepBudget --trainer.callbacks.total_env_steps N) sets a budget.
-        if not any(same_class(getattr(cb, "class_path", None), _ENV_STEPS) for cb in callbacks):
+        if not any(same_class(_entry_path(cb), _ENV_STEPS) for cb in callbacks):
             callbacks.append(Namespace(class_path=_ENV_STEPS, init_args=Namespace()))
             trainer["callbacks"] = callbacks
         if trainer.get("logger") in (None, True):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from fastlight.class_paths import class_path as import_path
 from fastlight.envs.wrappers import check_env_wrappers
 from fastlight.inference.settings import InferenceSettings
 from fastlight.sampling.collector import check_collector_settings
@@ -62,4 +63,4 @@ def plain_settings(value: Any, *, class_path: bool = False) -> Any:
     fields = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else dict(vars(value))
     if not class_path:
         return fields
-    return {"class_path": f"{type(value).__module__}.{type(value).__qualname__}", "init_args": fields}
+    return {"class_path": import_path(type(value)), "init_args": fields}

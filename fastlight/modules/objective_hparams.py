@@ -14,7 +14,6 @@ a checkpoint saved with them is mapped to the objective it trained with
 
 from __future__ import annotations
 
-import importlib
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any
 import torch
 from lightning.pytorch.core.saving import _ALLOWED_INSTANTIATORS
 
+from fastlight.class_paths import class_path, resolve
 from fastlight.modules.objectives import GIPO, SAPO, Objective, PPOClip
 
 __all__ = ["LEGACY_KEYS", "as_objective", "legacy_load_kwargs", "legacy_objective", "legacy_setting_hint"]
@@ -40,10 +40,6 @@ _EXAMPLE = {"ppo": "clip_eps 0.2", "gipo": "sigma 0.5", "sapo": "tau_pos 1.0"}
 _CLI = "lightning.pytorch.cli.instantiate_module"
 
 
-def _class_path(cls: type) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
 def refusal(name: str) -> str:
     """One line: ``--model.objective 'gipo' is a string; write --model.objective GIPO ...``."""
     cls = LEGACY_NAMES.get(name.lower())
@@ -55,7 +51,7 @@ def refusal(name: str) -> str:
     key, value = _EXAMPLE[name.lower()].split()
     return (
         f"--model.objective {name!r} is a string; write --model.objective {cls.__name__} "
-        f"--model.objective.{key} {value} (YAML: objective: {{class_path: {_class_path(cls)}, "
+        f"--model.objective.{key} {value} (YAML: objective: {{class_path: {class_path(cls)}, "
         f"init_args: {{{key}: {value}}}}})"
     )
 
@@ -65,7 +61,7 @@ def _key_refusal(key: str) -> str:
     cls = LEGACY_NAMES[name]
     return (
         f"--model.{key} is gone: the objective holds its settings; write --model.objective {cls.__name__} "
-        f"--model.objective.{arg} <value> (YAML: objective: {{class_path: {_class_path(cls)}, "
+        f"--model.objective.{arg} <value> (YAML: objective: {{class_path: {class_path(cls)}, "
         f"init_args: {{{arg}: <value>}}}})"
     )
 
@@ -80,8 +76,7 @@ def as_objective(value: Any, default: type[Objective]) -> Objective:
     if isinstance(value, str):
         raise ValueError(refusal(value))
     if isinstance(value, Mapping) and isinstance(value.get("class_path"), str):
-        module, _, name = value["class_path"].rpartition(".")
-        cls = getattr(importlib.import_module(module), name)
+        cls = resolve(value["class_path"])
         if isinstance(cls, type) and issubclass(cls, Objective):
             return cls(**dict(value.get("init_args") or {}))
     raise TypeError(
@@ -89,12 +84,8 @@ def as_objective(value: Any, default: type[Objective]) -> Objective:
     )
 
 
-def _is_objective(class_path: str) -> bool:
-    module, _, name = class_path.rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError, ValueError):
-        return False
+def _is_objective(path: str) -> bool:
+    cls = resolve(path)
     return isinstance(cls, type) and issubclass(cls, Objective)
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from torch import Tensor
 
+from fastlight.class_paths import class_path
 from fastlight.losses import gipo_loss, ppo_clip_loss, sapo_loss
 
 __all__ = ["GIPO", "SAPO", "Objective", "PPOClip"]
@@ -64,8 +65,7 @@ class Objective(ABC):
 
     def config(self) -> dict[str, Any]:
         """``{"class_path", "init_args"}``: how hparams, checkpoints and YAML spell this objective."""
-        cls = type(self)
-        return {"class_path": f"{cls.__module__}.{cls.__qualname__}", "init_args": self.init_args()}
+        return {"class_path": class_path(type(self)), "init_args": self.init_args()}
 
     @staticmethod
     def _positive(name: str, value: float) -> None:

@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from typing_extensions import override
 
 from fastlight.advantages import masked_gae, normalize_advantages
-from fastlight.class_paths import same_class
+from fastlight.class_paths import class_path, same_class
 from fastlight.data.protocols import ReportsFaults
 from fastlight.losses import entropy_bonus, explained_variance, value_loss
 from fastlight.losses.ratios import GRANULARITIES, Granularity
@@ -151,7 +151,7 @@ class RLModule(L.LightningModule):
         if "_instantiator" in self.hparams:
             self.save_hyperparameters(frame=frame)  # the CLI's config: policy is plain data there
         else:
-            self._record_policy_hparams({"policy": None if policy is None else _class_path(policy)})
+            self._record_policy_hparams({"policy": None if policy is None else class_path(type(policy))})
 
     def _record_policy_hparams(self, values: dict[str, Any]) -> None:
         self._hparams.update(values)
@@ -165,7 +165,7 @@ class RLModule(L.LightningModule):
         config = saved.get("policy")
         if isinstance(config, dict) and same_class(self.hparams.get("policy"), config.get("class_path")):
             values = {"policy": config}
-            if same_class(saved.get("_class_path"), _class_path(self)) and "_instantiator" in saved:
+            if same_class(saved.get("_class_path"), class_path(type(self))) and "_instantiator" in saved:
                 values.update(_class_path=saved["_class_path"], _instantiator=saved["_instantiator"])
             self._record_policy_hparams(values)
         self._use_typed_learning_rates(checkpoint)
@@ -429,15 +429,11 @@ class RLModule(L.LightningModule):
         self.log_dict(shown, on_step=True, on_epoch=False, batch_size=n, prog_bar=True)
 
 
-def _class_path(obj: Any) -> str:
-    return f"{type(obj).__module__}.{type(obj).__qualname__}"
-
-
 def _build_policy_hint(module: RLModule, error: AttributeError) -> str:
     """One line (with the flag naming the class, for the CLI's one-line errors) saying what to do."""
-    name = type(module).__name__
+    name, path = type(module).__name__, class_path(type(module))
     return (
-        f"--model.class_path {_class_path(module)}: {name}.build_policy() raised AttributeError: {error}. "
+        f"--model.class_path {path}: {name}.build_policy() raised AttributeError: {error}. "
         f"build_policy() runs in configure_model(), after __init__: set every attribute it reads in "
         f"{name}.__init__ (e.g. `super().__init__(**kwargs)` then `self.width = width`), or build the "
         f"policy elsewhere and pass it as --model.policy"
