@@ -42,6 +42,7 @@ _EXPORTS: dict[str, str] = {
     "DynamicWeightedResampling": "fastlight.callbacks.dwr",
     "EnvStepBudget": "fastlight.callbacks.env_steps",
     "PreemptionCheckpoint": "fastlight.callbacks.preemption",
+    "RolloutProgressBar": "fastlight.callbacks.progress",
     "RolloutThroughput": "fastlight.callbacks.throughput",
     "TimedCheckpoint": "fastlight.callbacks.timed_checkpoint",
     "WeightSync": "fastlight.callbacks.weight_sync",
@@ -67,6 +68,7 @@ __all__ = [
     "RLModule",
     "Rollout",
     "RolloutDataModule",
+    "RolloutProgressBar",
     "RolloutThroughput",
     "SAPO",
     "ScenarioLoadCost",
@@ -96,6 +98,7 @@ if TYPE_CHECKING:  # static checkers and IDEs see the real classes
     from fastlight.callbacks.dwr import DynamicWeightedResampling
     from fastlight.callbacks.env_steps import EnvStepBudget
     from fastlight.callbacks.preemption import PreemptionCheckpoint
+    from fastlight.callbacks.progress import RolloutProgressBar
     from fastlight.callbacks.throughput import RolloutThroughput
     from fastlight.callbacks.timed_checkpoint import TimedCheckpoint
     from fastlight.callbacks.weight_sync import WeightSync

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,32 @@ def read_checkpoint(path: str | Path, *, flag: str = "--ckpt") -> dict[str, Any]
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
         raise ValueError(f"{flag}: {path} is not a Lightning checkpoint (no 'state_dict')")
     return ckpt
+
+
+def check_writable_dir(path: str | os.PathLike[str], *, flag: str = "--trainer.default_root_dir") -> None:
+    """Refuse, in one line naming ``flag``, a directory this process cannot write to: a run's logs and
+    checkpoints go there, and the first write (TensorBoard's, once the samplers have started) would
+    fail with a long traceback. Creates nothing: the directory, or its nearest existing parent, must
+    be a directory in which a file can be created. That is tried (a temporary file, removed at once)
+    rather than read off permission bits, which miss read-only mounts and which root passes anyway.
+    Remote paths (``s3://...``) are not checked."""
+    text = os.fspath(path)
+    if "://" in text:
+        return
+    probe = os.path.abspath(os.path.expanduser(text))
+    while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise ValueError(f"{flag} {text}: not writable ({probe} is a file, not a directory)")
+    try:
+        fd, name = tempfile.mkstemp(prefix=".fastlight-write-check-", dir=probe)
+    except OSError as e:
+        raise ValueError(
+            f"{flag} {text}: not writable ({type(e).__name__}: {e.strerror or e} creating a file in "
+            f"{probe}); choose a directory this user can write to"
+        ) from e
+    os.close(fd)
+    os.remove(name)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

@@ -24,25 +24,29 @@ from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.plugins.io import CheckpointIO
 
+# fastlight's modules and data modules are imported so that their short names resolve on the command
+# line (--model.help VLAModule, --data.help RolloutDataModule, --data DemoDataModule): jsonargparse
+# resolves a bare class name among the subclasses already imported.
+import fastlight.data.datamodule  # noqa: F401
+import fastlight.data.demos  # noqa: F401
+import fastlight.modules.sft_module  # noqa: F401
+import fastlight.modules.vla_module  # noqa: F401
 from fastlight.callbacks.preemption import PreemptionCheckpoint
-from fastlight.checkpoints import AtomicCheckpointIO
-from fastlight.class_paths import class_path, same_class
-from fastlight.cli_callbacks import merge_repeated_callbacks
-from fastlight.cli_output import one_line_errors, quiet_third_party
-from fastlight.cli_parser import FastlightArgumentParser
+from fastlight.checkpoints import AtomicCheckpointIO, check_writable_dir
+from fastlight.class_paths import same_class
+from fastlight.cli_defaults import complete_run_config, resume_last, root_dir
+from fastlight.cli_output import SettingError, one_line_errors, quiet_third_party
+from fastlight.cli_parser import (
+    FastlightArgumentParser,
+    argument_error_line,
+    check_config_files,
+    check_init_from,
+)
 from fastlight.modules.objective_hparams import legacy_setting_hint
 from fastlight.modules.rl_module import RLModule
 
-_MODEL_CHECKPOINT = "lightning.pytorch.callbacks.ModelCheckpoint"
-_PREEMPTION = class_path(PreemptionCheckpoint)
-_ENV_STEPS = "fastlight.callbacks.env_steps.EnvStepBudget"
 #: Model arguments the CLI links from the data module: not the user's to set, never a difference.
 _LINKED = ("obs_dim", "action_dim", "continuous")
-
-
-def _entry_path(cb: Any) -> str | None:
-    """The ``class_path`` of a parsed callback entry; ``None`` for a callback object given as such."""
-    return cb.get("class_path") if isinstance(cb, Namespace) else None
 
 
 class FastlightCLI(LightningCLI):
@@ -51,54 +55,31 @@ class FastlightCLI(LightningCLI):
             parser.link_arguments(f"data.{key}", f"model.init_args.{key}", apply_on="instantiate")
 
     def before_instantiate_classes(self) -> None:
-        """Default loggers: TensorBoard and CSV under ``--trainer.default_root_dir``.
-
-        Done here rather than in the YAML so that overriding the root dir on the command line
-        moves every output (a YAML interpolation would be resolved before the override).
-        """
+        """The command's callbacks, loggers and per-run folders (:mod:`fastlight.cli_defaults`, which
+        ``--print_config`` shows too)."""
         cfg = self.config[self.subcommand] if self.subcommand else self.config
-        trainer = cfg["trainer"]
-        root = trainer.get("default_root_dir") or "runs"
-        # A fragment adds a callback the config may already have: update it, never run two.
-        trainer["callbacks"] = merge_repeated_callbacks(trainer.get("callbacks"))
-        # Checkpoints at <root>/checkpoints (not under a logger's version folder), so that the next
-        # stage finds them (e.g. the RL config's --model.init_from <sft root>/checkpoints/last.ckpt).
-        callbacks = trainer.get("callbacks") or []
-        for cb in callbacks:
-            if any(same_class(_entry_path(cb), p) for p in (_MODEL_CHECKPOINT, _PREEMPTION)):
-                if cb.get("init_args") is None:
-                    cb["init_args"] = Namespace()
-                if cb["init_args"].get("dirpath") is None:
-                    cb["init_args"]["dirpath"] = os.path.join(root, "checkpoints")
-        # Preemption-safe by default: a checkpoint on SIGTERM / SIGINT / SIGUSR1, on a fault, and
-        # every 30 minutes (a config that lists PreemptionCheckpoint itself chooses its settings).
-        if not any(same_class(_entry_path(cb), _PREEMPTION) for cb in callbacks):
-            init_args = Namespace(dirpath=os.path.join(root, "checkpoints"))
-            callbacks.append(Namespace(class_path=_PREEMPTION, init_args=init_args))
-            trainer["callbacks"] = callbacks
-        # Every run logs env_steps (the unit an RL user plans in); one that lists EnvStepBudget itself
-        # (e.g. --trainer.callbacks+=EnvStepBudget --trainer.callbacks.total_env_steps N) sets a budget.
-        if not any(same_class(_entry_path(cb), _ENV_STEPS) for cb in callbacks):
-            callbacks.append(Namespace(class_path=_ENV_STEPS, init_args=Namespace()))
-            trainer["callbacks"] = callbacks
-        if trainer.get("logger") in (None, True):
-            trainer["logger"] = [
-                Namespace(
-                    class_path="lightning.pytorch.loggers.TensorBoardLogger",
-                    init_args=Namespace(save_dir=root, name="tb"),
-                ),
-                Namespace(
-                    class_path="lightning.pytorch.loggers.CSVLogger",
-                    init_args=Namespace(save_dir=root, name="csv"),
-                ),
-            ]
-
+        # Before any sampler starts: the first write there (TensorBoard's) would fail much later.
+        check_writable_dir(root_dir(cfg), flag="--trainer.default_root_dir")
+        if self.subcommand:
+            self.config[self.subcommand] = complete_run_config(cfg)
+        else:
+            self.config = complete_run_config(cfg)
+        # Each run writes its own version folder, a resumed one too: ModelCheckpoint's note that the
+        # checkpoint's folder is not this run's (so the old run's top-k files are not tracked) is moot.
+        warnings.filterwarnings("ignore", message="The dirpath has changed from .* won't be reloaded")
 
     def parse_arguments(self, parser, args) -> None:  # noqa: ANN001 - jsonargparse parser and args
-        """LightningCLI's parsing, but a setting of the old objective interface (``--model.objective
-        gipo``, ``gipo_sigma: 0.2`` ...) is refused with one line saying what to write instead."""
+        """LightningCLI's parsing, with every refusal one line naming the flag (a ``SettingError``,
+        :mod:`fastlight.cli_parser`): a setting of the old objective interface (``--model.objective
+        gipo``, ``gipo_sigma: 0.2`` ...) says what to write instead; a missing or malformed
+        ``--config`` file is named before jsonargparse reads it; a missing ``--model.init_from``
+        file is refused here, before the data module and the Trainer start."""
+        argv = sys.argv[1:] if args is None else args
+        if isinstance(argv, list | tuple):
+            check_config_files(argv)
         subcommands = parser._subcommands_action
-        parsers = [parser, *(subcommands._name_parser_map.values() if subcommands else ())]
+        named = subcommands._name_parser_map if subcommands else {}
+        parsers = [parser, *named.values()]
         exits = [p.exit_on_error for p in parsers]
         for p in parsers:
             p.exit_on_error = False
@@ -107,13 +88,14 @@ class FastlightCLI(LightningCLI):
         except ArgumentError as error:
             hint = legacy_setting_hint(str(error))
             if hint is not None:
-                raise ValueError(hint) from None
-            for p, exit_on_error in zip(parsers, exits, strict=True):
-                p.exit_on_error = exit_on_error
-            parser.error(str(error), error.__cause__)  # jsonargparse's own report, as without this
+                raise SettingError(hint) from None
+            # A typo is matched against the subcommand's keys (fit's --trainer.*), not the top parser's.
+            sub = next((named[a] for a in argv if isinstance(a, str) and a in named), parser)
+            raise SettingError(argument_error_line(error, sub)) from error
         finally:
             for p, exit_on_error in zip(parsers, exits, strict=True):
                 p.exit_on_error = exit_on_error
+        check_init_from(self.config)
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
         """Atomic checkpoint files unless the user brings a CheckpointIO of their own."""
@@ -127,6 +109,24 @@ class FastlightCLI(LightningCLI):
                 cb.resume_hint = "--ckpt_path {path}"  # this command's way to resume
         return trainer
 
+    def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Any]) -> L.Trainer:
+        """A progress bar in RL units (:class:`~fastlight.callbacks.progress.RolloutProgressBar`)
+        unless the user brings a progress bar of their own or turns it off
+        (``--trainer.enable_progress_bar false``; Lightning refuses a bar together with that)."""
+        from lightning.pytorch.callbacks import ProgressBar
+
+        from fastlight.callbacks.progress import RolloutProgressBar
+
+        def listed(value: Any) -> list[Any]:
+            return [] if value is None else list(value) if isinstance(value, list) else [value]
+
+        defaults = self.trainer_defaults.get("callbacks")
+        theirs = [*listed(config.get("callbacks")), *callbacks, *listed(defaults)]
+        has_bar = any(isinstance(c, ProgressBar) for c in theirs)
+        if config.get("enable_progress_bar") is not False and not has_bar:
+            callbacks = [*callbacks, RolloutProgressBar()]
+        return super()._instantiate_trainer(config, callbacks)
+
     def _parse_ckpt_path(self) -> None:
         """``--ckpt_path`` resumes with the settings the user typed (config + command line).
 
@@ -139,11 +139,14 @@ class FastlightCLI(LightningCLI):
         """
         sub = self.config.get("subcommand")
         ckpt_path = self.config[sub].get("ckpt_path") if sub else None
+        if ckpt_path == "last":  # <root>/checkpoints/last.ckpt, read like any path given
+            ckpt_path = self.config[sub]["ckpt_path"] = resume_last(self.config[sub])
         if not ckpt_path or ckpt_path in ("last", "best", "hpc", "registry"):
             return
         from fastlight.checkpoints import read_checkpoint
 
-        saved = dict(read_checkpoint(ckpt_path, flag="--ckpt_path").get("hyper_parameters") or {})
+        checkpoint = read_checkpoint(ckpt_path, flag="--ckpt_path")
+        saved = dict(checkpoint.get("hyper_parameters") or {})
         model = self.config[sub].get("model")
         if model is None or getattr(model, "class_path", None) is None:
             return super()._parse_ckpt_path()  # nothing typed: rebuild the checkpoint's model
@@ -159,7 +162,10 @@ class FastlightCLI(LightningCLI):
                 file=sys.stderr,
                 flush=True,
             )
-        diffs = _differences(saved, model)
+        # The data settings too (Lightning saves the DataModule's hparams): another env is the usual
+        # reason a checkpoint's weights do not fit, which the module then refuses in one line.
+        saved_data = dict(checkpoint.get("datamodule_hyper_parameters") or {})
+        diffs = _differences(saved, model, saved_data, self.config[sub].get("data"))
         if diffs:
             print(
                 f"fastlight: resuming {ckpt_path} with settings that differ from the checkpoint's "
@@ -181,8 +187,15 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _differences(saved: dict[str, Any], model: Namespace) -> list[str]:
-    """``--model.<key> <yours> (checkpoint: <theirs>)`` for every setting both sides hold."""
+def _differences(
+    saved: dict[str, Any],
+    model: Namespace,
+    saved_data: dict[str, Any] | None = None,
+    data: Namespace | None = None,
+) -> list[str]:
+    """``--model.<key> <yours> (checkpoint: <theirs>)`` for every setting both sides hold, then
+    ``--data.<key> ...`` likewise between the DataModule's (``data``, as parsed) and the checkpoint's
+    (``saved_data``, its ``datamodule_hyper_parameters``)."""
     out = []
     theirs_class = saved.get("_class_path")
     if theirs_class and not same_class(theirs_class, model.class_path):
@@ -194,6 +207,10 @@ def _differences(saved: dict[str, Any], model: Namespace) -> list[str]:
         theirs = _plain(saved[key])
         if theirs != value:
             out.append(f"--model.{key} {value} (checkpoint: {theirs})")
+    init_args = data.get("init_args") if isinstance(data, Namespace) else None
+    for key, value in _plain(init_args or Namespace()).items():
+        if saved_data and key in saved_data and _plain(saved_data[key]) != value:
+            out.append(f"--data.{key} {value} (checkpoint: {_plain(saved_data[key])})")
     return out
 
 
@@ -216,6 +233,10 @@ def cli_main(args: list[str] | None = None, *, run: bool = True) -> FastlightCLI
         parser_class=FastlightArgumentParser,  # a bad Literal value or a moved setting: one line
         parser_kwargs={"parser_mode": "omegaconf"},
         save_config_kwargs={"overwrite": True},
+        # No --optimizer / --lr_scheduler: the module makes its optimizer (Adam at --model.lr over its
+        # param_groups()). LightningCLI's would be made before configure_model builds the policy, over
+        # no parameters at all ("optimizer got an empty parameter list").
+        auto_configure_optimizers=False,
         args=args,
         run=run,
     )

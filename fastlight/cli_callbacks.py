@@ -28,6 +28,7 @@ from jsonargparse import Namespace
 
 import fastlight.callbacks.dwr  # noqa: F401 - registers the short names (see above)
 import fastlight.callbacks.env_steps  # noqa: F401
+import fastlight.callbacks.progress  # noqa: F401
 import fastlight.callbacks.throughput  # noqa: F401
 import fastlight.callbacks.weight_sync  # noqa: F401
 from fastlight.class_paths import class_key

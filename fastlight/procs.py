@@ -320,3 +320,62 @@ def memory_mb(pid: int) -> dict[str, float]:
     except OSError:  # kernels before 4.14 have no smaps_rollup
         pass
     return out
+
+
+@dataclass(frozen=True)
+class MemorySample:
+    """A process's resident memory as last seen (``/proc/<pid>/status``): now and at its peak, in MiB,
+    and when it was read (``time.monotonic()``)."""
+
+    rss_mib: float
+    peak_mib: float
+    at: float
+
+
+def sample_memory(pid: int) -> MemorySample | None:
+    """``VmRSS`` and ``VmHWM`` of process ``pid`` (one small read: cheap enough for a watch loop);
+    None where unreadable (gone, a zombie, no ``/proc``)."""
+    rss = peak = None
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    rss = int(line.split()[1]) / 1024
+                elif line.startswith("VmHWM:"):
+                    peak = int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    if rss is None:  # a zombie keeps its status file but no memory lines
+        return None
+    return MemorySample(rss, rss if peak is None else peak, time.monotonic())
+
+
+def format_mib(mib: float) -> str:
+    return f"{mib:.0f} MiB" if mib < 1024 else f"{mib / 1024:.2f} GiB"
+
+
+def exit_note(code: int | None, memory: MemorySample | None = None, now: float | None = None) -> str | None:
+    """What a dead child's exit code says beyond the number, or None for a normal exit code: the
+    signal that killed it (multiprocessing reports a signal ``N`` as exit code ``-N``) and, for
+    SIGKILL, its last resident memory seen (``memory``, from :func:`sample_memory`), since the
+    kernel's OOM killer kills with SIGKILL and leaves no other trace in the process."""
+    if code is None or code >= 0:
+        return None
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    if -code != signal.SIGKILL:
+        return f"exit code {code} is {name}"
+    if memory is None:
+        seen = "its memory was never read"
+    else:
+        age = (time.monotonic() if now is None else now) - memory.at
+        seen = (
+            f"it held {format_mib(memory.rss_mib)} resident (peak {format_mib(memory.peak_mib)}) "
+            f"{age:.1f} s before"
+        )
+    return (
+        f"exit code {code} is SIGKILL, which the kernel's OOM killer sends when memory runs out: {seen}; "
+        "`dmesg | grep -i 'killed process'` (or `journalctl -k`) shows whether it did"
+    )

@@ -136,6 +136,9 @@ class RolloutStats:
     dropped_stale: int = 0
     #: Episodes dropped because the env returned a NaN / inf (``--data.nonfinite drop``).
     dropped_nonfinite: int = 0
+    #: Sum of the DPSA termination thresholds of the cycles (one per ``global_resets`` in dpsa
+    #: mode): their mean is what ``termination_threshold: auto`` chose.
+    threshold_sum: float = 0.0
 
     def merge(self, other: RolloutStats) -> RolloutStats:
         """Counters of two cycles taken one after the other (times add up)."""
@@ -150,6 +153,7 @@ class RolloutStats:
             data_wait_s=self.data_wait_s + other.data_wait_s,
             dropped_stale=self.dropped_stale + other.dropped_stale,
             dropped_nonfinite=self.dropped_nonfinite + other.dropped_nonfinite,
+            threshold_sum=self.threshold_sum + other.threshold_sum,
         )
 
 

@@ -48,7 +48,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("sampling",),
     ("data", "evaluation"),
     ("modules", "callbacks"),
-    ("cli", "cli_callbacks", "cli_output", "cli_parser", "evaluate", "plot", "__main__", ""),
+    ("cli", "cli_callbacks", "cli_defaults", "cli_output", "cli_parser", "evaluate", "plot", "__main__", ""),
 ]
 
 

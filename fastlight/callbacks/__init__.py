@@ -3,6 +3,7 @@
 from fastlight.callbacks.dwr import DynamicWeightedResampling
 from fastlight.callbacks.env_steps import EnvStepBudget
 from fastlight.callbacks.preemption import PreemptionCheckpoint
+from fastlight.callbacks.progress import RolloutProgressBar
 from fastlight.callbacks.throughput import RolloutThroughput
 from fastlight.callbacks.timed_checkpoint import TimedCheckpoint
 from fastlight.callbacks.weight_sync import WeightSync
@@ -11,6 +12,7 @@ __all__ = [
     "DynamicWeightedResampling",
     "EnvStepBudget",
     "PreemptionCheckpoint",
+    "RolloutProgressBar",
     "RolloutThroughput",
     "TimedCheckpoint",
     "WeightSync",

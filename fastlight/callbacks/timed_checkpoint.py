@@ -25,9 +25,12 @@ def _now() -> float:
 
 
 class TimedCheckpoint(Callback):
-    """Args:
-    every_minutes: training wall-clock between two checkpoints.
-    dirpath: where to write them (default ``<trainer.default_root_dir>/checkpoints``).
+    """A kept checkpoint every ``every_minutes`` of training (see the module docstring).
+
+    Args:
+        every_minutes: training wall-clock between two checkpoints.
+        dirpath: where to write them (default ``<trainer.default_root_dir>/checkpoints``; the
+            ``fastlight`` CLI puts them in the run's ``checkpoints/version_N``).
     """
 
     def __init__(self, every_minutes: float = 10.0, dirpath: str | None = None) -> None:

@@ -31,8 +31,11 @@ from fastlight.data.protocols import TrainsPolicy, WeightPublishing, require
 
 
 class WeightSync(Callback):
-    """Args:
-    drain: signal the inference worker before the update's last optimizer step.
+    """AcceRL's inference drain before an update's last optimizer step, and the ``sync/*`` metrics of
+    every publish (see the module docstring).
+
+    Args:
+        drain: signal the inference worker before the update's last optimizer step.
     """
 
     def __init__(self, drain: bool = True) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 import lightning as L
 import torch
@@ -28,6 +28,7 @@ from lightning.pytorch.utilities import AttributeDict, rank_zero_warn
 from torch.utils.data import DataLoader, IterableDataset
 from typing_extensions import override
 
+from fastlight.data.advice import SamplingAdvice
 from fastlight.data.cpu_copy import cpu_copy
 from fastlight.data.data_settings import check_data_settings, plain_settings
 from fastlight.data.env_spec import EnvSpec, task_names_of
@@ -77,7 +78,11 @@ class RolloutDataModule(L.LightningDataModule):
         num_envs: environment clips in total per trainer rank, spread over the samplers.
         num_workers: sampler processes per trainer rank.
         reset_mode: ``dpsa | sgr | autoreset | sequential`` (FAST §DPSA).
-        termination_threshold: DPSA unified truncation when this fraction of clips has ended.
+        termination_threshold: DPSA unified truncation when this fraction of clips has ended, or
+            ``auto``: each sampler chooses it every cycle from its measured step cost, reset cost
+            and episode lengths, for the most valid steps per second with at most 20 % of the
+            episodes cut (:mod:`fastlight.sampling.auto_threshold`; ``perf/termination_threshold``
+            logs the choice).
         max_horizon: DPSA/SGR cycle cap in steps (then truncate and bootstrap).
         rollout_steps: steps per round in ``autoreset`` / ``sequential`` mode.
         cycles_per_step: sampling cycles each sampler contributes to one training step.
@@ -118,7 +123,7 @@ class RolloutDataModule(L.LightningDataModule):
         num_envs: int = 8,
         num_workers: int = 2,
         reset_mode: ResetMode = "dpsa",
-        termination_threshold: float = 0.5,
+        termination_threshold: float | Literal["auto"] = 0.5,
         max_horizon: int = 200,
         rollout_steps: int = 128,
         cycles_per_step: int = 1,
@@ -151,6 +156,13 @@ class RolloutDataModule(L.LightningDataModule):
         self._published = -1
         self._handed: int | None = None  # the policy version of the last Rollout handed out
         self._warned_stalled = False
+        h = self.hparams
+        self.advice = SamplingAdvice(
+            reset_mode=h.reset_mode,
+            termination_threshold=h.termination_threshold,
+            max_horizon=h.max_horizon,
+            num_envs=h.num_envs,
+        )
         self._last_sync: SyncStats | None = None
         self.dropped_stale = 0
         # Fault counters of earlier pools (a resumed run's, restored from the checkpoint).
@@ -296,6 +308,7 @@ class RolloutDataModule(L.LightningDataModule):
         self.publish(module)
         rollout = self.prefetcher.get(timeout=self.faults.worker_timeout_s)
         self.dropped_stale += rollout.stats.dropped_stale
+        self.advice.update(rollout.stats)  # once, if the settings waste the run (cut episodes, resets)
         self._handed = int(module.policy_version)
         return rollout
 

@@ -292,7 +292,9 @@ class DemoDataModule(L.LightningDataModule):
     """Scripted-expert demonstrations of the configured Meta-World tasks (see the module docstring).
 
     Args:
-        env_id, env_kwargs: the Meta-World env, exactly as the RL run's ``--data`` has it.
+        env_id: the Meta-World env id, exactly as the RL run's ``--data.env_id`` has it.
+        env_kwargs: the env's keyword arguments (tasks, image, ...), exactly as the RL run's
+            ``--data.env_kwargs`` has them.
         demos_per_task: demonstrations kept per task.
         seed: base seed of the demo episodes.
         successful_only: keep only the episodes where the expert succeeded.

@@ -23,7 +23,11 @@ from fastlight.envs.wrappers import EnvWrapper
 
 @dataclass(frozen=True)
 class ScenarioLoadCost(EnvWrapper):
-    """Adds ``seconds`` of emulated scenario loading to every ``reset()`` of the envs it wraps."""
+    """Adds ``seconds`` of emulated scenario loading to every ``reset()`` of the envs it wraps.
+
+    Args:
+        seconds: wall-clock sleep added to each ``reset()`` (>= 0).
+    """
 
     seconds: float
 

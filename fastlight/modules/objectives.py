@@ -121,7 +121,8 @@ class SAPO(Objective):
     """Soft-gated objective, AcceRL's SAPO baseline (:func:`~fastlight.losses.sapo.sapo_loss`).
 
     Args:
-        tau_pos, tau_neg: gate temperatures for positive / negative advantages.
+        tau_pos: gate temperature for positive advantages.
+        tau_neg: gate temperature for negative advantages.
         clip_frac_eps: only the threshold of the ``clip_frac`` diagnostic; not in the loss.
     """
 

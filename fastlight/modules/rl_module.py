@@ -37,13 +37,15 @@ from fastlight.class_paths import class_path, same_class
 from fastlight.data.protocols import ReportsFaults
 from fastlight.losses import entropy_bonus, explained_variance, value_loss
 from fastlight.losses.ratios import GRANULARITIES, Granularity
-from fastlight.models.base import EvalOutput
+from fastlight.models.base import EvalOutput, Policy, PolicyBase
 from fastlight.models.mlp import MLPActorCritic
+from fastlight.models.normalization import NormalizedPolicy
 from fastlight.modules.init_from import load_policy_weights
 from fastlight.modules.minibatch import Minibatch, recompute_values
 from fastlight.modules.objective_hparams import as_objective, legacy_load_kwargs
 from fastlight.modules.objectives import Objective, PPOClip
 from fastlight.modules.rollout_logging import rollout_metrics
+from fastlight.modules.weights_fit import first_misfit, setting_differences
 from fastlight.rollout import Rollout
 
 
@@ -51,14 +53,22 @@ class RLModule(L.LightningModule):
     """PPO / GIPO / SAPO on Rollouts.
 
     Args:
-        obs_dim, action_dim, continuous: the env's sizes (linked from the DataModule by the CLI).
+        obs_dim: the env's flattened observation size, 0 for dict observations (linked from the
+            DataModule by the CLI).
+        action_dim: the env's action size: a Box action's dimensions, or a Discrete action's choices
+            (linked from the DataModule by the CLI).
+        continuous: whether the env's actions are continuous (linked from the DataModule by the CLI).
         policy: the actor-critic, any ``nn.Module`` implementing :class:`fastlight.models.base.Policy`
-            (CLI: ``--model.policy.class_path`` / ``init_args``). ``None``: :meth:`build_policy` builds
-            one in ``configure_model`` (default: :class:`MLPActorCritic` from the env's sizes).
+            (CLI: ``--model.policy.class_path`` / ``init_args``: a :class:`~fastlight.models.base.PolicyBase`
+            subclass, or a class whose methods have the protocol's signatures). ``None``:
+            :meth:`build_policy` builds one in ``configure_model`` (default: :class:`MLPActorCritic`
+            from the env's sizes).
         hidden_sizes: MLP widths of the default policy (refused together with ``policy``).
         lr: Adam learning rate.
-        gamma, gae_lambda: discount and GAE lambda.
-        update_epochs, num_minibatches: K epochs x M minibatches per rollout.
+        gamma: discount factor of the returns.
+        gae_lambda: GAE lambda (0: one-step TD advantages, 1: Monte-Carlo returns).
+        update_epochs: K, the epochs over each rollout (K x M optimizer steps per rollout).
+        num_minibatches: M, the minibatches each epoch splits the rollout's valid transitions into.
         objective: the policy objective, an :class:`~fastlight.modules.objectives.Objective` holding
             its own settings (CLI: ``--model.objective GIPO --model.objective.sigma 0.2``; YAML
             ``class_path`` / ``init_args``): :class:`~fastlight.modules.objectives.PPOClip` (the
@@ -66,10 +76,20 @@ class RLModule(L.LightningModule):
         ratio_granularity: ``token | action | chunk`` importance ratios (token policies), for
             every objective.
         tokens_per_action: tokens per action group for ``action`` granularity.
-        vf_coef, ent_coef: value and entropy loss weights.
+        vf_coef: weight of the value loss.
+        ent_coef: weight of the entropy bonus.
         value_clip_eps: PPO2-style value clipping range, ``None`` for the unclipped loss.
         max_grad_norm: gradient clipping by global norm (``None`` disables).
         normalize_advantages: standardise advantages over valid steps (globally under DDP).
+        normalize_obs: keep running observation statistics in the policy and act on normalised
+            observations (:class:`~fastlight.models.normalization.NormalizedPolicy`: updated from each
+            Rollout's valid steps, published with the weights, saved in checkpoints). ``None``
+            (default): on for continuous actions over flat vector observations (MuJoCo-style
+            control, where every PPO library normalises), off otherwise (highway-env's features are
+            normalised already; images and tokens are not vectors).
+        normalize_returns: the critic predicts values in units of the running mean/std of the value
+            targets, so the value loss has unit scale whatever the reward scale (Sample Factory's
+            ``normalize_returns``). ``None`` (default): as ``normalize_obs``.
         recompute_values: re-run the current critic before GAE (AcceRL §value recomputation).
         init_from: a checkpoint whose policy weights this run starts from (e.g. an SFT run's
             ``last.ckpt``; see :mod:`fastlight.modules.init_from`). ``--ckpt_path`` resumes instead.
@@ -87,7 +107,8 @@ class RLModule(L.LightningModule):
         obs_dim: int = 0,
         action_dim: int = 0,
         continuous: bool = False,
-        policy: nn.Module | None = None,
+        # Typed for the CLI, whose help then lists fastlight's policies (nn.Module would list torch.nn).
+        policy: PolicyBase | Policy | None = None,
         hidden_sizes: tuple[int, ...] = (64, 64),
         lr: float = 3e-4,
         gamma: float = 0.99,
@@ -102,6 +123,8 @@ class RLModule(L.LightningModule):
         value_clip_eps: float | None = None,
         max_grad_norm: float | None = 0.5,
         normalize_advantages: bool = True,
+        normalize_obs: bool | None = None,
+        normalize_returns: bool | None = None,
         recompute_values: bool = False,
         init_from: str | None = None,
         value_warmup_updates: int = 0,
@@ -160,7 +183,9 @@ class RLModule(L.LightningModule):
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Rebuilt from a CLI checkpoint, keep its policy config (not just the class path), so that
-        a checkpoint saved from this module rebuilds the policy too."""
+        a checkpoint saved from this module rebuilds the policy too. Weights that cannot be loaded
+        into this module are refused first, naming the settings that differ (:meth:`_check_weights_fit`)."""
+        self._check_weights_fit(checkpoint)
         saved = checkpoint.get(self.CHECKPOINT_HYPER_PARAMS_KEY) or {}
         config = saved.get("policy")
         if isinstance(config, dict) and same_class(self.hparams.get("policy"), config.get("class_path")):
@@ -169,6 +194,45 @@ class RLModule(L.LightningModule):
                 values.update(_class_path=saved["_class_path"], _instantiator=saved["_instantiator"])
             self._record_policy_hparams(values)
         self._use_typed_learning_rates(checkpoint)
+
+    def _check_weights_fit(self, checkpoint: dict[str, Any]) -> None:
+        """Refuse, in one line, a checkpoint whose weights this module cannot load (resuming with
+        another ``--model.hidden_sizes``, another env): the settings that differ from the checkpoint's
+        and the first tensor that does not fit, where ``load_state_dict`` would list every tensor in a
+        long ``size mismatch`` traceback. Runs before anything is loaded (and before any sampler starts).
+
+        Not checked under a strategy that restores after wrapping the model (FSDP, DeepSpeed): its
+        module holds shards here, and it loads the checkpoint its own way.
+        """
+        theirs = checkpoint.get("state_dict")
+        trainer = self._trainer
+        if not isinstance(theirs, dict) or not theirs or "policy" not in self._modules:
+            return  # no weights to load (a hook called on its own), or no policy to load them into
+        if trainer is not None and trainer.strategy.restore_checkpoint_after_setup:
+            return
+        misfit = first_misfit(self.state_dict(), theirs, strict=self.strict_loading)
+        if misfit is None:
+            return
+        datamodule = trainer.datamodule if trainer is not None else None
+        diffs = setting_differences(
+            checkpoint.get(self.CHECKPOINT_HYPER_PARAMS_KEY) or {},
+            dict(self.hparams),
+            checkpoint.get("datamodule_hyper_parameters") or {},
+            dict(getattr(datamodule, "hparams", None) or {}),
+        )
+        path = trainer.ckpt_path if trainer is not None else None
+        where = f"--ckpt_path {path}: " if path else ""
+        if diffs:
+            why = f"{'; '.join(diffs)}: the checkpoint's weights cannot be loaded into this model"
+        else:  # same settings, other shapes: the class itself (or its code) changed
+            why = (
+                f"the checkpoint's weights cannot be loaded into this model (--model.class_path "
+                f"{class_path(type(self))}, with the checkpoint's settings)"
+            )
+        raise ValueError(
+            f"{where}{why} ({misfit}); resume with the checkpoint's settings, or start a new run without "
+            "--ckpt_path"
+        )
 
     def _use_typed_learning_rates(self, checkpoint: dict[str, Any]) -> None:
         """Resuming with a changed ``lr`` (or ``*_lr``) means the new one: the optimizer state
@@ -214,12 +278,34 @@ class RLModule(L.LightningModule):
             self.policy = policy
         # Only under a Trainer: a module rebuilt by load_from_checkpoint gets its weights from there.
         if self.hparams.get("init_from") and self._trainer is not None and not self._initialised_from:
-            info = load_policy_weights(self.policy, self.hparams.init_from)
+            info = load_policy_weights(self.core_policy, self.hparams.init_from)
             self._initialised_from = True
             rank_zero_info(
                 f"fastlight: policy initialised from {self.hparams.init_from} ({info['tensors']} tensors"
                 + ("" if info["value_loaded"] else "; value head left at its initialisation") + ")"
             )
+        norm_obs, norm_ret = self.normalization()
+        if (norm_obs or norm_ret) and not isinstance(self.policy, NormalizedPolicy):
+            self.policy = NormalizedPolicy(
+                self.policy,
+                obs_shape=(self.hparams.obs_dim,),
+                normalize_obs=norm_obs,
+                normalize_returns=norm_ret,
+            )
+
+    def normalization(self) -> tuple[bool, bool]:
+        """Whether observations and returns are normalised (``None`` settings resolved: on for
+        continuous actions over flat vector observations)."""
+        h = self.hparams
+        auto = bool(h.get("continuous")) and int(h.get("obs_dim") or 0) > 0
+        obs, ret = h.get("normalize_obs"), h.get("normalize_returns")
+        return (auto if obs is None else bool(obs)), (auto if ret is None else bool(ret))
+
+    @property
+    def core_policy(self) -> nn.Module:
+        """The actor-critic itself, inside the normalisation wrapper when there is one."""
+        policy = self.policy
+        return policy.policy if isinstance(policy, NormalizedPolicy) else policy
 
     # ------------------------------------------------------------------ hooks for subclasses
     def build_policy(self) -> nn.Module:
@@ -243,7 +329,7 @@ class RLModule(L.LightningModule):
     def check_env_spec(self, spec: Any) -> None:
         """Refuse a policy whose sizes do not match the env (called by the DataModule before it
         starts the samplers, after ``configure_model``)."""
-        mine = {k: getattr(self.policy, k, None) for k in ("obs_dim", "action_dim", "continuous")}
+        mine = {k: getattr(self.core_policy, k, None) for k in ("obs_dim", "action_dim", "continuous")}
         theirs = {"obs_dim": spec.obs_dim, "action_dim": spec.action_dim, "continuous": spec.continuous}
         for key, value in mine.items():
             if value is not None and value != theirs[key]:
@@ -269,7 +355,19 @@ class RLModule(L.LightningModule):
         if h.normalize_advantages:
             # One all-reduce of (sum, sum of squares, count) under DDP (AcceRL §global normalisation).
             adv = normalize_advantages(adv, rollout.valid)
+        if isinstance(self.policy, NormalizedPolicy):
+            # This update's value targets set the critic's units before it learns them (Sample
+            # Factory's order); GAE above used the values in return units as sampled.
+            self.policy.update_returns(ret, rollout.valid, reduce=self._sum_over_ranks)
         return adv, ret, values
+
+    def _sum_over_ranks(self, x: Tensor) -> Tensor:
+        """A statistic summed over the DDP ranks (identity on one process): every rank then holds the
+        same normalisation statistics."""
+        trainer = self._trainer
+        if trainer is None or trainer.world_size <= 1:
+            return x
+        return trainer.strategy.reduce(x, reduce_op="sum")
 
     def evaluate_actions(self, mb: Minibatch) -> EvalOutput:
         return self.policy.evaluate(mb.obs, mb.actions, step=mb.step)
@@ -288,11 +386,14 @@ class RLModule(L.LightningModule):
             tokens_per_action=h.tokens_per_action,
             count=count,
         )
+        # With return normalisation, the value error in units of the targets' std (= the loss of a
+        # critic predicting normalised values): unit scale whatever the reward scale.
+        scale = self.policy.value_scale.to(out.values) if isinstance(self.policy, NormalizedPolicy) else 1.0
         vl = value_loss(
-            values=out.values,
-            returns=mb.returns,
+            values=out.values / scale,
+            returns=mb.returns / scale,
             valid=mb.valid,
-            old_values=mb.values,
+            old_values=mb.values / scale,
             clip_eps=h.value_clip_eps,
             count=count,
         )
@@ -335,6 +436,10 @@ class RLModule(L.LightningModule):
         with torch.no_grad():
             adv, ret, values = self.compute_advantages(rollout)
         infos = self._update(rollout, adv, ret, values)
+        if isinstance(self.policy, NormalizedPolicy):
+            # After the update: this Rollout was sampled, and its update evaluated, with the
+            # statistics published before it; the next version carries the new ones.
+            self.policy.update_obs(rollout.obs, rollout.valid, reduce=self._sum_over_ranks)
         self._policy_version += 1
         self._log_step(rollout, infos, values, ret)
 

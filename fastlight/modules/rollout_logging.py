@@ -22,6 +22,8 @@ def rollout_metrics(rollout: Rollout, *, current_version: int) -> dict[str, Tens
     (``rollout/crash_rate``): the record's ``None``, :func:`fastlight.rollout.success_after`.
 
     ``policy_lag`` = current version - behaviour version (AcceRL §staleness); 0 when on-policy.
+    ``perf/termination_threshold`` is the mean DPSA threshold of the Rollout's cycles (what
+    ``--data.termination_threshold auto`` chose; the setting itself otherwise).
     """
     out: dict[str, Tensor] = {}
     done = [e for e in rollout.stats.episodes if not e.cut]
@@ -45,4 +47,7 @@ def rollout_metrics(rollout: Rollout, *, current_version: int) -> dict[str, Tens
     out["rollout/dropped_stale"] = torch.tensor(float(rollout.stats.dropped_stale))
     out["rollout/dropped_nonfinite"] = torch.tensor(float(rollout.stats.dropped_nonfinite))
     out["perf/data_wait_ms"] = torch.tensor(1000.0 * rollout.stats.data_wait_s)
+    stats = rollout.stats
+    if stats.threshold_sum > 0 and stats.global_resets:  # dpsa: the (mean) threshold its cycles used
+        out["perf/termination_threshold"] = torch.tensor(stats.threshold_sum / stats.global_resets)
     return out

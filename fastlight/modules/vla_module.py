@@ -42,6 +42,7 @@ from torch import Tensor, nn
 from typing_extensions import override
 
 from fastlight.losses.imitation import token_cross_entropy
+from fastlight.models.base import Policy, PolicyBase
 from fastlight.models.vla import VLAPolicy
 from fastlight.modules.objectives import GIPO, Objective
 from fastlight.modules.rl_module import RLModule
@@ -63,8 +64,10 @@ class VLAModule(RLModule):
         objective: an :class:`~fastlight.modules.objectives.Objective`; ``None`` is
             ``GIPO()`` (AcceRL), e.g. ``--model.objective GIPO --model.objective.sigma 0.2`` or
             ``--model.objective PPOClip``.
-        obs_dim, action_dim, continuous: the env's sizes, linked from the data module: 0 for dict
-            observations, ``K`` action dimensions (= action tokens), continuous actions (required).
+        obs_dim: the env's flattened observation size, linked from the data module: 0 for dict
+            observations.
+        action_dim: ``K``, the env's action dimensions (= action tokens), linked from the data module.
+        continuous: continuous actions (required), linked from the data module.
         sil_steps: self-imitation optimizer steps after each RL update (0 turns it off). They imitate
             episodes that end ``terminated``, which the VLA envs use for success: not for envs where
             it means failure.
@@ -79,7 +82,8 @@ class VLAModule(RLModule):
 
     def __init__(
         self,
-        policy: nn.Module | None = None,
+        # RLModule's type (a policy that is not a VLAPolicy is refused below, naming the flag).
+        policy: PolicyBase | Policy | None = None,
         value_lr: float | None = None,
         objective: Objective | None = None,
         obs_dim: int = 0,

@@ -31,7 +31,14 @@ import torch
 
 from fastlight.models.base import Policy, ServedPolicy
 from fastlight.rollout import EpisodeRecord, Rollout, RolloutStats, crashed_at_end, success_after
-from fastlight.sampling.obs import action_to_env, obs_to_tensor, stack_obs
+from fastlight.sampling.auto_threshold import AUTO, CycleCosts, ThresholdChooser
+from fastlight.sampling.obs import (
+    ObservationShapeError,
+    action_to_env,
+    obs_to_tensor,
+    odd_observation,
+    stack_obs,
+)
 from fastlight.sampling.rows import Row, RowBuffer, Step
 
 #: How a fleet of envs resets (FAST §DPSA); the CLI refuses any other value.
@@ -51,6 +58,11 @@ POOL_RESET_S = 2e-3
 
 class NonFiniteError(ValueError):
     """An env returned a NaN or infinite observation or reward (named: env, index, seed, step)."""
+
+
+class EnvError(RuntimeError):
+    """An env raised in ``step`` or ``reset`` (named: env, index, seed, episode step); the env's own
+    exception is its ``__cause__``."""
 
 
 def is_finite(value: Any) -> bool:
@@ -75,7 +87,7 @@ def check_collector_settings(
     *,
     mode: str,
     num_envs: int,
-    termination_threshold: float,
+    termination_threshold: float | str,
     max_horizon: int,
     rollout_steps: int,
     nonfinite: str = "raise",
@@ -88,8 +100,12 @@ def check_collector_settings(
         raise ValueError(f"{prefix}num_envs must be >= 1, got {num_envs}")
     if mode == "sequential" and num_envs != 1:
         raise ValueError(f"{prefix}num_envs must be 1 with {prefix}reset_mode sequential, got {num_envs}")
-    if not 0.0 <= termination_threshold <= 1.0:
-        raise ValueError(f"{prefix}termination_threshold must be in [0, 1], got {termination_threshold}")
+    if termination_threshold != AUTO and not (
+        isinstance(termination_threshold, (int, float)) and 0.0 <= termination_threshold <= 1.0
+    ):
+        raise ValueError(
+            f"{prefix}termination_threshold must be in [0, 1] or {AUTO}, got {termination_threshold!r}"
+        )
     if max_horizon < 1:
         raise ValueError(f"{prefix}max_horizon must be >= 1, got {max_horizon}")
     if rollout_steps < 1:
@@ -116,7 +132,9 @@ class Collector:
     Args:
         envs: the E environments (``len(envs) == 1`` for ``sequential``).
         mode: ``dpsa | sgr | autoreset | sequential``.
-        termination_threshold: DPSA's unified-truncation threshold on the fraction of ended envs.
+        termination_threshold: DPSA's unified-truncation threshold on the fraction of ended envs,
+            or ``"auto"``: chosen every cycle from the measured step cost, reset cost and episode
+            lengths (:class:`~fastlight.sampling.auto_threshold.ThresholdChooser`).
         max_horizon: DPSA/SGR cycle length cap; reaching it truncates and bootstraps.
         rollout_steps: steps per ``collect()`` in ``autoreset`` / ``sequential`` mode.
         seed: env ``i`` is first reset with ``seed + i``; later resets continue its RNG.
@@ -134,7 +152,7 @@ class Collector:
         envs: Sequence[gym.Env],
         *,
         mode: str = "dpsa",
-        termination_threshold: float = 0.5,
+        termination_threshold: float | str = 0.5,
         max_horizon: int = 200,
         rollout_steps: int = 128,
         seed: int = 0,
@@ -154,6 +172,13 @@ class Collector:
         self.envs = list(envs)
         self.mode = mode
         self.termination_threshold = termination_threshold
+        # `auto`: one chooser per Collector, from this sampler's own costs (dpsa only: sgr cuts at
+        # the first end by definition, autoreset never cuts).
+        self.chooser = (
+            ThresholdChooser(len(self.envs), max_horizon, seed=seed)
+            if termination_threshold == AUTO and mode == "dpsa"
+            else None
+        )
         self.max_horizon = max_horizon
         self.rollout_steps = rollout_steps
         self.seed = seed
@@ -186,15 +211,18 @@ class Collector:
             seed = None if self._seeded else self.seed + i
             dropped = 0
             t = time.perf_counter()
-            obs, info = self.envs[i].reset(seed=seed)
-            cost = time.perf_counter() - t
-            self.heartbeat()
-            # Under "drop", a reset with NaN / inf has no episode yet: drop it and reset again (the
-            # env's RNG has moved on, so the next start differs).
-            while self.nonfinite == "drop" and not is_finite(obs) and dropped < RESET_RETRIES:
-                dropped += 1
-                obs, info = self.envs[i].reset()
+            try:
+                obs, info = self.envs[i].reset(seed=seed)
+                cost = time.perf_counter() - t
                 self.heartbeat()
+                # Under "drop", a reset with NaN / inf has no episode yet: drop it and reset again (the
+                # env's RNG has moved on, so the next start differs).
+                while self.nonfinite == "drop" and not is_finite(obs) and dropped < RESET_RETRIES:
+                    dropped += 1
+                    obs, info = self.envs[i].reset()
+                    self.heartbeat()
+            except Exception as e:
+                raise self._env_error(i, e, reset=True) from e
             return i, obs, info, dropped, cost
 
         t0 = time.perf_counter()
@@ -222,18 +250,45 @@ class Collector:
         """
         if is_finite(value):
             return
+        raise NonFiniteError(
+            f"{self._where(i)} returned a non-finite {what} at episode step {self._eps[i].step}: "
+            f"{_preview(value)}"
+        )
+
+    def _where(self, i: int) -> str:
         env = self.envs[i]
         name = env.spec.id if env.spec is not None else type(env.unwrapped).__name__
-        raise NonFiniteError(
-            f"env {name} (index {i} of this sampler, seed {self.seed + i}) returned a non-finite {what} "
-            f"at episode step {self._eps[i].step}: {_preview(value)}"
+        return f"env {name} (index {i} of this sampler, seed {self.seed + i})"
+
+    def _env_error(self, i: int, error: Exception, *, reset: bool = False) -> EnvError:
+        """Env ``i``'s own exception, named: which env of which seed, and where in its episode (a
+        bare traceback from inside an env says neither)."""
+        when = "in reset" if reset else f"at episode step {self._eps[i].step + 1}"
+        return EnvError(f"{self._where(i)} raised {type(error).__name__} {when}: {error}")
+
+    def _shape_error(self, indices: Sequence[int], error: ObservationShapeError) -> ObservationShapeError:
+        """The env whose observation does not stack with the others' (``indices``: the envs whose
+        observations were stacked, in that order), judged by each env's observation space."""
+        spaces = [self.envs[i].observation_space for i in indices]
+        odd = odd_observation([self._obs[i] for i in indices], spaces)
+        j, shape, others = odd if odd is not None else (error.index, error.shape, error.others)
+        i = indices[j]
+        return ObservationShapeError(
+            f"{self._where(i)} returned an observation of shape {shape} at episode step {self._eps[i].step}; "
+            f"the others have shape {others} (its observation_space: {self.envs[i].observation_space})",
+            i,
+            shape,
+            others,
         )
 
     # ------------------------------------------------------------------ one step of a subset
     def _step_envs(self, policy: Policy, active: list[int], stats: RolloutStats) -> Step:
         """Act on the active envs and step them. Every env's observation is stacked once: the
         row stores all of them (frozen ones for DPSA dummy steps), the policy sees the active ones."""
-        all_obs = stack_obs(self._obs)
+        try:
+            all_obs = stack_obs(self._obs)
+        except ObservationShapeError as e:
+            raise self._shape_error(range(self.num_envs), e) from e.__cause__  # numpy's error
         if len(active) < self.num_envs:
             idx = np.asarray(active)
             sel = {k: v[idx] for k, v in all_obs.items()} if isinstance(all_obs, dict) else all_obs[idx]
@@ -245,7 +300,10 @@ class Collector:
         results = []
         for j, i in enumerate(active):
             t0 = time.perf_counter()
-            results.append(self.envs[i].step(env_actions[j]))
+            try:
+                results.append(self.envs[i].step(env_actions[j]))
+            except Exception as e:
+                raise self._env_error(i, e) from e
             stats.step_time += time.perf_counter() - t0
             self.heartbeat()
         # A remote policy reports the version of the weights that answered (may change mid-round).
@@ -299,28 +357,34 @@ class Collector:
         stats.wall_time = time.perf_counter() - t0
         return rollout
 
-    def _should_truncate(self, n_ended: int, t: int) -> bool:
+    def _should_truncate(self, n_ended: int, t: int, threshold: float) -> bool:
         if t >= self.max_horizon:
             return True
         if self.mode == "sgr":
             return n_ended >= 1
-        return n_ended / self.num_envs >= self.termination_threshold
+        # A small epsilon: k / E computed by the chooser must cut at k ended envs, not k + 1.
+        return n_ended / self.num_envs >= threshold - 1e-9
 
     def _collect_cycle(self, policy: Policy, stats: RolloutStats) -> RowBuffer:
+        start = time.perf_counter()
+        before = (stats.reset_time, stats.step_time)
         self._reset(range(self.num_envs), stats)
         stats.global_resets += 1
+        threshold = self.chooser.threshold() if self.chooser is not None else self.termination_threshold
+        stats.threshold_sum += float(threshold) if self.mode == "dpsa" else 0.0
         rows = RowBuffer(self.num_envs)
         alive = [True] * self.num_envs
-        t = 0
+        t = env_steps = 0
         while True:
             active = [i for i in range(self.num_envs) if alive[i]]
+            env_steps += len(active)
             out = self._step_envs(policy, active, stats)
             row = rows.new_row(out, self._eps, active)
             for j, i in enumerate(active):
                 if self._advance(row, i, out.results[j], rows, stats):
                     alive[i] = False
             t += 1
-            cut = self._should_truncate(self.num_envs - sum(alive), t)
+            cut = self._should_truncate(self.num_envs - sum(alive), t, threshold)
             if cut:
                 # Unified truncation: every env still running is cut here and bootstrapped.
                 for i in range(self.num_envs):
@@ -331,6 +395,14 @@ class Collector:
                         )
             self._bootstrap(policy, row)
             if cut:
+                if self.chooser is not None:
+                    reset_s, step_s = stats.reset_time - before[0], stats.step_time - before[1]
+                    other_s = time.perf_counter() - start - reset_s - step_s
+                    costs = CycleCosts(reset_s, step_s, max(other_s, 0.0), rounds=t, env_steps=env_steps)
+                    # (length, ended) per env: an env still alive at the cut is censored at its length.
+                    self.chooser.observe(
+                        [(self._eps[i].step, not alive[i]) for i in range(self.num_envs)], costs
+                    )
                 return rows
 
     def _collect_autoreset(self, policy: Policy, stats: RolloutStats) -> RowBuffer:
@@ -360,7 +432,10 @@ class Collector:
         if not idx:
             return
         # Called before any reset, so self._obs[i] is still s_{t+1} of the ended episode.
-        obs = obs_to_tensor(stack_obs([self._obs[i] for i in idx]))
+        try:
+            obs = obs_to_tensor(stack_obs([self._obs[i] for i in idx]))
+        except ObservationShapeError as e:
+            raise self._shape_error(idx, e) from e.__cause__
         step = torch.tensor([self._eps[i].step for i in idx], dtype=torch.long)
         values = policy.value(obs, step=step)
         for j, i in enumerate(idx):

@@ -20,12 +20,12 @@ class FaultSettings:
     Args:
         worker_timeout_s: fail if no rollout arrives for this long; also how long a process may
             take to start (spawn, imports, building its envs) before its first heartbeat.
-        max_worker_restarts, restart_window_s: a sampler (or CPU inference worker) that dies
-            without a traceback (a signal, a segfault) or hangs is restarted on the current
-            weights, at most this many times per window of this many seconds (0 = never); its
-            round in flight is dropped. Counted as ``faults/worker_restarts`` and
-            ``faults/dropped_rollouts``. Past the budget the run stops naming the process, its
-            pid, exit code and env id.
+        max_worker_restarts: a sampler (or CPU inference worker) that dies without a traceback (a
+            signal, a segfault) or hangs is restarted on the current weights, at most this many
+            times per ``restart_window_s`` (0 = never); its round in flight is dropped. Counted as
+            ``faults/worker_restarts`` and ``faults/dropped_rollouts``. Past the budget the run
+            stops naming the process, its pid, exit code and env id.
+        restart_window_s: the window, in seconds, over which ``max_worker_restarts`` counts.
         heartbeat_s: a started process that makes no progress (no env step, reset or wait) for
             this long is hung: it is killed and restarted as above. Detection takes at most
             ``heartbeat_s`` + 0.25 s once the trainer waits for data.

@@ -46,9 +46,18 @@ from torch import nn
 from fastlight.inference.client import InferenceClient
 from fastlight.inference.settings import InferenceSettings
 from fastlight.models.base import check_policy
-from fastlight.procs import HeartbeatLimits, Liveness, StopFlag, children_ignore_sigint
+from fastlight.procs import (
+    HeartbeatLimits,
+    Liveness,
+    MemorySample,
+    StopFlag,
+    children_ignore_sigint,
+    exit_note,
+    sample_memory,
+)
 from fastlight.rollout import Rollout
 from fastlight.sampling.faults import FLAG, FaultSettings
+from fastlight.sampling.start import pin_fastlight_path
 from fastlight.sampling.task_weights import SharedTaskWeights
 from fastlight.sampling.worker import SamplerConfig, rollout_from_numpy, sampler_main
 from fastlight.weights.publisher import SyncStats, WeightPublisher, WeightSource
@@ -69,6 +78,9 @@ class _Sampler:
     proc: Any
     liveness: Liveness  # the heartbeat the sampler beats on progress
     reader: threading.Thread
+    #: Its resident memory at the last watch: what an OOM-killed sampler held (its exit code is all
+    #: the kernel leaves, and a dead process's /proc entry is gone).
+    memory: MemorySample | None = None
 
 
 class SamplerPool:
@@ -137,6 +149,7 @@ class SamplerPool:
         self._closing = threading.Event()
         self._last_item = time.monotonic()
         self._last_watch = 0.0
+        self._worker_memory: MemorySample | None = None  # the inference worker's, as for a sampler
 
     @property
     def num_workers(self) -> int:
@@ -148,6 +161,9 @@ class SamplerPool:
         return [s.proc for s in self.samplers]
 
     def start(self) -> None:
+        # Children import fastlight from sys.path: the working directory cli_main puts first may hold
+        # another fastlight/ than the one running here (spawn, and restarts, read sys.path then).
+        pin_fastlight_path()
         with children_ignore_sigint():  # Ctrl-C is the trainer's to handle (quietly, with a checkpoint)
             self.samplers = [self._spawn(i) for i in range(len(self.configs))]
             if self.client is not None:
@@ -265,8 +281,9 @@ class SamplerPool:
             if code is not None:
                 s.reader.join(timeout=2.0)  # a dying sampler's last words come before its EOF
                 self._raise_reported()
-                self._fault(s, f"died with exit code {code}")
+                self._fault(s, f"died with exit code {code}", exit_note(code, s.memory, now))
                 continue
+            s.memory = sample_memory(s.proc.pid) or s.memory
             # Until the first beat the sampler is starting (imports, envs): timeout_s applies.
             hung = s.liveness.hang(now)
             if hung is not None:
@@ -283,14 +300,18 @@ class SamplerPool:
         # A sampler's own exception (not a pipe broken by a dead peer) would recur: stop on it.
         for i, payload in sorted(self.errors.items()):
             if not _broken_pipe(payload):
-                raise SamplerError(f"sampler worker {i} (fastlight-sampler-{i}) crashed:\n{payload}")
+                raise SamplerError(_crashed(i, payload))
         worker = self.client.proc
         if worker.exitcode is not None:
-            return self._restart_served(f"{self._worker_name()} died with exit code {worker.exitcode}")
+            note = exit_note(worker.exitcode, self._worker_memory, now)
+            return self._restart_served(f"{self._worker_name()} died with exit code {worker.exitcode}", note)
+        self._worker_memory = sample_memory(worker.pid) or self._worker_memory
         for s in self.samplers:
             name = f"sampler {s.index} ({s.proc.name}, pid {s.proc.pid}, env {self.configs[s.index].env_id})"
             if s.proc.exitcode is not None:
-                return self._restart_served(f"{name} died with exit code {s.proc.exitcode}")
+                note = exit_note(s.proc.exitcode, s.memory, now)
+                return self._restart_served(f"{name} died with exit code {s.proc.exitcode}", note)
+            s.memory = sample_memory(s.proc.pid) or s.memory
             hung = s.liveness.hang(now)
             if hung is not None:
                 return self._restart_served(f"{name} {hung}")
@@ -298,15 +319,16 @@ class SamplerPool:
         if hung is not None:
             self._restart_served(f"{self._worker_name()} {hung}")
 
-    def _restart_served(self, what: str) -> None:
+    def _restart_served(self, what: str, note: str | None = None) -> None:
         """Restart the inference worker and the rank's samplers within the budget, else stop
-        naming the process that failed (``what``). Call under ``_served_lock``."""
+        naming the process that failed (``what``; ``note``: what its exit code means). Call under
+        ``_served_lock``."""
         assert self.client is not None
         client = self.client
         if not client.restartable:
             raise SamplerError(
                 f"{what}; a CUDA inference worker is not restarted (--data.inference.device cpu "
-                "restarts it, --data.inference null restarts samplers alone)"
+                "restarts it, --data.inference null restarts samplers alone)" + (f"; {note}" if note else "")
             )
         for s in self.samplers:  # first, so none of them reports the worker's death as its own
             self._kill(s)
@@ -315,8 +337,13 @@ class SamplerPool:
             client.reap()
             if "inference worker" in what:
                 what += f"; killed it (exit code {worker.exitcode})"
-        self._spend_restart(what, f"restarting the inference worker and its {len(self.samplers)} samplers "
-                            "(their rounds in flight dropped)")
+        self._spend_restart(
+            what,
+            f"restarting the inference worker and its {len(self.samplers)} samplers "
+            "(their rounds in flight dropped)",
+            note,
+        )
+        self._worker_memory = None
         client.prepare_restart()
         self.errors.clear()  # broken pipes of the group just replaced
         self.dropped_rollouts += len(self.samplers)
@@ -325,9 +352,11 @@ class SamplerPool:
             client.close_sampler_ends()
             client.start(self.stop_event, os.getpid())
 
-    def _spend_restart(self, name: str, action: str) -> None:
+    def _spend_restart(self, name: str, action: str, note: str | None = None) -> None:
         """Take one restart from the budget (``--data.faults.max_worker_restarts`` per window) and say
-        what is restarted; raises :class:`SamplerError` naming ``name`` once it is spent."""
+        what is restarted; raises :class:`SamplerError` naming ``name`` once it is spent. ``note``
+        (what a signal exit code means) ends the line."""
+        tail = f"; {note}" if note else ""
         now = time.monotonic()
         while self.restart_times and now - self.restart_times[0] > self.restart_window_s:
             self.restart_times.popleft()
@@ -338,29 +367,30 @@ class SamplerPool:
         if len(self.restart_times) >= self.max_restarts:
             raise SamplerError(
                 f"{name}; restart budget exhausted: {len(self.restart_times)} restarts in the last "
-                f"{self.restart_window_s:g} s ({budget})"
+                f"{self.restart_window_s:g} s ({budget}){tail}"
             )
         self.restart_times.append(now)
         self.restarts += 1
         print(
             f"fastlight: {name}; {action} ({len(self.restart_times)} of {self.max_restarts} "
-            f"restarts in {self.restart_window_s:g} s)",
+            f"restarts in {self.restart_window_s:g} s){tail}",
             file=sys.stderr,
             flush=True,
         )
 
     def _raise_reported(self) -> None:
         for i, payload in sorted(self.errors.items()):
-            raise SamplerError(f"sampler worker {i} (fastlight-sampler-{i}) crashed:\n{payload}")
+            raise SamplerError(_crashed(i, payload))
 
-    def _fault(self, s: _Sampler, what: str) -> None:
-        """Restart sampler ``s`` (dead or silent) within the budget, else stop naming it."""
+    def _fault(self, s: _Sampler, what: str, note: str | None = None) -> None:
+        """Restart sampler ``s`` (dead or silent) within the budget, else stop naming it (``note``:
+        what its exit code means)."""
         pid = s.proc.pid
         self._kill(s)
         killed = "" if what.startswith("died") else f"; killed it (exit code {s.proc.exitcode})"
         env_id = self.configs[s.index].env_id
         name = f"sampler {s.index} ({s.proc.name}, pid {pid}, env {env_id}) {what}{killed}"
-        self._spend_restart(name, "restarting it")
+        self._spend_restart(name, "restarting it", note)
         self.dropped_rollouts += 1  # the round it was sampling
         with children_ignore_sigint():
             self.samplers[s.index] = self._spawn(s.index)
@@ -410,6 +440,17 @@ def _stop_ref(ref: weakref.ref) -> None:
     pool = ref()
     if pool is not None:
         pool.stop()
+
+
+def _crashed(index: int, payload: str) -> str:
+    """Sampler ``index``'s own exception: its last line (e.g. which env raised, of which seed, at which
+    step) on the first line, then the traceback it sent."""
+    lines = [line for line in payload.splitlines() if line.strip()]
+    last = lines[-1].strip() if lines else "no traceback"
+    kind, sep, message = last.partition(": ")
+    if sep and " " not in kind:  # "fastlight.sampling.collector.EnvError: ..." -> "EnvError: ..."
+        last = f"{kind.rsplit('.', 1)[-1]}: {message}"
+    return f"sampler worker {index} (fastlight-sampler-{index}) crashed: {last}\n{payload}"
 
 
 def _broken_pipe(payload: str) -> bool:

@@ -31,6 +31,12 @@ START_METHODS: tuple[str, ...] = get_args(StartMethod)
 PRELOAD = ["fastlight.sampling.preload"]
 #: Environment variable through which the forkserver learns the run's env id.
 PRELOAD_ENV_VAR = "FASTLIGHT_PRELOAD_ENV_ID"
+#: Set for a forkserver started outside the trainer's working directory (see :func:`warm_forkserver`):
+#: the directory :mod:`fastlight.sampling.preload` returns to once fastlight is imported.
+PRELOAD_CWD_VAR = "FASTLIGHT_PRELOAD_CWD"
+#: The fastlight package running here, and the sys.path entry that holds it.
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE_ROOT = os.path.dirname(PACKAGE_DIR)
 
 _warm = False
 
@@ -60,18 +66,62 @@ def warm_forkserver(env_id: str | None = None) -> bool:
     if env_id:
         os.environ[PRELOAD_ENV_VAR] = env_id
     multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
+    # The forkserver runs `python -c`, so sys.path[0] there is its working directory: one that holds
+    # another fastlight/ would be imported in place of this one. It then starts where this fastlight
+    # is found, and goes back to the trainer's directory once it has imported it (the env package
+    # may be the user's own module there).
+    cwd = os.getcwd()
+    elsewhere = shadowing_entry([""]) is not None
     # Started with SIGINT ignored, the forkserver and every child forked from it ignore Ctrl-C from
     # their first instruction (an ignored disposition survives exec, and Python then installs no
     # KeyboardInterrupt handler): the trainer handles Ctrl-C and stops its children itself.
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main_thread else None
     try:
+        if elsewhere:
+            os.environ[PRELOAD_CWD_VAR] = cwd
+            os.chdir(PACKAGE_ROOT)
         forkserver.ensure_running()
     finally:
+        if elsewhere:
+            os.chdir(cwd)
+            os.environ.pop(PRELOAD_CWD_VAR, None)
         if main_thread:
             signal.signal(signal.SIGINT, previous)
     _warm = True
     return True
+
+
+def shadowing_entry(path: Sequence[str]) -> int | None:
+    """The index in ``path`` of the first entry holding a ``fastlight`` other than the one running
+    here (e.g. the working directory of a run started next to a checkout), if that is the one an
+    import through ``path`` would find; None when it finds this one, or none (an editable install's
+    finder then supplies this one)."""
+    from importlib.machinery import PathFinder
+
+    spec = PathFinder.find_spec("fastlight", list(path))
+    if spec is None or _same_package(spec):
+        return None
+    return next(i for i, entry in enumerate(path) if PathFinder.find_spec("fastlight", [entry]) is not None)
+
+
+def pin_fastlight_path() -> str | None:
+    """Make ``sys.path`` find the running fastlight before any other, for the child processes about
+    to start: they import it afresh through ``sys.path`` (spawn hands them the trainer's), and
+    :func:`fastlight.cli.cli_main` puts the working directory first, so a run started next to another
+    ``fastlight/`` folder would mix two versions. The directory holding this fastlight goes in front
+    of the entry that shadows it; nothing changes otherwise. Returns the shadowing entry, or None."""
+    index = shadowing_entry(sys.path)
+    if index is None:
+        return None
+    shadow = sys.path[index]
+    sys.path.insert(index, PACKAGE_ROOT)
+    return shadow
+
+
+def _same_package(spec: object) -> bool:
+    locations = getattr(spec, "submodule_search_locations", None) or []
+    return any(os.path.realpath(p) == os.path.realpath(PACKAGE_DIR) for p in locations)
 
 
 def resolve_start_method(value: str | None) -> str:

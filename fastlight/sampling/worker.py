@@ -44,7 +44,7 @@ class SamplerConfig:
     num_envs: int
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     reset_mode: str = "dpsa"
-    termination_threshold: float = 0.5
+    termination_threshold: float | str = 0.5  # or "auto"
     max_horizon: int = 200
     rollout_steps: int = 128
     cycles_per_step: int = 1

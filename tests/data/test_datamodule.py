@@ -95,7 +95,10 @@ def test_sampler_hard_crash_is_restarted_then_reported_with_exit_code():
     "kwargs,match",
     [
         ({"env_id": "highway-fats-v0"}, r"--data.env_id must be a registered gymnasium id.*highway-fast-v0"),
-        ({"termination_threshold": 1.5}, r"--data.termination_threshold must be in \[0, 1\], got 1.5"),
+        (
+            {"termination_threshold": 1.5},
+            r"--data.termination_threshold must be in \[0, 1\] or auto, got 1.5",
+        ),
         ({"num_envs": 0}, "--data.num_envs must be >= 1, got 0"),
         (
             {"reset_mode": "vectorised"},

@@ -150,7 +150,7 @@ def test_sequential_requires_one_env():
     "kwargs,match",
     [
         ({"mode": "bogus"}, "reset_mode must be one of dpsa | sgr | autoreset | sequential"),
-        ({"termination_threshold": 1.5}, r"termination_threshold must be in \[0, 1\], got 1.5"),
+        ({"termination_threshold": 1.5}, r"termination_threshold must be in \[0, 1\] or auto, got 1.5"),
         ({"max_horizon": 0}, "max_horizon must be >= 1"),
     ],
 )

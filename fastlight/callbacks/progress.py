@@ -1,0 +1,270 @@
+"""``RolloutProgressBar``: the training progress bar in RL units (Rollouts, env steps, return, SPS).
+
+Lightning's default bars count the batches of one epoch against a total in *optimizer* steps
+(``--trainer.max_steps`` counts ``update_epochs x num_minibatches`` of them per Rollout), print
+``env_steps`` as a padded float (``10202.000``) and, with ``rich``, ``Epoch 0/-2`` for a run bounded
+by steps. This bar spans the whole fit (an epoch here is only a checkpoint period of
+``steps_per_epoch`` Rollouts) and reads, on one line::
+
+    rollout 12/500 | env_steps 10,202 | return 23.4 | ep_len 41.2 | SPS 1,950 |##    | 2% [00:10<07:50]
+
+**Items** (:meth:`RolloutProgressBar.get_metrics`; each appears once it has been logged):
+``env_steps`` (the :class:`~fastlight.callbacks.env_steps.EnvStepBudget` count, an integer),
+``return`` and ``ep_len`` (``rollout/return`` and ``rollout/episode_length``: the mean over the last
+Rollout's completed episodes, as Stable-Baselines3's ``ep_rew_mean`` / ``ep_len_mean``), ``SPS``
+(env steps per second: ``perf/effective_tps`` when
+:class:`~fastlight.callbacks.throughput.RolloutThroughput` logs it, else the env steps since the
+first Rollout over the seconds since then, cleanrl's ``SPS``), then every other metric logged with
+``prog_bar=True``, under its own name.
+
+**Total**, only where one is known:
+
+- an ``EnvStepBudget`` with ``total_env_steps``: the bar fills in env steps
+  (``env_steps 10,202/200,000``);
+- otherwise a Rollout total, ``rollout 12/500``, from ``--trainer.max_steps``: the optimizer steps
+  left divided by the module's ``optimizer_steps_per_update`` (a module without it: one per batch,
+  or per ``accumulate_grad_batches`` batches), re-estimated every Rollout because a Rollout with
+  fewer valid steps than minibatches takes fewer steps; ``--trainer.max_epochs`` bounds it too
+  (epochs x batches per epoch). Both totals show when both are known;
+- otherwise no bar: the counts, the items and the time elapsed.
+
+**Not a terminal** (a CI log, ``| tee``, a batch job's output file): the bar is off, as tqdm's
+``disable=None`` does, since every redraw would land in the file; the metrics are in the loggers.
+
+A training batch that is not a :class:`~fastlight.rollout.Rollout` (a supervised stage's
+demonstrations) is counted as a ``batch``. Given to a ``Trainer`` by hand, list it after the
+callbacks whose metrics it shows (as Lightning places its own bar, and ``fastlight fit`` this one):
+it draws in ``on_train_batch_end``, when the callbacks before it have logged.
+
+    fastlight fit --config configs/highway_dpsa.yaml      # added unless the config has a progress bar
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from typing import Any, TextIO
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import TQDMProgressBar
+from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
+from lightning.pytorch.utilities.types import STEP_OUTPUT
+from typing_extensions import override
+
+from fastlight.callbacks.env_steps import EnvStepBudget
+from fastlight.rollout import Rollout
+
+#: The clock; a module attribute so tests can substitute a deterministic one.
+_now = time.monotonic
+
+#: Logged name -> the bar's name, in the bar's order (after ``env_steps``).
+RL_ITEMS = {"rollout/return": "return", "rollout/episode_length": "ep_len"}
+SPS_KEY = "perf/effective_tps"
+#: Logged names the bar shows under its own item, or not at all (Lightning's logger version).
+_MAPPED = frozenset({"env_steps", SPS_KEY, *RL_ITEMS, "v_num"})
+
+_WITH_TOTAL = "{desc} |{bar}| {percentage:3.0f}% [{elapsed}<{remaining}]"
+_NO_TOTAL = "{desc} [{elapsed}]"
+
+
+class RolloutProgressBar(TQDMProgressBar):
+    """One bar for the whole fit, counting Rollouts and env steps (see the module docstring).
+
+    Args:
+        refresh_rate: redraw every this many Rollouts (``0`` disables the bar), as Lightning's.
+        process_position: offset the bar by this many lines, as Lightning's.
+    """
+
+    def __init__(self, refresh_rate: int = 1, process_position: int = 0) -> None:
+        super().__init__(refresh_rate=refresh_rate, process_position=process_position, leave=False)
+        self.unit = "rollout"  # "batch" once a training batch is not a Rollout
+        self._first_count: tuple[float, int] | None = None  # (time, env steps) at the first batch
+
+    @property
+    @override
+    def is_enabled(self) -> bool:
+        return super().is_enabled and _is_terminal(sys.stdout)
+
+    @override
+    def init_train_tqdm(self) -> Tqdm:
+        return Tqdm(
+            desc=f"{self.unit} 0",
+            position=(2 * self.process_position),
+            disable=self.is_disabled,
+            leave=True,
+            dynamic_ncols=True,
+            file=sys.stdout,
+            smoothing=0,
+            bar_format=_NO_TOTAL,
+        )
+
+    # ------------------------------------------------------------------ counts and totals
+    def batches_done(self, trainer: pl.Trainer) -> int:
+        """Training batches (Rollouts) of the run so far, a resumed run's included; inside
+        ``on_train_batch_end`` the current one counts."""
+        return trainer.fit_loop.epoch_loop.batch_progress.total.processed
+
+    def env_steps(self, trainer: pl.Trainer) -> int | None:
+        """The run's env-step count: ``EnvStepBudget``'s, else a logged ``env_steps``; ``None``: neither."""
+        budget = _env_step_budget(trainer)
+        if budget is not None:
+            return budget.env_steps
+        value = trainer.callback_metrics.get("env_steps")
+        return None if value is None else int(round(float(value)))
+
+    def rollout_total(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> int | None:
+        """The Rollouts the run will have trained on when it stops, where ``max_steps`` or
+        ``max_epochs`` bound it; ``None`` when neither does."""
+        done = self.batches_done(trainer)
+        bounds = []
+        if trainer.max_steps is not None and trainer.max_steps > 0:
+            left = max(trainer.max_steps - trainer.global_step, 0)
+            per_batch = getattr(pl_module, "optimizer_steps_per_update", None)
+            if isinstance(per_batch, int) and per_batch > 0:
+                bounds.append(done + math.ceil(left / per_batch))
+            elif pl_module.automatic_optimization:
+                bounds.append(done + left * trainer.accumulate_grad_batches)
+            else:  # manual optimisation without a count: one step per batch, Lightning's own guess
+                bounds.append(done + left)
+        per_epoch = trainer.num_training_batches
+        if trainer.max_epochs is not None and trainer.max_epochs > 0 and math.isfinite(per_epoch):
+            bounds.append(trainer.max_epochs * int(per_epoch))
+        return min(bounds) if bounds else None
+
+    # ------------------------------------------------------------------ what the bar shows
+    @override
+    def get_metrics(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule
+    ) -> dict[str, int | str | float | dict[str, float]]:
+        """``env_steps``, ``return``, ``ep_len``, ``SPS``, then the other ``prog_bar`` metrics."""
+        items: dict[str, Any] = {}
+        logged = trainer.callback_metrics
+        steps = self.env_steps(trainer)
+        if steps is not None:
+            items["env_steps"] = steps
+        for key, name in RL_ITEMS.items():
+            if key in logged:
+                items[name] = float(logged[key])
+        sps = self._sps(trainer, steps)
+        if sps is not None:
+            items["SPS"] = sps
+        for key, value in trainer.progress_bar_metrics.items():
+            if key not in _MAPPED:
+                items[key] = value
+        return items
+
+    def _sps(self, trainer: pl.Trainer, steps: int | None) -> float | None:
+        if SPS_KEY in trainer.callback_metrics:
+            return float(trainer.callback_metrics[SPS_KEY])
+        if steps is None or self._first_count is None:
+            return None
+        # From the first Rollout on: the samplers' start-up before it would understate the rate.
+        start, first = self._first_count
+        elapsed = _now() - start
+        return (steps - first) / elapsed if elapsed > 0 and steps > first else None
+
+    def _redraw(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        bar = self._train_progress_bar
+        if bar is None or bar.disable:
+            return
+        rollouts = self.batches_done(trainer)
+        rollout_total = self.rollout_total(trainer, pl_module)
+        budget = _env_step_budget(trainer)
+        env_total = None if budget is None else budget.total_env_steps
+        metrics = self.get_metrics(trainer, pl_module)
+        desc = f"{self.unit} {rollouts:,}" + ("" if rollout_total is None else f"/{rollout_total:,}")
+        parts = [desc]
+        for name, value in metrics.items():
+            text = _format(value)
+            if name == "env_steps" and env_total is not None:
+                text += f"/{env_total:,}"
+            parts.append(f"{name} {text}")
+        if env_total is not None:
+            n, total = budget.env_steps, env_total
+        else:
+            n, total = rollouts, rollout_total
+        bar.bar_format = _NO_TOTAL if total is None else _WITH_TOTAL
+        bar.total = total
+        bar.n = min(n, total) if total is not None else n
+        bar.set_description_str(" | ".join(parts), refresh=False)
+        bar.refresh()
+
+    # ------------------------------------------------------------------ Lightning hooks
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.train_progress_bar = self.init_train_tqdm()
+        self._first_count = None
+        budget = _env_step_budget(trainer)
+        start = budget.env_steps if budget is not None and budget.total_env_steps else None
+        # tqdm's rate and time left count from here: a resumed run starts at its count, not at 0.
+        self.train_progress_bar.initial = self.batches_done(trainer) if start is None else start
+        self._redraw(trainer, pl_module)
+
+    @override
+    def on_train_epoch_start(self, trainer: pl.Trainer, *_: Any) -> None:
+        pass  # one bar for the whole run: an epoch is only a checkpoint period here
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if not isinstance(batch, Rollout):
+            self.unit = "batch"
+
+    @override
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: STEP_OUTPUT,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        if self._first_count is None:
+            steps = self.env_steps(trainer)
+            if steps is not None:
+                self._first_count = (_now(), steps)
+        if self._should_update(self.batches_done(trainer), -1):
+            self._redraw(trainer, pl_module)
+
+    @override
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._redraw(trainer, pl_module)
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._redraw(trainer, pl_module)  # the last Rollout, whatever the refresh rate
+        self.train_progress_bar.close()
+
+    @override
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.val_progress_bar.close()
+        self.reset_dataloader_idx_tracker()
+        if trainer.state.fn == "fit":
+            self._redraw(trainer, pl_module)
+
+
+def _env_step_budget(trainer: pl.Trainer) -> EnvStepBudget | None:
+    return next((cb for cb in trainer.callbacks if isinstance(cb, EnvStepBudget)), None)
+
+
+def _format(value: Any) -> str:
+    """``10,202`` for a count, three significant digits for a measure (``23.4``, ``0.0123``),
+    thousands grouped past 1000 (``1,950``)."""
+    if hasattr(value, "item"):  # a tensor a user's get_metrics returned
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    if math.isfinite(value) and abs(value) >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.3g}"
+
+
+def _is_terminal(stream: TextIO | None) -> bool:
+    try:
+        return bool(stream is not None and stream.isatty())
+    except (AttributeError, ValueError):  # no isatty, or a closed file
+        return False

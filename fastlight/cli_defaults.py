@@ -1,0 +1,171 @@
+"""What the ``fastlight`` command adds to every run's config, and where a run's files go.
+
+:func:`run_defaults` is one function of the parsed config, so that the run and ``--print_config``
+show the same thing: :meth:`FastlightCLI.before_instantiate_classes
+<fastlight.cli.FastlightCLI.before_instantiate_classes>` applies it before the trainer is built, and
+the parser applies it to the config ``--print_config`` prints (:mod:`fastlight.cli_parser`). It is
+idempotent: a completed config stays as it is (the ``config.yaml`` a run saves is dumped again).
+
+Added, unless the config has its own:
+
+- ``PreemptionCheckpoint`` (a checkpoint on SIGTERM / SIGINT / SIGUSR1, on a fault, every 30 minutes
+  and when training ends) and ``EnvStepBudget`` (``env_steps`` logged; no budget);
+- TensorBoard and CSV loggers under ``--trainer.default_root_dir`` (``<root>/tb``, ``<root>/csv``).
+
+Done here rather than in the YAML, so that overriding the root dir on the command line moves every
+output (a YAML interpolation would be resolved before the override).
+
+**Files.** Every run is version ``N``, the next number free in ``<root>/checkpoints``, ``<root>/tb``
+and ``<root>/csv``, so one number names its checkpoints and its logs::
+
+    <root>/checkpoints/version_N/   this run's checkpoints (ModelCheckpoint, TimedCheckpoint, and
+                                    PreemptionCheckpoint's last.ckpt)
+    <root>/checkpoints/last.ckpt    the newest checkpoint of the latest run (PreemptionCheckpoint's)
+    <root>/tb/version_N/, <root>/csv/version_N/
+
+``<root>/checkpoints/last.ckpt`` is the stable path later stages and resumes use (``--model.init_from
+<sft root>/checkpoints/last.ckpt``, ``--ckpt_path <root>/checkpoints/last.ckpt``; ``--ckpt_path last``
+means it too). Its one writer is PreemptionCheckpoint (see :mod:`fastlight.callbacks.preemption` for
+why): a ModelCheckpoint placed here has its ``save_last`` turned off, and asking for it
+(``save_last: true``) has PreemptionCheckpoint save at every epoch end instead, so that
+``last.ckpt`` is as fresh as ModelCheckpoint's would have been. A resumed run is a new version: it
+reads the checkpoint, and writes its own folder, never the one it resumed from. A callback or logger
+with a folder of the config's own is left where the config put it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+from typing import Any
+
+from jsonargparse import Namespace
+
+from fastlight.callbacks.env_steps import EnvStepBudget
+from fastlight.callbacks.preemption import PreemptionCheckpoint
+from fastlight.callbacks.timed_checkpoint import TimedCheckpoint
+from fastlight.class_paths import class_path, same_class
+from fastlight.cli_callbacks import merge_repeated_callbacks
+
+MODEL_CHECKPOINT = "lightning.pytorch.callbacks.ModelCheckpoint"
+PREEMPTION = class_path(PreemptionCheckpoint)
+ENV_STEPS = class_path(EnvStepBudget)
+TIMED = class_path(TimedCheckpoint)
+#: The default loggers: class path and folder name under the root dir.
+LOGGERS = (
+    ("lightning.pytorch.loggers.TensorBoardLogger", "tb"),
+    ("lightning.pytorch.loggers.CSVLogger", "csv"),
+)
+_VERSION = re.compile(r"version_(\d+)")
+
+
+def root_dir(cfg: Namespace) -> str:
+    """The run's ``--trainer.default_root_dir`` (``runs`` when unset)."""
+    return (cfg.get("trainer") or Namespace()).get("default_root_dir") or "runs"
+
+
+def next_version(root: str) -> int:
+    """One more than the highest ``version_N`` in the root's checkpoint and logger folders (0 if none)."""
+    taken = [-1]
+    for name in ("checkpoints", *(folder for _, folder in LOGGERS)):
+        try:
+            entries = os.listdir(os.path.join(root, name))
+        except OSError:  # not there yet
+            continue
+        taken += [int(m.group(1)) for e in entries if (m := _VERSION.fullmatch(e))]
+    return max(taken) + 1
+
+
+def complete_run_config(cfg: Namespace) -> Namespace:
+    """:func:`run_defaults` with the version and the resume file read from the root dir.
+
+    ``cfg`` is a subcommand's config (``trainer``, ``model``, ...) or the whole one (then its
+    subcommand's part is completed); other configs are returned as they are.
+    """
+    sub = cfg.get("subcommand")
+    if sub and isinstance(cfg.get(sub), Namespace):
+        cfg = cfg.clone()
+        cfg[sub] = complete_run_config(cfg[sub])
+        return cfg
+    if not isinstance(cfg.get("trainer"), Namespace):
+        return cfg
+    return run_defaults(cfg, version=next_version(root_dir(cfg)), last_exists=resume_last(cfg) != "last")
+
+
+def resume_last(cfg: Namespace) -> str:
+    """What ``--ckpt_path last`` resumes: ``<root>/checkpoints/last.ckpt`` where it exists, else
+    ``last`` (Lightning's: no checkpoint found, training starts afresh, e.g. a requeued job's first
+    start). Lightning's own ``last`` looks in ModelCheckpoint's folder, this run's new, empty one."""
+    path = os.path.join(root_dir(cfg), "checkpoints", "last.ckpt")
+    return path if os.path.isfile(path) else "last"
+
+
+def run_defaults(cfg: Namespace, *, version: int, last_exists: bool) -> Namespace:
+    """A copy of ``cfg`` (a subcommand's parsed config) with the command's callbacks, loggers and
+    folders added (see the module docstring); ``version`` numbers this run's folders and
+    ``last_exists`` says whether ``<root>/checkpoints/last.ckpt`` is there for ``--ckpt_path last``."""
+    cfg = cfg.clone()
+    trainer = cfg["trainer"]
+    root = root_dir(cfg)
+    checkpoints = os.path.join(root, "checkpoints")
+    run_dir = os.path.join(checkpoints, f"version_{version}")
+    callbacks = trainer.get("callbacks")
+    if isinstance(callbacks, Namespace):
+        callbacks = [callbacks]
+    # A fragment adds a callback the config may already have: update it, never run two.
+    callbacks = list(merge_repeated_callbacks(callbacks) or [])
+    every_epoch = False
+    for cb in callbacks:
+        path = cb.get("class_path") if isinstance(cb, Namespace) else None  # a callback object: as given
+        if not any(same_class(path, p) for p in (MODEL_CHECKPOINT, TIMED)):
+            continue
+        args = _init_args(cb)
+        if args.get("dirpath") is None:
+            args["dirpath"] = run_dir
+            if same_class(path, MODEL_CHECKPOINT) and args.get("save_last"):
+                # last.ckpt is PreemptionCheckpoint's: it saves at every epoch end instead.
+                args["save_last"] = False
+                every_epoch = True
+    # Preemption-safe by default (a config that lists PreemptionCheckpoint itself chooses its settings).
+    preemption = [cb for cb in callbacks if _is(cb, PREEMPTION)]
+    if not preemption:
+        preemption = [Namespace(class_path=PREEMPTION, init_args=_defaults(PreemptionCheckpoint))]
+        callbacks.append(preemption[0])
+    args = _init_args(preemption[0])
+    if args.get("dirpath") is None:
+        args["dirpath"] = checkpoints
+        if args.get("version") is None:
+            args["version"] = version
+    if every_epoch:
+        args["every_epoch"] = True
+    if cfg.get("ckpt_path") == "last" and last_exists:  # see resume_last
+        cfg["ckpt_path"] = os.path.join(checkpoints, "last.ckpt")
+    # Every run logs env_steps (the unit an RL user plans in); one that lists EnvStepBudget itself
+    # (e.g. --trainer.callbacks+=EnvStepBudget --trainer.callbacks.total_env_steps N) sets a budget.
+    if not any(_is(cb, ENV_STEPS) for cb in callbacks):
+        callbacks.append(Namespace(class_path=ENV_STEPS, init_args=_defaults(EnvStepBudget)))
+    trainer["callbacks"] = callbacks
+    if trainer.get("logger") in (None, True):
+        trainer["logger"] = [
+            Namespace(class_path=path, init_args=Namespace(save_dir=root, name=name, version=version))
+            for path, name in LOGGERS
+        ]
+    return cfg
+
+
+def _defaults(cls: type) -> Namespace:
+    """Every constructor argument of ``cls`` at its default, as the parser fills a listed callback's
+    (so that ``--print_config`` shows an added callback's settings too)."""
+    params = inspect.signature(cls.__init__).parameters.values()
+    return Namespace(**{p.name: p.default for p in params if p.default is not inspect.Parameter.empty})
+
+
+def _is(cb: Any, path: str) -> bool:
+    return isinstance(cb, Namespace) and same_class(cb.get("class_path"), path)
+
+
+def _init_args(cb: Namespace) -> Namespace:
+    if cb.get("init_args") is None:
+        cb["init_args"] = Namespace()
+    return cb["init_args"]

@@ -1,0 +1,128 @@
+"""Advice, once, when the sampling settings waste a run of uneven episodes (FAST §DPSA).
+
+Two ways DPSA's settings go wrong, both visible in the throughput metrics
+(:mod:`fastlight.metrics.throughput`) but easy to miss in a busy log:
+
+- **Cut episodes.** A unified truncation cuts the envs still running. When episode lengths are
+  very uneven (3 and 200 steps), a threshold of 0.5 cuts every long episode as soon as half of
+  the envs were short: ``perf/truncated_episode_share`` reads 0.4-0.5, and the policy sees
+  long-horizon returns only through the critic's bootstrap.
+- **Reset-bound sampling.** Every DPSA/SGR cycle starts with a reset of all its envs. With a slow
+  reset (a scenario load) and short cycles, the samplers spend their time resetting:
+  ``perf/time_efficiency`` near 0.
+
+:class:`SamplingAdvice` sums the counters of the Rollouts a trainer receives and, once enough
+of them are in (:data:`MIN_ROLLOUTS` Rollouts and two episodes per env), warns once for each
+case it sees, naming the setting to change.
+"""
+
+from __future__ import annotations
+
+from lightning.pytorch.utilities import rank_zero_warn
+
+from fastlight.rollout import RolloutStats
+
+#: Rollouts to sum before judging (the first cycles of a run include start-up).
+MIN_ROLLOUTS = 4
+#: A share of cut episodes above this is worth a warning (auto's cap is 0.2; see
+#: :data:`fastlight.sampling.auto_threshold.MAX_CUT_SHARE`).
+CUT_SHARE_WARN = 0.3
+#: A share of sampler time spent in ``env.reset`` above this is worth a warning.
+RESET_SHARE_WARN = 0.5
+
+
+class SamplingAdvice:
+    """Warns once per case when cut episodes or resets dominate (see the module docstring).
+
+    Args:
+        reset_mode: ``--data.reset_mode``.
+        termination_threshold: ``--data.termination_threshold`` (a fraction, or ``"auto"``).
+        max_horizon: ``--data.max_horizon``.
+        num_envs: ``--data.num_envs`` (of this rank).
+    """
+
+    def __init__(
+        self, *, reset_mode: str, termination_threshold: float | str, max_horizon: int, num_envs: int
+    ) -> None:
+        self.reset_mode = reset_mode
+        self.threshold = termination_threshold
+        self.max_horizon = max_horizon
+        self.num_envs = num_envs
+        self.rollouts = 0
+        self.episodes = self.cut_by_threshold = self.cut_by_horizon = 0
+        self.reset_time = self.wall_time = self.step_time = 0.0
+        self.warned: set[str] = set()
+
+    def update(self, stats: RolloutStats) -> list[str]:
+        """Add one Rollout's counters; returns (and warns) the advice lines first due now."""
+        if self.reset_mode not in ("dpsa", "sgr"):
+            return []  # autoreset cuts nothing and resets one env at a time
+        self.rollouts += 1
+        for e in stats.episodes:
+            self.episodes += 1
+            if e.cut:
+                if e.length >= self.max_horizon:
+                    self.cut_by_horizon += 1
+                else:
+                    self.cut_by_threshold += 1
+        self.reset_time += stats.reset_time
+        self.wall_time += stats.wall_time
+        self.step_time += stats.step_time
+        if self.rollouts < MIN_ROLLOUTS or self.episodes < 2 * self.num_envs:
+            return []
+        due = [(key, line) for key, line in self._advice() if key not in self.warned]
+        for key, line in due:
+            self.warned.add(key)
+            rank_zero_warn(line)
+        return [line for _, line in due]
+
+    def _advice(self) -> list[tuple[str, str]]:
+        out = []
+        cut = self.cut_by_threshold / self.episodes
+        mode, thr = self.reset_mode, self.threshold
+        if cut > CUT_SHARE_WARN:
+            if mode == "sgr":
+                todo = "--data.reset_mode dpsa (SGR cuts every env at the first end)"
+            elif thr == "auto":
+                todo = "--data.max_horizon or more envs per sampler (auto could not keep the cut share lower)"
+            else:
+                todo = "raise --data.termination_threshold (e.g. 0.9) or set it to auto"
+            setting = f"--data.reset_mode {mode}" + (
+                f", --data.termination_threshold {thr}" if mode == "dpsa" else ""
+            )
+            out.append(
+                (
+                    "cut",
+                    f"fastlight: {cut:.0%} of episodes were cut short by the unified truncation "
+                    f"(perf/truncated_episode_share; {setting}): the long episodes stop when the short ones "
+                    f"end, and their returns are bootstrapped; {todo}",
+                )
+            )
+        horizon = self.cut_by_horizon / self.episodes
+        if horizon > CUT_SHARE_WARN:
+            out.append(
+                (
+                    "horizon",
+                    f"fastlight: {horizon:.0%} of episodes ran past --data.max_horizon {self.max_horizon} "
+                    "and were cut there; raise --data.max_horizon to the episodes' length",
+                )
+            )
+        reset = self.reset_time / self.wall_time if self.wall_time > 0 else 0.0
+        if reset > RESET_SHARE_WARN:
+            todo = (
+                "--data.reset_mode dpsa with a high --data.termination_threshold (or auto)"
+                if mode == "sgr"
+                else "raise --data.termination_threshold (or set it to auto) so each cycle runs longer "
+                "per reset"
+                if thr != "auto"
+                else "more envs per sampler (their resets overlap) or a cheaper env.reset"
+            )
+            out.append(
+                (
+                    "reset",
+                    f"fastlight: the samplers spent {reset:.0%} of their time in env.reset "
+                    f"(perf/time_efficiency {self.step_time / self.wall_time:.2f}): every {mode} cycle "
+                    f"starts with a reset of all envs; {todo}",
+                )
+            )
+        return out

@@ -1,0 +1,88 @@
+"""Why a checkpoint's weights do not fit a module: the first tensor of another shape and the settings
+that differ, as one line (resuming with another ``--model.hidden_sizes`` or ``--data.env_id``), where
+``load_state_dict`` would list every tensor in a long ``size mismatch`` traceback."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor
+
+#: RLModule and RolloutDataModule settings that cannot change a tensor's shape: a resume that cannot
+#: load the weights does not list them among the settings that differ.
+_NOT_SHAPES = frozenset(
+    {
+        "lr", "gamma", "gae_lambda", "update_epochs", "num_minibatches", "objective", "ratio_granularity",
+        "tokens_per_action", "vf_coef", "ent_coef", "value_clip_eps", "max_grad_norm",
+        "normalize_advantages", "recompute_values", "init_from", "value_warmup_updates",
+        "max_nonfinite_updates",
+    }
+)  # fmt: skip
+_DATA_NOT_SHAPES = frozenset(
+    {
+        "num_envs", "num_workers", "reset_mode", "termination_threshold", "max_horizon", "rollout_steps",
+        "cycles_per_step", "valid_steps_per_step", "max_staleness", "prefetch", "inference", "faults",
+        "steps_per_epoch", "seed", "nonfinite", "start_method",
+    }
+)  # fmt: skip
+#: Model sizes the CLI links from the data module: named as the env's, not as settings to type.
+_ENV_SIZES = ("obs_dim", "action_dim", "continuous")
+
+
+def first_misfit(mine: dict[str, Any], theirs: dict[str, Any], *, strict: bool) -> str | None:
+    """What keeps ``theirs`` (a checkpoint's state dict) from loading into ``mine``: the first tensor
+    of another shape (and how many there are), else with ``strict`` the first missing or unexpected
+    key; None when it loads."""
+    shaped = [
+        (k, tuple(v.shape), tuple(theirs[k].shape))
+        for k, v in mine.items()
+        if k in theirs and hasattr(v, "shape") and hasattr(theirs[k], "shape") and v.shape != theirs[k].shape
+    ]
+    if shaped:
+        key, here, there = shaped[0]
+        n = len(shaped) - 1
+        more = "" if not n else "; 1 more tensor differs" if n == 1 else f"; {n} more tensors differ"
+        return f"{key} is {list(here)} here, {list(there)} in the checkpoint{more}"
+    if not strict:
+        return None
+    missing = [k for k in mine if k not in theirs]
+    unexpected = [k for k in theirs if k not in mine]
+    if missing:
+        return f"{missing[0]} is not in the checkpoint ({len(missing)} tensors missing)"
+    if unexpected:
+        return f"the checkpoint holds {unexpected[0]}, which this model lacks ({len(unexpected)} such)"
+    return None
+
+
+def setting_differences(
+    saved: dict[str, Any], mine: dict[str, Any], saved_data: dict[str, Any], data: dict[str, Any]
+) -> list[str]:
+    """``--data.<key> <yours> (checkpoint: <theirs>)``, then the same for ``--model.``, for the
+    settings both sides hold that may shape a tensor; then the env's sizes that differ."""
+    out = []
+    for prefix, theirs, ours, skip in (
+        ("--data.", saved_data, data, _DATA_NOT_SHAPES),
+        ("--model.", saved, mine, _NOT_SHAPES | set(_ENV_SIZES)),
+    ):
+        for key, value in ours.items():
+            if key.startswith("_") or key in skip or key not in theirs:
+                continue
+            if _plain(value) != _plain(theirs[key]):
+                out.append(f"{prefix}{key} {_plain(value)} (checkpoint: {_plain(theirs[key])})")
+    for key in _ENV_SIZES:
+        if key in mine and key in saved and _plain(mine[key]) != _plain(saved[key]):
+            out.append(f"the env's {key} {_plain(mine[key])} (checkpoint: {_plain(saved[key])})")
+    return out
+
+
+def _plain(value: Any) -> Any:
+    """Settings as a config writes them, so that a tuple and the list a checkpoint saved compare equal."""
+    if hasattr(value, "as_dict"):  # a jsonargparse Namespace
+        value = value.as_dict()
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items() if k != "_instantiator"}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, Tensor):
+        return value.tolist()
+    return value

@@ -1,0 +1,100 @@
+"""An env that goes wrong is named: which env, its index in the sampler, its seed, the episode step.
+
+An observation of another shape than the others (numpy alone says "all input arrays must have the
+same shape"), and an exception raised inside ``env.step`` in a real sampler process (a SamplerError
+whose first line names the env, not only the sampler).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import fastlight.sampling.obs as obs_module
+from fastlight.envs.registry import make_env
+from fastlight.models.mlp import MLPActorCritic
+from fastlight.sampling.collector import Collector
+from fastlight.sampling.faults import FaultSettings
+from fastlight.sampling.obs import ObservationShapeError, stack_obs
+from fastlight.sampling.pool import SamplerError, SamplerPool
+from fastlight.sampling.worker import SamplerConfig
+from tests.lightning_helpers import wait_no_children
+from tests.sampling import error_envs
+
+ODD = "tests.sampling.error_envs:OddShape-v0"
+RAISING = "tests.sampling.error_envs:Raising-v0"
+
+
+def odd_envs(monkeypatch, n: int, **kwargs) -> list:
+    monkeypatch.setattr(error_envs.OddShapeEnv, "made", 0)  # instance k is the sampler's env k
+    return [make_env(ODD, env_kwargs=kwargs) for _ in range(n)]
+
+
+def test_an_odd_observation_names_env_index_seed_step_and_shapes(monkeypatch):
+    envs = odd_envs(monkeypatch, 3, bad_instance=1, bad_step=2)
+    collector = Collector(envs, mode="dpsa", max_horizon=50, seed=7)
+    with pytest.raises(ObservationShapeError) as e:
+        collector.collect(MLPActorCritic(3, 2))
+    assert str(e.value) == (
+        "env OddShape-v0 (index 1 of this sampler, seed 8) returned an observation of shape (4,) at "
+        "episode step 2; the others have shape (3,) (its observation_space: Box(-inf, inf, (3,), float32))"
+    )
+    assert "all input arrays must have the same shape" in str(e.value.__cause__)  # numpy's, kept as cause
+    assert (e.value.index, e.value.shape, e.value.others) == (1, "(4,)", "(3,)")
+
+
+def test_the_observation_space_decides_which_of_two_is_odd_in_the_bootstrap(monkeypatch):
+    # Two envs, one shape each: the odd one is the one off its observation space (env 0 here), also
+    # when the shapes first meet in the bootstrap of a cycle cut at max_horizon 2.
+    envs = odd_envs(monkeypatch, 2, bad_instance=0, bad_step=2)
+    collector = Collector(envs, mode="dpsa", max_horizon=2, seed=100)
+    said = (
+        r"^env OddShape-v0 \(index 0 of this sampler, seed 100\) returned an observation of shape \(4,\) "
+        r"at episode step 2; the others have shape \(3,\)"
+    )
+    with pytest.raises(ObservationShapeError, match=said):
+        collector.collect(MLPActorCritic(3, 2))
+
+
+def test_stacking_looks_for_the_odd_one_only_once_it_failed(monkeypatch):
+    def never(*args, **kwargs):
+        raise AssertionError("odd_observation ran on observations that stack")
+
+    monkeypatch.setattr(obs_module, "odd_observation", never)
+    envs = odd_envs(monkeypatch, 2, bad_instance=5)  # no such instance: every observation is (3,)
+    rollout = Collector(envs, mode="dpsa", max_horizon=8, seed=0).collect(MLPActorCritic(3, 2))
+    assert rollout.valid.shape == (5, 2)  # 5-step episodes, both ended at step 5
+    dicts = stack_obs([{"a": [1.0, 2.0]}, {"a": [3.0, 4.0]}])
+    assert dicts["a"].tolist() == [[1.0, 2.0], [3.0, 4.0]]
+
+
+def test_a_dict_observation_names_the_key_layouts(monkeypatch):
+    with pytest.raises(
+        ObservationShapeError,
+        match=r"observation 2 of 3 has shape \{'image': \(2, 2\)\}; "
+        r"the others have shape \{'image': \(3, 3\)\}",
+    ):
+        stack_obs([{"image": [[0] * 3] * 3}, {"image": [[0] * 3] * 3}, {"image": [[0] * 2] * 2}])
+
+
+@pytest.mark.multiproc
+def test_an_env_exception_in_a_sampler_names_env_index_seed_and_step():
+    # The sampler's env 1 (seed 1000 + 1) raises in the 3rd step of its first episode.
+    env_kwargs = {"bad_instance": 1, "bad_step": 3}
+    configs = [SamplerConfig(env_id=RAISING, num_envs=2, max_horizon=8, seed=1000, env_kwargs=env_kwargs)]
+    net = MLPActorCritic(3, 2)
+    pool = SamplerPool(configs, net, faults=FaultSettings(worker_timeout_s=60))
+    pool.start()
+    try:
+        pool.publish(net, 0)
+        with pytest.raises(SamplerError) as e:
+            for _ in range(300):
+                pool.next_item(0.2)
+    finally:
+        pool.stop()
+    first, *rest = str(e.value).splitlines()
+    assert first == (
+        "sampler worker 0 (fastlight-sampler-0) crashed: EnvError: env Raising-v0 (index 1 of this sampler, "
+        "seed 1001) raised RuntimeError at episode step 3: the simulator lost its road network"
+    )
+    assert "RuntimeError: the simulator lost its road network" in rest  # the env's own traceback follows
+    wait_no_children()

@@ -1,0 +1,193 @@
+"""Every command-line mistake of ``fastlight fit`` is one line on stderr, and exit status 2.
+
+Each case runs the real console script (``fastlight``, the one the venv installs) from the repo root,
+as a user would, and checks the whole of stderr: exactly one non-empty line, ``fastlight: error: ``
+and the line naming the flag with what to write instead. The mistakes are found before any sampler
+starts, so the runs are short; they run a few at a time (each is mostly Lightning's import).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FASTLIGHT = Path(sys.executable).parent / "fastlight"
+CONFIG = "configs/highway_dpsa.yaml"
+SUFFIX = "  (FASTLIGHT_DEBUG=1 shows the traceback)"
+BAD_YAML = "model:\n  lr: 1\n   bad: 2\n"
+OPTIMIZER = (
+    "--optimizer is not a setting: the module makes its optimizer (fastlight.RLModule: Adam at --model.lr "
+    "over param_groups()); set --model.lr, or override param_groups() (which parameters, a learning rate "
+    "per group) or configure_optimizers() (another optimizer, a scheduler) in a subclass"
+)
+
+
+def highway_config_keys() -> str:
+    from highway_env.envs.highway_env import HighwayEnvFast
+
+    return ", ".join(sorted(HighwayEnvFast.default_config()))
+
+
+def callbacks_line() -> str:
+    from fastlight import callbacks
+
+    return (
+        "--trainer.callbacks: no callback class NoSuchCallback; "
+        f"fastlight's: {', '.join(callbacks.__all__)}, "
+        "or a full import path like lightning.pytorch.callbacks.ModelCheckpoint"
+    )
+
+
+#: (id, arguments after the common ones, the whole error line; {tmp} is the run's folder, {callbacks}
+#: the callbacks line, {highway_config_keys} highway-env's config keys).
+MISTAKES: list[tuple[str, tuple[str, ...], str]] = [
+    (
+        "unknown-model-setting",
+        ("--model.learning_rate", "1e-3"),
+        "--model.learning_rate is not a setting of fastlight.RLModule; did you mean --model.lr?",
+    ),
+    (
+        "unknown-trainer-setting",
+        ("--trainer.max_stpes", "2"),
+        "--trainer.max_stpes is not a setting of the Trainer; did you mean --trainer.max_steps?",
+    ),
+    ("wrong-type", ("--data.num_envs", "four"), "--data.num_envs must be an int, got 'four'"),
+    ("missing-config", ("--config", "configs/nope.yaml"), "--config configs/nope.yaml: no such file"),
+    (
+        "bad-yaml",
+        ("--config", "{tmp}/bad.yaml"),
+        "--config {tmp}/bad.yaml: line 3, column 7: mapping values are not allowed here",
+    ),
+    ("missing-ckpt", ("--ckpt_path", "{tmp}/x.ckpt"), "--ckpt_path: no checkpoint file at {tmp}/x.ckpt"),
+    (
+        "missing-init-from",
+        ("--model.init_from", "{tmp}/nope.ckpt"),
+        "--model.init_from: no checkpoint file at {tmp}/nope.ckpt",
+    ),
+    (
+        "trainer-max-time",
+        ("--trainer.max_time", "2min"),
+        "--trainer.max_time must be DD:HH:MM:SS (e.g. 00:00:10:00) or a dict like {minutes: 10}, got '2min'",
+    ),
+    (
+        "trainer-max-steps",
+        ("--trainer.max_steps", "-5"),
+        "--trainer.max_steps must be a non-negative integer or -1 (infinite steps), got -5",
+    ),
+    ("optimizer", ("--optimizer", "AdamW"), OPTIMIZER),
+    ("seed", ("--seed_everything", "abc"), "--seed_everything must be an int or true/false, got 'abc'"),
+    ("callback", ("--trainer.callbacks+=NoSuchCallback",), "{callbacks}"),
+    (
+        "env-kwargs",
+        ("--data.env_kwargs", '{"bogus_key": 1}'),
+        "--data.env_kwargs: highway-fast-v0 takes no keyword 'bogus_key'; it takes config, render_mode "
+        "(config keys, from its default_config(): {highway_config_keys})",
+    ),
+]
+DEBUG = ("debug", ("--data.num_envs", "four"), "--data.num_envs must be an int, got 'four'")
+#: The cases run as a user's command does, with the forkserver warm-up that reads the config files first
+#: (fastlight.__main__). The others pass --data.start_method spawn, which skips it: it is seconds of CPU
+#: in one more process per run, and none of their mistakes goes near it.
+WARM = ("missing-config", "bad-yaml", "env-kwargs")
+
+
+Run = subprocess.CompletedProcess
+
+
+def expand(text: str, tmp: Path) -> str:
+    """``text`` with its placeholders filled in (str.format would read ``{minutes: 10}`` as one)."""
+    text = text.replace("{tmp}", str(tmp))
+    if "{callbacks}" in text:
+        text = text.replace("{callbacks}", callbacks_line())
+    if "{highway_config_keys}" in text:
+        text = text.replace("{highway_config_keys}", highway_config_keys())
+    return text
+
+
+def fit(tmp: Path, args: tuple[str, ...], *, debug: bool = False, warm: bool = False) -> Run:
+    env = {k: v for k, v in os.environ.items() if k != "FASTLIGHT_DEBUG"}
+    if debug:
+        env["FASTLIGHT_DEBUG"] = "1"
+    common = ("--config", CONFIG, "--trainer.max_steps", "1", "--data.num_workers", "1", "--data.num_envs")
+    root = ("--trainer.default_root_dir", str(tmp), *(() if warm else ("--data.start_method", "spawn")))
+    return subprocess.run(
+        [str(FASTLIGHT), "fit", *common, "2", *root, *(expand(a, tmp) for a in args)],
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=300,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, tuple[Path, Run]]:
+    """Every case's run, a few at a time (the fixture runs them all, whichever test asks first)."""
+    cases = [(*case, False) for case in MISTAKES] + [(*DEBUG, True)]
+
+    def one(case: tuple[str, tuple[str, ...], str, bool]) -> tuple[str, tuple[Path, Run]]:
+        name, args, _line, debug = case
+        tmp = tmp_path_factory.mktemp(name)
+        (tmp / "bad.yaml").write_text(BAD_YAML)
+        return name, (tmp, fit(tmp, args, debug=debug, warm=name in WARM))
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return dict(pool.map(one, cases))
+
+
+@pytest.mark.parametrize(("name", "args", "line"), MISTAKES, ids=[m[0] for m in MISTAKES])
+def test_a_mistake_is_one_line_naming_the_flag(runs, name, args, line):
+    tmp, out = runs[name]
+    errors = [x for x in out.stderr.splitlines() if x.strip()]
+    assert out.returncode == 2, out.stderr
+    assert errors == [f"fastlight: error: {expand(line, tmp)}{SUFFIX}"], out.stderr
+
+
+def test_fastlight_debug_shows_the_traceback(runs):
+    _tmp, out = runs["debug"]
+    assert out.returncode == 1, out.stderr
+    assert "Traceback (most recent call last)" in out.stderr
+    assert f"SettingError: {DEBUG[2]}" in out.stderr
+    assert "fastlight: error:" not in out.stderr
+
+
+def test_print_config_has_no_optimizer_arguments(capsys):
+    from fastlight.cli import cli_main
+
+    with pytest.raises(SystemExit) as info:
+        cli_main(["fit", "--config", str(ROOT / CONFIG), "--print_config"])
+    assert info.value.code == 0
+    printed = capsys.readouterr().out
+    assert "\nmodel:\n" in printed and "\ntrainer:\n" in printed  # the config was printed
+    assert "optimizer" not in printed and "lr_scheduler" not in printed
+
+
+def test_the_seed_line_waits_for_the_next_lightning_line(monkeypatch):
+    """A mistake found while the classes are built must not follow Lightning's "Seed set to N"; a run
+    that gets as far as the Trainer prints it, first. Lightning's loggers are set up as in the
+    command (its own handlers; pytest's root handlers would take them over here)."""
+    from lightning.fabric.utilities.seed import seed_everything
+    from lightning.pytorch.utilities.rank_zero import rank_zero_info
+
+    from fastlight.cli_output import quiet_third_party
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    for name in ("lightning.fabric", "lightning.pytorch"):
+        monkeypatch.setattr(logging.getLogger(name), "handlers", [handler])
+        monkeypatch.setattr(logging.getLogger(name), "propagate", False)
+    seed_log = logging.getLogger("lightning.fabric.utilities.seed")
+    monkeypatch.setattr(seed_log, "filters", [])
+    quiet_third_party()
+    quiet_third_party()  # idempotent: one hold, one release
+    assert len(handler.filters) == 1 and len(seed_log.filters) == 1
+    seed_everything(7)
+    assert stream.getvalue() == ""
+    rank_zero_info("GPU available: False, used: False")
+    assert stream.getvalue().splitlines() == ["Seed set to 7", "GPU available: False, used: False"]
+    rank_zero_info("TPU available: False")  # nothing held any more
+    assert stream.getvalue().splitlines()[2:] == ["TPU available: False"]
