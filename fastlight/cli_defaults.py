@@ -9,7 +9,8 @@ idempotent: a completed config stays as it is (the ``config.yaml`` a run saves i
 Added, unless the config has its own:
 
 - ``PreemptionCheckpoint`` (a checkpoint on SIGTERM / SIGINT / SIGUSR1, on a fault, every 30 minutes
-  and when training ends) and ``EnvStepBudget`` (``env_steps`` logged; no budget);
+  and when training ends) and, for a ``RolloutDataModule``, ``EnvStepBudget`` (``env_steps``
+  logged; no budget);
 - TensorBoard and CSV loggers under ``--trainer.default_root_dir`` (``<root>/tb``, ``<root>/csv``).
 
 Done here rather than in the YAML, so that overriding the root dir on the command line moves every
@@ -45,8 +46,9 @@ from jsonargparse import Namespace
 from fastlight.callbacks.env_steps import EnvStepBudget
 from fastlight.callbacks.preemption import PreemptionCheckpoint
 from fastlight.callbacks.timed_checkpoint import TimedCheckpoint
-from fastlight.class_paths import class_path, same_class
+from fastlight.class_paths import class_path, resolve, same_class
 from fastlight.cli_callbacks import merge_repeated_callbacks
+from fastlight.data.datamodule import RolloutDataModule
 
 MODEL_CHECKPOINT = "lightning.pytorch.callbacks.ModelCheckpoint"
 PREEMPTION = class_path(PreemptionCheckpoint)
@@ -141,9 +143,10 @@ def run_defaults(cfg: Namespace, *, version: int, last_exists: bool) -> Namespac
         args["every_epoch"] = True
     if cfg.get("ckpt_path") == "last" and last_exists:  # see resume_last
         cfg["ckpt_path"] = os.path.join(checkpoints, "last.ckpt")
-    # Every run logs env_steps (the unit an RL user plans in); one that lists EnvStepBudget itself
+    # Every RL run logs env_steps (the unit an RL user plans in); one that lists EnvStepBudget itself
     # (e.g. --trainer.callbacks+=EnvStepBudget --trainer.callbacks.total_env_steps N) sets a budget.
-    if not any(_is(cb, ENV_STEPS) for cb in callbacks):
+    # A supervised stage (DemoDataModule: batches of demonstrations) has no env steps to count.
+    if _samples_envs(cfg) and not any(_is(cb, ENV_STEPS) for cb in callbacks):
         callbacks.append(Namespace(class_path=ENV_STEPS, init_args=_defaults(EnvStepBudget)))
     trainer["callbacks"] = callbacks
     if trainer.get("logger") in (None, True):
@@ -152,6 +155,15 @@ def run_defaults(cfg: Namespace, *, version: int, last_exists: bool) -> Namespac
             for path, name in LOGGERS
         ]
     return cfg
+
+
+def _samples_envs(cfg: Namespace) -> bool:
+    """Whether the run's data module is a RolloutDataModule (a class path that does not import is
+    counted as one: the parser will name it)."""
+    data = cfg.get("data")
+    path = data.get("class_path") if isinstance(data, Namespace) else None
+    cls = resolve(path) if path else None
+    return not isinstance(cls, type) or issubclass(cls, RolloutDataModule)
 
 
 def _defaults(cls: type) -> Namespace:

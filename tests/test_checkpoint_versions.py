@@ -112,3 +112,16 @@ def test_two_cli_runs_with_one_root_dir(tmp_path, capsys):
         assert saved_step(ckpts / f"version_{version}" / "last.ckpt") == step
     assert not list(root.rglob("last-v*.ckpt"))
     assert sorted(os.listdir(root / "tb")) == sorted(os.listdir(root / "csv")) == ["version_0", "version_1"]
+
+
+@pytest.mark.parametrize(
+    "data, counted",
+    [
+        ("fastlight.RolloutDataModule", True),
+        ("fastlight.data.demos.DemoDataModule", False),  # a supervised stage: no env steps to count
+    ],
+)
+def test_env_steps_are_counted_for_rollout_data_only(tmp_path, data, counted):
+    cfg = fit_config(tmp_path, [], data=Namespace(class_path=data, init_args=Namespace()))
+    paths = [cb.class_path for cb in run_defaults(cfg, version=0, last_exists=False).trainer.callbacks]
+    assert (ENV_STEPS in paths) == counted and PREEMPTION in paths
