@@ -196,7 +196,9 @@ def report(
         f"this machine ({os.cpu_count()} cores). Score: the mean training-episode return over the last "
         f"{args.final_s:g} s. Sample Factory 2.1.1 in its own virtualenv, its MuJoCo defaults, 2 workers x "
         "8 envs, `--device cpu`; fastlight `configs/mujoco_ppo.yaml`. Plain-loop ceiling: one env, random "
-        "actions, this process.",
+        "actions, this process. In the plot, fastlight's curve is each Rollout's mean over its completed "
+        "episodes (noisier), Sample Factory's its running mean over recent episodes; the scores average "
+        "both over the same final window.",
         "",
         "| env | system | seeds | final return (mean ± s.d.) | per seed | env steps/s | first return (s) |",
         "|---|---|---|---|---|---|---|",
