@@ -54,6 +54,9 @@ def test_every_callback_of_fastlight_is_checked():
         for info in pkgutil.iter_modules(fastlight.callbacks.__path__)
         for cls in vars(importlib.import_module(f"fastlight.callbacks.{info.name}")).values()
         if isinstance(cls, type) and issubclass(cls, Callback) and cls.__module__.startswith("fastlight.")
+        # The deprecated ThroughputMonitor alias is made on first use (module __getattr__) and
+        # lands in vars() once a test touched it; it is RolloutThroughput under its old name.
+        and cls.__name__ != "ThroughputMonitor"
     }
     assert len(defined) >= 7 and defined <= set(CALLBACKS), defined - set(CALLBACKS)
 

@@ -74,5 +74,5 @@ def test_exit_notes_name_the_signal_and_only_sigkill_gets_the_memory():
     big = sample_memory(os.getpid())
     assert big is not None and big.peak_mib >= big.rss_mib > 0
     assert re.search(
-        r"it held \d+ MiB resident \(peak \d+ MiB\) 2\.0 s before", exit_note(-9, big, big.at + 2)
+        r"it held [\d.]+ [MG]iB resident \(peak [\d.]+ [MG]iB\) 2\.0 s before", exit_note(-9, big, big.at + 2)
     )
