@@ -19,7 +19,6 @@ from argparse import ArgumentError
 from typing import Any
 
 import lightning as L
-import torch
 from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.plugins.io import CheckpointIO
@@ -44,6 +43,7 @@ from fastlight.cli_parser import (
 )
 from fastlight.modules.objective_hparams import legacy_setting_hint
 from fastlight.modules.rl_module import RLModule
+from fastlight.modules.weights_fit import plain_setting
 
 #: Model arguments the CLI links from the data module: not the user's to set, never a difference.
 _LINKED = ("obs_dim", "action_dim", "continuous")
@@ -175,18 +175,6 @@ class FastlightCLI(LightningCLI):
             )
 
 
-def _plain(value: Any) -> Any:
-    if isinstance(value, Namespace):
-        value = value.as_dict()
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items() if k != "_instantiator"}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, torch.Tensor):
-        return value.tolist()
-    return value
-
-
 def _differences(
     saved: dict[str, Any],
     model: Namespace,
@@ -200,17 +188,17 @@ def _differences(
     theirs_class = saved.get("_class_path")
     if theirs_class and not same_class(theirs_class, model.class_path):
         out.append(f"--model.class_path {model.class_path} (checkpoint: {theirs_class})")
-    mine = _plain(model.get("init_args") or Namespace())
+    mine = plain_setting(model.get("init_args") or Namespace())
     for key, value in mine.items():
         if key in _LINKED or key == "init_from" or key not in saved:  # init_from: not read on resume
             continue
-        theirs = _plain(saved[key])
+        theirs = plain_setting(saved[key])
         if theirs != value:
             out.append(f"--model.{key} {value} (checkpoint: {theirs})")
     init_args = data.get("init_args") if isinstance(data, Namespace) else None
-    for key, value in _plain(init_args or Namespace()).items():
-        if saved_data and key in saved_data and _plain(saved_data[key]) != value:
-            out.append(f"--data.{key} {value} (checkpoint: {_plain(saved_data[key])})")
+    for key, value in plain_setting(init_args or Namespace()).items():
+        if saved_data and key in saved_data and plain_setting(saved_data[key]) != value:
+            out.append(f"--data.{key} {value} (checkpoint: {plain_setting(saved_data[key])})")
     return out
 
 

@@ -67,22 +67,23 @@ def setting_differences(
         for key, value in ours.items():
             if key.startswith("_") or key in skip or key not in theirs:
                 continue
-            if _plain(value) != _plain(theirs[key]):
-                out.append(f"{prefix}{key} {_plain(value)} (checkpoint: {_plain(theirs[key])})")
+            if plain_setting(value) != plain_setting(theirs[key]):
+                out.append(f"{prefix}{key} {plain_setting(value)} (checkpoint: {plain_setting(theirs[key])})")
     for key in _ENV_SIZES:
-        if key in mine and key in saved and _plain(mine[key]) != _plain(saved[key]):
-            out.append(f"the env's {key} {_plain(mine[key])} (checkpoint: {_plain(saved[key])})")
+        if key in mine and key in saved and plain_setting(mine[key]) != plain_setting(saved[key]):
+            yours, theirs = plain_setting(mine[key]), plain_setting(saved[key])
+            out.append(f"the env's {key} {yours} (checkpoint: {theirs})")
     return out
 
 
-def _plain(value: Any) -> Any:
+def plain_setting(value: Any) -> Any:
     """Settings as a config writes them, so that a tuple and the list a checkpoint saved compare equal."""
     if hasattr(value, "as_dict"):  # a jsonargparse Namespace
         value = value.as_dict()
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items() if k != "_instantiator"}
+        return {k: plain_setting(v) for k, v in value.items() if k != "_instantiator"}
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [plain_setting(v) for v in value]
     if isinstance(value, Tensor):
         return value.tolist()
     return value
