@@ -99,13 +99,37 @@ def last_logged(root: Path, key: str) -> float | None:
     return values[-1] if values else None
 
 
-def run(name: str, root: Path, inject: str | None, extra: tuple[str, ...] = (), **kw) -> dict:
+#: A 2-rank DDP run (gloo on CPU, Lightning's launcher), one sampler per rank, through the command's
+#: own entry (each rank warms a forkserver).
+DDP = ("--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu",
+       "--data.num_workers", "1", "--data.num_envs", "1")  # fmt: skip
+
+
+def rank_pid(launcher: int, rank: int) -> int:
+    """Local rank ``rank`` below Lightning's launcher (not a forkserver or a sampler: they run ``-c``)."""
+    for pid in descendants(launcher):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"fit" in cmdline and b"-c" not in cmdline and f"LOCAL_RANK={rank}".encode() in environ:
+            return pid
+    raise RuntimeError(f"no rank {rank} below pid {launcher}")
+
+
+def run(name: str, root: Path, inject: str | None, extra: tuple[str, ...] = (), *, ddp: bool = False,
+        **kw) -> dict:  # fmt: skip
     """Start a run; ``inject`` is a signal name (sent once updates are logged), ``SAMPLER:<signal>``
-    (sent to one sampler process; recovery is timed, then SIGTERM ends the run), or None (the fault
-    is in the settings / env and the run stops by itself)."""
+    (sent to one sampler process; recovery is timed, then SIGTERM ends the run), ``RANK1:<signal>``
+    (to DDP rank 1 alone), ``GROUP:<signal>`` / ``GROUP2:<signal>`` (to the whole process group, once /
+    twice 0.5 s apart), or None (the fault is in the settings / env and the run stops by itself)."""
     log = root.parent / f"{root.name}.log"
-    with open(log, "w") as f:
-        proc = subprocess.Popen(command(root, *extra, **kw), stdout=f, stderr=subprocess.STDOUT, env=env())
+    cmd = command(root, *(DDP if ddp else ()), *extra, **kw)
+    if ddp:
+        cmd[1:3] = ["-m", "fastlight"]
+    with open(log, "w") as f:  # its own session: GROUP signals reach its process group only
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env(), start_new_session=True)
     children: set[int] = set()
     t_inject = time.monotonic()
     recovered = None
@@ -122,6 +146,13 @@ def run(name: str, root: Path, inject: str | None, extra: tuple[str, ...] = (), 
                 children |= descendants(proc.pid)
                 if proc.poll() is None:
                     proc.send_signal(signal.SIGTERM)
+            elif inject.startswith("RANK1:"):
+                os.kill(rank_pid(proc.pid, 1), getattr(signal, inject.split(":")[1]))
+            elif inject.startswith(("GROUP:", "GROUP2:")):
+                os.killpg(proc.pid, getattr(signal, inject.split(":")[1]))
+                if inject.startswith("GROUP2:"):
+                    time.sleep(0.5)
+                    os.killpg(proc.pid, getattr(signal, inject.split(":")[1]))
             else:
                 proc.send_signal(getattr(signal, inject))
             break
@@ -132,7 +163,8 @@ def run(name: str, root: Path, inject: str | None, extra: tuple[str, ...] = (), 
     text = log.read_text()
     lines = [line for line in text.splitlines() if line.startswith("fastlight:")]
     saved = ckpt_updates(root)
-    lost = None if saved is None else trained_updates(root) - saved
+    # max: a stop at an update's end leaves that update's metrics row unlogged, its weights saved.
+    lost = None if saved is None else max(0, trained_updates(root) - saved)
     return {
         "fault": name,
         "rc": rc,
@@ -182,6 +214,10 @@ def main() -> None:
             env_kwargs='{"step_sleep": 0.02, "nan_reward_at": 30, "nan_value": 3e38}',
         ),
         "num_minibatches 1000": lambda r: run("num_minibatches 1000", r, None, ("--model.num_minibatches", "1000")),  # noqa: E501
+        "DDP SIGTERM rank 1": lambda r: run("DDP SIGTERM rank 1", r, "RANK1:SIGTERM", ddp=True),
+        "DDP SIGTERM group": lambda r: run("DDP SIGTERM group", r, "GROUP:SIGTERM", ddp=True),
+        "DDP SIGTERM group twice": lambda r: run("DDP SIGTERM group twice", r, "GROUP2:SIGTERM", ddp=True),
+        "DDP SIGINT group": lambda r: run("DDP SIGINT group", r, "GROUP:SIGINT", ddp=True),
     }
     rows = []
     for name, fn in faults.items():

@@ -34,10 +34,12 @@ _EXPORTS: dict[str, str] = {
     # policies
     "Policy": "fastlight.models.base",
     "PolicyBase": "fastlight.models.base",
+    "TokenPolicy": "fastlight.models.base",
     "ActOutput": "fastlight.models.base",
     "EvalOutput": "fastlight.models.base",
     "MLPActorCritic": "fastlight.models.mlp",
     "VLAPolicy": "fastlight.models.vla",
+    "LoRASettings": "fastlight.models.lora",
     # callbacks
     "DynamicWeightedResampling": "fastlight.callbacks.dwr",
     "EnvStepBudget": "fastlight.callbacks.env_steps",
@@ -59,6 +61,7 @@ __all__ = [
     "FaultSettings",
     "GIPO",
     "InferenceSettings",
+    "LoRASettings",
     "MLPActorCritic",
     "Objective",
     "PPOClip",
@@ -73,6 +76,7 @@ __all__ = [
     "SAPO",
     "ScenarioLoadCost",
     "TimedCheckpoint",
+    "TokenPolicy",
     "VLAModule",
     "VLAPolicy",
     "VLASFTModule",
@@ -108,7 +112,8 @@ if TYPE_CHECKING:  # static checkers and IDEs see the real classes
     from fastlight.envs.scenario_cost import ScenarioLoadCost
     from fastlight.envs.wrappers import EnvWrapper
     from fastlight.inference.settings import InferenceSettings
-    from fastlight.models.base import ActOutput, EvalOutput, Policy, PolicyBase
+    from fastlight.models.base import ActOutput, EvalOutput, Policy, PolicyBase, TokenPolicy
+    from fastlight.models.lora import LoRASettings
     from fastlight.models.mlp import MLPActorCritic
     from fastlight.models.vla import VLAPolicy
     from fastlight.modules.objectives import GIPO, SAPO, Objective, PPOClip

@@ -14,6 +14,17 @@ and ``A_t = R_t = 0`` where ``valid[t]`` is False. The :class:`~fastlight.rollou
 invariant (a valid step that is not done is followed by a valid step) guarantees that padding
 never feeds the recursion; :func:`masked_gae` checks it, because otherwise a DPSA dummy step
 would silently leak into the advantage of a real one.
+
+**Action chunks** (a transition executes ``h_t`` env steps, see :mod:`fastlight.rollout`): each
+transition is one step of a semi-MDP. :func:`chunk_rewards` turns its raw env-step rewards into
+``r_t = Σ_{i<h_t} γ^i r_{t,i}`` and its discount into ``γ_t = γ^{h_t}``, and :func:`masked_gae`
+runs the same recursion with ``γ_t`` in place of ``γ``::
+
+    δ_t = r_t + γ_t·next_v_t - V_t
+    A_t = δ_t + γ_t·λ·(1 - done_t)·A_{t+1}
+
+so a chunk's one-step target ``r_t + γ^{h_t} V(s_{t+h_t})`` is the ``h_t``-step return of the env
+steps it ran, and with ``λ = 1`` the returns are the discounted Monte-Carlo returns over env steps.
 """
 
 from __future__ import annotations
@@ -24,7 +35,7 @@ from torch import Tensor
 
 from fastlight.losses.masked import check_mask, zero_invalid
 
-__all__ = ["global_advantage_moments", "masked_gae", "normalize_advantages"]
+__all__ = ["chunk_rewards", "global_advantage_moments", "masked_gae", "normalize_advantages"]
 
 
 def _check_gae_inputs(tensors: dict[str, Tensor], gamma: float, lam: float) -> None:
@@ -56,6 +67,31 @@ def _check_episode_structure(terminated: Tensor, truncated: Tensor, valid: Tenso
         )
 
 
+def chunk_rewards(step_rewards: Tensor, env_steps: Tensor, gamma: float) -> tuple[Tensor, Tensor]:
+    """Action-chunk transitions as semi-MDP steps: ``(Σ_{i<h} γ^i r_i, γ^h)`` per transition.
+
+    Shapes: ``step_rewards [T, E, H]`` (the raw reward of each env step of the chunk), ``env_steps
+    [T, E]`` integer (``h``, the steps executed; entries at ``i >= h`` are ignored, whatever they
+    hold). Returns ``(rewards [T, E], discounts [T, E])`` in ``step_rewards``' dtype; padding (``h =
+    0``) gets reward 0 and discount 1.
+    """
+    if step_rewards.dim() != 3 or tuple(env_steps.shape) != tuple(step_rewards.shape[:2]):
+        raise ValueError(
+            f"chunk_rewards: step_rewards must be [T, E, H] and env_steps [T, E], got "
+            f"{tuple(step_rewards.shape)} and {tuple(env_steps.shape)}"
+        )
+    if not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"chunk_rewards: gamma must be in [0, 1], got {gamma}")
+    h = step_rewards.shape[2]
+    i = torch.arange(h, device=step_rewards.device)
+    # Powers in float64 (gamma^i, then cast), as the env-step recursion would accumulate them.
+    powers = torch.tensor(gamma, dtype=torch.float64, device=step_rewards.device) ** i
+    executed = i < env_steps.unsqueeze(-1)
+    weighted = torch.where(executed, step_rewards * powers.to(step_rewards.dtype), step_rewards.new_zeros(()))
+    discounts = torch.tensor(gamma, dtype=torch.float64, device=env_steps.device) ** env_steps.double()
+    return weighted.sum(-1), discounts.to(step_rewards.dtype)
+
+
 def masked_gae(
     *,
     rewards: Tensor,
@@ -66,8 +102,12 @@ def masked_gae(
     valid: Tensor,
     gamma: float = 0.99,
     lam: float = 0.95,
+    discounts: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """GAE(γ, λ) over a padded ``[T, E]`` rollout; see the module docstring for the recursion.
+
+    ``discounts [T, E]`` (action chunks: ``γ^{h_t}`` from :func:`chunk_rewards`) replaces ``γ`` per
+    transition; ``None`` (the default) discounts every transition by ``gamma``, as before.
 
     Shapes: every input ``[T, E]``; ``terminated``, ``truncated``, ``valid`` bool. Returns
     ``(advantages, returns)``, both ``[T, E]`` and exactly 0 where ``valid`` is False, whatever
@@ -83,6 +123,8 @@ def masked_gae(
         "truncated": truncated,
         "valid": valid,
     }
+    if discounts is not None:
+        fields["discounts"] = discounts
     _check_gae_inputs(fields, gamma, lam)
     _check_episode_structure(terminated, truncated, valid)
     done = terminated | truncated
@@ -93,9 +135,10 @@ def masked_gae(
         # At t = T-1 a valid step is always done (checked above), so this 0 is never selected.
         v_next = values[t + 1] if t + 1 < values.shape[0] else torch.zeros_like(values[t])
         next_v = torch.where(truncated[t], bootstrap_values[t], torch.where(terminated[t], zero, v_next))
-        delta = rewards[t] + gamma * next_v - values[t]
+        g = gamma if discounts is None else discounts[t]
+        delta = rewards[t] + g * next_v - values[t]
         carry = torch.where(done[t], zero, adv_next)
-        adv_next = torch.where(valid[t], delta + gamma * lam * carry, zero)
+        adv_next = torch.where(valid[t], delta + g * lam * carry, zero)
         steps.append(adv_next)
     advantages = torch.stack(steps[::-1], dim=0)
     returns = torch.where(valid, advantages + values, zero)

@@ -19,7 +19,8 @@ success rate (an episode succeeded if any step's ``info['success']`` or ``info['
 is true: :func:`fastlight.rollout.success_after`) and crash rate (highway-env's ``info['crashed']``
 at the last step) with Wilson score intervals, each where the env reports it. Printed, and
 written with one row per episode to ``--out`` (default ``<ckpt>.eval.json``). ``--video DIR``
-writes one GIF per episode (imageio, from the optional ``bench`` extra).
+writes one GIF per episode (imageio, from the optional ``bench`` extra). A policy acting in action
+chunks plays each chunk open-loop (lengths count env steps, as in training).
 
 Any fastlight module class loads: the checkpoint records its class path (LightningCLI's
 ``_class_path``), imported from the working directory like ``fastlight fit`` does.
@@ -118,6 +119,7 @@ def play_seeded(
     """``(episodes, GIF fps)``: episode ``i`` on seed ``--seed + i``; ``--video`` keeps ``env.render()``."""
     from fastlight.envs.registry import make_env
     from fastlight.evaluation import one_at_a_time, play_episodes, policy_act_fn, seeded_specs
+    from fastlight.models.action_mapping import action_chunk
 
     if args.video:
         # rgb_array frames need no window: SDL's offscreen driver draws without looking for a
@@ -129,7 +131,7 @@ def play_seeded(
         fps = args.fps or float(min(max(env.metadata.get("render_fps") or 20, 1), 30))
         act = one_at_a_time(policy_act_fn(policy, deterministic=not args.sample))
         specs = seeded_specs(args.episodes, args.seed, record=bool(args.video))
-        return play_episodes(act, [env], specs), fps
+        return play_episodes(act, [env], specs, action_chunk=action_chunk(policy.action_mapping())), fps
     finally:
         env.close()
 
@@ -139,6 +141,7 @@ def play_multitask(
 ) -> list[EpisodeRecord]:
     """fastlight's Meta-World: :func:`fastlight.evaluation.play_tasks`, ``--episodes`` per task."""
     from fastlight.evaluation import play_tasks, policy_batch_act_fn
+    from fastlight.models.action_mapping import action_chunk
 
     return play_tasks(
         policy_batch_act_fn(policy, deterministic=not args.sample),
@@ -148,6 +151,7 @@ def play_multitask(
         seed=args.seed,
         batch=args.batch,
         record=args.episodes if record else 0,
+        action_chunk=action_chunk(policy.action_mapping()),  # chunks play open-loop, lengths in env steps
     )
 
 
@@ -245,6 +249,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         except ModuleNotFoundError as e:
             fail(str(e))
     from fastlight.checkpoints import read_checkpoint
+    from fastlight.data.env_spec import bind_instruction_table, env_spec_of
     from fastlight.envs.registry import check_env_id
     from fastlight.evaluation import probe_env
     from fastlight.modules.loading import load_module_of
@@ -258,6 +263,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         check_env_id(env_id, flag=flag)
         module = load_module_of(args.ckpt, ckpt)
         task_names, image_mode = probe_env(env_id, env_kwargs)
+        # A VLA whose backbone has its own tokenizer re-tokenizes the env's instructions.
+        bind_instruction_table(module.policy, env_spec_of(env_id, env_kwargs).instructions)
     except (FileNotFoundError, ValueError) as e:
         fail(str(e).splitlines()[0])
     return _evaluate(args, module, ckpt, env_id, env_kwargs, task_names, image_mode)

@@ -24,6 +24,10 @@ and with the literature.
   training-side collector folds it over the steps too, so ``rollout/success_rate``, DWR and every
   evaluation count the same episodes as successes. A crash is highway-env's ``info["crashed"]`` at
   the last step (:func:`fastlight.rollout.crashed_at_end`), ``None`` where not reported.
+- **Action chunks**: a policy whose action mapping is chunked (``H`` env actions per call,
+  :func:`fastlight.models.action_mapping.action_chunk`) plays each chunk open-loop, up to ``H``
+  env steps, then is called again; an episode that ends inside a chunk stops there. Lengths,
+  returns and the step index count env steps. ``play_episodes(..., action_chunk=H)``.
 - **Per-task summary** of a multi-task evaluation (:func:`per_task_summary`): success per task
   with Wilson intervals and the stratified-bootstrap mean over tasks (:mod:`fastlight.stats`).
 """
@@ -44,7 +48,8 @@ from fastlight.sampling.obs import action_to_env, obs_to_tensor, stack_obs
 
 #: ``(one observation, its step in the episode) -> env action``.
 ActFn = Callable[[Any, int], Any]
-#: ``(observation batch, step batch [B]) -> env actions [B, ...]``: what :func:`play_episodes` calls.
+#: ``(observation batch, step batch [B]) -> env actions [B, ...]`` (``[B, H, ...]`` for a policy
+#: acting in chunks of ``H``): what :func:`play_episodes` calls.
 BatchActFn = Callable[[Any, np.ndarray], Any]
 #: Longest episode played when the env sets no time limit of its own (nothing runs forever); it
 #: ends ``truncated``, as a time limit does.
@@ -150,6 +155,7 @@ def play_episodes(
     specs: Sequence[EpisodeSpec],
     *,
     observer: EpisodeObserver | None = None,
+    action_chunk: int | None = None,
 ) -> list[EpisodeRecord]:
     """Play every spec to its natural end, in order; one :class:`EpisodeRecord` per spec.
 
@@ -157,12 +163,19 @@ def play_episodes(
     on ``envs[j]``, with one ``act`` call per step for the episodes still running. A kept frame is
     the observation's ``image`` (image mode) or ``env.render()``, after the reset and after every
     step. The envs stay open (the caller owns them).
+
+    ``action_chunk``: ``act`` returns ``H`` env actions per episode (``[B, H, ...]``), played
+    open-loop for up to ``H`` env steps before the next call (``None``: one action per call).
     """
     if not envs:
         raise ValueError("play_episodes needs at least one env")
+    if action_chunk is not None and action_chunk < 1:
+        raise ValueError(f"play_episodes: action_chunk must be >= 1 or None, got {action_chunk}")
     records: list[EpisodeRecord] = []
     for group in _lockstep_groups(specs, len(envs)):
-        records += _play_group(act, envs[: len(group)], group, observer, first=len(records))
+        records += _play_group(
+            act, envs[: len(group)], group, observer, first=len(records), action_chunk=action_chunk
+        )
     return records
 
 
@@ -184,6 +197,7 @@ def _play_group(
     observer: EpisodeObserver | None,
     *,
     first: int,
+    action_chunk: int | None = None,
 ) -> list[EpisodeRecord]:
     obs, eps = _start_group(envs, specs, observer, first=first)
     limits = [_step_limit(env) for env in envs]
@@ -193,20 +207,24 @@ def _play_group(
         actions = act(stack_obs([obs[i] for i in live]), step)
         still = []
         for j, i in enumerate(live):
-            ep = eps[i]
-            obs[i], reward, term, trunc, info = envs[i].step(actions[j])
-            ep.length += 1
-            ep.ret += float(reward)
-            ep.success = success_after(ep.success, info)
-            capped = limits[i] is not None and ep.length >= limits[i]  # counts as a time limit
-            ep.terminated, ep.truncated = bool(term), bool(trunc) or capped
-            _keep_frame(ep, specs[i], envs[i], obs[i])
-            done = ep.terminated or ep.truncated
-            if observer is not None:
-                observer.on_step(envs[i], first + i, done)
-            if done:
-                ep.crashed = crashed_at_end(info)
-            else:
+            # One env action, or the chunk's actions open-loop until the episode ends.
+            chunk = [actions[j]] if action_chunk is None else actions[j][:action_chunk]
+            for action in chunk:
+                ep = eps[i]
+                obs[i], reward, term, trunc, info = envs[i].step(action)
+                ep.length += 1
+                ep.ret += float(reward)
+                ep.success = success_after(ep.success, info)
+                capped = limits[i] is not None and ep.length >= limits[i]  # counts as a time limit
+                ep.terminated, ep.truncated = bool(term), bool(trunc) or capped
+                _keep_frame(ep, specs[i], envs[i], obs[i])
+                done = ep.terminated or ep.truncated
+                if observer is not None:
+                    observer.on_step(envs[i], first + i, done)
+                if done:
+                    ep.crashed = crashed_at_end(info)
+                    break
+            if not done:
                 still.append(i)
         live = still
     return eps
@@ -251,12 +269,15 @@ def run_episodes(
     seed: int = 10_000,
     env_kwargs: dict[str, Any] | None = None,
     observer: EpisodeObserver | None = None,
+    action_chunk: int | None = None,
 ) -> list[EpisodeRecord]:
-    """Play ``episodes`` episodes of one env on seeds ``seed, seed+1, ...``; ``act_fn=None``: random."""
+    """Play ``episodes`` episodes of one env on seeds ``seed, seed+1, ...``; ``act_fn=None``: random.
+    ``action_chunk``: ``act_fn`` returns that many env actions per call (:func:`play_episodes`)."""
     env = make_env(env_id, env_kwargs=env_kwargs)
     try:
         act = act_fn or random_act_fn(env, seed)
-        return play_episodes(one_at_a_time(act), [env], seeded_specs(episodes, seed), observer=observer)
+        specs = seeded_specs(episodes, seed)
+        return play_episodes(one_at_a_time(act), [env], specs, observer=observer, action_chunk=action_chunk)
     finally:
         env.close()
 
@@ -270,20 +291,21 @@ def play_tasks(
     seed: int = 12_345,
     batch: int = 4,
     record: int = 0,
+    action_chunk: int | None = None,
 ) -> list[EpisodeRecord]:
     """Play ``episodes_per_task`` episodes of every task of a multi-task env (fastlight's Meta-World).
 
     :func:`task_specs` on ``min(batch, episodes_per_task)`` envs: episode ``i`` of task ``k`` is
     reset with ``options={"task_id": k}`` and :func:`eval_seed`, so two policies evaluated with the
     same ``seed`` face the same goals. The first ``record`` episodes of each task keep their
-    camera frames (image mode).
+    camera frames (image mode). ``action_chunk`` as in :func:`play_episodes`.
     """
     if episodes_per_task < 1 or batch < 1:
         raise ValueError(f"episodes_per_task and batch must be >= 1, got {episodes_per_task} and {batch}")
     envs = [make_env(env_id, env_kwargs=env_kwargs) for _ in range(min(batch, episodes_per_task))]
     try:
         specs = task_specs(tuple(envs[0].unwrapped.task_names), episodes_per_task, seed, record=record)
-        return play_episodes(act, envs, specs)
+        return play_episodes(act, envs, specs, action_chunk=action_chunk)
     finally:
         for env in envs:
             env.close()

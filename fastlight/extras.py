@@ -3,7 +3,7 @@
 - core (``pip install fastlight``): highway-env driving, gymnasium ids, MLP policies, the CLI;
 - ``fastlight[metaworld]``: Meta-World MT10 envs (``metaworld``, ``mujoco``);
 - ``fastlight[vla]``: the VLA policy and instruction tokenizer (``transformers``, ``tokenizers``,
-  ``safetensors``);
+  ``safetensors``) and its LoRA adapters (``peft``);
 - ``fastlight[bench]``: ``fastlight plot``, ``fastlight evaluate --video`` and the benchmarks
   (``python -m benchmarks.<study>``: plots, statistics, reports, the Stable-Baselines3 peer).
 
@@ -23,7 +23,7 @@ from types import ModuleType
 #: Extra -> the top-level modules it provides (pyproject.toml's [project.optional-dependencies]).
 EXTRAS: dict[str, tuple[str, ...]] = {
     "metaworld": ("metaworld", "mujoco"),
-    "vla": ("transformers", "tokenizers", "safetensors"),
+    "vla": ("transformers", "tokenizers", "safetensors", "peft"),
     # The distribution stable-baselines3 imports as stable_baselines3.
     "bench": ("matplotlib", "pandas", "scipy", "rliable", "imageio", "stable_baselines3"),
 }

@@ -19,7 +19,20 @@ step               [T, E] long         index of step t inside its episode
 task_id            [T, E] long         task of the episode (multi-task envs), else 0
 policy_version     [T, E] long         version of the weights that chose the action
 bootstrap_values   [T, E]              V(s_{t+1}) where ``truncated``, else 0
+step_rewards       [T, E, H] or None   action chunks only: the raw reward of each env step of the
+                                       chunk executed at t, 0 past the ``env_steps[t]`` executed
+env_steps          [T, E] long or None action chunks only: env steps executed at t (``1..H`` where
+                                       valid, 0 elsewhere)
 =================  ==================  ===========================================================
+
+**Action chunks.** A policy whose action mapping is chunked
+(:class:`~fastlight.models.action_mapping.ChunkedActionMapping`, ``H`` env actions per call) makes
+one transition per chunk: step t executes up to ``H`` env steps open-loop and stops early where
+the episode ends (or the cycle's env-step budget does). Then ``rewards[t]`` is the chunk's
+undiscounted reward sum, ``step`` the episode's env step at the chunk's start, ``bootstrap_values[t]``
+V of the state after the last executed step; the learner discounts with ``step_rewards`` and
+``env_steps`` (:func:`fastlight.advantages.chunk_rewards`), since the sampler does not know gamma.
+Without chunks both fields are ``None``.
 
 Invariant (checked by :meth:`Rollout.validate`): inside one env column a valid step that is
 not the end of its episode is followed by a valid step of the same episode, so the last valid
@@ -56,6 +69,8 @@ STEP_FIELDS = (
     "policy_version",
     "bootstrap_values",
 )
+#: Per-step fields that only action-chunk Rollouts carry (``None`` otherwise).
+CHUNK_FIELDS = ("step_rewards", "env_steps")
 
 
 #: The info keys that report success: Meta-World's ``success``, gymnasium-robotics' ``is_success``.
@@ -118,7 +133,9 @@ class RolloutStats:
     """Sampler counters over the cycle(s) that produced a Rollout (FAST §effective throughput).
 
     ``raw_steps`` counts every transition slot (dummy steps included), ``valid_steps`` only the
-    real ones. Times are seconds: ``step_time`` inside ``env.step``, ``reset_time`` inside
+    real ones, both in env steps: with action chunks a slot spans the chunk's env-step budget
+    (``H``, less where the cycle's budget ran out) and a valid transition counts the env steps it
+    executed. Times are seconds: ``step_time`` inside ``env.step``, ``reset_time`` inside
     ``env.reset`` (wall time of the, possibly overlapped, resets), ``wall_time`` the whole
     sampling cycle, policy inference and waiting included.
     """
@@ -185,6 +202,8 @@ class Rollout:
     policy_version: Tensor
     bootstrap_values: Tensor
     stats: RolloutStats = field(default_factory=RolloutStats)
+    step_rewards: Tensor | None = None
+    env_steps: Tensor | None = None
 
     # ------------------------------------------------------------------ shape helpers
     @property
@@ -196,6 +215,20 @@ class Rollout:
     def num_valid(self) -> int:
         return int(self.valid.sum())
 
+    @property
+    def chunked(self) -> bool:
+        """Whether the transitions are action chunks (``step_rewards`` / ``env_steps`` present)."""
+        return self.env_steps is not None
+
+    @property
+    def num_env_steps(self) -> int:
+        """Env steps behind the valid transitions (``num_valid`` without action chunks)."""
+        return int(self.env_steps.sum()) if self.env_steps is not None else self.num_valid
+
+    def _fields(self) -> tuple[str, ...]:
+        """The per-step fields this Rollout carries (obs first)."""
+        return STEP_FIELDS + (CHUNK_FIELDS if self.chunked else ())
+
     def validate(self) -> Rollout:
         """Check shapes, dtypes and the padding invariant; raise ``ValueError`` naming the field."""
         te = self.shape
@@ -203,10 +236,14 @@ class Rollout:
             raise ValueError(f"Rollout.valid must be [T, E], got shape {tuple(self.valid.shape)}")
         if _obs_leading(self.obs) != te:
             raise ValueError(f"Rollout.obs leading shape {_obs_leading(self.obs)} != valid shape {te}")
-        for name in STEP_FIELDS[1:]:
+        if (self.step_rewards is None) != (self.env_steps is None):
+            raise ValueError("Rollout: step_rewards and env_steps come together (action chunks) or not")
+        for name in self._fields()[1:]:
             t = getattr(self, name)
             if tuple(t.shape[:2]) != te:
                 raise ValueError(f"Rollout.{name} leading shape {tuple(t.shape[:2])} != valid shape {te}")
+        if self.chunked:
+            self._validate_chunks()
         for name in ("terminated", "truncated", "valid"):
             if getattr(self, name).dtype != torch.bool:
                 raise ValueError(f"Rollout.{name} must be bool, got {getattr(self, name).dtype}")
@@ -221,10 +258,20 @@ class Rollout:
             raise ValueError("Rollout: the last valid step of every env must be terminated or truncated")
         return self
 
+    def _validate_chunks(self) -> None:
+        steps, valid = self.env_steps, self.valid
+        if self.step_rewards.dim() != 3:
+            raise ValueError(f"Rollout.step_rewards must be [T, E, H], got {tuple(self.step_rewards.shape)}")
+        h = self.step_rewards.shape[2]
+        if steps.is_floating_point() or bool((valid & ((steps < 1) | (steps > h))).any()):
+            raise ValueError(f"Rollout.env_steps must be integers in [1, H={h}] on valid transitions")
+        if bool((~valid & (steps != 0)).any()):
+            raise ValueError("Rollout.env_steps must be 0 on padding")
+
     # ------------------------------------------------------------------ transforms
     def map(self, fn) -> Rollout:
         """Apply ``fn`` to every per-step tensor (obs dicts included); stats are kept."""
-        kw = {name: fn(getattr(self, name)) for name in STEP_FIELDS[1:]}
+        kw = {name: fn(getattr(self, name)) for name in self._fields()[1:]}
         return replace(self, obs=_map_obs(self.obs, fn), **kw)
 
     def pad_to(self, horizon: int) -> Rollout:
@@ -253,7 +300,7 @@ class Rollout:
         padded = [r.pad_to(horizon) for r in rollouts]
         first = padded[0]
         kw: dict[str, Any] = {}
-        for name in STEP_FIELDS:
+        for name in _joint_fields(padded, "cat"):
             parts = [getattr(r, name) for r in padded]
             if isinstance(first.obs, dict) and name == "obs":
                 kw[name] = {k: torch.cat([p[k] for p in parts], dim=1) for k in first.obs}
@@ -278,7 +325,7 @@ class Rollout:
             raise ValueError(f"Rollout.cat_time needs the same E in every rollout, got {sorted(envs)}")
         first = rollouts[0]
         kw: dict[str, Any] = {}
-        for name in STEP_FIELDS:
+        for name in _joint_fields(rollouts, "cat_time"):
             parts = [getattr(r, name) for r in rollouts]
             if isinstance(first.obs, dict) and name == "obs":
                 kw[name] = {k: torch.cat([p[k] for p in parts], dim=0) for k in first.obs}
@@ -295,3 +342,12 @@ class Rollout:
         if isinstance(t, dict):
             return {k: v.reshape(-1, *v.shape[2:]) for k, v in t.items()}
         return t.reshape(-1, *t.shape[2:])
+
+
+def _joint_fields(rollouts: list[Rollout], what: str) -> tuple[str, ...]:
+    """The per-step fields of rollouts to be joined: all chunked with one ``H``, or none chunked."""
+    kinds = {r.step_rewards.shape[2] if r.chunked else None for r in rollouts}
+    if len(kinds) != 1:
+        shown = sorted("no chunks" if k is None else f"H={k}" for k in kinds)
+        raise ValueError(f"Rollout.{what} needs rollouts with the same action chunks, got {shown}")
+    return rollouts[0]._fields()

@@ -9,12 +9,13 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from fastlight.advantages import global_advantage_moments, masked_gae, normalize_advantages
+from fastlight.advantages import chunk_rewards, global_advantage_moments, masked_gae, normalize_advantages
 
 NAN = float("nan")
 
@@ -273,3 +274,161 @@ def test_global_moments_two_gloo_ranks_uneven_shards(tmp_path: Path) -> None:
     assert union.mean().item() == pytest.approx(0.0, abs=1e-5)
     assert union.std(unbiased=False).item() == pytest.approx(1.0, abs=1e-5)
     assert abs(norms[0].mean().item()) > 0.5
+
+
+# ---------------------------------------------------------------------------- action chunks
+def _chunked_episodes(rng: random.Random, h_max: int) -> list[dict]:
+    """Env-step episodes cut into chunks of 1..h_max steps (the last one ends the episode), with a
+    reward and a value at every env step; most end terminated, some truncated with a bootstrap."""
+    episodes = []
+    for _ in range(rng.randint(1, 3)):
+        length = rng.randint(1, 12)
+        hs, left = [], length
+        while left:
+            hs.append(min(left, rng.randint(1, h_max)))
+            left -= hs[-1]
+        episodes.append({
+            "r": [rng.gauss(0, 1) for _ in range(length)],
+            "v": [rng.gauss(0, 1) for _ in range(length)],
+            "hs": hs,
+            "term": rng.random() < 0.6,
+            "boot": rng.gauss(0, 1),
+        })  # fmt: skip
+    return episodes
+
+
+def _naive_env_step_gae(ep: dict, gamma: float, lam: float) -> list[float]:
+    """Per-env-step GAE with λ = 1 inside a chunk and λ at its last step: the advantages at the chunk
+    starts are the semi-MDP GAE of the chunk transitions (the inner values cancel out)."""
+    r, v, length = ep["r"], ep["v"], len(ep["r"])
+    chunk_ends = set(np.cumsum(ep["hs"]) - 1)
+    end_v = 0.0 if ep["term"] else ep["boot"]
+    adv, a = [0.0] * length, 0.0
+    for s in reversed(range(length)):
+        v_next = end_v if s == length - 1 else v[s + 1]
+        carry = 0.0 if s == length - 1 else a
+        a = r[s] + gamma * v_next - v[s] + gamma * (lam if s in chunk_ends else 1.0) * carry
+        adv[s] = a
+    starts = np.cumsum([0, *ep["hs"][:-1]])
+    return [adv[s] for s in starts]
+
+
+def _chunk_columns(columns: list[list[dict]], h_max: int) -> dict[str, torch.Tensor]:
+    """The chunk transitions of every column as a [T, E] rollout (NaN garbage in padding and past
+    each chunk's executed steps), and the expected advantages, from a naive loop."""
+    rows: list[list[dict]] = []
+    for eps in columns:
+        col = []
+        for ep in eps:
+            start = 0
+            for j, h in enumerate(ep["hs"]):
+                last = j == len(ep["hs"]) - 1
+                col.append({
+                    "step_rewards": ep["r"][start : start + h] + [NAN] * (h_max - h), "env_steps": h,
+                    "values": ep["v"][start], "valid": True, "term": last and ep["term"],
+                    "trunc": last and not ep["term"], "boot": ep["boot"] if last and not ep["term"] else NAN,
+                })  # fmt: skip
+                start += h
+            col.append({"step_rewards": [NAN] * h_max, "env_steps": 0, "values": NAN, "valid": False,
+                        "term": False, "trunc": False, "boot": NAN})  # fmt: skip  # DPSA dummy step
+        rows.append(col)
+    t_len = max(len(c) for c in rows)
+    pad = {"step_rewards": [NAN] * h_max, "env_steps": 0, "values": NAN, "valid": False, "term": False,
+           "trunc": False, "boot": NAN}  # fmt: skip
+    grid = [[c[t] if t < len(c) else pad for c in rows] for t in range(t_len)]
+    field = lambda k, dtype: torch.tensor([[x[k] for x in row] for row in grid], dtype=dtype)  # noqa: E731
+    return {
+        "step_rewards": field("step_rewards", torch.float64),
+        "env_steps": field("env_steps", torch.long),
+        "values": field("values", torch.float64),
+        "bootstrap_values": field("boot", torch.float64),
+        "terminated": field("term", torch.bool),
+        "truncated": field("trunc", torch.bool),
+        "valid": field("valid", torch.bool),
+    }
+
+
+def test_chunk_rewards_are_the_discounted_sums_of_the_executed_steps() -> None:
+    rng = random.Random(0)
+    step_rewards = torch.tensor([[[rng.gauss(0, 1) for _ in range(4)] for _ in range(3)] for _ in range(5)])
+    env_steps = torch.tensor([[rng.randint(0, 4) for _ in range(3)] for _ in range(5)])
+    garbage = step_rewards.clone()
+    for t in range(5):
+        for e in range(3):
+            garbage[t, e, int(env_steps[t, e]) :] = NAN  # never executed: never read
+    rewards, discounts = chunk_rewards(garbage, env_steps, 0.9)
+    for t in range(5):
+        for e in range(3):
+            h = int(env_steps[t, e])
+            expected = sum(0.9**i * float(step_rewards[t, e, i]) for i in range(h))
+            assert rewards[t, e].item() == pytest.approx(expected, abs=1e-5)
+            assert discounts[t, e].item() == pytest.approx(0.9**h, rel=1e-6)
+    with pytest.raises(ValueError, match=r"step_rewards must be \[T, E, H\]"):
+        chunk_rewards(step_rewards[0], env_steps, 0.9)
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("gamma, lam", [(0.99, 0.95), (0.9, 0.0), (0.97, 1.0), (1.0, 0.5)])
+def test_chunk_gae_matches_a_naive_env_step_loop(seed: int, gamma: float, lam: float) -> None:
+    """A chunk transition's advantage is the env-step GAE at its first step with λ = 1 inside the
+    chunk: λ = 0 gives the chunk's n-step TD error, λ = 1 the discounted Monte-Carlo return."""
+    rng = random.Random(seed)
+    h_max = 4
+    columns = [_chunked_episodes(rng, h_max) for _ in range(rng.randint(1, 4))]
+    ro = _chunk_columns(columns, h_max)
+    rewards, discounts = chunk_rewards(ro["step_rewards"], ro["env_steps"], gamma)
+    adv, ret = masked_gae(
+        rewards=rewards, values=ro["values"], bootstrap_values=ro["bootstrap_values"],
+        terminated=ro["terminated"], truncated=ro["truncated"], valid=ro["valid"],
+        gamma=gamma, lam=lam, discounts=discounts,
+    )  # fmt: skip
+    for e, eps in enumerate(columns):
+        expected = [a for ep in eps for a in _naive_env_step_gae(ep, gamma, lam)]
+        got = adv[:, e][ro["valid"][:, e]].tolist()
+        assert got == pytest.approx(expected, abs=1e-9)
+    assert torch.equal(adv[~ro["valid"]], torch.zeros(int((~ro["valid"]).sum()), dtype=torch.float64))
+    values = torch.where(ro["valid"], ro["values"], torch.zeros((), dtype=torch.float64))
+    torch.testing.assert_close(
+        ret, torch.where(ro["valid"], adv + values, torch.zeros((), dtype=torch.float64))
+    )
+    if lam == 1.0:  # the discounted Monte-Carlo return over env steps, bootstrapped at a truncation
+        ep = columns[0][0]
+        end_v = 0.0 if ep["term"] else ep["boot"]
+        mc = sum(gamma**i * x for i, x in enumerate(ep["r"])) + gamma ** len(ep["r"]) * end_v
+        assert ret[0, 0].item() == pytest.approx(mc, abs=1e-9)
+
+
+def test_rl_module_discounts_chunks_and_keeps_todays_path_without_them() -> None:
+    """Without chunk fields the module calls the unchanged GAE (bitwise); with them it discounts each
+    transition by gamma^h over its executed steps."""
+    from fastlight.modules.rl_module import RLModule
+    from fastlight.rollout import Rollout
+
+    m = RLModule(obs_dim=3, action_dim=2, gamma=0.9, gae_lambda=0.7, normalize_advantages=False,
+                 normalize_obs=False, normalize_returns=False)  # fmt: skip
+    m.configure_model()
+    rng = random.Random(3)
+    columns = [_chunked_episodes(rng, 3) for _ in range(3)]
+    ro = {k: v.float() if v.is_floating_point() else v for k, v in _chunk_columns(columns, 3).items()}
+    t_len, n_env = ro["valid"].shape
+    zeros = torch.zeros(t_len, n_env)
+    common = dict(obs=torch.zeros(t_len, n_env, 3), actions=torch.zeros(t_len, n_env, dtype=torch.long),
+                  logprobs=zeros, values=ro["values"], terminated=ro["terminated"], truncated=ro["truncated"],
+                  valid=ro["valid"], step=torch.zeros(t_len, n_env, dtype=torch.long),
+                  task_id=torch.zeros(t_len, n_env, dtype=torch.long),
+                  policy_version=torch.zeros(t_len, n_env, dtype=torch.long),
+                  bootstrap_values=ro["bootstrap_values"])  # fmt: skip
+    rewards = torch.where(ro["valid"], ro["step_rewards"].nan_to_num().sum(-1), zeros)
+    gae = dict(values=ro["values"], bootstrap_values=ro["bootstrap_values"], terminated=ro["terminated"],
+               truncated=ro["truncated"], valid=ro["valid"], gamma=0.9, lam=0.7)  # fmt: skip
+    plain = Rollout(rewards=rewards, **common)
+    adv, ret, _ = m.compute_advantages(plain)
+    ref = masked_gae(rewards=rewards, **gae)
+    assert torch.equal(adv, ref[0]) and torch.equal(ret, ref[1])
+    env_steps = torch.where(ro["valid"], ro["env_steps"], torch.zeros((), dtype=torch.long))
+    chunked = Rollout(rewards=rewards, step_rewards=ro["step_rewards"], env_steps=env_steps, **common)
+    adv, ret, _ = m.compute_advantages(chunked)
+    r, g = chunk_rewards(ro["step_rewards"], env_steps, 0.9)
+    ref = masked_gae(rewards=r, discounts=g, **gae)
+    assert torch.equal(adv, ref[0]) and torch.equal(ret, ref[1])
+    assert not torch.allclose(adv, m.compute_advantages(plain)[0])  # gamma^h is not gamma

@@ -1,4 +1,5 @@
-"""fastlight.procs: the heartbeat's timeout rule and messages, the ``/proc`` readers, the owned lock."""
+"""fastlight.procs: the heartbeat's timeout rule and messages, the ``/proc`` readers, the owned lock,
+children (and the forkserver) that ignore the stop signals."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ import time
 import pytest
 
 from fastlight.procs import (
+    STOP_SIGNALS,
     HeartbeatLimits,
     Liveness,
     OwnedLock,
     alive,
+    children_ignore_stop_signals,
     cpu_seconds,
     descendants,
     memory_mb,
@@ -117,3 +120,50 @@ def test_owned_lock_is_freed_only_for_its_holder():
     with lock:  # free again
         pass
     assert not lock.release_if_held_by(os.getpid())
+
+
+def ignored_signals(pid: int) -> set[int]:
+    """The signals process ``pid`` ignores (its SigIgn mask in /proc)."""
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("SigIgn:"):
+            mask = int(line.split()[1], 16)
+            return {n for n in range(1, 65) if mask >> (n - 1) & 1}
+    raise AssertionError("no SigIgn line")
+
+
+def test_children_and_the_forkserver_ignore_the_stop_signals():
+    """A signal to the whole process group (Ctrl-C, ``kill -TERM -PGID``, ``scancel``) is the
+    trainer's to handle: a child started inside the block, and the warmed forkserver with every
+    sampler forked from it, ignore SIGINT, SIGTERM and SIGUSR1 from their first instruction; the
+    trainer's own handlers are back after the block."""
+    stop = {int(s) for s in STOP_SIGNALS}
+    before = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+    with children_ignore_stop_signals():
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert stop <= ignored_signals(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+    assert {s: signal.getsignal(s) for s in STOP_SIGNALS} == before
+    # The forkserver, warmed in a fresh process as `fastlight fit` does it.
+    script = (
+        "import sys, time\n"
+        "from multiprocessing import forkserver\n"
+        "from fastlight.sampling.start import warm_forkserver\n"
+        "assert warm_forkserver()\n"
+        "print(forkserver._forkserver._forkserver_pid, flush=True)\n"
+        "sys.stdin.readline()\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})  # fmt: skip
+    server = int(proc.stdout.readline())
+    try:
+        assert stop <= ignored_signals(server)
+        assert not stop & ignored_signals(proc.pid)  # the trainer itself handles them
+    finally:
+        os.kill(server, signal.SIGKILL)  # still importing its preload modules: not worth the wait
+        proc.stdin.write("\n")
+        proc.stdin.close()
+        proc.wait(timeout=30)
+        proc.stdout.close()

@@ -218,6 +218,13 @@ def plain_ppo(done: Done) -> None:
     assert list((done.cwd / "runs/plain_ppo").glob("lightning_logs/version_*/events.out.tfevents.*"))
 
 
+def tiny_llava(done: Done) -> None:
+    import json
+
+    assert json.loads(done.written("runs/tiny_llava/config.json").read_text())["model_type"] == "llava"
+    done.written("runs/tiny_llava/processor_config.json")
+
+
 def without(flags: tuple[str, ...], flag: str) -> tuple[str, ...]:
     """``flags`` (flag, value pairs) less ``flag``: a command keeps a size it sets itself."""
     i = flags.index(flag)
@@ -281,7 +288,15 @@ RUN: dict[str, Run] = {
         ("--time", "1", "--max-steps", "1"), bc_model, slow=True
     ),
     f"{REACH}": Run(TINY, fitted(1), slow=True),
-    f"{MT10} --trainer.strategy ddp_find_unused_parameters_true --trainer.devices 2": Run(
+    'python -c "from fastlight.envs.instructions import INSTRUCTIONS; from fastlight.models.tiny_vlm import '
+    "save_tiny_vlm; save_tiny_vlm('llava', 'runs/tiny_llava', sentences=list(INSTRUCTIONS.values()))\"": Run(
+        (), tiny_llava, slow=True
+    ),
+    f"{REACH} --model.policy.init_args.backbone runs/tiny_llava": Run(TINY, fitted(1), slow=True),
+    f"{REACH} --model.policy.init_args.backbone runs/tiny_llava --model.policy.init_args.lora "
+    "'{r: 16, alpha: 32, target_modules: [q_proj, k_proj, v_proj, o_proj]}'": Run(TINY, fitted(1), slow=True),
+    "fastlight fit --config examples/hf_vla/reach.yaml": Run(TINY, fitted(1), slow=True),
+    f"{MT10} --trainer.strategy ddp --trainer.devices 2": Run(
         MT10_TINY, fitted(1), slow=True
     ),
     f"{HIGHWAY} --data.env_id mypkg:mypkg/Uneven-v0 --data.env_kwargs '{{}}'": Run(
@@ -296,11 +311,11 @@ NOT_RUN: dict[str, str] = {
     "make test": "the test suite itself, which runs this file",
     "torchrun --nnodes 2 --nproc_per_node 8 --node_rank $NODE_RANK --master_addr $MASTER_ADDR "
     "--master_port 29500 -m fastlight fit --config configs/vla_metaworld_mt10.yaml --trainer.strategy "
-    "ddp_find_unused_parameters_true --trainer.accelerator gpu --trainer.devices 8 --trainer.num_nodes 2": (
+    "ddp --trainer.accelerator gpu --trainer.devices 8 --trainer.num_nodes 2": (
         "multi-node: 2 nodes x 8 GPUs (the 2-process DDP line runs here)"
     ),
     f"srun {MT10} --trainer.strategy "
-    "ddp_find_unused_parameters_true --trainer.accelerator gpu --trainer.devices 8 --trainer.num_nodes 2": (
+    "ddp --trainer.accelerator gpu --trainer.devices 8 --trainer.num_nodes 2": (
         "a SLURM allocation of 2 nodes x 8 GPUs"
     ),
     f"{MT10} --trainer.strategy fsdp --trainer.accelerator gpu --trainer.devices 8 "

@@ -59,7 +59,7 @@ def make_model(n_params: int, dtype: torch.dtype, device: torch.device | str, se
     torch.manual_seed(seed)
     with torch.device(device):
         model = nn.Sequential(*[nn.Linear(width, width, dtype=dtype) for _ in range(layers)])
-    return model.requires_grad_(False)
+    return model  # trainable, like a policy's weights: a weight sync publishes trainable tensors only
 
 
 @dataclass(frozen=True)

@@ -33,8 +33,10 @@ DRIVERS = (
     "benchmarks.sampling.auto_threshold",
     "benchmarks.startup",
     "benchmarks.sync",
+    "benchmarks.sync.lora",
     "benchmarks.vla.bc_baseline",
     "benchmarks.vla.eval",
+    "benchmarks.vla.hf_throughput",
     "benchmarks.vla.mt10_report",
     "benchmarks.vla.policy_shift",
 )

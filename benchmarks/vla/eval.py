@@ -473,10 +473,16 @@ def main(argv: list[str] | None = None) -> dict:
     videos: dict[str, list[str]] = {}
     timings: dict[str, float] = {}
     for pol in policies:
+        chunk = None
         if pol.act is None:
+            from fastlight.data.env_spec import bind_instruction_table, env_spec_of
+            from fastlight.models.action_mapping import action_chunk
             from fastlight.modules.loading import load_module
 
             module = load_module(pol.path, flag=pol.flag)
+            # A backbone with its own tokenizer re-tokenizes the env's instructions, as in training.
+            bind_instruction_table(module.policy, env_spec_of(env_id, env_kwargs).instructions)
+            chunk = action_chunk(module.policy.action_mapping())  # chunks play open-loop
             pol.act = policy_batch_act_fn(module.policy, deterministic=not args.sample)
         # Same torch seed per policy: sampled runs are reproducible and not order-dependent.
         torch.manual_seed(args.seed)
@@ -488,6 +494,7 @@ def main(argv: list[str] | None = None) -> dict:
             episodes_per_task=args.episodes_per_task,
             seed=args.seed,
             batch=args.batch,
+            action_chunk=chunk,
             record=record,
         )
         timings[pol.label] = time.perf_counter() - t0

@@ -7,7 +7,8 @@ of environment steps, like Stable-Baselines3's ``total_timesteps``.
 **What counts.** The real env steps of every Rollout the trainer receives (``stats.valid_steps``,
 summed over the DDP ranks): DPSA's dummy steps are padding, not env steps, and do not count; nor
 do the steps of sampler items dropped as stale (``--data.max_staleness``), which never reach the
-trainer.
+trainer. With action chunks a transition counts the env steps its chunk executed (up to ``H``),
+not 1.
 
 **Budget.** With ``total_env_steps`` set, training stops at the first Rollout boundary at or past
 it (a Rollout is never cut), saying so in one line; it overshoots by less than one Rollout.

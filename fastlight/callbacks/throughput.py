@@ -10,6 +10,10 @@ denominator it leaves at 0 (sampler times, episodes) is undefined and not logged
 ``perf/resets_per_1k_valid`` reads 0 unless it counts ``global_resets``. Without one,
 the first such batch warns once, naming what is missing, instead of logging nothing silently.
 
+**Units.** Every count is in env steps: with action chunks a transition counts the env steps its
+chunk executed and a raw slot the chunk's env-step budget (:class:`~fastlight.rollout.RolloutStats`),
+so the figures compare across ``action_chunk`` settings.
+
 **Clock.** The rates ``perf/raw_tps`` and ``perf/effective_tps`` divide by the *trainer-side*
 wall clock between consecutive Rollout batches, not by the samplers' ``wall_time``: with
 several sampler processes per trainer the Rollout's stats are merged (times added), so the

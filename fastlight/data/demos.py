@@ -20,6 +20,12 @@ Batches are dicts: ``obs`` (the env's observation keys, ``[B, ...]``), ``actions
 (the expert's action clipped to the action space), ``step [B]`` (step in the episode) and
 ``task_id [B]``. Token policies tokenise ``actions`` themselves (``ActionTokenizer``), so one
 cache serves any number of bins.
+
+**Action chunks.** For a policy that acts in chunks of ``H`` env actions (``action_chunk``, by
+default the trained module's policy's), a sample is the observation at step ``t`` with the expert's
+``H`` actions of steps ``t .. t+H-1``: ``actions [B, H, A]`` and ``valid [B, H]`` bool, False (and
+the action 0) for the steps past the episode's end, which the SFT loss leaves out. One cache serves
+every ``H``: the chunks are gathered per batch.
 """
 
 from __future__ import annotations
@@ -44,7 +50,9 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler
 from typing_extensions import override
 
 from fastlight.data.datamodule import EnvSpec
+from fastlight.data.protocols import RolloutPolicyModule
 from fastlight.envs.registry import make_env
+from fastlight.models.action_mapping import action_chunk
 from fastlight.rollout import success_after
 
 #: Bump when the cached arrays change meaning.
@@ -269,10 +277,14 @@ def load_demos(path: Path, settings: DemoSettings) -> Demos:
 
 # ---------------------------------------------------------------------- Lightning
 class DemoDataset(Dataset):
-    """Index with a list of transition indices -> one batch dict (no per-item collation)."""
+    """Index with a list of transition indices -> one batch dict (no per-item collation);
+    ``chunk``: ``H`` consecutive expert actions per sample (``None``: one, ``actions [B, A]``)."""
 
-    def __init__(self, demos: Demos) -> None:
+    def __init__(self, demos: Demos, chunk: int | None = None) -> None:
+        if chunk is not None and chunk < 1:
+            raise ValueError(f"--data.action_chunk must be >= 1 or null, got {chunk}")
         self.demos = demos
+        self.chunk = chunk
 
     def __len__(self) -> int:
         return len(self.demos)
@@ -280,12 +292,28 @@ class DemoDataset(Dataset):
     def __getitem__(self, idx: list[int]) -> dict[str, Any]:
         i = torch.as_tensor(idx, dtype=torch.long)
         d = self.demos
-        return {
+        batch = {
             "obs": {k: v[i] for k, v in d.obs.items()},
             "actions": d.actions[i],
             "step": d.step[i],
             "task_id": d.task_id[i],
         }
+        if self.chunk is not None:
+            batch["actions"], batch["valid"] = self._chunks(i)
+        return batch
+
+    def _chunks(self, i: Tensor) -> tuple[Tensor, Tensor]:
+        """``(actions [B, H, A], valid [B, H])``: the expert's next ``H`` actions from each sample's
+        step; past its episode's end ``valid`` is False and the action 0. Transitions are stored
+        episode after episode, step after step, so step ``t + k`` of an episode sits at ``i + k``."""
+        d, offsets = self.demos, torch.arange(self.chunk)
+        j = i[:, None] + offsets  # [B, H]
+        inside = j < len(d)
+        j = j.clamp(max=len(d) - 1)
+        same = (d.episode[j] == d.episode[i][:, None]) & (d.step[j] == d.step[i][:, None] + offsets)
+        valid = inside & same
+        actions = torch.where(valid[..., None], d.actions[j], d.actions.new_zeros(()))
+        return actions, valid
 
 
 class DemoDataModule(L.LightningDataModule):
@@ -302,6 +330,9 @@ class DemoDataModule(L.LightningDataModule):
         num_workers: generating processes (0 = in the trainer process).
         batch_size: transitions per SFT batch.
         cache_dir: where generated demonstrations are kept, keyed by the settings above.
+        action_chunk: expert actions per sample (see the module docstring); ``None`` (default): the
+            action chunk of the trained module's policy (its action mapping's ``action_chunk``, one
+            action ``[B, A]`` for a policy without chunks).
     """
 
     def __init__(
@@ -315,6 +346,7 @@ class DemoDataModule(L.LightningDataModule):
         num_workers: int = 2,
         batch_size: int = 256,
         cache_dir: str = "runs/demo_cache",
+        action_chunk: int | None = None,
     ) -> None:
         super().__init__()
         for name, value, low in (
@@ -323,6 +355,8 @@ class DemoDataModule(L.LightningDataModule):
         ):  # fmt: skip
             if value < low:
                 raise ValueError(f"--data.{name} must be >= {low}, got {value}")
+        if action_chunk is not None and action_chunk < 1:
+            raise ValueError(f"--data.action_chunk must be >= 1 or null (the policy's), got {action_chunk}")
         self.save_hyperparameters()
         self.settings = DemoSettings(
             env_id=env_id,
@@ -385,11 +419,21 @@ class DemoDataModule(L.LightningDataModule):
         assert self.demos is not None
         return self.demos
 
+    def action_chunk(self) -> int | None:
+        """``--data.action_chunk``, else the trained module's policy's chunk (``None``: no chunks, or
+        no trainer to ask)."""
+        if self.hparams.get("action_chunk") is not None:
+            return int(self.hparams.action_chunk)
+        module = self.trainer.lightning_module if self.trainer is not None else None
+        if isinstance(module, RolloutPolicyModule):
+            return action_chunk(module.policy.action_mapping())
+        return None
+
     @override
     def train_dataloader(self) -> DataLoader:
         if self.demos is None:
             raise RuntimeError("DemoDataModule.train_dataloader before setup()")
-        ds = DemoDataset(self.demos)
+        ds = DemoDataset(self.demos, self.action_chunk())
         sampler = BatchSampler(RandomSampler(ds), self.hparams.batch_size, drop_last=False)
         return DataLoader(ds, sampler=sampler, batch_size=None, num_workers=0)
 

@@ -3,11 +3,25 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
 
 import gymnasium as gym
+import torch
 
 from fastlight.data.protocols import MultiTaskEnv
+from fastlight.envs.instructions import InstructionTable
+from fastlight.envs.registry import make_env
+
+
+@runtime_checkable
+class InstructedEnv(Protocol):
+    """An env whose observations carry instruction token ids, declaring every row it emits and the
+    sentence of each (:class:`~fastlight.envs.instructions.InstructionTable`)."""
+
+    @property
+    def instruction_table(self) -> InstructionTable: ...
 
 
 @dataclass(frozen=True)
@@ -16,22 +30,51 @@ class EnvSpec:
 
     ``observation_space`` is the env's own space, for policies over dict observations (their
     ``obs_dim`` is 0) to check keys and shapes (e.g. ``VLAModule.check_env_spec``).
+    ``instructions``: every instruction row the env emits and its sentence, for an env that declares
+    them (:class:`InstructedEnv`, e.g. fastlight's Meta-World), else ``None``; a policy
+    with its own tokenizer re-tokenizes them (``VLAPolicy.bind_instructions``).
     """
 
     obs_dim: int
     action_dim: int
     continuous: bool
     observation_space: gym.Space | None = field(default=None, compare=False, repr=False)
+    instructions: InstructionTable | None = field(default=None, compare=False, repr=False)
 
     @staticmethod
     def from_env(env: gym.Env) -> EnvSpec:
         obs_space, act_space = env.observation_space, env.action_space
         obs_dim = int(math.prod(obs_space.shape)) if obs_space.shape else 0
+        base = env.unwrapped
+        table = base.instruction_table if isinstance(base, InstructedEnv) else None
         if isinstance(act_space, gym.spaces.Discrete):
-            return EnvSpec(obs_dim, int(act_space.n), False, obs_space)
+            return EnvSpec(obs_dim, int(act_space.n), False, obs_space, table)
         if isinstance(act_space, gym.spaces.Box):
-            return EnvSpec(obs_dim, int(math.prod(act_space.shape)), True, obs_space)
+            return EnvSpec(obs_dim, int(math.prod(act_space.shape)), True, obs_space, table)
         raise ValueError(f"unsupported action space {act_space}: fastlight supports Discrete and Box")
+
+
+@runtime_checkable
+class BindsInstructions(Protocol):
+    """A policy that maps the env's instruction rows to its own tokens (``VLAPolicy``)."""
+
+    def bind_instructions(self, sentences: Sequence[str], ids: torch.Tensor, mask: torch.Tensor) -> bool: ...
+
+
+def bind_instruction_table(policy: object, table: InstructionTable | None) -> bool:
+    """Hand the env's instruction ``table`` to a policy that takes one; True when it bound it."""
+    if table is None or not isinstance(policy, BindsInstructions):
+        return False
+    return policy.bind_instructions(table.sentences, torch.as_tensor(table.ids), torch.as_tensor(table.mask))
+
+
+def env_spec_of(env_id: str, env_kwargs: dict[str, Any] | None = None) -> EnvSpec:
+    """The :class:`EnvSpec` of env ``env_id`` built with ``env_kwargs`` (built, read, closed)."""
+    env = make_env(env_id, env_kwargs=env_kwargs)
+    try:
+        return EnvSpec.from_env(env)
+    finally:
+        env.close()
 
 
 def task_names_of(env: gym.Env) -> tuple[str, ...] | None:

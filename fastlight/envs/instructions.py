@@ -5,12 +5,40 @@ AcceRL's VLA reads a natural-language instruction next to the camera frame (§ex
 sentence (:func:`instruction_for`). :func:`instruction_tokenizer` builds the local WordLevel
 tokenizer of :mod:`fastlight.models.text` (which owns tokenisation and encoding) over every known
 sentence, once per process, so ids agree across envs and processes whatever tasks they run.
+
+An env that emits its instructions as token ids declares them with an ``instruction_table``
+attribute (:class:`InstructionTable`: every row it can emit and its sentence), so that a policy
+with its own tokenizer can map those rows to its own tokens before sampling starts
+(``EnvSpec.instructions``, ``VLAPolicy.bind_instructions``).
 """
 
 from __future__ import annotations
 
 import functools
 import tempfile
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True, eq=False)
+class InstructionTable:
+    """The instructions an env emits: ``sentences`` (T) and their rows ``ids`` / ``mask`` ``[T, L]``
+    (int64, the env's own vocabulary, right-padded; 1 = real token), as ``instruction_ids`` /
+    ``instruction_mask`` carry them."""
+
+    sentences: tuple[str, ...]
+    ids: np.ndarray
+    mask: np.ndarray
+
+    def __post_init__(self) -> None:
+        t = len(self.sentences)
+        if t == 0 or self.ids.ndim != 2 or self.ids.shape[0] != t or self.mask.shape != self.ids.shape:
+            raise ValueError(
+                f"InstructionTable needs ids and mask [T, L] for T={t} sentences (T >= 1), got "
+                f"{self.ids.shape} and {self.mask.shape}"
+            )
+
 
 #: One instruction per MT10 task (lower case, no punctuation: decoding gives them back verbatim).
 INSTRUCTIONS = {

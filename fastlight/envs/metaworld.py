@@ -49,7 +49,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from fastlight.envs.instructions import INSTRUCTIONS, instruction_for, instruction_tokenizer
+from fastlight.envs.instructions import INSTRUCTIONS, InstructionTable, instruction_for, instruction_tokenizer
 from fastlight.envs.metaworld_tasks import (
     MT10_TASKS,
     STATE_DIM,
@@ -218,6 +218,11 @@ class MetaWorldEnv(gym.Env):
 
     def instruction(self, task_id: int) -> str:
         return self.instructions[task_id]
+
+    @property
+    def instruction_table(self) -> InstructionTable:
+        """Every instruction row this env emits (one per task) and its sentence."""
+        return InstructionTable(self.instructions, self._ids.copy(), self._mask.copy())
 
     # ------------------------------------------------------------------ gymnasium API
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):

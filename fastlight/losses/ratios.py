@@ -1,14 +1,17 @@
 """Importance ratios at token, action or chunk granularity (AcceRL §optimisation granularity).
 
-A VLA policy emits ``K`` action tokens per step (``tokens_per_action`` tokens per action
-dimension). AcceRL compares three ways of forming the PPO ratio ``r = π_θ / π_old``:
+A VLA policy emits ``K`` action tokens per policy call: ``K = H x D`` for an action chunk of ``H``
+env actions of ``D`` dimensions, step-major (chunk step 0's ``D`` tokens first; ``H = 1`` without
+chunks). AcceRL compares three ways of forming the PPO ratio ``r = π_θ / π_old``:
 
 - ``token``  (AcceRL's choice): one ratio per token, ``log r_k = logp_k - old_k`` → ``[N, K]``;
   an outlier token is clipped alone and the other tokens keep their gradient.
-- ``action``: one ratio per action dimension from the *mean* token log-prob of its
-  ``tokens_per_action`` consecutive tokens → ``[N, K // tokens_per_action]``.
-- ``chunk``: one ratio for the whole chunk, the product of the token probabilities,
-  ``log r = Σ_k (logp_k - old_k)`` → ``[N]``; one outlier token clips the whole step.
+- ``action``: one ratio per group of ``tokens_per_action`` consecutive tokens, from their *mean*
+  token log-ratio (the geometric mean of their ratios) → ``[N, K // tokens_per_action]``. With
+  ``tokens_per_action = D`` a group is one env action (one chunk step), which is what
+  ``RLModule`` uses unless ``--model.tokens_per_action`` says otherwise.
+- ``chunk``: one ratio for the whole policy call, the product of its token probabilities,
+  ``log r = Σ_k (logp_k - old_k)`` → ``[N]``; one outlier token clips the whole chunk.
 
 This module also holds what PPO, GIPO and SAPO share: the padding-safe preparation of
 ``(log r, A)`` and the ratio diagnostics they log.

@@ -6,17 +6,46 @@ policy lives in one process, samplers only step envs). Every policy returns its 
 ``action_mapping()`` (:class:`~fastlight.models.base.Policy`); ``env_action`` applies it.
 
 Shapes: ``actions [N, ...]`` -> ``[N, ...]``; a mapping never changes the batch dimension.
+
+**Action chunks.** A policy that emits ``H`` env actions per call (OpenVLA-OFT, pi0, SmolVLA)
+returns a :class:`ChunkedActionMapping`: its env actions are ``[N, H, ...]``, step ``h`` of the
+chunk being ``[:, h]``, and its ``action_chunk`` says ``H``. The sampler and the evaluation read
+it (:func:`action_chunk`) and execute the chunk open-loop, at most ``H`` env steps per call.
+:class:`ChunkActions` makes one from a per-step mapping.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 from torch import Tensor
 
 from fastlight.models.action_tokenizer import ActionTokenizer
+from fastlight.models.base import ActionMapping
 
-__all__ = ["BinsToActions", "ClampActions", "IdentityActions"]
+__all__ = [
+    "BinsToActions",
+    "ChunkActions",
+    "ChunkedActionMapping",
+    "ClampActions",
+    "IdentityActions",
+    "action_chunk",
+]
+
+
+@runtime_checkable
+class ChunkedActionMapping(ActionMapping, Protocol):
+    """A mapping of a policy that acts in chunks: policy actions ``[N, ...]`` -> env actions
+    ``[N, H, ...]`` with ``H = action_chunk`` (env step ``h`` of the chunk is ``[:, h]``)."""
+
+    action_chunk: int
+
+
+def action_chunk(mapping: ActionMapping) -> int | None:
+    """``H`` of a :class:`ChunkedActionMapping`; ``None`` for a mapping of one env action per call
+    (its env actions are ``[N, ...]``, no chunk axis)."""
+    return int(mapping.action_chunk) if isinstance(mapping, ChunkedActionMapping) else None
 
 
 @dataclass(frozen=True)
@@ -50,3 +79,28 @@ class BinsToActions:
 
     def __call__(self, actions: Tensor) -> Tensor:
         return self.tokenizer.decode(actions)
+
+
+@dataclass(frozen=True)
+class ChunkActions:
+    """A per-step mapping applied to a chunk: actions ``[N, H * D]`` (step-major: chunk step 0's
+    ``D`` entries first) -> ``mapping`` -> env actions ``[N, H, D]`` (leading dims other than ``N``,
+    e.g. a Rollout's ``[T, E]``, are kept).
+
+    ``mapping`` must keep the shape (element-wise, as :class:`BinsToActions`, :class:`ClampActions`
+    and :class:`IdentityActions` do).
+    """
+
+    mapping: ActionMapping
+    action_chunk: int
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.action_chunk, int) and self.action_chunk >= 1):
+            raise ValueError(f"ChunkActions action_chunk must be an int >= 1, got {self.action_chunk!r}")
+
+    def __call__(self, actions: Tensor) -> Tensor:
+        out = self.mapping(actions)
+        h = self.action_chunk
+        if out.dim() < 2 or out.shape[-1] % h:
+            raise ValueError(f"ChunkActions: actions must map to [N, H*D] with H={h}, got {tuple(out.shape)}")
+        return out.reshape(*out.shape[:-1], h, out.shape[-1] // h)  # leading dims ([T, E]) kept

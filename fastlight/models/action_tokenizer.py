@@ -27,15 +27,30 @@ class ActionTokenizer:
             ``n_bins`` ids.
         n_bins: number of bins per action dimension, ``2 <= n_bins <= vocab_size``.
         low, high: action range; actions outside it are clipped into it.
+        first_id: the first action token id when the action tokens are not the last ``n_bins``
+            ids: they are then ``[first_id, first_id + n_bins)`` (``None``: ``vocab_size - n_bins``).
     """
 
-    def __init__(self, vocab_size: int, n_bins: int = 256, low: float = -1.0, high: float = 1.0) -> None:
+    def __init__(
+        self,
+        vocab_size: int,
+        n_bins: int = 256,
+        low: float = -1.0,
+        high: float = 1.0,
+        first_id: int | None = None,
+    ) -> None:
         if vocab_size < 2:
             raise ValueError(f"vocab_size must be >= 2, got {vocab_size}")
         if not 2 <= n_bins <= vocab_size:
             raise ValueError(f"n_bins must be in [2, vocab_size={vocab_size}], got {n_bins}")
         if not low < high:
             raise ValueError(f"low must be < high, got low={low}, high={high}")
+        if first_id is not None and not 0 <= first_id <= vocab_size - n_bins:
+            raise ValueError(
+                f"action token ids [first_id, first_id + n_bins) = [{first_id}, {first_id + n_bins}) must "
+                f"lie in the vocabulary [0, {vocab_size})"
+            )
+        self._first_id = int(vocab_size - n_bins if first_id is None else first_id)
         self.vocab_size = int(vocab_size)
         self.n_bins = int(n_bins)
         self.low = float(low)
@@ -44,13 +59,13 @@ class ActionTokenizer:
     # ------------------------------------------------------------------ id range
     @property
     def first_id(self) -> int:
-        """First action token id (inclusive): ``vocab_size - n_bins``."""
-        return self.vocab_size - self.n_bins
+        """First action token id (inclusive): ``vocab_size - n_bins`` unless given."""
+        return self._first_id
 
     @property
     def last_id(self) -> int:
-        """End of the action token ids (exclusive): ``vocab_size``."""
-        return self.vocab_size
+        """End of the action token ids (exclusive): ``first_id + n_bins`` (``vocab_size`` by default)."""
+        return self._first_id + self.n_bins
 
     @property
     def bin_width(self) -> float:
@@ -109,5 +124,5 @@ class ActionTokenizer:
     def __repr__(self) -> str:
         return (
             f"ActionTokenizer(vocab_size={self.vocab_size}, n_bins={self.n_bins}, "
-            f"low={self.low}, high={self.high})"
+            f"low={self.low}, high={self.high}, first_id={self.first_id})"
         )

@@ -15,6 +15,12 @@ A policy is an ``nn.Module`` with three methods over a flat batch ``[N, ...]`` o
 
 ``logprobs`` and ``entropy`` are ``[N]`` for single-distribution policies and ``[N, K]`` for
 token policies (one entry per action token), which is what token-level ratios need.
+
+A *token* policy (:class:`TokenPolicy`: ``VLAPolicy``, or a user's own VLA class) is what
+:class:`~fastlight.modules.vla_module.VLAModule` trains: actions are ``K`` integer bins per call,
+it splits its parameters into actor and critic (the critic gets its own learning rate), gives the
+action-bin logits for cross-entropy (SFT on demonstrations, self-imitation) and tokenises the
+continuous actions of demonstrations into its bins.
 """
 
 from __future__ import annotations
@@ -113,3 +119,53 @@ def check_policy(policy: object) -> None:
             f"{type(policy).__name__} does not implement fastlight.models.base.Policy: missing "
             f"{', '.join(missing)} (see fastlight.models.action_mapping for action_mapping)"
         )
+
+
+@runtime_checkable
+class ActionBins(Protocol):
+    """Continuous env actions ``[...]`` in the env's range -> long bins ``[...]`` in ``[0, n_bins)``
+    (element-wise), e.g. :class:`~fastlight.models.action_tokenizer.ActionTokenizer`."""
+
+    n_bins: int
+
+    def encode(self, actions: Tensor) -> Tensor: ...
+
+
+@runtime_checkable
+class TokenPolicy(Policy, Protocol):
+    """A :class:`Policy` over action tokens, what :class:`~fastlight.modules.vla_module.VLAModule`
+    and :class:`~fastlight.modules.sft_module.VLASFTModule` train (an ``nn.Module``).
+
+    - ``act`` / ``evaluate``: ``actions`` are bins ``[N, K]`` (long) and ``logprobs`` / ``entropy``
+      per token ``[N, K]``; ``values`` ``[N]``;
+    - ``forward(obs, actions=None) -> (logits [N, K, n_bins], hidden)``: the untempered action-bin
+      logits, with gradients, for cross-entropy (SFT, self-imitation); ``actions`` are the target
+      bins ``[N, K]``, for a policy that teacher-forces them (autoregressive decoding); ``hidden``
+      is whatever the policy likes (``VLAPolicy``: the slots' hidden states);
+    - ``policy_parameters()`` / ``value_parameters()``: the actor's and the critic's parameters
+      (disjoint; the critic has its own learning rate, ``--model.value_lr``, and may be missing from
+      an SFT checkpoint); frozen ones may be included, the optimizers skip them;
+    - ``action_tokenizer``: :class:`ActionBins`, the demonstrations' continuous actions -> bins;
+    - ``action_dim``: the env's action dimensions (``VLAModule.check_env_spec`` compares it).
+
+    A policy that acts in chunks of ``H`` env actions (``K = H x action_dim`` tokens) says so with
+    its mapping (:class:`~fastlight.models.action_mapping.ChunkedActionMapping`). Optional:
+    :class:`ChecksObsSpace`, to refuse an env whose observations do not fit before any sampler starts.
+    """
+
+    action_dim: int
+    action_tokenizer: ActionBins
+
+    def forward(self, obs: Obs, actions: Tensor | None = None) -> tuple[Tensor, Tensor]: ...
+
+    def policy_parameters(self) -> list[nn.Parameter]: ...
+
+    def value_parameters(self) -> list[nn.Parameter]: ...
+
+
+@runtime_checkable
+class ChecksObsSpace(Protocol):
+    """A policy that checks the env's observation space itself (raises ``ValueError`` naming the flag
+    to change); ``VLAModule.check_env_spec`` calls it before any sampler starts."""
+
+    def check_obs_space(self, space: object) -> None: ...

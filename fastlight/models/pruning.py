@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -123,51 +124,75 @@ def _param_name(model: nn.Module, param: nn.Parameter) -> str:
     raise ValueError("output head weight is not a registered parameter of the model")
 
 
-def _read_tensor(folder: Path, key: str) -> torch.Tensor:
-    """Read one tensor from a (possibly sharded) safetensors checkpoint folder."""
+def _read_tensor(folder: Path, key: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
+    """Read one tensor from a (possibly sharded) safetensors checkpoint folder.
+
+    ``key`` is the model's parameter name. Some models save under another name (transformers writes
+    e.g. Llava's ``lm_head.weight`` as ``language_model.lm_head.weight``, its original layout): then
+    the one tensor whose name ends with the same module and parameter name and that has ``shape``
+    is read.
+    """
     safe_open = import_extra("safetensors", extra="vla", what="loading a pruned VLA checkpoint").safe_open
 
     index = folder / "model.safetensors.index.json"
-    if index.exists():
-        shard = json.loads(index.read_text())["weight_map"][key]
-    else:
-        shard = "model.safetensors"
-    with safe_open(str(folder / shard), framework="pt") as f:
-        if key not in f.keys():
-            raise ValueError(f"checkpoint {folder / shard} has no tensor {key!r}")
-        return f.get_tensor(key)
+    shards = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else None
+    for shard in shards or ["model.safetensors"]:
+        with safe_open(str(folder / shard), framework="pt") as f:
+            if key in f.keys():
+                return f.get_tensor(key)
+    suffix = "." + ".".join(key.split(".")[-2:])
+    found = []
+    for shard in shards or ["model.safetensors"]:
+        with safe_open(str(folder / shard), framework="pt") as f:
+            for k in f.keys():
+                if ("." + k).endswith(suffix) and (
+                    shape is None or tuple(f.get_slice(k).get_shape()) == shape
+                ):
+                    found.append(f.get_tensor(k))
+    if len(found) != 1:
+        raise ValueError(
+            f"checkpoint {folder} has no tensor {key!r} (nor one ending {suffix[1:]!r} of {shape})"
+        )
+    return found[0]
 
 
 def load_pruned_causal_lm(path: str, **kwargs) -> nn.Module:
     """Load a causal LM saved after :func:`prune_lm_head` (or an unpruned one) from a local folder.
 
-    Unpruned folders go straight through ``AutoModelForCausalLM.from_pretrained``. Pruned ones
-    (config has ``action_token_range``) are loaded with ``ignore_mismatched_sizes=True`` (the
-    full-size head is re-initialised, transformers logs the mismatch), pruned to the recorded
-    range, and the saved ``[N, d_model]`` head weight (and bias) is copied in. Only safetensors
-    checkpoints are supported for pruned folders. ``kwargs`` go to ``from_pretrained``.
+    :func:`load_pruned_model` with ``AutoModelForCausalLM``; ``kwargs`` go to ``from_pretrained``.
     """
     transformers = import_extra("transformers", extra="vla", what="loading a pretrained causal LM")
-    AutoConfig, AutoModelForCausalLM = transformers.AutoConfig, transformers.AutoModelForCausalLM
+    return load_pruned_model(path, transformers.AutoModelForCausalLM, **kwargs)
 
+
+def load_pruned_model(path: str | Path, auto_class: Any, config: Any = None, **kwargs) -> nn.Module:
+    """Load a model saved after :func:`prune_lm_head` (or an unpruned one) from a local folder with
+    ``auto_class`` (``AutoModelForCausalLM``, ``AutoModelForImageTextToText``, ...).
+
+    Unpruned folders go straight through ``auto_class.from_pretrained``. Pruned ones (config has
+    ``action_token_range``) are loaded with ``ignore_mismatched_sizes=True`` (the full-size head is
+    re-initialised, transformers logs the mismatch), pruned to the recorded range, and the saved
+    ``[N, d_model]`` head weight (and bias) is copied in. Only safetensors checkpoints are supported
+    for pruned folders. ``config``: the folder's config, possibly edited (``None``: read from the
+    folder); ``kwargs`` go to ``from_pretrained``.
+    """
+    transformers = import_extra("transformers", extra="vla", what="loading a pretrained model")
     folder = Path(path)
-    config = AutoConfig.from_pretrained(folder)
+    config = transformers.AutoConfig.from_pretrained(folder) if config is None else config
     cfgs = [config, config.get_text_config() if hasattr(config, "get_text_config") else config]
     rng = next((getattr(c, PRUNED_RANGE_ATTR) for c in cfgs if getattr(c, PRUNED_RANGE_ATTR, None)), None)
     if rng is None:
-        return AutoModelForCausalLM.from_pretrained(folder, **kwargs)
+        return auto_class.from_pretrained(folder, config=config, **kwargs)
     for c in cfgs:
         if hasattr(c, PRUNED_RANGE_ATTR):
             delattr(c, PRUNED_RANGE_ATTR)
-    model = AutoModelForCausalLM.from_pretrained(
-        folder, config=config, ignore_mismatched_sizes=True, **kwargs
-    )
+    model = auto_class.from_pretrained(folder, config=config, ignore_mismatched_sizes=True, **kwargs)
     old_head = model.get_output_embeddings()
     weight_key = _param_name(model, old_head.weight)
     bias_key = _param_name(model, old_head.bias) if old_head.bias is not None else None
     head = prune_lm_head(model, int(rng[0]), int(rng[1]))
     with torch.no_grad():
-        head.weight.copy_(_read_tensor(folder, weight_key))
+        head.weight.copy_(_read_tensor(folder, weight_key, tuple(head.weight.shape)))
         if bias_key is not None:
-            head.bias.copy_(_read_tensor(folder, bias_key))
+            head.bias.copy_(_read_tensor(folder, bias_key, tuple(head.bias.shape)))
     return model

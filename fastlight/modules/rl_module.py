@@ -32,11 +32,12 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor, nn
 from typing_extensions import override
 
-from fastlight.advantages import masked_gae, normalize_advantages
+from fastlight.advantages import chunk_rewards, masked_gae, normalize_advantages
 from fastlight.class_paths import class_path, same_class
 from fastlight.data.protocols import ReportsFaults
 from fastlight.losses import entropy_bonus, explained_variance, value_loss
 from fastlight.losses.ratios import GRANULARITIES, Granularity
+from fastlight.models.action_mapping import action_chunk
 from fastlight.models.base import EvalOutput, Policy, PolicyBase
 from fastlight.models.mlp import MLPActorCritic
 from fastlight.models.normalization import NormalizedPolicy
@@ -65,7 +66,8 @@ class RLModule(L.LightningModule):
             from the env's sizes).
         hidden_sizes: MLP widths of the default policy (refused together with ``policy``).
         lr: Adam learning rate.
-        gamma: discount factor of the returns.
+        gamma: discount factor of the returns, per env step (a transition that executed an action
+            chunk of ``h`` env steps is discounted by ``gamma**h``, see :mod:`fastlight.advantages`).
         gae_lambda: GAE lambda (0: one-step TD advantages, 1: Monte-Carlo returns).
         update_epochs: K, the epochs over each rollout (K x M optimizer steps per rollout).
         num_minibatches: M, the minibatches each epoch splits the rollout's valid transitions into.
@@ -74,8 +76,11 @@ class RLModule(L.LightningModule):
             ``class_path`` / ``init_args``): :class:`~fastlight.modules.objectives.PPOClip` (the
             default, ``None``), ``GIPO`` (AcceRL §GIPO), ``SAPO`` or a subclass of your own.
         ratio_granularity: ``token | action | chunk`` importance ratios (token policies), for
-            every objective.
-        tokens_per_action: tokens per action group for ``action`` granularity.
+            every objective (:mod:`fastlight.losses.ratios`).
+        tokens_per_action: consecutive tokens per ratio for ``action`` granularity. ``None`` (the
+            default): the tokens of one env action, ``K / H`` of a policy's ``K`` tokens per call in
+            chunks of ``H`` env actions (``action_dim`` for a :class:`~fastlight.models.vla.VLAPolicy`),
+            so ``action`` is one ratio per env action, ``chunk`` one per policy call.
         vf_coef: weight of the value loss.
         ent_coef: weight of the entropy bonus.
         value_clip_eps: PPO2-style value clipping range, ``None`` for the unclipped loss.
@@ -117,7 +122,7 @@ class RLModule(L.LightningModule):
         num_minibatches: int = 4,
         objective: Objective | None = None,
         ratio_granularity: Granularity = "token",
-        tokens_per_action: int = 1,
+        tokens_per_action: int | None = None,
         vf_coef: float = 0.5,
         ent_coef: float = 0.01,
         value_clip_eps: float | None = None,
@@ -342,8 +347,11 @@ class RLModule(L.LightningModule):
         """Masked GAE over ``[T, E]``; returns (advantages, returns, values used)."""
         h = self.hparams
         values = recompute_values(self.policy, rollout) if h.recompute_values else rollout.values
+        rewards, discounts = rollout.rewards, None
+        if rollout.chunked:  # action chunks: semi-MDP steps of h env steps, discounted by gamma^h
+            rewards, discounts = chunk_rewards(rollout.step_rewards, rollout.env_steps, h.gamma)
         adv, ret = masked_gae(
-            rewards=rollout.rewards,
+            rewards=rewards,
             values=values,
             bootstrap_values=rollout.bootstrap_values,
             terminated=rollout.terminated,
@@ -351,6 +359,7 @@ class RLModule(L.LightningModule):
             valid=rollout.valid,
             gamma=h.gamma,
             lam=h.gae_lambda,
+            discounts=discounts,
         )
         if h.normalize_advantages:
             # One all-reduce of (sum, sum of squares, count) under DDP (AcceRL §global normalisation).
@@ -383,7 +392,7 @@ class RLModule(L.LightningModule):
             advantages=mb.advantages,
             valid=mb.valid,
             granularity=h.ratio_granularity,
-            tokens_per_action=h.tokens_per_action,
+            tokens_per_action=self.tokens_per_action(out.logprobs),
             count=count,
         )
         # With return normalisation, the value error in units of the targets' std (= the loss of a
@@ -400,6 +409,11 @@ class RLModule(L.LightningModule):
         ent = entropy_bonus(entropy=out.entropy, valid=mb.valid, count=count)
         if self.policy_version < h.get("value_warmup_updates", 0):
             loss = h.vf_coef * vl  # critic warm-up: the policy stays where init_from put it
+            if self._trainer is not None and self.trainer.world_size > 1:
+                # DDP all-reduces the gradient of every parameter and refuses one outside the loss's
+                # graph: the policy terms enter with weight 0 (zero gradients, so Adam leaves the policy
+                # where it is; its step count advances). One process keeps them out of the graph.
+                loss = loss + 0.0 * (pg - h.ent_coef * ent)
         else:
             loss = pg + h.vf_coef * vl - h.ent_coef * ent
         info = {
@@ -410,6 +424,22 @@ class RLModule(L.LightningModule):
             "total": loss.detach(),
         }
         return loss, info
+
+    def tokens_per_action(self, logprobs: Tensor) -> int:
+        """``--model.tokens_per_action``, or (``None``) the tokens of one env action: the ``K``
+        tokens of ``logprobs [N, K]`` over the policy's action chunk (1 for ``[N]`` log-probs)."""
+        tpa = self.hparams.get("tokens_per_action")
+        if tpa is not None:
+            return int(tpa)
+        if logprobs.dim() < 2:
+            return 1
+        k, chunk = logprobs.shape[-1], action_chunk(self.policy.action_mapping()) or 1
+        if k % chunk:
+            raise ValueError(
+                f"the policy's {k} action tokens do not split into its action_chunk {chunk}: "
+                f"set --model.tokens_per_action"
+            )
+        return k // chunk
 
     def param_groups(self) -> list[dict[str, Any]]:
         return [{"params": [p for p in self.policy.parameters() if p.requires_grad]}]
@@ -580,9 +610,14 @@ def _validate(args: dict[str, Any]) -> None:
         raise ValueError(f"--model.max_nonfinite_updates must be >= 0, got {args['max_nonfinite_updates']}")
     if args.get("value_warmup_updates", 0) < 0:
         raise ValueError(f"--model.value_warmup_updates must be >= 0, got {args['value_warmup_updates']}")
-    for name in ("update_epochs", "num_minibatches", "tokens_per_action"):
+    for name in ("update_epochs", "num_minibatches"):
         if args[name] < 1:
             raise ValueError(f"--model.{name} must be >= 1, got {args[name]}")
+    if args["tokens_per_action"] is not None and args["tokens_per_action"] < 1:
+        raise ValueError(
+            f"--model.tokens_per_action must be >= 1 or null (the tokens of one env action), "
+            f"got {args['tokens_per_action']}"
+        )
     for name in ("gamma", "gae_lambda"):
         if not 0.0 <= args[name] <= 1.0:
             raise ValueError(f"--model.{name} must be in [0, 1], got {args[name]}")

@@ -22,6 +22,8 @@ def rollout_metrics(rollout: Rollout, *, current_version: int) -> dict[str, Tens
     (``rollout/crash_rate``): the record's ``None``, :func:`fastlight.rollout.success_after`.
 
     ``policy_lag`` = current version - behaviour version (AcceRL §staleness); 0 when on-policy.
+    ``rollout/valid_steps`` counts env steps (episode lengths too); with action chunks the valid
+    transitions, one per chunk, are ``rollout/policy_steps``.
     ``perf/termination_threshold`` is the mean DPSA threshold of the Rollout's cycles (what
     ``--data.termination_threshold auto`` chose; the setting itself otherwise).
     """
@@ -43,7 +45,11 @@ def rollout_metrics(rollout: Rollout, *, current_version: int) -> dict[str, Tens
     if lag.numel():
         out["rollout/policy_lag"] = lag.mean()
         out["rollout/policy_lag_max"] = lag.max()
-    out["rollout/valid_steps"] = valid.sum().float()
+    if rollout.env_steps is None:
+        out["rollout/valid_steps"] = valid.sum().float()
+    else:  # action chunks: env steps, and the transitions (policy steps) apart
+        out["rollout/valid_steps"] = rollout.env_steps.sum().float()
+        out["rollout/policy_steps"] = valid.sum().float()
     out["rollout/dropped_stale"] = torch.tensor(float(rollout.stats.dropped_stale))
     out["rollout/dropped_nonfinite"] = torch.tensor(float(rollout.stats.dropped_nonfinite))
     out["perf/data_wait_ms"] = torch.tensor(1000.0 * rollout.stats.data_wait_s)

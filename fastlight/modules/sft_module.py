@@ -1,12 +1,12 @@
-"""``VLASFTModule``: supervised fine-tuning of a ``VLAPolicy`` on demonstrations (the stage before RL).
+"""``VLASFTModule``: supervised fine-tuning of a VLA token policy on demonstrations (the stage before RL).
 
 AcceRL, SimpleVLA-RL and RLinf start RL from a VLA fine-tuned on demonstrations. This module trains
-the *same* :class:`~fastlight.models.vla.VLAPolicy` (same ``--model.policy`` block as the RL config)
-with cross-entropy on its action tokens: the expert's continuous action is tokenised by the
-policy's own :class:`~fastlight.models.action_tokenizer.ActionTokenizer` (one bin per action
-dimension), the logits at the ``K`` action slots are scored against those bins (teacher-forced in
-autoregressive decoding), and the loss is the mean over valid tokens, as SMPO reduces RL losses
-(FAST §SMPO): a padded or masked token counts neither in the sum nor in the count.
+the *same* policy as the RL config (same ``--model.policy`` block: a :class:`~fastlight.models.vla.VLAPolicy`
+or any :class:`~fastlight.models.base.TokenPolicy`) with cross-entropy on its action tokens: the
+expert's continuous action is tokenised by the policy's own ``action_tokenizer`` (one bin per action
+dimension), the logits of its ``forward`` at the ``K`` action slots are scored against those bins
+(teacher-forced in autoregressive decoding), and the loss is the mean over valid tokens, as SMPO
+reduces RL losses (FAST §SMPO): a padded or masked token counts neither in the sum nor in the count.
 
 It is a subclass of :class:`~fastlight.modules.vla_module.VLAModule` so that its checkpoints are
 VLA checkpoints (``--model.init_from`` of an RL run reads its ``policy.*`` weights, the evaluation
@@ -19,14 +19,22 @@ absolute distance in bins), ``sft/lr``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
 from typing_extensions import override
 
 from fastlight.losses.imitation import token_cross_entropy
+from fastlight.models.action_mapping import action_chunk
 from fastlight.modules.vla_module import VLAModule
+
+
+@runtime_checkable
+class DescribesEnv(Protocol):
+    """A DataModule that knows its env's :class:`~fastlight.data.env_spec.EnvSpec` (``DemoDataModule``)."""
+
+    env_spec: Any
 
 
 class VLASFTModule(VLAModule):
@@ -52,6 +60,15 @@ class VLASFTModule(VLAModule):
         super().__init__(**kwargs)
 
     @override
+    def on_fit_start(self) -> None:
+        # The same checks the RL run makes before its samplers start, and the same binding: a
+        # vision-language backbone re-tokenizes the env's instructions with its own tokenizer, so SFT
+        # and RL feed it the same ids.
+        data = self.trainer.datamodule
+        if isinstance(data, DescribesEnv):
+            self.check_env_spec(data.env_spec)
+
+    @override
     def configure_optimizers(self) -> Any:
         opt = torch.optim.AdamW(self.param_groups(), lr=self.hparams.lr, weight_decay=0.0)
         warm = max(self.hparams.warmup_steps, 1)
@@ -61,13 +78,29 @@ class VLASFTModule(VLAModule):
     def token_loss(self, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
         """Masked cross-entropy of the action tokens; ``batch`` as DemoDataModule yields it.
 
-        ``batch["valid"]`` ``[B]`` or ``[B, K]`` (optional, default all valid) masks padded entries.
+        ``batch["actions"]`` is ``[B, A]``, or ``[B, H, A]`` for a policy acting in chunks of ``H``
+        (its ``K = H x A`` tokens, step-major). ``batch["valid"]`` (optional, default all valid)
+        masks padded entries: ``[B]``, ``[B, K]``, or with chunks ``[B, H]`` (the chunk steps past
+        the episode's end: their ``A`` tokens count neither in the sum nor in the count).
         """
         policy = self.policy
-        bins = policy.action_tokenizer.encode(batch["actions"]).to(self.device)  # [B, K]
+        actions, valid = batch["actions"], batch.get("valid")
+        chunk = action_chunk(policy.action_mapping())
+        if chunk is not None:
+            if actions.dim() != 3 or actions.shape[1] != chunk:
+                raise ValueError(
+                    f"the policy acts in chunks of {chunk} (--model.policy.init_args.action_chunk): "
+                    f"demonstration actions must be [B, {chunk}, A], got {tuple(actions.shape)} "
+                    f"(--data.action_chunk null follows the policy)"
+                )
+            n, _, dims = actions.shape
+            actions = actions.reshape(n, chunk * dims)  # step-major, as the policy's tokens
+            if valid is not None and tuple(valid.shape) == (n, chunk):
+                valid = valid.repeat_interleave(dims, dim=1)  # [B, H] -> [B, K]
+        bins = policy.action_tokenizer.encode(actions).to(self.device)  # [B, K]
         logits, _ = policy(batch["obs"], actions=bins)  # [B, K, n_bins]
         return token_cross_entropy(
-            logits=logits, bins=bins, valid=batch.get("valid"), label_smoothing=self.hparams.label_smoothing
+            logits=logits, bins=bins, valid=valid, label_smoothing=self.hparams.label_smoothing
         )
 
     @override

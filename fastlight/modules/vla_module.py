@@ -1,4 +1,5 @@
-"""``VLAModule``: RLModule training a token-level :class:`~fastlight.models.vla.VLAPolicy` (AcceRL).
+"""``VLAModule``: RLModule training a token-level VLA policy (AcceRL):
+:class:`~fastlight.models.vla.VLAPolicy` or any :class:`~fastlight.models.base.TokenPolicy`.
 
 The update is the RLModule's (FAST §SMPO masked means, masked GAE, K epochs x M minibatches);
 what changes is the policy and its batch shapes:
@@ -21,9 +22,12 @@ what changes is the policy and its batch shapes:
   its exploration found. Not in AcceRL; off by default.
 
 The policy is injected like any RLModule policy, ``--model.policy`` with ``class_path:
-fastlight.models.vla.VLAPolicy`` and its ``init_args`` (backbone, sizes, decoding, ...); anything
-but a ``VLAPolicy`` is refused. Without one, ``configure_model`` builds a ``VLAPolicy`` with its
-defaults and ``K = --model.action_dim``.
+fastlight.models.vla.VLAPolicy`` and its ``init_args`` (backbone, sizes, decoding, ...), or the
+``class_path`` of a user's own VLA class: any ``nn.Module`` implementing
+:class:`~fastlight.models.base.TokenPolicy` (bins ``[N, K]`` and per-token log-probs, the logits
+for cross-entropy, actor / critic parameters, an action tokenizer); a policy that lacks part of it
+is refused in one line naming what is missing. Without one, ``configure_model`` builds a
+``VLAPolicy`` with its defaults and ``K = --model.action_dim``.
 
 Env sizes linked by ``fastlight fit`` (``obs_dim``, ``action_dim``, ``continuous``): the env's
 continuous action size *is* the number of action tokens ``K`` (one token per dimension,
@@ -37,12 +41,17 @@ from __future__ import annotations
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 import torch
 from torch import Tensor, nn
 from typing_extensions import override
 
+from fastlight.data.env_spec import EnvSpec, bind_instruction_table
+from fastlight.data.protocols import missing_members
+from fastlight.envs.instructions import InstructionTable
 from fastlight.losses.imitation import token_cross_entropy
-from fastlight.models.base import Policy, PolicyBase
+from fastlight.models.action_mapping import action_chunk
+from fastlight.models.base import ChecksObsSpace, Policy, PolicyBase, TokenPolicy
 from fastlight.models.vla import VLAPolicy
 from fastlight.modules.objectives import GIPO, Objective
 from fastlight.modules.rl_module import RLModule
@@ -54,12 +63,13 @@ SIL_CHECKPOINT_KEY = "fastlight_success_buffer"
 
 
 class VLAModule(RLModule):
-    """PPO / GIPO / SAPO fine-tuning of a VLA token policy over a transformers causal LM.
+    """PPO / GIPO / SAPO fine-tuning of a VLA token policy.
 
     Args:
         policy: a :class:`~fastlight.models.vla.VLAPolicy` (CLI: ``--model.policy.class_path
-            fastlight.models.vla.VLAPolicy`` + ``--model.policy.init_args.*``); ``None`` builds one
-            with the VLAPolicy defaults and ``action_dim`` tokens in ``configure_model``.
+            fastlight.models.vla.VLAPolicy`` + ``--model.policy.init_args.*``) or any ``nn.Module``
+            implementing :class:`~fastlight.models.base.TokenPolicy`; ``None`` builds a VLAPolicy
+            with its defaults and ``action_dim`` tokens in ``configure_model``.
         value_lr: learning rate of the value head's param group (``None``: ``lr``).
         objective: an :class:`~fastlight.modules.objectives.Objective`; ``None`` is
             ``GIPO()`` (AcceRL), e.g. ``--model.objective GIPO --model.objective.sigma 0.2`` or
@@ -82,7 +92,7 @@ class VLAModule(RLModule):
 
     def __init__(
         self,
-        # RLModule's type (a policy that is not a VLAPolicy is refused below, naming the flag).
+        # RLModule's type (a policy that is not a TokenPolicy is refused below, naming what it lacks).
         policy: PolicyBase | Policy | None = None,
         value_lr: float | None = None,
         objective: Objective | None = None,
@@ -216,12 +226,18 @@ class VLAModule(RLModule):
                 f"does not match the env's action size {spec.action_dim}"
             )
         space = spec.observation_space  # None when the EnvSpec was built without a space
-        if space is not None:
-            _check_obs_space(space, p)
+        if space is None:
+            return
+        if isinstance(p, VLAPolicy):
+            _check_obs_space(space, p, spec.instructions if isinstance(spec, EnvSpec) else None)
+        elif isinstance(p, ChecksObsSpace):  # a user's own token policy that checks for itself
+            p.check_obs_space(space)
 
 
-def _check_obs_space(space: gym.Space, p: VLAPolicy) -> None:
-    """Raise ``ValueError`` naming the flag if the env's observation does not fit the policy."""
+def _check_obs_space(space: gym.Space, p: VLAPolicy, instructions: InstructionTable | None = None) -> None:
+    """Raise ``ValueError`` naming the flag if the env's observation does not fit the policy; then hand
+    the env's instruction table (``EnvSpec.instructions``) to the policy, which re-tokenizes it when
+    its backbone folder has a tokenizer."""
     if not isinstance(space, gym.spaces.Dict) or "instruction_ids" not in space.spaces:
         raise ValueError(
             f"VLAModule needs a dict observation with 'instruction_ids' (e.g. --data.env_id "
@@ -233,27 +249,52 @@ def _check_obs_space(space: gym.Space, p: VLAPolicy) -> None:
         raise ValueError(
             f"{flag}.max_text_len={p.max_text_len} is shorter than the env's instructions ({text_len})"
         )
-    size = p.vision.image_size
-    if "image" in obs and tuple(obs["image"].shape) != (size, size, 3):
+    size, image = p.image_size, obs.get("image")
+    if image is not None and size is None:
         raise ValueError(
-            f"{flag}.image_size={size} does not match the env's image {tuple(obs['image'].shape)}"
+            f"the env renders images {tuple(image.shape)} but {flag}.image_size=null builds no image "
+            f"encoder: set {flag}.image_size={image.shape[0]} (or --data.env_kwargs.image false)"
         )
+    if image is None and size is not None:
+        # The encoder's parameters would get no gradient: DDP stops on unused parameters.
+        raise ValueError(
+            f"the env has no 'image' (state only) but {flag}.image_size={size} builds an image encoder it "
+            f"would never use: set {flag}.image_size=null"
+        )
+    if image is not None and tuple(image.shape) != (size, size, 3):
+        raise ValueError(f"{flag}.image_size={size} does not match the env's image {tuple(image.shape)}")
     env_proprio = obs["proprio"].shape[0] if "proprio" in obs else 0
     if env_proprio != p.proprio_dim:
         raise ValueError(
             f"{flag}.proprio_dim={p.proprio_dim} does not match the env's proprio size {env_proprio} "
             f"(--data.env_kwargs.proprio_dim)"
         )
+    if bind_instruction_table(p, instructions):
+        return
+    high = np.asarray(obs["instruction_ids"].high)
+    rows = p.backbone.get_input_embeddings().weight.shape[0]
+    top = int(high.max()) if np.isfinite(high).all() else -1
+    if top >= rows:
+        raise ValueError(
+            f"the env's instruction ids go up to {top} but the backbone has {rows} input embeddings: "
+            f"set {flag}.vocab_size above {top}, or give a backbone folder with a tokenizer"
+        )
 
 
 def _validate_vla(policy: Any, value_lr: float | None, action_dim: int, rl_kwargs: dict[str, Any]) -> None:
     """VLA settings, checked up front with the CLI flag in the message (the policy's own settings are
-    checked by ``VLAPolicy``)."""
-    if policy is not None and not isinstance(policy, (VLAPolicy, str)):
-        raise ValueError(
-            f"--model.policy must be a fastlight.models.vla.VLAPolicy for VLAModule, got "
-            f"{type(policy).__module__}.{type(policy).__qualname__}"
-        )
+    checked by the policy)."""
+    if policy is not None and not isinstance(policy, str):
+        missing = missing_members(policy, TokenPolicy)
+        if type(policy).forward is nn.Module.forward:  # every nn.Module has one that raises
+            missing = sorted({*missing, "forward"})
+        if missing or not isinstance(policy, nn.Module):
+            lacks = ", ".join(missing) if missing else "nn.Module (it is not one)"
+            raise ValueError(
+                f"--model.policy {type(policy).__module__}.{type(policy).__qualname__} does not implement "
+                f"fastlight.models.base.TokenPolicy, which VLAModule trains (fastlight.models.vla.VLAPolicy "
+                f"does): it lacks {lacks}"
+            )
     if tuple(rl_kwargs.get("hidden_sizes", (64, 64))) != (64, 64):
         # Inherited from RLModule, where it sizes the MLP policy; a VLA has no such MLP.
         raise ValueError(
@@ -262,10 +303,16 @@ def _validate_vla(policy: Any, value_lr: float | None, action_dim: int, rl_kwarg
         )
     if value_lr is not None and value_lr <= 0:
         raise ValueError(f"--model.value_lr must be > 0 or null, got {value_lr}")
-    tpa = rl_kwargs.get("tokens_per_action", 1)
-    k = policy.action_dim if isinstance(policy, VLAPolicy) else action_dim
-    if rl_kwargs.get("ratio_granularity") == "action" and tpa >= 1 and k % tpa:
+    tpa = rl_kwargs.get("tokens_per_action")
+    k = action_tokens(policy) if isinstance(policy, TokenPolicy) else action_dim
+    if rl_kwargs.get("ratio_granularity") == "action" and tpa is not None and tpa >= 1 and k % tpa:
         raise ValueError(
-            f"--model.tokens_per_action ({tpa}) must divide the policy's action_dim ({k}) "
+            f"--model.tokens_per_action ({tpa}) must divide the policy's {k} action tokens per call "
             "with --model.ratio_granularity action"
         )
+
+
+def action_tokens(policy: TokenPolicy) -> int:
+    """``K``, a token policy's action tokens per call: ``action_dim`` times its action chunk (1 for a
+    policy whose mapping is not a :class:`~fastlight.models.action_mapping.ChunkedActionMapping`)."""
+    return policy.action_dim * (action_chunk(policy.action_mapping()) or 1)

@@ -11,6 +11,16 @@
   ``collect()`` is ``rollout_steps`` steps and episodes carry over between calls.
 - ``sequential``: ``autoreset`` over exactly one env, the baseline of FAST's speed-up table.
 
+**Action chunks.** With a policy whose action mapping is chunked
+(:class:`~fastlight.models.action_mapping.ChunkedActionMapping`, ``H`` env actions per call), each
+policy step executes every active env's chunk open-loop, up to ``H`` env steps, and records one
+transition per chunk (``step_rewards``, ``env_steps``: see :mod:`fastlight.rollout`). An env whose
+episode ends inside its chunk stops there and the rest of the chunk is dropped (in ``autoreset`` it
+resets and starts a fresh chunk at the next policy step). Every budget counts env steps, not
+chunks: ``max_horizon`` (the last chunk of a cycle is cut to what is left of it), ``rollout_steps``
+(``ceil(rollout_steps / H)`` policy steps), the episode lengths, the ``step`` index, the DPSA
+threshold's model and the stats' ``raw_steps`` / ``valid_steps``.
+
 Resets of several envs at one moment run on a thread pool when they are slow: scenario loading is
 I/O bound (HD maps, traffic logs), so the resets of one sampler overlap (see ``ScenarioLoadCost``).
 Cheap resets (a MuJoCo ``mj_resetData``, tens of microseconds) run inline: a thread hand-off costs
@@ -23,12 +33,13 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Literal, get_args
+from typing import Any, Literal, NamedTuple, get_args
 
 import gymnasium as gym
 import numpy as np
 import torch
 
+from fastlight.models.action_mapping import action_chunk
 from fastlight.models.base import Policy, ServedPolicy
 from fastlight.rollout import EpisodeRecord, Rollout, RolloutStats, crashed_at_end, success_after
 from fastlight.sampling.auto_threshold import AUTO, CycleCosts, ThresholdChooser
@@ -117,13 +128,26 @@ def check_collector_settings(
 class _Episode:
     """Running bookkeeping of one env's current episode."""
 
-    __slots__ = ("step", "ret", "task_id", "success")
+    __slots__ = ("step", "ret", "task_id", "success", "transitions")
 
     def __init__(self, task_id: int = 0) -> None:
-        self.step = 0
+        self.step = 0  # env steps
+        self.transitions = 0  # policy steps (rows) of the episode: ``step`` unless actions come in chunks
         self.ret = 0.0
         self.task_id = task_id
         self.success: bool | None = None  # fastlight.rollout.success_after, folded over the steps
+
+
+class _Chunk(NamedTuple):
+    """What one env did with its action chunk: ``steps`` env steps taken, the finite ``rewards`` of
+    them, how the last one ended, its info, and whether it was non-finite under ``nonfinite="drop"``."""
+
+    steps: int
+    rewards: list[float]
+    terminated: bool
+    truncated: bool
+    info: dict
+    dropped: bool
 
 
 class Collector:
@@ -135,8 +159,9 @@ class Collector:
         termination_threshold: DPSA's unified-truncation threshold on the fraction of ended envs,
             or ``"auto"``: chosen every cycle from the measured step cost, reset cost and episode
             lengths (:class:`~fastlight.sampling.auto_threshold.ThresholdChooser`).
-        max_horizon: DPSA/SGR cycle length cap; reaching it truncates and bootstraps.
-        rollout_steps: steps per ``collect()`` in ``autoreset`` / ``sequential`` mode.
+        max_horizon: DPSA/SGR cycle length cap in env steps; reaching it truncates and bootstraps.
+        rollout_steps: env steps per env per ``collect()`` in ``autoreset`` / ``sequential`` mode
+            (with action chunks of ``H``: ``ceil(rollout_steps / H)`` policy steps).
         seed: env ``i`` is first reset with ``seed + i``; later resets continue its RNG.
         nonfinite: what a NaN / inf observation or reward from an env does: ``raise`` stops the
             run (:class:`NonFiniteError` naming env, index, seed, step, field); ``drop`` turns the
@@ -187,6 +212,7 @@ class Collector:
         self._obs: list[Any] | None = None  # current observation of each env (autoreset carry-over)
         self._eps: list[_Episode] = []
         self._served = False  # the current round's policy is served by the inference worker
+        self._chunk: int | None = None  # the current round's policy acts in chunks of this many env steps
         # Running mean of one env.reset() in seconds; None until the first reset was timed (the
         # first global reset uses the pool: a scenario load may be slow).
         self.reset_cost: float | None = None
@@ -282,9 +308,10 @@ class Collector:
         )
 
     # ------------------------------------------------------------------ one step of a subset
-    def _step_envs(self, policy: Policy, active: list[int], stats: RolloutStats) -> Step:
+    def _step_envs(self, policy: Policy, active: list[int], stats: RolloutStats, span: int = 1) -> Step:
         """Act on the active envs and step them. Every env's observation is stacked once: the
-        row stores all of them (frozen ones for DPSA dummy steps), the policy sees the active ones."""
+        row stores all of them (frozen ones for DPSA dummy steps), the policy sees the active ones.
+        With action chunks each env runs its chunk for at most ``span`` env steps (:meth:`_run_chunk`)."""
         try:
             all_obs = stack_obs(self._obs)
         except ObservationShapeError as e:
@@ -297,8 +324,11 @@ class Collector:
         step = torch.tensor([self._eps[i].step for i in active], dtype=torch.long)
         out = policy.act(obs_to_tensor(sel), step=step)
         env_actions = action_to_env(policy, out.actions)
-        results = []
+        results: list[tuple] = []
         for j, i in enumerate(active):
+            if self._chunk is not None:
+                results.append(self._run_chunk(i, env_actions[j], span, stats))
+                continue
             t0 = time.perf_counter()
             try:
                 results.append(self.envs[i].step(env_actions[j]))
@@ -310,10 +340,42 @@ class Collector:
         version = policy.last_version if self._served else -1
         return Step(all_obs, step, out, version, results)
 
+    def _run_chunk(self, i: int, chunk: Any, span: int, stats: RolloutStats) -> _Chunk:
+        """Env ``i`` executes its action chunk ``[H, ...]`` open-loop for at most ``span`` env steps,
+        stopping where its episode ends (the rest of the chunk is dropped). Each step is checked and
+        counted as an unchunked step is, so a failure names its episode step."""
+        ep, env = self._eps[i], self.envs[i]
+        rewards: list[float] = []
+        info: dict = {}
+        for k in range(min(len(chunk), span)):
+            action = chunk[k]
+            t0 = time.perf_counter()
+            try:
+                nobs, reward, term, trunc, info = env.step(action.item() if np.ndim(action) == 0 else action)
+            except Exception as e:
+                raise self._env_error(i, e) from e
+            stats.step_time += time.perf_counter() - t0
+            self.heartbeat()
+            ep.step += 1
+            if self.nonfinite == "drop" and not (is_finite(reward) and is_finite(nobs)):
+                return _Chunk(k + 1, rewards, False, False, info, dropped=True)
+            self._check_finite(i, "reward", reward)
+            self._check_finite(i, "observation", nobs)
+            rewards.append(float(reward))
+            ep.ret += float(reward)
+            ep.success = success_after(ep.success, info)
+            self._obs[i] = nobs
+            if term or trunc:
+                return _Chunk(k + 1, rewards, bool(term), bool(trunc), info, dropped=False)
+        return _Chunk(len(rewards), rewards, False, False, info, dropped=False)
+
     def _advance(self, row: Row, i: int, result: tuple, rows: RowBuffer, stats: RolloutStats) -> bool:
         """Record env ``i``'s step in ``row``; returns True if its episode ended (or was dropped)."""
+        if isinstance(result, _Chunk):
+            return self._advance_chunk(row, i, result, rows, stats)
         nobs, reward, term, trunc, info = result
         ep = self._eps[i]
+        ep.transitions += 1
         ep.step += 1  # the env's step count: the failing step is named by it (0 = the reset)
         if self.nonfinite == "drop" and not (is_finite(reward) and is_finite(nobs)):
             self._drop_episode(i, rows, stats)
@@ -329,11 +391,26 @@ class Collector:
             return True
         return False
 
+    def _advance_chunk(self, row: Row, i: int, chunk: _Chunk, rows: RowBuffer, stats: RolloutStats) -> bool:
+        """Record env ``i``'s executed chunk in ``row`` (the steps were counted by :meth:`_run_chunk`)."""
+        ep = self._eps[i]
+        ep.transitions += 1
+        if chunk.dropped:
+            self._drop_episode(i, rows, stats)
+            return True
+        row.set_chunk(i, chunk.rewards, chunk.terminated, chunk.truncated)
+        if chunk.terminated or chunk.truncated:
+            rows.episodes.append(
+                _record(ep, terminated=chunk.terminated, truncated=chunk.truncated, info=chunk.info)
+            )
+            return True
+        return False
+
     def _drop_episode(self, i: int, rows: RowBuffer, stats: RolloutStats) -> None:
         """Env ``i``'s current episode becomes padding in this buffer (its steps here are the last
-        ``ep.step`` rows at most; earlier ones went out, finite, in an earlier Rollout). Its frozen
-        observation stays the last finite one, and no episode is recorded."""
-        for r in rows.rows[-min(self._eps[i].step, len(rows.rows)) :]:
+        ``ep.transitions`` rows at most; earlier ones went out, finite, in an earlier Rollout). Its
+        frozen observation stays the last finite one, and no episode is recorded."""
+        for r in rows.rows[-min(self._eps[i].transitions, len(rows.rows)) :]:
             r.invalidate(i)
         stats.dropped_nonfinite += 1
 
@@ -347,13 +424,18 @@ class Collector:
         self._served = isinstance(policy, ServedPolicy)
         if self._served:  # the inference worker ranks stragglers by progress per round
             policy.new_round()
+        self._chunk = action_chunk(policy.action_mapping())
         if self.mode in ("dpsa", "sgr"):
             rows = self._collect_cycle(policy, stats)
         else:
             rows = self._collect_autoreset(policy, stats)
         rollout = RowBuffer.to_rollout(rows, policy_version=policy_version, stats=stats)
-        stats.raw_steps = rollout.valid.numel()
-        stats.valid_steps = int(rollout.valid.sum())
+        if self._chunk is None:
+            stats.raw_steps = rollout.valid.numel()
+            stats.valid_steps = int(rollout.valid.sum())
+        else:  # env steps, not chunks
+            stats.raw_steps = rows.raw_env_steps()
+            stats.valid_steps = rollout.num_env_steps
         stats.wall_time = time.perf_counter() - t0
         return rollout
 
@@ -372,18 +454,20 @@ class Collector:
         stats.global_resets += 1
         threshold = self.chooser.threshold() if self.chooser is not None else self.termination_threshold
         stats.threshold_sum += float(threshold) if self.mode == "dpsa" else 0.0
-        rows = RowBuffer(self.num_envs)
+        rows = RowBuffer(self.num_envs, self._chunk)
         alive = [True] * self.num_envs
+        # t: the cycle's env-step time (policy steps x their chunks' span; one per step without chunks)
         t = env_steps = 0
         while True:
             active = [i for i in range(self.num_envs) if alive[i]]
-            env_steps += len(active)
-            out = self._step_envs(policy, active, stats)
-            row = rows.new_row(out, self._eps, active)
+            span = min(self._chunk or 1, self.max_horizon - t)  # the last chunk ends at max_horizon
+            out = self._step_envs(policy, active, stats, span)
+            env_steps += len(active) if self._chunk is None else sum(r.steps for r in out.results)
+            row = rows.new_row(out, self._eps, active, span)
             for j, i in enumerate(active):
                 if self._advance(row, i, out.results[j], rows, stats):
                     alive[i] = False
-            t += 1
+            t += span
             cut = self._should_truncate(self.num_envs - sum(alive), t, threshold)
             if cut:
                 # Unified truncation: every env still running is cut here and bootstrapped.
@@ -398,6 +482,8 @@ class Collector:
                 if self.chooser is not None:
                     reset_s, step_s = stats.reset_time - before[0], stats.step_time - before[1]
                     other_s = time.perf_counter() - start - reset_s - step_s
+                    # rounds in env-step time: the chooser models a cycle's overhead per env step of
+                    # its length (with chunks, one policy call per chunk is spread over its steps).
                     costs = CycleCosts(reset_s, step_s, max(other_s, 0.0), rounds=t, env_steps=env_steps)
                     # (length, ended) per env: an env still alive at the cut is censored at its length.
                     self.chooser.observe(
@@ -409,16 +495,19 @@ class Collector:
         if self._obs is None:
             self._reset(range(self.num_envs), stats)
             stats.global_resets += 1
-        rows = RowBuffer(self.num_envs)
+        rows = RowBuffer(self.num_envs, self._chunk)
         everyone = list(range(self.num_envs))
-        for t in range(self.rollout_steps):
-            out = self._step_envs(policy, everyone, stats)
-            row = rows.new_row(out, self._eps, everyone)
+        chunk = self._chunk or 1
+        policy_steps = -(-self.rollout_steps // chunk)  # ceil: rollout_steps counts env steps
+        for t in range(policy_steps):
+            span = min(chunk, self.rollout_steps - t * chunk)
+            out = self._step_envs(policy, everyone, stats, span)
+            row = rows.new_row(out, self._eps, everyone, span)
             ended = []
             for i in everyone:
                 if self._advance(row, i, out.results[i], rows, stats):
                     ended.append(i)
-                elif t == self.rollout_steps - 1:
+                elif t == policy_steps - 1:
                     # Rollout boundary: bootstrap, but the episode goes on in the next call.
                     row.set_truncated(i)
             self._bootstrap(policy, row)

@@ -25,9 +25,16 @@ class Step(NamedTuple):
 
 
 class Row:
-    """One time step of E envs while it is being filled (numpy, cheap to write per env)."""
+    """One time step of E envs while it is being filled (numpy, cheap to write per env).
 
-    def __init__(self, num_envs: int) -> None:
+    With action chunks of ``chunk`` env steps (``None``: none), ``step_rewards [E, chunk]`` and
+    ``env_steps [E]`` record each env's executed steps, and ``span`` is the env-step budget the
+    row's chunks had (``chunk``, or less where the cycle's budget ran out)."""
+
+    def __init__(self, num_envs: int, chunk: int | None = None, span: int = 1) -> None:
+        self.span = span
+        self.step_rewards = None if chunk is None else np.zeros((num_envs, chunk), dtype=np.float32)
+        self.env_steps = None if chunk is None else np.zeros(num_envs, dtype=np.int64)
         self.reward = np.zeros(num_envs, dtype=np.float32)
         self.terminated = np.zeros(num_envs, dtype=bool)
         self.truncated = np.zeros(num_envs, dtype=bool)
@@ -46,6 +53,13 @@ class Row:
         self.terminated[i] = terminated
         self.truncated[i] = truncated and not terminated
 
+    def set_chunk(self, i: int, rewards: list[float], terminated: bool, truncated: bool) -> None:
+        """Env ``i`` executed ``len(rewards)`` steps of its chunk: ``reward`` is their sum."""
+        assert self.step_rewards is not None and self.env_steps is not None
+        self.set_step(i, float(sum(rewards)), terminated, truncated)
+        self.step_rewards[i, : len(rewards)] = rewards
+        self.env_steps[i] = len(rewards)
+
     def set_truncated(self, i: int) -> None:
         self.truncated[i] = True
 
@@ -55,6 +69,9 @@ class Row:
         self.reward[i] = 0.0
         self.terminated[i] = self.truncated[i] = False
         self.bootstrap[i] = 0.0
+        if self.step_rewards is not None and self.env_steps is not None:
+            self.step_rewards[i] = 0.0
+            self.env_steps[i] = 0
 
 
 def _scatter(values: Tensor, active: list[int], num_envs: int) -> Tensor:
@@ -65,18 +82,20 @@ def _scatter(values: Tensor, active: list[int], num_envs: int) -> Tensor:
 
 
 class RowBuffer:
-    """Collects Rows and finished episodes; ``to_rollout`` stacks them into ``[T, E, ...]``."""
+    """Collects Rows and finished episodes; ``to_rollout`` stacks them into ``[T, E, ...]``.
+    ``chunk``: env steps per action chunk (``None``: one env action per policy step)."""
 
-    def __init__(self, num_envs: int) -> None:
+    def __init__(self, num_envs: int, chunk: int | None = None) -> None:
         self.num_envs = num_envs
+        self.chunk = chunk
         self.rows: list[Row] = []
         self.episodes: list[EpisodeRecord] = []
 
-    def new_row(self, out: Step, episodes: list[Any], active: list[int]) -> Row:
+    def new_row(self, out: Step, episodes: list[Any], active: list[int], span: int = 1) -> Row:
         """Start row t from one policy step over the ``active`` envs. ``out.obs`` holds every
         env's pre-step observation: the stepped envs' current one and, for ended envs, their
-        frozen final one (DPSA dummy steps)."""
-        row = Row(self.num_envs)
+        frozen final one (DPSA dummy steps). ``span``: the env-step budget of the row's chunks."""
+        row = Row(self.num_envs, self.chunk, span)
         row.obs = out.obs
         row.actions = _scatter(out.act.actions, active, self.num_envs)
         row.logprobs = _scatter(out.act.logprobs, active, self.num_envs)
@@ -101,6 +120,7 @@ class RowBuffer:
             return torch.from_numpy(np.stack([getattr(r, name) for r in rows]))
 
         valid = stack("valid")
+        chunked = buf.chunk is not None
         return Rollout(
             obs=obs_to_tensor(obs),
             actions=torch.stack([r.actions for r in rows]),
@@ -120,4 +140,10 @@ class RowBuffer:
             ),
             bootstrap_values=stack("bootstrap"),
             stats=stats,
+            step_rewards=stack("step_rewards") if chunked else None,
+            env_steps=stack("env_steps") if chunked else None,
         )
+
+    def raw_env_steps(self) -> int:
+        """Env-step slots of the buffer, dummy ones included: each row spans its chunks' budget."""
+        return self.num_envs * sum(r.span for r in self.rows)

@@ -2,8 +2,9 @@
 
 AcceRL broadcasts "the model's trainable parameters and necessary buffers in a fixed sequence"; both
 ends must derive the same sequence independently, from their own copy of the module. The order is:
-parameters sorted by name, then *floating* buffers sorted by name (integer bookkeeping such as
-``num_batches_tracked`` is left out). Tied parameters appear once. Tensors are then grouped by
+trainable parameters sorted by name, then *floating* buffers sorted by name (integer bookkeeping such
+as ``num_batches_tracked`` is left out; frozen parameters travel once, see :func:`sync_entries`).
+Tied parameters appear once. Tensors are then grouped by
 dtype (first-appearance order) and packed back to back into flat buckets of at most ``bucket_mb``
 MiB; a tensor larger than that gets a bucket of its own (tensors are never split). One bucket is
 one collective, so a 100M-parameter model costs a handful of broadcasts instead of hundreds.
@@ -89,8 +90,18 @@ def _itemsize(dtype: torch.dtype) -> int:
 
 
 def sync_entries(module: nn.Module, include_buffers: bool = True) -> list[tuple[str, torch.Tensor]]:
-    """The fixed order: parameters by name, then floating buffers by name."""
-    params = sorted(module.named_parameters(), key=lambda kv: kv[0])
+    """What every trainer -> sampler / inference-worker weight path publishes, in its fixed order:
+    the *trainable* parameters (``requires_grad``) by name, then the floating buffers by name.
+
+    The one place that decides it (shared memory, double buffer, broadcast). A frozen parameter (a
+    LoRA run's base weights, a frozen vision tower) never changes after the samplers' and the
+    worker's policy copies were made at start-up, so it travels once, with that copy, and not at
+    every sync; ``sync/bytes`` counts what is sent. Buffers are sent whatever their ``requires_grad``:
+    a trainer changes them without gradients (the normalisation statistics of
+    :mod:`fastlight.models.normalization`). Both ends derive the same list from their own copy,
+    whose ``requires_grad`` flags travel with it (pickling and ``cpu_copy`` keep them).
+    """
+    params = sorted(((k, v) for k, v in module.named_parameters() if v.requires_grad), key=lambda kv: kv[0])
     if not include_buffers:
         return params
     floating = ((k, v) for k, v in module.named_buffers() if v.is_floating_point())
@@ -109,7 +120,7 @@ def plan_buckets(module: nn.Module | Sequence[tuple[str, torch.Tensor]], bucket_
         raise ValueError(f"direct_mb must be > 0 (or None: pack everything), got {direct_mb}")
     entries = sync_entries(module, include_buffers) if isinstance(module, nn.Module) else list(module)
     if not entries:
-        raise ValueError("plan_buckets: the module has no parameters or floating buffers to sync")
+        raise ValueError("plan_buckets: the module has no trainable parameters or floating buffers to sync")
     cap = int(bucket_mb * 2**20)
     direct_min = None if direct_mb is None else direct_mb * 2**20
     order: dict[torch.dtype, list[int]] = {}

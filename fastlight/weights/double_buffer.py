@@ -9,8 +9,10 @@ bucket per dtype), mapped by both processes.
   worker does *not* use, then flips ``active`` to it, and (by default) waits for the worker's ack.
 - **Worker** (:class:`DoubleBufferReader`, from :meth:`SharedDoubleBuffer.attach`): between two
   forward passes (``serve_until``'s sync step) it claims the active slot and points every
-  parameter and floating buffer at its view of that slot (``tensor.data = view``): a pointer swap,
-  no copy. It then acks the version. After the first swap the worker's weights *are* the slot.
+  published tensor (trainable parameter and floating buffer, :func:`~fastlight.weights.buckets.sync_entries`)
+  at its view of that slot (``tensor.data = view``): a pointer swap, no copy. It then acks the
+  version. After the first swap the worker's published weights *are* the slot; its frozen ones are
+  those of the policy copy it started with.
 - **No torn model**: the trainer never writes the slot the worker has claimed. The claim and the
   trainer's check happen under one lock; if the worker still holds the target slot the trainer
   waits (up to ``timeout_s``) and then raises :class:`~fastlight.weights.broadcast.WeightSyncError`

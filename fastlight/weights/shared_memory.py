@@ -1,8 +1,9 @@
 """Trainer -> sampler weights through one shared-memory buffer, tagged with a version.
 
-The trainer writes every floating-point entry of the policy's ``state_dict`` into a flat
-float32 tensor in shared memory and bumps ``version``; samplers copy it back in place before a
-new round. One buffer, one lock, no pickling and no files on the hot path. It is both ends of the
+The trainer writes what :func:`~fastlight.weights.buckets.sync_entries` publishes (trainable
+parameters and floating buffers; frozen parameters came with the samplers' policy copy) into a
+flat float32 tensor in shared memory and bumps ``version``; samplers copy it back in place before
+a new round. One buffer, one lock, no pickling and no files on the hot path. It is both ends of the
 path: a :class:`~fastlight.weights.publisher.WeightPublisher` for the trainer and a
 :class:`~fastlight.weights.publisher.WeightSource` for the samplers.
 """
@@ -16,11 +17,21 @@ import torch
 from torch import nn
 
 from fastlight.procs import OwnedLock
+from fastlight.weights.buckets import sync_entries
 from fastlight.weights.publisher import SyncStats
 
 
-def _float_entries(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
-    return [(k, v) for k, v in module.state_dict().items() if v.is_floating_point()]
+def _float_entries(module: nn.Module, names: tuple[str, ...]) -> list[tuple[str, torch.Tensor]]:
+    """``module``'s published tensors; their names must be the ones the buffer was laid out for."""
+    entries = sync_entries(module)
+    if tuple(k for k, _ in entries) != names:
+        mine = {k for k, _ in entries}
+        raise ValueError(
+            "SharedWeights: the published tensors changed since the buffer was laid out (a parameter's "
+            f"requires_grad or the module changed): now also {sorted(mine - set(names))[:4]}, no longer "
+            f"{sorted(set(names) - mine)[:4]}"
+        )
+    return entries
 
 
 class SharedWeights:
@@ -31,7 +42,8 @@ class SharedWeights:
     """
 
     def __init__(self, module: nn.Module, ctx: mp.context.BaseContext) -> None:
-        entries = _float_entries(module)
+        entries = sync_entries(module)
+        self.names = tuple(k for k, _ in entries)
         self.numel = sum(v.numel() for _, v in entries)
         self.buffer = torch.zeros(self.numel, dtype=torch.float32).share_memory_()
         self._version = ctx.Value("q", -1, lock=False)
@@ -45,7 +57,7 @@ class SharedWeights:
     def publish(self, module: nn.Module, version: int) -> SyncStats:
         """Copy ``module``'s current weights in and make them visible as ``version``."""
         t0 = time.perf_counter()
-        entries = _float_entries(module)
+        entries = _float_entries(module, self.names)
         with self._lock, torch.no_grad():
             offset = 0
             for _, v in entries:
@@ -70,7 +82,7 @@ class SharedWeights:
 
     def load_into(self, module: nn.Module) -> int:
         """Copy the published weights into ``module`` in place; returns their version."""
-        entries = _float_entries(module)
+        entries = _float_entries(module, self.names)
         with self._lock, torch.no_grad():
             offset = 0
             for _, v in entries:

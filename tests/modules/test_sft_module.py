@@ -20,6 +20,7 @@ def small_policy() -> VLAPolicy:
         vocab_size=300,
         n_bins=256,
         proprio_dim=39,
+        image_size=None,  # state only (KW): no image encoder
         hidden_size=32,
         intermediate_size=64,
         num_attention_heads=2,

@@ -134,9 +134,13 @@ def test_objective_and_granularity_change_the_update(collected):
     for i in range(len(grads)):
         for j in range(i + 1, len(grads)):
             assert not torch.allclose(grads[i], grads[j]), (settings[i], settings[j])
-    # "action" granularity with one token per action dimension is the token-level ratio, for each.
+    # "action" granularity with one token per group is the token-level ratio, for each.
     for s in (settings[0], settings[1], settings[2]):
-        torch.testing.assert_close(grad(**s, ratio_granularity="action"), grad(**s))
+        torch.testing.assert_close(grad(**s, ratio_granularity="action", tokens_per_action=1), grad(**s))
+    # By default an "action" group is the K tokens of the one env action (no chunks): a ratio of its
+    # own, neither the token-level nor the chunk-level (product) one.
+    action = grad(objective=GIPO(), ratio_granularity="action")
+    assert not torch.allclose(action, grads[0]) and not torch.allclose(action, grads[3])
 
 
 def test_value_loss_gives_the_backbone_no_gradient(collected):
@@ -212,10 +216,11 @@ def test_default_policy_is_a_vla_policy_built_in_configure_model():
     assert [g["name"] for g in m.configure_optimizers().param_groups] == ["policy", "value_head"]
 
 
-def test_a_policy_that_is_not_a_vla_policy_is_refused_naming_the_flag():
+def test_a_policy_that_is_not_a_token_policy_is_refused_naming_what_it_lacks():
     msg = (
-        "--model.policy must be a fastlight.models.vla.VLAPolicy for VLAModule, "
-        "got fastlight.models.mlp.MLPActorCritic"
+        r"^--model.policy fastlight.models.mlp.MLPActorCritic does not implement "
+        r"fastlight.models.base.TokenPolicy, which VLAModule trains \(fastlight.models.vla.VLAPolicy does\): "
+        r"it lacks action_tokenizer, forward, policy_parameters, value_parameters$"
     )
     with pytest.raises(ValueError, match=msg):
         VLAModule(policy=MLPActorCritic(3, 4, continuous=True))
@@ -223,5 +228,5 @@ def test_a_policy_that_is_not_a_vla_policy_is_refused_naming_the_flag():
 
     mlp = "{class_path: fastlight.models.mlp.MLPActorCritic, init_args: {obs_dim: 3, action_dim: 4}}"
     args = ["--config", os.path.join(ROOT, "configs", "vla_metaworld_reach.yaml"), "--model.policy", mlp]
-    with pytest.raises(ValueError, match=msg):
+    with pytest.raises(ValueError, match=msg[1:-1]):  # inside jsonargparse's message
         cli_main(args, run=False)
