@@ -1,13 +1,39 @@
-"""Checkpoint files: reading one (naming the file when it is missing or not a checkpoint) and
-writing one atomically (:class:`AtomicCheckpointIO`). File I/O only: which LightningModule a
-checkpoint holds, and loading it, is :mod:`fastlight.modules.loading`.
+"""Checkpoint files: reading one (naming the file when it is missing, not a checkpoint or corrupt)
+and writing one atomically, with a checksum (:class:`AtomicCheckpointIO`). File I/O only: which
+LightningModule a checkpoint holds, and loading it, is :mod:`fastlight.modules.loading`.
+
+**Checksum.** Every checkpoint :class:`AtomicCheckpointIO` writes carries the sha256 of the bytes
+``torch.save`` wrote, in the zip archive's comment (``fastlight-sha256:<hex>``, the last 81 bytes of
+the file; the end record's comment length, 0 as torch writes it, is set to 81). The file stays a
+plain torch checkpoint: ``torch.load``, ``mmap=True`` and ``unzip -z`` read it. Torch itself checks
+no checksum when it loads (its zip reader skips the records' CRC-32), so a file damaged on disk or in
+a copy loaded silently before; :func:`verify_checksum` (called by :func:`read_checkpoint` and
+:meth:`AtomicCheckpointIO.load_checkpoint`, i.e. ``--ckpt_path``, ``--model.init_from`` and ``fastlight
+evaluate --ckpt``) refuses it in one line naming the file. A file without the comment (written
+before, or by another CheckpointIO) is loaded unchecked. Checking reads the file once more (about
+1-2 GB/s); a file is checked once per process (keyed by inode, size and mtime).
+
+**Failed writes.** ``torch.save`` reports a full disk as ``RuntimeError: ... unexpected pos`` (its zip
+writer's own error, raised while it closes the archive, with the ``OSError`` only as the context);
+a stop exception raised inside it (a signal handler) is replaced the same way. The save here takes
+the original back: a full disk, a read-only filesystem or an I/O error is a
+:class:`CheckpointWriteError`, one line naming the path, the free space there and the last good
+checkpoint to resume from. While a save runs, :func:`save_in_progress` is true: the stop-signal
+handler (:mod:`fastlight.callbacks.preemption`) then only notes the signal, so it never raises inside
+``torch.save``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno as errno_names
+import hashlib
 import os
+import re
+import shutil
+import struct
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +41,40 @@ import torch
 from lightning.fabric.utilities.cloud_io import _load as pl_load
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+#: The zip comment of a checksummed checkpoint: this prefix, then 64 hex digits.
+CHECKSUM_PREFIX = b"fastlight-sha256:"
+_COMMENT_LEN = len(CHECKSUM_PREFIX) + 64
+_END_RECORD = 22  # a zip's end-of-central-directory record without its comment
+_END_SIGNATURE = b"PK\x05\x06"
+_VERSION_DIR = re.compile(r"version_\d+")
+
+_saves_running = 0
+#: Files whose checksum matched, by (device, inode, size, mtime): checked once per process.
+_verified: set[tuple[int, int, int, int]] = set()
+
+
+def save_in_progress() -> bool:
+    """Whether a checkpoint is being written by this process (see the module docstring)."""
+    return _saves_running > 0
+
+
+@contextlib.contextmanager
+def saving() -> Iterator[None]:
+    """Mark a checkpoint write: a stop signal arriving meanwhile waits until it is on disk."""
+    global _saves_running
+    _saves_running += 1
+    try:
+        yield
+    finally:
+        _saves_running -= 1
+
 
 def read_checkpoint(path: str | Path, *, flag: str = "--ckpt") -> dict[str, Any]:
     """``torch.load`` a Lightning checkpoint on the CPU, naming the file when it is missing or not one."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{flag}: no checkpoint file at {path}")
+    verify_checksum(path, flag=flag)
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:  # noqa: BLE001 - any unpickling error means "not a checkpoint"
@@ -56,16 +110,24 @@ def check_writable_dir(path: str | os.PathLike[str], *, flag: str = "--trainer.d
     os.remove(name)
 
 
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (a full disk, a read-only filesystem, an I/O error). Its
+    message is one line: the path, the error, the free space there, and the last good checkpoint to
+    resume from (the previous file at the path is unchanged: writes are atomic)."""
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Checkpoints that appear under their final name only when complete.
+    """Checkpoints that appear under their final name only when complete, with a checksum.
 
     Lightning's ``TorchCheckpointIO`` serialises to memory, then opens the final path for writing:
     a full disk or a kill during that write leaves a truncated file under the final name, and the
-    previous ``last.ckpt`` is already gone. Here the bytes go to a temporary file in the same
-    directory, are flushed and fsynced, and only then renamed over the final name (``os.replace``
-    is atomic on POSIX). A failed save removes the temporary file, leaves the previous checkpoint
-    intact and raises an ``OSError`` naming the path. Loading names the path and what is wrong.
-    The ``fastlight`` CLI installs it unless ``--trainer.plugins`` brings another CheckpointIO.
+    previous ``last.ckpt`` is already gone. Here ``torch.save`` streams to a temporary file in the
+    same directory (no second copy in memory), hashed as it goes; the checksum is added (see the
+    module docstring), the file flushed and fsynced, and only then renamed over the final name
+    (``os.replace`` is atomic on POSIX). A failed save removes the temporary file, leaves the
+    previous checkpoint intact and raises a :class:`CheckpointWriteError` (an ``OSError`` with the
+    original errno) naming the path. Loading checks the checksum and names the path and what is
+    wrong. The ``fastlight`` CLI installs it unless ``--trainer.plugins`` brings another CheckpointIO.
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
@@ -73,22 +135,26 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return super().save_checkpoint(checkpoint, path, storage_options)
         path = os.fspath(path)
         folder = os.path.dirname(os.path.abspath(path))
-        os.makedirs(folder, exist_ok=True)
         tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp-{os.getpid()}")
         try:
-            with open(tmp, "wb") as f:
-                torch.save(checkpoint, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
+            with saving():
+                os.makedirs(folder, exist_ok=True)
+                with open(tmp, "wb") as f:
+                    writer = _HashingWriter(f)
+                    try:
+                        torch.save(checkpoint, writer)
+                    except BaseException as e:
+                        raise _original_error(e) from None
+                    writer.sign()
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
         except BaseException as e:
             with contextlib.suppress(OSError):
                 os.remove(tmp)
             if isinstance(e, OSError):
-                raise OSError(
-                    e.errno,
-                    f"could not save checkpoint {path} ({e.strerror or e}); the previous file there, if any, "
-                    "is unchanged",
+                raise CheckpointWriteError(
+                    e.errno, write_error_line(path, e, payload_bytes(checkpoint))
                 ) from e
             raise
         _fsync_dir(folder)  # the rename itself survives a power cut
@@ -100,6 +166,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return super().load_checkpoint(path, map_location, weights_only)
         if not os.path.isfile(path):
             raise FileNotFoundError(f"--ckpt_path: no checkpoint file at {path}")
+        verify_checksum(path, flag="--ckpt_path")
         try:
             ckpt = pl_load(path, map_location=map_location, weights_only=weights_only)
         except Exception as e:  # noqa: BLE001 - any unpickling error means "not a checkpoint"
@@ -110,6 +177,165 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
             raise ValueError(f"--ckpt_path: {path} is not a Lightning checkpoint (no 'state_dict')")
         return ckpt
+
+
+class _HashingWriter:
+    """The file object ``torch.save`` writes to: passes every write on and hashes it, so the
+    checksum costs no second pass over the bytes."""
+
+    def __init__(self, f: Any) -> None:
+        self.f = f
+        self.sha = hashlib.sha256()
+        self.tail = b""  # the last bytes written: the archive's end record once torch is done
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data)
+        self.f.write(view)
+        self.sha.update(view)
+        self.tail = (self.tail + view[-_END_RECORD:].tobytes())[-_END_RECORD:]
+        return view.nbytes
+
+    def flush(self) -> None:
+        self.f.flush()
+
+    def sign(self) -> None:
+        """Put the checksum in the archive's comment: the end record's comment length, then the comment."""
+        if not (self.tail.startswith(_END_SIGNATURE) and self.tail.endswith(b"\0\0")):
+            return  # not a zip archive ending without a comment (a legacy torch format): left as it is
+        self.f.seek(-2, os.SEEK_END)
+        self.f.write(struct.pack("<H", _COMMENT_LEN) + CHECKSUM_PREFIX + self.sha.hexdigest().encode())
+
+
+def _original_error(error: BaseException) -> BaseException:
+    """What really stopped ``torch.save``: its zip writer turns a failed write (``OSError``) and an
+    exception raised inside it (a stop signal's ``SystemExit``, a ``KeyboardInterrupt``) into a
+    ``RuntimeError ... unexpected pos`` raised while it closes the archive, with the original only as
+    the exception's context."""
+    seen: set[int] = set()
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, OSError) or not isinstance(cause, Exception):
+            return cause
+        cause = cause.__context__
+    return error
+
+
+def verify_checksum(path: str | os.PathLike[str], *, flag: str = "--ckpt_path") -> bool:
+    """Check the checksum a checkpoint carries (see the module docstring): True when it matches,
+    False when the file carries none (loaded unchecked); a mismatch raises a one-line ``ValueError``
+    naming ``flag`` and the file."""
+    path = os.fspath(path)
+    st = os.stat(path)
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    if key in _verified:
+        return True
+    size = st.st_size
+    with open(path, "rb") as f:
+        if size < _END_RECORD + _COMMENT_LEN:
+            return False
+        f.seek(size - _END_RECORD - _COMMENT_LEN)
+        end = f.read()
+        if end[:4] != _END_SIGNATURE or end[_END_RECORD:][: len(CHECKSUM_PREFIX)] != CHECKSUM_PREFIX:
+            return False
+        expected = end[_END_RECORD + len(CHECKSUM_PREFIX) :].decode("ascii", errors="replace")
+        sha = hashlib.sha256()
+        f.seek(0)
+        remaining = size - _COMMENT_LEN - 2  # all but the comment length and the comment
+        while remaining > 0:
+            chunk = f.read(min(remaining, 8 << 20))
+            if not chunk:
+                break
+            sha.update(chunk)
+            remaining -= len(chunk)
+        sha.update(b"\0\0")  # the comment length torch wrote
+    actual = sha.hexdigest()
+    if actual != expected or struct.unpack("<H", end[_END_RECORD - 2 : _END_RECORD])[0] != _COMMENT_LEN:
+        other = last_good_checkpoint(path, exclude=path)
+        instead = (
+            f"resume from another checkpoint, e.g. {other}" if other else "no other checkpoint is near it"
+        )
+        raise ValueError(
+            f"{flag}: {path} is corrupt: the sha256 of its contents is {actual[:16]}..., not the "
+            f"{expected[:16]}... it was saved with (the file changed after it was written, e.g. a disk or "
+            f"copy error); {instead}"
+        )
+    _verified.add(key)
+    return True
+
+
+def last_good_checkpoint(path: str, *, exclude: str | None = None) -> str | None:
+    """The newest checkpoint to resume from instead of ``path`` (whose save failed, or, given as
+    ``exclude``, which is corrupt): ``path`` itself when it exists and is not excluded (an atomic save
+    leaves the previous file unchanged), else the newest ``*.ckpt`` beside it or elsewhere in its
+    run layout (``<dirpath>/last.ckpt`` and ``<dirpath>/version_N/*.ckpt``: ModelCheckpoint's
+    ``epoch=...`` files, earlier runs'). None when there is none."""
+    if exclude is None and os.path.isfile(path):
+        return path
+    folder = os.path.dirname(os.path.abspath(path))
+    where = [folder]
+    if _VERSION_DIR.fullmatch(os.path.basename(folder)):  # a run's folder: its <dirpath> too
+        where.append(os.path.dirname(folder))
+    with contextlib.suppress(OSError):
+        where += [e.path for e in os.scandir(where[-1]) if e.is_dir() and _VERSION_DIR.fullmatch(e.name)]
+    found: list[tuple[float, str]] = []
+    for place in dict.fromkeys(where):
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(place):
+                if not entry.name.endswith(".ckpt") or entry.name.startswith(".") or not entry.is_file():
+                    continue
+                if exclude is not None and os.path.samefile(entry.path, exclude):
+                    continue  # the corrupt file itself, under any of its names
+                found.append((entry.stat().st_mtime, entry.path))
+    return max(found)[1] if found else None
+
+
+def write_error_line(path: str, error: OSError, needed: int | None = None) -> str:
+    """One line for a checkpoint that could not be written: the path, the error, the space it needs
+    (``needed`` bytes, about) and the free space on its filesystem, and the last good checkpoint to
+    resume from."""
+    folder = os.path.dirname(os.path.abspath(path))
+    code = errno_names.errorcode.get(error.errno or 0, str(error.errno))
+    try:
+        usage = shutil.disk_usage(folder)
+        space = f"{_size(usage.free)} free of {_size(usage.total)} on the filesystem of {folder}"
+    except OSError:
+        space = f"free space of {folder} unknown"
+    if needed:
+        space = f"it needs about {_size(needed)}, {space}"
+    last = last_good_checkpoint(path)
+    if last is None:
+        resume = "no earlier checkpoint to resume from"
+    else:
+        resume = f"last good checkpoint to resume from: {last}" + (" (unchanged)" if last == path else "")
+    return f"could not save checkpoint {path}: {error.strerror or error} ({code}); {space}; {resume}"
+
+
+def payload_bytes(obj: Any) -> int:
+    """The bytes of the tensors in a checkpoint (each storage once): about the size of its file."""
+    seen: set[int] = set()
+    total = 0
+    stack = [obj]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            storage = item.untyped_storage()
+            if storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                total += storage.nbytes()
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return total
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
 
 
 def _fsync_dir(folder: str) -> None:

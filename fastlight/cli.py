@@ -30,7 +30,7 @@ import fastlight.data.datamodule  # noqa: F401
 import fastlight.data.demos  # noqa: F401
 import fastlight.modules.sft_module  # noqa: F401
 import fastlight.modules.vla_module  # noqa: F401
-from fastlight.callbacks.preemption import PreemptionCheckpoint
+from fastlight.callbacks.preemption import Preempted, PreemptionCheckpoint
 from fastlight.checkpoints import AtomicCheckpointIO, check_writable_dir
 from fastlight.class_paths import same_class
 from fastlight.cli_defaults import complete_run_config, resume_last, root_dir
@@ -44,6 +44,7 @@ from fastlight.cli_parser import (
 from fastlight.modules.objective_hparams import legacy_setting_hint
 from fastlight.modules.rl_module import RLModule
 from fastlight.modules.weights_fit import plain_setting
+from fastlight.procs import ignore_stop_signals
 
 #: Model arguments the CLI links from the data module: not the user's to set, never a difference.
 _LINKED = ("obs_dim", "action_dim", "continuous")
@@ -257,7 +258,13 @@ def main() -> None:
         )
         raise SystemExit(2)
     with one_line_errors():  # a bad setting: one line naming the flag (FASTLIGHT_DEBUG=1: traceback)
-        cli_main()  # LightningCLI reads sys.argv itself
+        try:
+            cli_main()  # LightningCLI reads sys.argv itself
+        except Preempted:
+            # The process exits with 128 + signum: Lightning gave the process's handlers back as the
+            # fit ended, and a second SIGTERM now (a scheduler's duplicate) would kill it by signal.
+            ignore_stop_signals()
+            raise
 
 
 if __name__ == "__main__":

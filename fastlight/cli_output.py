@@ -12,7 +12,8 @@
   ``MisconfigurationException`` about a Trainer argument (:func:`trainer_setting_line`) and a
   keyword the env does not take (:func:`env_kwargs_line`). ``FASTLIGHT_DEBUG=1`` keeps the full
   traceback. Only the command line (``fastlight.cli.main``) uses it; ``cli_main`` called from
-  Python raises as usual.
+  Python raises as usual. A checkpoint that could not be written (a full disk) exits 1 with its one
+  line (:class:`~fastlight.checkpoints.CheckpointWriteError`), printed once.
 """
 
 from __future__ import annotations
@@ -263,10 +264,17 @@ def one_line_errors() -> Iterator[None]:
     """Print a setting error as ``fastlight: error: <message>`` and exit with status 2."""
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
+    from fastlight.checkpoints import CheckpointWriteError
     from fastlight.extras import MissingExtraError, missing_extra_line
 
     try:
         yield
+    except CheckpointWriteError as error:  # a full disk, a read-only filesystem: not a setting
+        if debug_enabled():
+            raise
+        if not getattr(error, "reported", False):  # PreemptionCheckpoint's stop line already says it
+            print(f"fastlight: error: {error.strerror}", file=sys.stderr)
+        raise SystemExit(1) from None
     # OSError: a file a flag names (--ckpt_path, --model.init_from) is missing or unreadable.
     except (ValueError, TypeError, OSError, MisconfigurationException, MissingExtraError) as error:
         line = None if debug_enabled() else missing_extra_line(error) or setting_error_line(error)

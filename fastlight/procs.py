@@ -1,5 +1,5 @@
 """Process helpers every fastlight process shares: what a child does first (die with its trainer,
-ignore SIGINT, seed, limit threads), the shared stop flag and lock, the children's heartbeat
+ignore the stop signals, seed, limit threads), the shared stop flag and lock, the children's heartbeat
 (:class:`Liveness`), and the readers of Linux's ``/proc``.
 
 Used by the sampler processes (:mod:`fastlight.sampling.worker`), their pool
@@ -29,16 +29,23 @@ from typing import Any
 import numpy as np
 import torch
 
+#: The signals that stop a run (with a checkpoint): Ctrl-C, the scheduler's SIGTERM, SLURM's usual
+#: requeue signal. The trainer handles them; its children ignore them (:func:`start_child`).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+
 
 def start_child(parent_pid: int, *, seed: int | None = None, threads: int | None = None) -> None:
     """Call first in a spawned child: :func:`die_with_parent`, then seeding and the thread count.
 
-    SIGINT is ignored: a Ctrl-C in a terminal reaches the whole process group, and the trainer
-    handles it (checkpoint, then it stops its children); a child that raised KeyboardInterrupt
-    would print a traceback and look like a crash. (The pool also starts children with SIGINT
-    ignored, which covers their start-up, before this runs.)
+    The stop signals are ignored: a Ctrl-C in a terminal reaches the whole process group, and so
+    do ``kill -TERM -PGID`` and SLURM's ``scancel`` (which signals every process of the job). The
+    trainer handles them (all its ranks agree on the update to stop after, one checkpoint, then it
+    stops its children); a child that died of one would be restarted by the pool while the trainer
+    stops, and one that raised KeyboardInterrupt would print a traceback and look like a crash.
+    (The pool also starts children with them ignored, which covers their start-up, before this runs.)
+    The trainer stops a child through the pool's stop flag, then SIGKILL.
     """
-    ignore_sigint()
+    ignore_stop_signals()
     die_with_parent(parent_pid)
     if threads is not None:
         torch.set_num_threads(threads)
@@ -46,24 +53,26 @@ def start_child(parent_pid: int, *, seed: int | None = None, threads: int | None
         seed_everything(seed)
 
 
-def ignore_sigint() -> None:
+def ignore_stop_signals() -> None:
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
 
 
 @contextlib.contextmanager
-def children_ignore_sigint() -> Iterator[None]:
-    """Start processes inside this block to have them ignore SIGINT from their first instruction:
-    an ignored disposition survives fork and exec, and Python then installs no KeyboardInterrupt
-    handler. The trainer's own handler is back when the block ends."""
+def children_ignore_stop_signals() -> Iterator[None]:
+    """Start processes inside this block to have them ignore the stop signals from their first
+    instruction: an ignored disposition survives fork and exec, and Python then installs no
+    KeyboardInterrupt handler. The trainer's own handlers are back when the block ends."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)  # None: set outside Python
 
 
 def die_with_parent(parent: int) -> None:

@@ -2,20 +2,38 @@
 
 SLURM and Kubernetes send SIGTERM before they preempt a job (SLURM's requeue signal is often
 SIGUSR1), and a person stops a run with Ctrl-C (SIGINT). Lightning alone stops after the batch on
-SIGTERM and exits 0 without a checkpoint, and turns SIGINT into a KeyboardInterrupt wherever the
-main thread happens to be, in the middle of an optimizer step included. This callback:
+SIGTERM and exits 0 without a checkpoint, turns SIGINT into a KeyboardInterrupt wherever the main
+thread happens to be, in the middle of an optimizer step included, and under DDP enters a
+broadcast from inside its SIGTERM handler, which deadlocks a job signalled on one rank other than 0
+(:mod:`fastlight.callbacks.stop_signals`). This callback:
 
-- handles SIGTERM, SIGINT and SIGUSR1 during ``fit``: outside an update (e.g. while the trainer
-  waits for a rollout) it stops at once; during one, right after it, so a checkpoint never holds a
-  half-applied update;
-- on any exception during training (a signal, a sampler fault, an env's non-finite value) writes
-  ``<dirpath>/<filename>.ckpt`` before the process exits, and prints one line saying what
-  happened and where the checkpoint is;
-- exits with the signal's conventional code, 128 + signum (SIGINT 130, SIGTERM 143, SIGUSR1 138),
-  so schedulers and shells see that the run did not finish;
+- handles SIGTERM, SIGINT and SIGUSR1 (and SLURM's requeue signal) during ``fit``, installed through
+  Lightning's own signal connector. The handler notes the signal and enters no collective. With
+  one process it stops at once outside an update (e.g. while the trainer waits for a rollout), and
+  right after the update during one, so a checkpoint never holds a half-applied update. With
+  several ranks, a signal to any one of them (or to the whole process group) stops them all after
+  the same update: at every update's end the ranks agree, in one small all-reduce, on whether any
+  of them was signalled (and whether the timer save is due), then stop together;
+- on any exception during training (a signal, a sampler fault, an env's non-finite value) first
+  ends the samplers (so none is restarted while it stops), then writes ``<dirpath>/<filename>.ckpt``
+  (rank 0 writes, every rank takes part) and prints one line saying what happened and where the
+  checkpoint is. From the first stop signal until the checkpoint is on disk, further stop signals
+  (a second Ctrl-C, a twice-delivered SIGTERM) are ignored, one line each: only SIGKILL ends the
+  process without its checkpoint;
+- exits with the signal's conventional code, 128 + signum (SIGINT 130, SIGTERM 143, SIGUSR1 138), on
+  every rank, so schedulers and shells see that the run did not finish; a signal that arrives while
+  a checkpoint is being written (a timer save) waits for it, and never turns into a write error;
+- under SLURM with auto-requeue, on its requeue signal (``#SBATCH --signal=SIGUSR1@90``), once the
+  checkpoint is on disk, gives it Lightning's ``hpc_ckpt_N.ckpt`` name too and requeues the job with
+  ``scontrol requeue`` (Lightning's own SLURM path, run at the agreed stop instead of inside a signal
+  handler): the requeued job resumes from it;
 - also saves every ``every_minutes`` of training (bounding the work a SIGKILL or power cut can
-  lose), and when training ends;
+  lose; all ranks together), and when training ends;
 - says so when a resumed checkpoint is already at ``--trainer.max_steps`` (nothing to train).
+
+A checkpoint that cannot be written (full disk, read-only filesystem, I/O error) stops the run with
+one line naming the path, the free space and the last good checkpoint to resume from
+(:class:`~fastlight.checkpoints.CheckpointWriteError`), on every rank.
 
 Its file, ``<default_root_dir>/checkpoints/last.ckpt`` by default, is the one newest checkpoint to
 resume from, and this callback is its only writer: it is the one that saves at every way a run ends
@@ -41,20 +59,30 @@ name (from before versioned folders, or whose run folder was deleted) is kept, r
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import signal
 import sys
 import threading
 import time
+from types import FrameType
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-#: The signals that stop a run with a checkpoint.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+from fastlight.callbacks import stop_signals
+from fastlight.checkpoints import CheckpointWriteError, save_in_progress, saving, write_error_line
+from fastlight.data.protocols import StopsSampling
+from fastlight.procs import STOP_SIGNALS
+
+__all__ = ["STOP_SIGNALS", "Preempted", "PreemptionCheckpoint"]
+
+#: How long rank 0 waits for the ranks it launched to exit after a stop, before it SIGKILLs them.
+RANKS_EXIT_TIMEOUT_S = 30.0
 
 
 class Preempted(SystemExit):
@@ -72,7 +100,8 @@ class PreemptionCheckpoint(Callback):
         dirpath: folder of the checkpoint; ``None`` = ``<default_root_dir>/checkpoints``.
         filename: checkpoint name without ``.ckpt``.
         every_minutes: also save every this many minutes of training; ``None`` disables.
-        handle_signals: install the signal handlers (off: only exceptions and the timer save).
+        handle_signals: install the signal handlers (off: only exceptions and the timer save; Lightning
+            keeps its own SIGTERM handling, which is not safe under DDP, see the module docstring).
         version: this run's folder, ``<dirpath>/version_<version>``, which holds the files it writes;
             ``<dirpath>/<filename>.ckpt`` is then the newest of them, under a second name (see the
             module docstring). ``None``: the file is written at ``<dirpath>/<filename>.ckpt`` itself.
@@ -105,11 +134,19 @@ class PreemptionCheckpoint(Callback):
         #: How the stop line says to resume (``{path}``: the checkpoint). A plain Lightning script
         #: resumes through ``fit``; the ``fastlight`` command sets its ``--ckpt_path`` flag here.
         self.resume_hint = "trainer.fit(..., ckpt_path={path!r})"
-        self._previous: dict[int, Any] = {}
-        self._active = False  # handlers act only while a fit is running
+        self.ignored_signals = 0  # stop signals that came after the first one of this fit
+        #: The per-update agreement of the ranks: how many, and their total wall time (seconds).
+        self.agreements = 0
+        self.agreement_seconds = 0.0
+        self._connector: stop_signals.StopSignalConnector | None = None
+        self._active = False  # a fit is running (setup .. teardown)
         self._trained = False  # on_train_start ran in this fit
         self._in_update = False
-        self._signum: int | None = None
+        self._distributed = False  # several ranks: a signal only sets the flag, the ranks agree
+        self._rank = 0
+        self._signum: int | None = None  # the stop signal of this fit (the first one, or the agreed one)
+        self._stopping = False  # the stop has begun (its checkpoint is being written, or is written)
+        self._saved_step: int | None = None  # the global step of this fit's last checkpoint
         self._last_save = time.monotonic()
 
     @property
@@ -131,37 +168,26 @@ class PreemptionCheckpoint(Callback):
         return self.ckpt_path if folder is None else os.path.join(folder, f"{self.filename}.ckpt")
 
     # ------------------------------------------------------------------ signals
-    def _install(self) -> None:
-        if not self.handle_signals or threading.current_thread() is not threading.main_thread():
-            return
-        for sig in STOP_SIGNALS:
-            current = signal.getsignal(sig)
-            if current != self._on_signal:
-                self._previous[sig] = current
-            signal.signal(sig, self._on_signal)
-
-    def _restore(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return
-        for sig, handler in self._previous.items():
-            if signal.getsignal(sig) == self._on_signal:
-                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
-
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        if not self._active:  # re-installed by Lightning's signal teardown after the fit: stand aside
-            previous = self._previous.get(signum, signal.SIG_DFL)
-            if callable(previous):
-                previous(signum, frame)
-            elif previous != signal.SIG_IGN:  # the default action (terminate), as if never installed
-                signal.signal(signum, signal.SIG_DFL)
-                os.kill(os.getpid(), signum)
-            return
-        if self._signum is not None:  # a second signal while stopping: the first one is being handled
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        """The stop-signal handler: notes the signal, enters no collective, raises only where one
+        process can stop at once (outside an update, no checkpoint being written)."""
+        if self._signum is not None or self._stopping:
+            self.ignored_signals += 1
+            rank = f"rank {self._rank}: " if self._distributed else ""
+            # os.write, not print: the handler may run inside a print of the main thread, and a
+            # buffered stream refuses a reentrant write.
+            line = (
+                f"fastlight: {rank}{signal.Signals(signum).name} ignored (stop signal "
+                f"{self.ignored_signals + 1}): the run stops once its checkpoint is on disk; "
+                "SIGKILL stops it at once, without one\n"
+            )
+            with contextlib.suppress(OSError):
+                os.write(2, line.encode())
             return
         self._signum = signum
-        if not self._in_update:
-            raise Preempted(signum)
-        # Inside an update: finish it, then stop in on_train_batch_end.
+        if self._distributed or self._in_update or save_in_progress():
+            return  # at the end of the update (all ranks together), or once the file is on disk
+        raise Preempted(signum)
 
     # ------------------------------------------------------------------ Lightning hooks
     @override
@@ -173,7 +199,10 @@ class PreemptionCheckpoint(Callback):
             os.makedirs(self.run_dir, exist_ok=True)
         if stage == "fit":
             self._active, self._trained, self._signum, self._in_update = True, False, None, False
-            self._install()  # Lightning composes its own SIGTERM handler with this one later
+            self._stopping, self._saved_step, self.ignored_signals = False, None, 0
+            self._distributed, self._rank = trainer.world_size > 1, trainer.global_rank
+            if self.handle_signals and threading.current_thread() is threading.main_thread():
+                self._connector = stop_signals.install(trainer, self._on_signal)
 
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -187,11 +216,28 @@ class PreemptionCheckpoint(Callback):
     @override
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
         self._in_update = False
-        if self._signum is not None:
-            raise Preempted(self._signum)
         due = self.every_minutes is not None and time.monotonic() - self._last_save >= 60 * self.every_minutes
+        signum, due = self._agree(trainer, due)
+        if signum:
+            self._signum = signum
+            raise Preempted(signum)
         if due:
             self._save(trainer)
+            if self._signum is not None and not self._distributed:  # it came during the save
+                raise Preempted(self._signum)
+
+    def _agree(self, trainer: L.Trainer, due: bool) -> tuple[int, bool]:
+        """The stop signal (0: none) and whether the timer save is due, agreed by all ranks in one
+        all-reduce (max): a signal to any rank stops them all after this update, and all take part in
+        a save that one rank's clock says is due (rank 0 writes; Lightning's save ends in a barrier)."""
+        if not self._distributed:
+            return self._signum or 0, due
+        t0 = time.perf_counter()
+        local = torch.tensor([self._signum or 0, int(due)], device=trainer.strategy.root_device)
+        signum, any_due = (int(v) for v in trainer.strategy.reduce(local, reduce_op="max").tolist())
+        self.agreements += 1
+        self.agreement_seconds += time.perf_counter() - t0
+        return signum, bool(any_due)
 
     @override
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -205,10 +251,35 @@ class PreemptionCheckpoint(Callback):
         self._save(trainer)
 
     def _save(self, trainer: L.Trainer) -> None:
-        trainer.save_checkpoint(self.run_ckpt_path, weights_only=False)  # a full resume point
-        if self.run_dir is not None and trainer.is_global_zero:  # only rank 0 writes the file
-            self._point_stable_path()
+        """Write the checkpoint (rank 0) with every rank: a write that fails on rank 0 raises a
+        :class:`CheckpointWriteError` on every rank, which all then stop on, instead of leaving
+        the others in the barrier that ends Lightning's save."""
+        error: OSError | None = None
+        written = False
+        try:
+            with saving():  # a stop signal meanwhile (also while Lightning gathers the state) waits
+                trainer.save_checkpoint(self.run_ckpt_path, weights_only=False)  # a full resume point
+            written = True
+            if self.run_dir is not None and trainer.is_global_zero:  # only rank 0 writes the file
+                self._point_stable_path()
+        except OSError as e:
+            error = (
+                e
+                if isinstance(e, CheckpointWriteError)
+                else CheckpointWriteError(e.errno, write_error_line(self.ckpt_path, e))
+            )
+            if self._distributed and not written:
+                trainer.strategy.barrier("fastlight.failed_save")  # the others wait in Lightning's
+        if self._distributed:
+            failed = torch.tensor([int(error is not None)], device=trainer.strategy.root_device)
+            if int(trainer.strategy.reduce(failed, reduce_op="max").item()) and error is None:
+                error = CheckpointWriteError(
+                    errno.EIO, f"rank 0 could not save checkpoint {self.run_ckpt_path} (its line says why)"
+                )
+        if error is not None:
+            raise error
         self.saves += 1
+        self._saved_step = trainer.global_step
         self._last_save = time.monotonic()
 
     def _point_stable_path(self) -> None:
@@ -248,24 +319,46 @@ class PreemptionCheckpoint(Callback):
         if not self._active:  # not a fit (validate, test, predict), or this fit already stopped
             return
         self._active = False
+        self._stopping = True  # from here, stop signals are counted and ignored until the fit ends
+        # Stops agreed by every rank, which then exit together: Lightning's observer would SIGKILL
+        # this rank 0 as soon as another one exits with the agreed non-zero code.
+        agreed = self._distributed and isinstance(exception, Preempted | CheckpointWriteError)
+        if agreed and trainer.is_global_zero:
+            stop_signals.stand_down_child_observer(trainer)
+        if isinstance(trainer.datamodule, StopsSampling):
+            trainer.datamodule.stop()  # no sampler is restarted (nor samples) while this one stops
         if isinstance(exception, Preempted):
             what = f"stopped by {signal.Signals(exception.signum).name}"
         else:
             what = f"stopped by {type(exception).__name__}"
         if not self._trained:
             where = "before training started; no checkpoint written"
+        elif isinstance(exception, CheckpointWriteError):  # the disk that refused it would refuse it again
+            where = f"at global step {trainer.global_step}: {exception.strerror}"
         else:
             try:
-                self._save(trainer)
+                if self._saved_step != trainer.global_step:  # else this update is on disk already
+                    self._save(trainer)
                 where = (
                     f"at global step {trainer.global_step}; checkpoint saved to {self.ckpt_path} "
                     f"(resume with {self.resume_hint.format(path=self.ckpt_path)})"
                 )
-            except Exception as e:  # noqa: BLE001 - the original error must still surface
-                where = f"at global step {trainer.global_step}; saving the checkpoint failed: {e}"
+                if isinstance(exception, Preempted) and trainer.is_global_zero:
+                    if exception.signum == stop_signals.slurm_requeue_signal(trainer):
+                        where += "; " + stop_signals.slurm_requeue(trainer, self.run_ckpt_path)
+            except CheckpointWriteError as e:
+                where = f"at global step {trainer.global_step}; saving the checkpoint failed: {e.strerror}"
+            except BaseException as e:  # noqa: BLE001 - the original error must still surface
+                where = f"at global step {trainer.global_step}; saving the checkpoint failed: {e!r}"
+        if isinstance(exception, CheckpointWriteError):
+            exception.reported = True  # type: ignore[attr-defined] - the command prints it once
         if trainer.is_global_zero:
+            if agreed and stop_signals.launched_ranks(trainer):  # they stop too: say how they ended
+                codes = stop_signals.wait_for_ranks(trainer, RANKS_EXIT_TIMEOUT_S)
+                where += "; the ranks it launched exited " + ", ".join(str(code) for code in codes)
+                if -signal.SIGKILL in codes:
+                    where += f" (-9: killed, still running {RANKS_EXIT_TIMEOUT_S:g} s after the stop)"
             print(f"fastlight: {what} {where}", file=sys.stderr, flush=True)
-        self._restore()
 
     @override
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -279,12 +372,18 @@ class PreemptionCheckpoint(Callback):
                     file=sys.stderr,
                     flush=True,
                 )
+        elif self._signum is not None and trainer.is_global_zero:  # came after the last update
+            print(
+                f"fastlight: {signal.Signals(self._signum).name} arrived as training ended; the run "
+                f"finished, checkpoint saved to {self.ckpt_path}",
+                file=sys.stderr,
+                flush=True,
+            )
 
     @override
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage == "fit":
             self._active = False
-            self._restore()
 
     @override
     def state_dict(self) -> dict[str, Any]:

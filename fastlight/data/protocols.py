@@ -18,6 +18,8 @@ DataModule                                   its task count from :class:`MultiTa
                                              (``task_names``) unless given
 ``RolloutThroughput`` of the batches         a :class:`~fastlight.rollout.Rollout`, or its
                                              ``batch_counts_fn`` (:data:`BatchCountsFn`)
+``PreemptionCheckpoint`` of the DataModule   :class:`StopsSampling` (``stop``), where it has
+                                             samplers to end before the stop checkpoint
 ===========================================  ====================================================
 
 ``require(...)`` checks one of them when the run starts and raises a ``TypeError`` naming both
@@ -77,6 +79,14 @@ class ReportsFaults(Protocol):
     """A DataModule that counts the faults it recovered from (``faults/*`` totals)."""
 
     def fault_counters(self) -> dict[str, float]: ...
+
+
+@runtime_checkable
+class StopsSampling(Protocol):
+    """A DataModule with background samplers: ``stop()`` ends them (idempotent). A run that stops
+    (a signal, a fault) calls it before its last checkpoint, so no sampler is restarted meanwhile."""
+
+    def stop(self) -> None: ...
 
 
 @runtime_checkable

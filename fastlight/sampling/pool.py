@@ -51,7 +51,7 @@ from fastlight.procs import (
     Liveness,
     MemorySample,
     StopFlag,
-    children_ignore_sigint,
+    children_ignore_stop_signals,
     exit_note,
     sample_memory,
 )
@@ -164,7 +164,7 @@ class SamplerPool:
         # Children import fastlight from sys.path: the working directory cli_main puts first may hold
         # another fastlight/ than the one running here (spawn, and restarts, read sys.path then).
         pin_fastlight_path()
-        with children_ignore_sigint():  # Ctrl-C is the trainer's to handle (quietly, with a checkpoint)
+        with children_ignore_stop_signals():  # stop signals are the trainer's to handle
             self.samplers = [self._spawn(i) for i in range(len(self.configs))]
             if self.client is not None:
                 self.client.close_sampler_ends()
@@ -347,7 +347,7 @@ class SamplerPool:
         client.prepare_restart()
         self.errors.clear()  # broken pipes of the group just replaced
         self.dropped_rollouts += len(self.samplers)
-        with children_ignore_sigint():
+        with children_ignore_stop_signals():
             self.samplers = [self._spawn(i) for i in range(len(self.configs))]
             client.close_sampler_ends()
             client.start(self.stop_event, os.getpid())
@@ -392,7 +392,7 @@ class SamplerPool:
         name = f"sampler {s.index} ({s.proc.name}, pid {pid}, env {env_id}) {what}{killed}"
         self._spend_restart(name, "restarting it", note)
         self.dropped_rollouts += 1  # the round it was sampling
-        with children_ignore_sigint():
+        with children_ignore_stop_signals():
             self.samplers[s.index] = self._spawn(s.index)
 
     def _kill(self, s: _Sampler) -> None:

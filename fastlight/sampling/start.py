@@ -72,11 +72,15 @@ def warm_forkserver(env_id: str | None = None) -> bool:
     # may be the user's own module there).
     cwd = os.getcwd()
     elsewhere = shadowing_entry([""]) is not None
-    # Started with SIGINT ignored, the forkserver and every child forked from it ignore Ctrl-C from
-    # their first instruction (an ignored disposition survives exec, and Python then installs no
-    # KeyboardInterrupt handler): the trainer handles Ctrl-C and stops its children itself.
+    # Started with the stop signals ignored (fastlight.procs.STOP_SIGNALS, not imported here: that
+    # loads torch, and the forkserver is started first so that it imports on the other core), the
+    # forkserver and every child forked from it ignore Ctrl-C, SIGTERM and SIGUSR1 from their first
+    # instruction (an ignored disposition survives exec, and Python then installs no KeyboardInterrupt
+    # handler): the trainer handles them and stops its children itself. A forkserver killed by a
+    # signal to the whole process group would take its samplers with it.
     main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main_thread else None
+    stop_signals = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in stop_signals} if main_thread else {}
     try:
         if elsewhere:
             os.environ[PRELOAD_CWD_VAR] = cwd
@@ -86,8 +90,8 @@ def warm_forkserver(env_id: str | None = None) -> bool:
         if elsewhere:
             os.chdir(cwd)
             os.environ.pop(PRELOAD_CWD_VAR, None)
-        if main_thread:
-            signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
     _warm = True
     return True
 

@@ -1,9 +1,12 @@
 """PreemptionCheckpoint in one process: a stop signal during an update stops right after it, one
 outside an update stops at once, both with a loadable checkpoint and the signal's exit code; the
-timer saves; a resume already past max_steps says so; the handlers are given back after fit."""
+timer saves; a resume already past max_steps says so; the handlers are given back after fit;
+further stop signals during the stop save are ignored (one line each) until it is on disk; a signal
+during a timer save waits for it; a full disk stops the run in one line naming what to resume."""
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 
@@ -13,13 +16,14 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from fastlight.callbacks.preemption import Preempted, PreemptionCheckpoint
-from fastlight.checkpoints import AtomicCheckpointIO
+from fastlight.checkpoints import AtomicCheckpointIO, CheckpointWriteError, verify_checksum
 from fastlight.modules.rl_module import RLModule
 from fastlight.rollout import Rollout
 from fastlight.sampling.collector import Collector
 from tests.fake_envs import FixedLengthEnv
 
 STEPS_PER_UPDATE = 2  # update_epochs 1 x num_minibatches 2
+STOP = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
 
 def rollout() -> Rollout:
@@ -155,3 +159,150 @@ def test_resume_past_max_steps_says_so(tmp_path, capsys):
 def test_bad_every_minutes_is_refused():
     with pytest.raises(ValueError, match="every_minutes must be > 0 or null, got 0"):
         PreemptionCheckpoint(every_minutes=0)
+
+
+class SignalsWhenSaved(SignalInUpdate):
+    """Stops with ``signum`` in update ``at``; the stop checkpoint's state then sends ``later`` (each
+    signal in turn) to this process while Lightning gathers it and torch.save pickles it."""
+
+    def __init__(self, later: tuple[int, ...] = (), **kw) -> None:
+        super().__init__(**kw)
+        self.later = later
+
+    def on_save_checkpoint(self, checkpoint):
+        super().on_save_checkpoint(checkpoint)
+        checkpoint["probe"] = SendWhenPickled(self.later)
+
+
+class SendWhenPickled:
+    """Sends its signals to this process when pickled (inside ``torch.save``); loads as ``0``."""
+
+    def __init__(self, signums: tuple[int, ...]) -> None:
+        self.signums = signums
+
+    def __reduce__(self):
+        for signum in self.signums:
+            os.kill(os.getpid(), signum)
+            for _ in range(1000):  # the handler runs between bytecodes
+                pass
+        return (int, (0,))
+
+
+def fastlight_lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith("fastlight: ")]
+
+
+@pytest.mark.parametrize("second", [signal.SIGTERM, signal.SIGINT])
+def test_second_signals_during_the_stop_save_are_ignored_until_it_is_on_disk(
+    tmp_path, second, capfd, python_sigint
+):
+    cb = PreemptionCheckpoint(every_minutes=None)
+    t = trainer(tmp_path, cb, max_steps=100)
+    module = SignalsWhenSaved(signum=signal.SIGTERM, at=1, later=(second, second))
+    with pytest.raises(Preempted) as info:  # not KeyboardInterrupt, not the second signal's code
+        t.fit(module, DataLoader(Rollouts(50), batch_size=None))
+    assert info.value.code == 143
+    ckpt = tmp_path / "checkpoints" / "last.ckpt"
+    assert verify_checksum(ckpt) is True and saved_step(ckpt) == 2 * STEPS_PER_UPDATE
+    assert cb.ignored_signals == 2 and cb.saves == 1
+    name = signal.Signals(second).name
+    lines = fastlight_lines(capfd.readouterr().err)
+    assert lines[:2] == [
+        f"fastlight: {name} ignored (stop signal {n}): the run stops once its checkpoint is on disk; "
+        "SIGKILL stops it at once, without one"
+        for n in (2, 3)
+    ]
+    assert lines[2].startswith("fastlight: stopped by SIGTERM at global step 4; checkpoint saved to ")
+    assert len(lines) == 3
+
+
+def test_signal_while_a_periodic_checkpoint_is_written_stops_after_it(tmp_path, monkeypatch, capfd):
+    """A SIGTERM inside torch.save's writes (where it used to become ``RuntimeError: unexpected
+    pos``, exit 1) waits until the file is on disk, then stops the run with 143."""
+    from fastlight import checkpoints
+
+    real_write, writers, calls = checkpoints._HashingWriter.write, [], []
+
+    def write(self, data):
+        if self not in writers:
+            writers.append(self)  # one per save
+        calls.append(self)
+        if len(writers) == 2 and calls.count(self) == 5:  # in the middle of the second save
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(1000):
+                pass
+        return real_write(self, data)
+
+    monkeypatch.setattr(checkpoints._HashingWriter, "write", write)
+    cb = PreemptionCheckpoint(every_minutes=1e-9)  # a save after every update
+    t = trainer(tmp_path, cb, max_steps=100)
+    with pytest.raises(Preempted) as info:
+        t.fit(SignalInUpdate(), DataLoader(Rollouts(50), batch_size=None))
+    assert info.value.code == 143
+    # The save it came in finished (no third write for the stop), and holds that update.
+    assert len(writers) == 2 and cb.saves == 2
+    ckpt = tmp_path / "checkpoints" / "last.ckpt"
+    assert verify_checksum(ckpt) is True and saved_step(ckpt) == 2 * STEPS_PER_UPDATE
+    [line] = fastlight_lines(capfd.readouterr().err)
+    assert line.startswith("fastlight: stopped by SIGTERM at global step 4; checkpoint saved to ")
+
+
+class FillsDiskAfter(SignalInUpdate):
+    """After update ``full_at`` (0-based), the next write of ``path`` meets a full device: its
+    temporary file is made a link to /dev/full, where every write fails with ENOSPC (the kernel's
+    own, through the real torch.save)."""
+
+    def __init__(self, path: str, full_at: int) -> None:
+        super().__init__()
+        self.path, self.full_at = path, full_at
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        if self.policy_version == self.full_at + 1:
+            folder, name = os.path.split(self.path)
+            os.symlink("/dev/full", os.path.join(folder, f".{name}.tmp-{os.getpid()}"))
+
+
+def test_full_disk_during_a_periodic_save_stops_in_one_line(tmp_path, capfd):
+    cb = PreemptionCheckpoint(every_minutes=1e-9)
+    t = trainer(tmp_path, cb, max_steps=100)
+    ckpt = tmp_path / "checkpoints" / "last.ckpt"
+    with pytest.raises(CheckpointWriteError) as info:
+        t.fit(FillsDiskAfter(str(ckpt), full_at=1), DataLoader(Rollouts(50), batch_size=None))
+    assert info.value.errno == errno.ENOSPC
+    [line] = fastlight_lines(capfd.readouterr().err)
+    assert line.startswith(
+        f"fastlight: stopped by CheckpointWriteError at global step 6: could not save checkpoint {ckpt}: "
+        "No space left on device (ENOSPC); it needs about "
+    )
+    assert "free of " in line and line.endswith(f"; last good checkpoint to resume from: {ckpt} (unchanged)")
+    assert os.listdir(ckpt.parent) == ["last.ckpt"]  # the temporary name is gone
+    assert verify_checksum(ckpt) is True and saved_step(ckpt) == 2 * STEPS_PER_UPDATE
+    assert cb.saves == 2  # the failed save was not tried a second time at the stop
+
+
+def test_handler_is_installed_through_lightnings_signal_connector(tmp_path):
+    """Lightning's SIGTERM notifier (which forwards the signal and enters a broadcast inside the
+    handler) never runs: during fit the one handler of every stop signal is the callback's, held by
+    Lightning's connector, which gives the previous ones back at the end; Lightning's own flag stays
+    down (its loops would stop one rank alone)."""
+    from fastlight.callbacks.stop_signals import StopSignalConnector
+
+    seen: dict = {}
+
+    class Look(SignalInUpdate):
+        def training_step(self, batch, batch_idx):
+            seen["handlers"] = {
+                s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+            }
+            seen["connector"] = self.trainer._signal_connector
+            return super().training_step(batch, batch_idx)
+
+    before = {s: signal.getsignal(s) for s in STOP}
+    cb = PreemptionCheckpoint(every_minutes=None)
+    t = trainer(tmp_path, cb, max_steps=100)
+    with pytest.raises(Preempted):
+        t.fit(Look(signum=signal.SIGTERM, at=1), DataLoader(Rollouts(50), batch_size=None))
+    assert isinstance(seen["connector"], StopSignalConnector)
+    assert set(seen["handlers"].values()) == {cb._on_signal}
+    assert not t.received_sigterm
+    assert {s: signal.getsignal(s) for s in before} == before

@@ -1,0 +1,144 @@
+"""Two DDP ranks (gloo on CPU, Lightning's own launcher) training an RLModule on fixed rollouts with
+PreemptionCheckpoint; rank ``--signal-rank`` sends SIGTERM to itself in the middle of update ``--at``,
+and with ``--second`` both ranks get another stop signal while the stop checkpoint is written.
+
+    python -m tests.faults.ddp_stop_probe --root DIR --signal-rank 1 --at 2 --second
+    python -m tests.faults.ddp_stop_probe --root DIR --updates 300     # no signal: measure
+
+Lightning's launcher starts rank 1 as this same command. Each rank writes ``DIR/rank<r>.json``: its
+exit path, the policy version, the stop signals it ignored, the per-update agreement's count and
+wall time, and the median time from one update's end to the next's; after an unsignalled run, also
+the time of one ``strategy.reduce`` (what the agreement calls: a barrier and an all-reduce) and of
+a bare ``all_reduce``, over ``--repeat`` calls.
+(``tests/faults/test_ddp_stop.py`` runs it; ``benchmarks/results/faults.md`` has the numbers.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from fastlight.callbacks.preemption import PreemptionCheckpoint
+from fastlight.checkpoints import AtomicCheckpointIO
+from fastlight.modules.rl_module import RLModule
+from fastlight.rollout import Rollout
+from fastlight.sampling.collector import Collector
+from tests.fake_envs import FixedLengthEnv
+
+
+def rollout() -> Rollout:
+    torch.manual_seed(0)
+    envs = [FixedLengthEnv(lengths=(3, 5), tag=i) for i in range(2)]
+    module = RLModule(obs_dim=3, action_dim=2)
+    module.configure_model()
+    return Collector(envs, mode="dpsa", max_horizon=6).collect(module.policy)
+
+
+class Rollouts(IterableDataset):
+    def __init__(self, n: int) -> None:
+        self.item, self.n = rollout(), n
+
+    def __iter__(self):
+        return iter([self.item] * self.n)
+
+
+class SignalledRank(RLModule):
+    """Rank ``rank`` sends SIGTERM to itself in update ``at`` (0-based); with ``second``, the stop
+    checkpoint's state sends every rank one more stop signal (rank 0 SIGINT, others SIGTERM) while
+    Lightning gathers it, i.e. during the stop save."""
+
+    def __init__(self, rank: int = -1, at: int = -1, second: bool = False) -> None:
+        super().__init__(obs_dim=3, action_dim=2, update_epochs=1, num_minibatches=2)
+        self.signal_rank, self.at, self.second = rank, at, second
+        self.batch_ends: list[float] = []  # when each update ended (perf_counter)
+
+    def training_step(self, batch, batch_idx):
+        if self.trainer.global_rank == self.signal_rank and batch_idx == self.at:
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(1000):  # the handler runs between bytecodes
+                pass
+        return super().training_step(batch, batch_idx)
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        self.batch_ends.append(time.perf_counter())
+
+    def on_save_checkpoint(self, checkpoint):
+        super().on_save_checkpoint(checkpoint)
+        if self.second:
+            os.kill(os.getpid(), signal.SIGINT if self.trainer.global_rank == 0 else signal.SIGTERM)
+            for _ in range(1000):
+                pass
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--root", required=True)
+    p.add_argument("--signal-rank", type=int, default=-1)
+    p.add_argument("--at", type=int, default=-1)
+    p.add_argument("--second", action="store_true")
+    p.add_argument("--updates", type=int, default=1000)
+    p.add_argument("--repeat", type=int, default=1000)
+    args = p.parse_args()
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own, as in a terminal
+    root = Path(args.root)
+    cb = PreemptionCheckpoint(every_minutes=None)
+    module = SignalledRank(args.signal_rank, args.at, args.second)
+    trainer = L.Trainer(
+        strategy="ddp", devices=2, accelerator="cpu", max_steps=2 * args.updates, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, callbacks=[cb],
+        plugins=[AtomicCheckpointIO()], default_root_dir=str(root),
+    )  # fmt: skip
+    report: dict = {"exit": "finished"}
+    t0 = time.perf_counter()
+    try:
+        trainer.fit(module, DataLoader(Rollouts(args.updates + 10), batch_size=None))
+    except SystemExit as e:
+        report["exit"] = e.code
+        raise
+    finally:
+        report.update(
+            rank=trainer.global_rank, version=module.policy_version, ignored=cb.ignored_signals,
+            agreements=cb.agreements, agreement_seconds=cb.agreement_seconds,
+            fit_seconds=time.perf_counter() - t0, update_seconds=median_interval(module.batch_ends),
+        )  # fmt: skip
+        if report["exit"] == "finished":
+            report.update(reduce_seconds=time_collectives(trainer, args.repeat))
+        root.mkdir(parents=True, exist_ok=True)
+        (root / f"rank{trainer.global_rank}.json").write_text(json.dumps(report))
+
+
+def median_interval(times: list[float]) -> float | None:
+    gaps = sorted(b - a for a, b in zip(times, times[1:], strict=False))
+    return gaps[len(gaps) // 2] if gaps else None
+
+
+def time_collectives(trainer: L.Trainer, repeat: int) -> dict[str, float]:
+    """Seconds per call of the agreement's collective and of a bare all-reduce (after the fit, the
+    process group still up)."""
+    import torch.distributed as dist
+
+    x = torch.tensor([0, 0])
+    out = {}
+    for name, fn in (
+        ("strategy_reduce_max", lambda: trainer.strategy.reduce(x, reduce_op="max")),
+        ("all_reduce_max", lambda: dist.all_reduce(x, op=dist.ReduceOp.MAX)),
+    ):
+        for _ in range(20):
+            fn()
+        t0 = time.perf_counter()
+        for _ in range(repeat):
+            fn()
+        out[name] = (time.perf_counter() - t0) / repeat
+    return out
+
+
+if __name__ == "__main__":
+    main()
