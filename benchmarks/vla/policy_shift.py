@@ -43,7 +43,7 @@ def states_of(path: str, n: int, seed: int) -> dict[str, torch.Tensor]:
         )
     buf = SuccessBuffer(capacity=10**9)
     buf.load_state_dict(ckpt[SIL_CHECKPOINT_KEY])
-    obs, _ = buf.sample(n, generator=torch.Generator().manual_seed(seed))
+    obs, _, _ = buf.sample(n, generator=torch.Generator().manual_seed(seed))
     return obs
 
 

@@ -274,6 +274,13 @@ class VLAPolicy(PolicyBase):
             self.get_submodule(name).eval()
         return self
 
+    @property
+    def frozen_modules(self) -> tuple[str, ...]:
+        """Names of the frozen submodules that :meth:`train` keeps in eval mode: a vision-language
+        backbone's vision tower with ``freeze_vision`` (and its projector too with ``image_size=None``,
+        where neither is used); empty otherwise."""
+        return self._frozen_modules
+
     # ------------------------------------------------------------------ instructions
     @property
     def retokenizes(self) -> bool:

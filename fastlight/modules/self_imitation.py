@@ -15,6 +15,11 @@ which the on-policy objective cannot: its gradient sees each success once.
 
 The buffer is per task (``task_id``), so frequent easy tasks cannot crowd out the rare successes of
 a hard one, and sampling is uniform over the tasks that have any, then over their steps.
+
+With action chunks (``Rollout.chunked``) a step is one chunk of ``H x D`` tokens, and the chunk in
+which an episode ended holds bins for the chunk steps that were never executed (``h >=
+env_steps``): the buffer keeps a per-token validity mask with each chunk, so that imitation leaves
+those tokens out, as SFT does for the chunk steps past a demonstration's end.
 """
 
 from __future__ import annotations
@@ -50,7 +55,8 @@ def successful_steps(*, terminated: Tensor, truncated: Tensor, valid: Tensor) ->
 
 
 class SuccessBuffer:
-    """Per-task FIFO of the steps of successful episodes: observations and action bins.
+    """Per-task FIFO of the steps of successful episodes: observations and action bins (and, with
+    action chunks, which of the bins were executed).
 
     Args:
         capacity: steps kept per task; the oldest go first.
@@ -83,6 +89,8 @@ class SuccessBuffer:
         idx = keep.reshape(-1).nonzero().squeeze(-1)
         obs = rollout.flat("obs")
         fields = {"actions": rollout.flat("actions")[idx]}
+        if rollout.chunked:
+            fields["valid"] = self._token_valid(rollout, idx)
         if isinstance(obs, dict):
             fields.update({f"obs.{k}": v[idx] for k, v in obs.items()})
         else:
@@ -93,9 +101,27 @@ class SuccessBuffer:
             self._append(int(t), {k: v[rows].detach().cpu() for k, v in fields.items()})
         return int(idx.numel())
 
+    @staticmethod
+    def _token_valid(rollout: Rollout, idx: Tensor) -> Tensor:
+        """``[n, K]`` bool: the tokens of the chunk steps the env executed (``h < env_steps``), for
+        the flat transitions ``idx`` of a chunked rollout (step-major: step ``h`` is tokens
+        ``h*D .. h*D+D-1``)."""
+        k, h = rollout.actions.shape[-1], rollout.step_rewards.shape[2]
+        if rollout.actions.dim() != 3 or k % h:
+            raise ValueError(
+                f"SuccessBuffer: chunked actions must be [T, E, K] with K a multiple of the chunk "
+                f"H={h}, got {tuple(rollout.actions.shape)}"
+            )
+        chunk_step = torch.arange(k, device=idx.device) // (k // h)  # [K]
+        return chunk_step[None] < rollout.flat("env_steps")[idx][:, None]
+
     def _append(self, task: int, fields: dict[str, Tensor]) -> None:
         old = self._tasks.get(task)
         if old is not None:
+            if ("valid" in old) != ("valid" in fields):
+                raise ValueError(
+                    "SuccessBuffer: rollouts with and without action chunks cannot share a buffer"
+                )
             if old.keys() != fields.keys():
                 raise ValueError(
                     f"SuccessBuffer: observation keys changed from {sorted(old)} to {sorted(fields)}"
@@ -103,11 +129,15 @@ class SuccessBuffer:
             fields = {k: torch.cat([old[k], v]) for k, v in fields.items()}
         self._tasks[task] = {k: v[-self.capacity :] for k, v in fields.items()}
 
-    def sample(self, n: int, *, generator: torch.Generator | None = None) -> tuple[Obs, Tensor]:
+    def sample(
+        self, n: int, *, generator: torch.Generator | None = None
+    ) -> tuple[Obs, Tensor, Tensor | None]:
         """``n`` steps: a task uniformly among those with any, then a step of it uniformly.
 
-        Returns ``(obs, actions)`` with ``obs`` a dict ``[n, ...]`` per key (or a tensor) and
-        ``actions [n, ...]``. Raises ``ValueError`` on an empty buffer.
+        Returns ``(obs, actions, valid)`` with ``obs`` a dict ``[n, ...]`` per key (or a tensor),
+        ``actions [n, ...]``, and ``valid`` the ``[n, K]`` bool mask of the executed chunk steps'
+        tokens for a buffer of action chunks (``None`` without chunks: every token counts). Raises
+        ``ValueError`` on an empty buffer.
         """
         if not self._tasks:
             raise ValueError("SuccessBuffer.sample: the buffer is empty")
@@ -122,10 +152,10 @@ class SuccessBuffer:
             rows = torch.randint(len(d["actions"]), (m,), generator=generator)
             parts.append({k: v[rows] for k, v in d.items()})
         batch = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
-        actions = batch.pop("actions")
+        actions, valid = batch.pop("actions"), batch.pop("valid", None)
         if "obs" in batch:
-            return batch["obs"], actions
-        return {k[len("obs.") :]: v for k, v in batch.items()}, actions
+            return batch["obs"], actions, valid
+        return {k[len("obs.") :]: v for k, v in batch.items()}, actions, valid
 
     def state_dict(self) -> dict[str, Any]:
         return {"capacity": self.capacity, "episodes_added": self.episodes_added, "tasks": dict(self._tasks)}

@@ -64,6 +64,7 @@ class VLASFTModule(VLAModule):
         # The same checks the RL run makes before its samplers start, and the same binding: a
         # vision-language backbone re-tokenizes the env's instructions with its own tokenizer, so SFT
         # and RL feed it the same ids.
+        super().on_fit_start()
         data = self.trainer.datamodule
         if isinstance(data, DescribesEnv):
             self.check_env_spec(data.env_spec)

@@ -20,6 +20,14 @@ what changes is the policy and its batch shapes:
   their own AdamW optimizer and learning rate ``sil_lr``, as the SIL paper runs its updates after
   the on-policy ones. A policy started from few demonstrations thereby keeps (and generalises) what
   its exploration found. Not in AcceRL; off by default.
+- action chunks (``--model.policy.init_args.action_chunk H``, OpenVLA-OFT's): the policy emits
+  ``K = H x D`` tokens per call (D = ``action_dim``, step-major) and the sampler executes the H env
+  actions open-loop, stopping where the episode ends. One transition per chunk: reward
+  ``sum_{i<h} gamma^i r_i`` over the ``h`` steps executed, bootstrap discounted by ``gamma^h``
+  (:func:`~fastlight.advantages.chunk_rewards`); DPSA, the termination threshold, ``env_steps``
+  and the throughput count env steps. Ratios (``token`` / ``action`` / ``chunk``) are over the K
+  tokens (``action`` groups the D tokens of a chunk step unless ``--model.tokens_per_action``
+  divides K otherwise), and self-imitation leaves out the tokens of chunk steps never executed.
 
 The policy is injected like any RLModule policy, ``--model.policy`` with ``class_path:
 fastlight.models.vla.VLAPolicy`` and its ``init_args`` (backbone, sizes, decoding, ...), or the
@@ -38,11 +46,14 @@ observation keys / shapes before any sampler starts.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import torch
+from lightning.fabric.utilities.warnings import PossibleUserWarning
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from typing_extensions import override
 
@@ -123,6 +134,7 @@ class VLAModule(RLModule):
         )
         self.success_buffer = SuccessBuffer(sil_capacity)
         self._sil_ready = False  # this update runs the self-imitation steps (set per training step)
+        self._eval_mode_filter: Any = None  # see on_fit_start
 
     # ------------------------------------------------------------------ RLModule hooks
     def build_policy(self) -> nn.Module:
@@ -155,6 +167,24 @@ class VLAModule(RLModule):
         return super().optimizer_steps_per_update + (self.hparams.sil_steps if self._sil_ready else 0)
 
     @override
+    def on_fit_start(self) -> None:
+        """Say once that a frozen vision tower stays in eval mode on purpose (``freeze_vision``).
+
+        Lightning warns at the start of training about every module in eval mode, which catches real
+        bugs (a backbone left in eval mode by ``from_pretrained``). When the frozen tower's modules
+        are the only ones in eval mode, that warning is left out for this check alone (the exact
+        count, removed in :meth:`on_train_start`); any other module in eval mode still warns."""
+        super().on_fit_start()
+        self._eval_mode_filter = _explain_frozen_eval_modules(self, self.core_policy)
+
+    @override
+    def on_train_start(self) -> None:
+        super().on_train_start()  # after Lightning's eval-mode check (FitLoop.on_run_start)
+        entry, self._eval_mode_filter = self._eval_mode_filter, None
+        if entry is not None and entry in warnings.filters:
+            warnings.filters.remove(entry)
+
+    @override
     def training_step(self, batch: Rollout, batch_idx: int) -> None:
         h = self.hparams
         if not h.sil_steps:
@@ -184,11 +214,13 @@ class VLAModule(RLModule):
         opt = self.optimizers()[1]
         infos = []
         for i in range(h.sil_steps):
-            obs, bins = self.success_buffer.sample(h.sil_batch_size)
+            obs, bins, valid = self.success_buffer.sample(h.sil_batch_size)
             obs = {k: v.to(self.device) for k, v in obs.items()}
             bins = bins.to(self.device).long()
+            # With chunks: the tokens of chunk steps after the episode's end were never executed.
+            valid = None if valid is None else valid.to(self.device)
             logits, _ = self.policy(obs, actions=bins)
-            loss, info = token_cross_entropy(logits=logits, bins=bins)
+            loss, info = token_cross_entropy(logits=logits, bins=bins, valid=valid)
             opt.zero_grad(set_to_none=True)
             self.manual_backward(loss)
             if h.max_grad_norm is not None:
@@ -281,6 +313,34 @@ def _check_obs_space(space: gym.Space, p: VLAPolicy, instructions: InstructionTa
         )
 
 
+def _explain_frozen_eval_modules(module: nn.Module, policy: nn.Module | None) -> Any:
+    """Log (rank zero) how many of ``module``'s eval-mode modules are the VLAPolicy's frozen ones;
+    when they are all of them, add a filter for exactly Lightning's eval-mode warning of that count
+    and return it (for the caller to remove after the check), else ``None``."""
+    if not isinstance(policy, VLAPolicy) or not policy.frozen_modules:
+        return None
+    frozen = {id(m) for name in policy.frozen_modules for m in policy.get_submodule(name).modules()}
+    in_eval = [(name, id(m) in frozen) for name, m in module.named_modules() if not m.training]
+    ours, others = sum(f for _, f in in_eval), [name for name, f in in_eval if not f]
+    if not ours:
+        return None
+    why = "image_size: null, unused" if policy.image_size is None else "freeze_vision: true"
+    where = ", ".join(policy.frozen_modules)
+    said = f"VLAPolicy: the {ours} modules of its frozen {where} stay in eval mode ({why})"
+    if others:
+        shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+        rank_zero_info(
+            f"{said}; Lightning's eval-mode warning counts them and {len(others)} other(s): {shown}"
+        )
+        return None
+    rank_zero_info(f"{said}, the only modules in eval mode")
+    warnings.filterwarnings(
+        "ignore", message=rf"Found {ours} module\(s\) in eval mode at the start of training\.",
+        category=PossibleUserWarning,
+    )  # fmt: skip
+    return warnings.filters[0]
+
+
 def _validate_vla(policy: Any, value_lr: float | None, action_dim: int, rl_kwargs: dict[str, Any]) -> None:
     """VLA settings, checked up front with the CLI flag in the message (the policy's own settings are
     checked by the policy)."""
@@ -304,11 +364,16 @@ def _validate_vla(policy: Any, value_lr: float | None, action_dim: int, rl_kwarg
     if value_lr is not None and value_lr <= 0:
         raise ValueError(f"--model.value_lr must be > 0 or null, got {value_lr}")
     tpa = rl_kwargs.get("tokens_per_action")
-    k = action_tokens(policy) if isinstance(policy, TokenPolicy) else action_dim
+    # K, the tokens per call: action_dim x action_chunk (a ratio group may span chunk steps).
+    token_policy = isinstance(policy, TokenPolicy)
+    k = action_tokens(policy) if token_policy else action_dim
     if rl_kwargs.get("ratio_granularity") == "action" and tpa is not None and tpa >= 1 and k % tpa:
+        chunk = k // policy.action_dim if token_policy else 1
+        split = f" (action_chunk {chunk} x action_dim {k // chunk})" if chunk > 1 else ""
+        allowed = ", ".join(str(d) for d in range(1, k + 1) if k % d == 0)
         raise ValueError(
-            f"--model.tokens_per_action ({tpa}) must divide the policy's {k} action tokens per call "
-            "with --model.ratio_granularity action"
+            f"--model.tokens_per_action {tpa} must divide the policy's K={k} action tokens per call{split} "
+            f"with --model.ratio_granularity action: one of {allowed}, or null (the tokens of one env action)"
         )
 
 

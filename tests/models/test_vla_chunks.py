@@ -122,3 +122,25 @@ def test_an_rl_update_with_self_imitation_trains_on_chunk_transitions():
     mb = Minibatch.from_rollout(r, adv, ret, values)
     out = m.evaluate_actions(mb.select(mb.valid.nonzero().squeeze(-1)))
     assert out.logprobs.shape == (6, 2 * D)
+
+
+def test_tokens_per_action_is_checked_against_the_chunks_tokens_naming_the_allowed_values():
+    """With chunks the ratio groups split K = H x D tokens, not D: 4 and 6 divide 12 (not 3) and are
+    accepted; 5 is refused, naming the flag and the divisors of 12."""
+    from fastlight.modules.vla_module import VLAModule
+
+    p = policy(action_chunk=CHUNK)
+    for tpa in (4, 6, 12):
+        VLAModule(policy=p, action_dim=D, ratio_granularity="action", tokens_per_action=tpa)
+    msg = (
+        r"^--model.tokens_per_action 5 must divide the policy's K=12 action tokens per call "
+        r"\(action_chunk 4 x action_dim 3\) with --model.ratio_granularity action: one of "
+        r"1, 2, 3, 4, 6, 12, or null \(the tokens of one env action\)$"
+    )
+    with pytest.raises(ValueError, match=msg):
+        VLAModule(policy=p, action_dim=D, ratio_granularity="action", tokens_per_action=5)
+    no_chunk = r"^--model.tokens_per_action 2 must divide the policy's K=3 action tokens per call with "
+    with pytest.raises(
+        ValueError, match=no_chunk + r"--model.ratio_granularity action: one of 1, 3, or null"
+    ):
+        VLAModule(policy=policy(), action_dim=D, ratio_granularity="action", tokens_per_action=2)

@@ -97,7 +97,8 @@ def test_buffer_keeps_successful_steps_per_task_newest_first_out_last():
     per_task = {t: int((keep & (task == t)).sum()) for t in (0, 1) if bool((keep & (task == t)).any())}
     assert buf.steps_per_task() == per_task
     # every kept step is one of the rollout's successful steps, with its own action bins
-    obs, bins = buf.sample(500, generator=torch.Generator().manual_seed(0))
+    obs, bins, valid = buf.sample(500, generator=torch.Generator().manual_seed(0))
+    assert valid is None  # no action chunks: every token counts
     step_ids = obs["proprio"][:, 0].long()
     assert set(step_ids.tolist()) <= set(r.obs["proprio"][..., 0][keep].long().tolist())
     assert torch.equal(bins, r.actions.reshape(-1, 4)[step_ids])
@@ -118,7 +119,7 @@ def test_buffer_samples_tasks_uniformly_whatever_their_size():
         term[-1] = True
         r = rollout_of(term, torch.zeros_like(term), torch.ones_like(term), torch.full((n, 1), task))
         buf.add_rollout(r)
-    obs, _ = buf.sample(4000, generator=torch.Generator().manual_seed(1))
+    obs, _, _ = buf.sample(4000, generator=torch.Generator().manual_seed(1))
     # task 1's 10 steps are numbered 0..9, as are the first 10 of task 0's 1000
     share_of_small_task = float((obs["proprio"][:, 0] < 10).float().mean())
     # half the draws go to task 1, plus task 0's first 10 steps (1% of its half): 0.505 +- 0.02
@@ -139,6 +140,99 @@ def test_buffer_state_dict_round_trips_and_empty_buffer_is_refused():
         SuccessBuffer(capacity=5).sample(1)
     with pytest.raises(ValueError, match="capacity"):
         SuccessBuffer(capacity=0)
+
+
+def chunk_rollout_of(term: torch.Tensor, trunc: torch.Tensor, valid: torch.Tensor, env_steps: torch.Tensor,
+                     chunk: int, dims: int = 4) -> Rollout:  # fmt: skip
+    """``rollout_of`` with action chunks of ``chunk x dims`` tokens: ``env_steps`` executed per
+    transition, and bins ``(id + token) % 32`` (the transition ``id`` is its ``proprio[..., 0]``)."""
+    t_len, n_env = term.shape
+    base = rollout_of(term, trunc, valid, torch.zeros(t_len, n_env, dtype=torch.long))
+    k = chunk * dims
+    ids = base.obs["proprio"][..., 0].long()
+    executed = (torch.arange(chunk) < env_steps[..., None]).float()  # [T, E, H]
+    return Rollout(
+        **{f: getattr(base, f) for f in ("obs", "values", "terminated", "truncated", "valid", "task_id")},
+        actions=(ids[..., None] + torch.arange(k)) % 32,
+        logprobs=torch.full((t_len, n_env, k), -3.0),
+        rewards=executed.sum(-1),
+        step=base.step * chunk,
+        policy_version=base.policy_version,
+        bootstrap_values=base.bootstrap_values,
+        step_rewards=executed,
+        env_steps=env_steps,
+    ).validate()
+
+
+def executed_tokens(env_steps: torch.Tensor, chunk: int, dims: int = 4) -> torch.Tensor:
+    """``[T*E, K]`` bool, token by token: token ``j`` belongs to chunk step ``j // dims``."""
+    flat = env_steps.reshape(-1).tolist()
+    return torch.tensor([[j // dims < n for j in range(chunk * dims)] for n in flat])
+
+
+def test_buffer_of_chunks_keeps_which_tokens_were_executed():
+    chunk = 3
+    term, trunc, valid = random_flags(30, 6, seed=4)
+    g = torch.Generator().manual_seed(5)
+    # full chunks inside an episode, 1..H env steps in the chunk that ends it, 0 on padding
+    ends = torch.randint(1, chunk + 1, term.shape, generator=g)
+    env_steps = torch.where(term | trunc, ends, torch.full_like(ends, chunk)) * valid
+    r = chunk_rollout_of(term, trunc, valid, env_steps, chunk)
+    keep = successful_steps(terminated=term, truncated=trunc, valid=valid)
+    assert bool((keep & term & (env_steps < chunk)).any())  # some success ends inside a chunk
+    buf = SuccessBuffer(capacity=10_000)
+    assert buf.add_rollout(r) == int(keep.sum())
+    expected = executed_tokens(env_steps, chunk)
+    obs, bins, got = buf.sample(500, generator=torch.Generator().manual_seed(0))
+    ids = obs["proprio"][:, 0].long()
+    assert got is not None and got.dtype == torch.bool and got.shape == (500, chunk * 4)
+    assert torch.equal(got, expected[ids]) and torch.equal(bins, r.actions.reshape(-1, chunk * 4)[ids])
+    assert not bool(got.all()) and bool(got[:, :4].all())  # some tokens left out; step 0 always ran
+    copy = SuccessBuffer(capacity=10_000)
+    copy.load_state_dict(buf.state_dict())
+    assert torch.equal(copy.sample(50, generator=torch.Generator().manual_seed(1))[2],
+                       buf.sample(50, generator=torch.Generator().manual_seed(1))[2])  # fmt: skip
+    plain = rollout_of(term, trunc, valid, torch.zeros_like(env_steps))
+    with pytest.raises(ValueError, match="^SuccessBuffer: rollouts with and without action chunks"):
+        buf.add_rollout(plain)
+
+
+def test_sil_with_chunks_leaves_out_the_tokens_of_chunk_steps_never_executed(monkeypatch):
+    """Env 0 succeeds 1 env step into its 4th chunk, env 1 is truncated: the self-imitation loss
+    scores the 3 chunks of 3 steps whole and only the first step's 4 tokens of the last one."""
+    import fastlight.modules.vla_module as vla_module
+    from fastlight.losses.imitation import token_cross_entropy
+
+    chunk = 3
+    term = torch.zeros(4, 2, dtype=torch.bool)
+    trunc = torch.zeros_like(term)
+    term[-1, 0], trunc[-1, 1] = True, True
+    env_steps = torch.full((4, 2), chunk)
+    env_steps[-1, 0] = 1
+    r = chunk_rollout_of(term, trunc, torch.ones_like(term), env_steps, chunk)
+    calls: list[dict] = []
+
+    def spy(**kw):
+        calls.append(kw)
+        return token_cross_entropy(**kw)
+
+    monkeypatch.setattr(vla_module, "token_cross_entropy", spy)
+    torch.manual_seed(0)
+    m = VLAModule(policy=VLAPolicy(**POLICY, action_chunk=chunk), action_dim=4, sil_steps=1,
+                  sil_batch_size=64, update_epochs=1, num_minibatches=1)  # fmt: skip
+    quiet_trainer(max_epochs=1).fit(m, train_dataloaders=DataLoader([r], batch_size=None))
+    assert m.success_buffer.steps_per_task() == {0: 4}
+    (call,) = calls
+    ids = call["bins"][:, 0].cpu()  # bins of transition id start at id: ids 0, 2, 4, 6 are env 0's
+    assert set(ids.tolist()) == {0, 2, 4, 6}  # the last chunk (id 6) was drawn
+    expected = executed_tokens(env_steps, chunk)[ids]
+    assert torch.equal(call["valid"].cpu(), expected) and int((~expected).sum()) == 8 * int((ids == 6).sum())
+    logits, bins = call["logits"].detach(), call["bins"]
+    ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1), bins.flatten(), reduction="none")
+    masked = ce[expected.flatten().to(ce.device)].mean()
+    loss, _ = token_cross_entropy(logits=logits, bins=bins, valid=call["valid"])
+    torch.testing.assert_close(loss, masked)
+    assert not torch.allclose(ce.mean(), masked)  # the unexecuted tokens would change the loss
 
 
 def sil_module(**kw) -> VLAModule:

@@ -230,3 +230,81 @@ def test_a_policy_that_is_not_a_token_policy_is_refused_naming_what_it_lacks():
     args = ["--config", os.path.join(ROOT, "configs", "vla_metaworld_reach.yaml"), "--model.policy", mlp]
     with pytest.raises(ValueError, match=msg[1:-1]):  # inside jsonargparse's message
         cli_main(args, run=False)
+
+
+def vlm_rollout(p: VLAPolicy, ids: torch.Tensor, mask: torch.Tensor, t_len: int = 3) -> Rollout:
+    """``t_len`` steps of 2 envs acted by ``p`` on random 32x32 images; both episodes end terminated."""
+    g = torch.Generator().manual_seed(0)
+    n = t_len * 2
+    obs = {
+        "image": torch.randint(0, 256, (n, 32, 32, 3), dtype=torch.uint8, generator=g),
+        "proprio": torch.randn(n, 4, generator=g),
+        "instruction_ids": ids[torch.arange(n) % len(ids)],
+        "instruction_mask": mask[torch.arange(n) % len(ids)],
+    }
+    with torch.no_grad():
+        out = p.act(obs)
+    term = torch.zeros(t_len, 2, dtype=torch.bool)
+    term[-1] = True
+    zeros = torch.zeros(t_len, 2)
+    return Rollout(
+        obs={k: v.reshape(t_len, 2, *v.shape[1:]) for k, v in obs.items()},
+        actions=out.actions.reshape(t_len, 2, -1),
+        logprobs=out.logprobs.reshape(t_len, 2, -1),
+        values=out.values.reshape(t_len, 2),
+        rewards=zeros + 1.0,
+        terminated=term,
+        truncated=torch.zeros_like(term),
+        valid=torch.ones_like(term),
+        step=torch.arange(t_len)[:, None].expand(t_len, 2).clone(),
+        task_id=torch.zeros(t_len, 2, dtype=torch.long),
+        policy_version=torch.zeros(t_len, 2, dtype=torch.long),
+        bootstrap_values=zeros,
+    ).validate()
+
+
+def test_the_frozen_vision_tower_is_said_once_and_other_eval_modules_still_warn(tmp_path, caplog):
+    """A VLM folder's frozen tower stays in eval mode on purpose: one INFO line counts its modules
+    and Lightning's eval-mode warning (exactly that count) is left out; a module left in eval mode
+    elsewhere (here the value head) still gets Lightning's warning, with both counted."""
+    import logging
+    import warnings
+
+    from fastlight.envs.instructions import instruction_tokenizer
+    from fastlight.models.text import encode_instructions
+    from fastlight.models.tiny_vlm import save_tiny_vlm
+    from tests.lightning_helpers import quiet_trainer
+
+    sentences = ("reach the goal", "push the puck")
+    folder = save_tiny_vlm("llava", tmp_path / "llava", sentences=sentences, n_bins=32)
+    ids, mask = encode_instructions(instruction_tokenizer(sentences), list(sentences), 6)
+
+    def fit(value_head_eval: bool) -> tuple[list[str], str, VLAModule]:
+        torch.manual_seed(0)
+        p = VLAPolicy(backbone=str(folder), n_bins=32, action_dim=K, image_size=32, proprio_dim=4,
+                      max_text_len=8, value_mlp_hidden=16)  # fmt: skip
+        assert p.bind_instructions(sentences, ids, mask) and p.frozen_modules
+        m = VLAModule(policy=p, action_dim=K, **TINY)
+        if value_head_eval:
+            p.value_head.eval()
+        data = DataLoader([vlm_rollout(p, ids, mask)], batch_size=None)
+        caplog.clear()
+        with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.INFO):
+            warnings.simplefilter("always")
+            filters = list(warnings.filters)
+            quiet_trainer(max_epochs=1).fit(m, train_dataloaders=data)
+            assert warnings.filters == filters  # the one-check filter is gone after the check
+        return [str(w.message) for w in caught if "in eval mode" in str(w.message)], caplog.text, m
+
+    warned, logged, m = fit(value_head_eval=False)
+    (tower,) = m.policy.frozen_modules
+    n_tower = sum(1 for name, _ in m.policy.named_modules() if name == tower or name.startswith(tower + "."))
+    assert n_tower > 10 and m.policy_version == 1
+    assert warned == []
+    line = f"VLAPolicy: the {n_tower} modules of its frozen {tower} stay in eval mode (freeze_vision: true)"
+    assert logged.count(line) == 1 and f"{line}, the only modules in eval mode" in logged
+    warned, logged, m = fit(value_head_eval=True)
+    n_value = sum(1 for _ in m.policy.value_head.modules())
+    assert [w.split(" module(s)")[0] for w in warned] == [f"Found {n_tower + n_value}"]
+    others = f"Lightning's eval-mode warning counts them and {n_value} other(s): policy.value_head"
+    assert f"{line}; {others}" in logged
