@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from fastlight.procs import alive, descendants, spawned_descendants, start_ticks
+from fastlight.procs import alive, descendants, parent_pid, spawned_descendants, start_ticks
 
 ROOT = Path.cwd()
 
@@ -69,6 +69,18 @@ def ckpt_updates(root: Path) -> int | None:
 def newest_child(pid: int) -> int:
     """The trainer's last-started spawned child: the inference worker, started after its samplers."""
     return max(spawned_descendants(pid), key=start_ticks)
+
+
+def forkserver_of(trainer: int) -> int:
+    """The trainer's forkserver: its child running multiprocessing's forkserver ``main``."""
+    for pid in descendants(trainer):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if parent_pid(pid) == trainer and b"multiprocessing.forkserver" in cmdline:
+            return pid
+    raise RuntimeError(f"no forkserver below pid {trainer}")
 
 
 def rows_logged(metrics: Path) -> int:
@@ -121,12 +133,13 @@ def rank_pid(launcher: int, rank: int) -> int:
 def run(name: str, root: Path, inject: str | None, extra: tuple[str, ...] = (), *, ddp: bool = False,
         **kw) -> dict:  # fmt: skip
     """Start a run; ``inject`` is a signal name (sent once updates are logged), ``SAMPLER:<signal>``
-    (sent to one sampler process; recovery is timed, then SIGTERM ends the run), ``RANK1:<signal>``
+    (sent to one sampler process; recovery is timed, then SIGTERM ends the run), ``FORKSERVER:<signal>``
+    (to the forkserver the command's entry warmed; the same), ``RANK1:<signal>``
     (to DDP rank 1 alone), ``GROUP:<signal>`` / ``GROUP2:<signal>`` (to the whole process group, once /
     twice 0.5 s apart), or None (the fault is in the settings / env and the run stops by itself)."""
     log = root.parent / f"{root.name}.log"
     cmd = command(root, *(DDP if ddp else ()), *extra, **kw)
-    if ddp:
+    if ddp or (inject or "").startswith("FORKSERVER:"):  # the command's entry: it warms a forkserver
         cmd[1:3] = ["-m", "fastlight"]
     with open(log, "w") as f:  # its own session: GROUP signals reach its process group only
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env(), start_new_session=True)
@@ -138,9 +151,13 @@ def run(name: str, root: Path, inject: str | None, extra: tuple[str, ...] = (), 
         children |= descendants(proc.pid)
         if inject and rows_logged(metrics) >= 3:
             t_inject = time.monotonic()
-            if inject.startswith(("SAMPLER:", "INFERENCE:")):
-                sampler = inject.startswith("SAMPLER:")
-                target = spawned_descendants(proc.pid)[0] if sampler else newest_child(proc.pid)
+            if inject.startswith(("SAMPLER:", "INFERENCE:", "FORKSERVER:")):
+                if inject.startswith("SAMPLER:"):
+                    target = spawned_descendants(proc.pid)[0]
+                elif inject.startswith("FORKSERVER:"):
+                    target = forkserver_of(proc.pid)
+                else:
+                    target = newest_child(proc.pid)
                 os.kill(target, getattr(signal, inject.split(":")[1]))
                 recovered = recover(proc, log, metrics, t_inject)
                 children |= descendants(proc.pid)
@@ -214,6 +231,10 @@ def main() -> None:
             env_kwargs='{"step_sleep": 0.02, "nan_reward_at": 30, "nan_value": 3e38}',
         ),
         "num_minibatches 1000": lambda r: run("num_minibatches 1000", r, None, ("--model.num_minibatches", "1000")),  # noqa: E501
+        "forkserver SIGKILL with 4 samplers": lambda r: run(
+            "forkserver SIGKILL with 4 samplers", r, "FORKSERVER:SIGKILL",
+            ("--data.num_workers", "4", "--data.num_envs", "4"),
+        ),
         "DDP SIGTERM rank 1": lambda r: run("DDP SIGTERM rank 1", r, "RANK1:SIGTERM", ddp=True),
         "DDP SIGTERM group": lambda r: run("DDP SIGTERM group", r, "GROUP:SIGTERM", ddp=True),
         "DDP SIGTERM group twice": lambda r: run("DDP SIGTERM group twice", r, "GROUP2:SIGTERM", ddp=True),

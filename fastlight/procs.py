@@ -57,15 +57,27 @@ def ignore_stop_signals() -> None:
     if threading.current_thread() is threading.main_thread():
         for sig in STOP_SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
+        # Started from a trainer's thread, a child inherits them blocked (children_ignore_stop_signals):
+        # ignored now, they need not stay blocked (a blocked mask would pass on to its own children).
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 
 @contextlib.contextmanager
 def children_ignore_stop_signals() -> Iterator[None]:
     """Start processes inside this block to have them ignore the stop signals from their first
     instruction: an ignored disposition survives fork and exec, and Python then installs no
-    KeyboardInterrupt handler. The trainer's own handlers are back when the block ends."""
+    KeyboardInterrupt handler. The trainer's own handlers are back when the block ends.
+
+    Outside the main thread (a sampler restarted by the prefetch thread), where Python cannot set a
+    disposition, the signals are blocked in this thread instead: a child inherits the calling
+    thread's mask through fork and exec, so none is delivered to it before :func:`start_child`
+    ignores them; the trainer's other threads still receive them (its main thread handles them)."""
     if threading.current_thread() is not threading.main_thread():
-        yield
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            yield
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         return
     previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS}
     try:

@@ -42,7 +42,7 @@ PACKAGE = "fastlight"
 
 #: Bottom to top; a name is the first component after ``fastlight.`` ("" is ``fastlight/__init__.py``).
 FLOORS: list[tuple[str, ...]] = [
-    ("procs", "extras", "rollout", "losses", "stats", "checkpoints", "class_paths"),
+    ("procs", "extras", "rollout", "losses", "stats", "checkpoints", "class_paths", "rank_state"),
     ("advantages", "models", "weights", "metrics"),
     ("envs", "inference"),
     ("sampling",),

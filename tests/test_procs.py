@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -129,6 +130,56 @@ def ignored_signals(pid: int) -> set[int]:
             mask = int(line.split()[1], 16)
             return {n for n in range(1, 65) if mask >> (n - 1) & 1}
     raise AssertionError("no SigIgn line")
+
+
+def signal_set(pid: int, field: str) -> set[int]:
+    """The signals in process ``pid``'s ``field`` mask of /proc (``SigIgn``, ``SigBlk``)."""
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith(f"{field}:"):
+            mask = int(line.split()[1], 16)
+            return {n for n in range(1, 65) if mask >> (n - 1) & 1}
+    raise AssertionError(f"no {field} line")
+
+
+CHILD_IGNORES = (
+    "import sys\n"
+    "from fastlight.procs import ignore_stop_signals\n"
+    "def masks():\n"
+    "    return [l.split()[1] for l in open('/proc/self/status') if l.startswith(('SigBlk:', 'SigIgn:'))]\n"
+    "before = masks()\n"
+    "ignore_stop_signals()\n"
+    "print(*before, *masks(), flush=True)\n"
+)
+
+
+def test_a_child_started_from_a_thread_has_the_stop_signals_blocked_until_it_ignores_them():
+    """From a thread other than the main one (the prefetch thread restarts samplers), where Python
+    cannot set a disposition, the block blocks the stop signals in that thread: the child starts with
+    them blocked (a group SIGTERM during its start-up is not delivered), then ignores them and
+    unblocks them in ``start_child``; the thread's own mask is back after the block."""
+    stop = {int(s) for s in STOP_SIGNALS}
+    out: dict[str, object] = {}
+
+    def start() -> None:
+        before = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+        with children_ignore_stop_signals():
+            child = subprocess.Popen([sys.executable, "-c", CHILD_IGNORES], stdout=subprocess.PIPE, text=True,
+                                     env={**os.environ, "PYTHONPATH": os.getcwd()})  # fmt: skip
+        out["thread_mask_back"] = signal.pthread_sigmask(signal.SIG_BLOCK, []) == before
+        out["masks"] = child.communicate(timeout=120)[0].split()
+
+    thread = threading.Thread(target=start)
+    thread.start()
+    thread.join(150)
+
+    def bits(mask: str) -> set[int]:
+        return {n for n in range(1, 65) if int(mask, 16) >> (n - 1) & 1}
+
+    blocked_before, ignored_before, blocked_after, ignored_after = (bits(m) for m in out["masks"])
+    assert stop <= blocked_before and not stop & ignored_before  # started blocked, not yet ignored
+    assert stop <= ignored_after and not stop & blocked_after  # then ignored, and unblocked
+    assert out["thread_mask_back"] is True
+    assert not stop & signal_set(os.getpid(), "SigBlk")  # the trainer still receives them
 
 
 def test_children_and_the_forkserver_ignore_the_stop_signals():

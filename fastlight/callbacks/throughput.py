@@ -53,6 +53,7 @@ from typing_extensions import override
 from fastlight.callbacks.batch_counts import BatchCounts
 from fastlight.data.protocols import BatchCountsFn
 from fastlight.metrics.throughput import ThroughputMetrics
+from fastlight.rank_state import PER_RANK_KEY, counters_for_rank, gather_per_rank, per_rank_entries, world
 from fastlight.rollout import RolloutStats
 
 #: The clock; a module attribute so tests can substitute a deterministic one.
@@ -147,11 +148,14 @@ class RolloutThroughput(Callback):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {"totals": dict(self.totals)}
+        # The totals count this rank's own samplers: every rank's go into the file rank 0 writes.
+        return {"totals": dict(self.totals), PER_RANK_KEY: gather_per_rank(dict(self.totals))}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.totals = dict.fromkeys(_TOTALS, 0) | {k: int(v) for k, v in state_dict["totals"].items()}
+        rank, size = world()
+        totals = counters_for_rank(per_rank_entries(state_dict, state_dict["totals"]), rank, size)
+        self.totals = dict.fromkeys(_TOTALS, 0) | totals
 
 
 def _deprecated_alias() -> type[RolloutThroughput]:

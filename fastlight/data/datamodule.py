@@ -37,6 +37,7 @@ from fastlight.data.protocols import ChecksEnvSpec, RolloutPolicyModule, require
 from fastlight.envs.registry import make_env
 from fastlight.envs.wrappers import EnvWrapper, wrap_env
 from fastlight.inference.settings import InferenceSettings
+from fastlight.rank_state import PER_RANK_KEY, counters_for_rank, gather_per_rank, per_rank_entries, world
 from fastlight.sampling.collector import Nonfinite, ResetMode
 from fastlight.sampling.faults import FaultSettings
 from fastlight.sampling.obs import obs_to_tensor, stack_obs
@@ -393,17 +394,22 @@ class RolloutDataModule(L.LightningDataModule):
     @override
     def state_dict(self) -> dict[str, Any]:
         counters = self.fault_counters()
-        return {
+        own = {
             "dropped_stale": self.dropped_stale,
             "worker_restarts": int(counters["faults/worker_restarts"]),
             "dropped_rollouts": int(counters["faults/dropped_rollouts"]),
         }
+        # The counters are this rank's own samplers': every rank's go into the file rank 0 writes.
+        return own | {PER_RANK_KEY: gather_per_rank(own)}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.dropped_stale = int(state_dict.get("dropped_stale", 0))
-        self._restarts_before = int(state_dict.get("worker_restarts", 0))
-        self._dropped_rollouts_before = int(state_dict.get("dropped_rollouts", 0))
+        rank, size = world()
+        own = {k: v for k, v in state_dict.items() if k != PER_RANK_KEY}
+        counters = counters_for_rank(per_rank_entries(state_dict, own), rank, size)
+        self.dropped_stale = int(counters.get("dropped_stale", 0))
+        self._restarts_before = int(counters.get("worker_restarts", 0))
+        self._dropped_rollouts_before = int(counters.get("dropped_rollouts", 0))
 
 
 def _share(total: int | None, envs: int, all_envs: int) -> int:

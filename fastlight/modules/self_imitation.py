@@ -165,3 +165,61 @@ class SuccessBuffer:
         self._tasks = {}
         for task, fields in state["tasks"].items():
             self._tasks[int(task)] = {k: v[-self.capacity :] for k, v in fields.items()}
+
+
+def buffers_for_world_size(
+    states: list[dict[str, Any]], world_size: int, capacity: int
+) -> list[dict[str, Any]]:
+    """Map the saved ranks' :meth:`SuccessBuffer.state_dict` entries onto ``world_size`` ranks.
+
+    The same number of ranks keeps each rank's own buffer. Another number *merges* then *splits*:
+    per task, the saved ranks' steps are pooled (each rank's newest first when more than
+    ``capacity * world_size`` would be kept, an equal share per rank), then dealt round-robin (pooled
+    step ``i`` to rank ``i % world_size``), so every new rank holds about the same number of every
+    task's steps, at most ``capacity``. ``episodes_added`` is summed over the old ranks ``j`` with
+    ``j % world_size == r``. Refused in one line: the saved ranks' buffers of one task holding
+    different fields (with and without action chunks, other observation keys).
+    """
+    if len(states) == world_size:
+        return states
+    pooled: dict[int, dict[str, Tensor]] = {}
+    for task in sorted({int(t) for s in states for t in s["tasks"]}):
+        parts = [s["tasks"][t] for s in states for t in s["tasks"] if int(t) == task]
+        keys = sorted(parts[0])
+        for p in parts[1:]:
+            if sorted(p) != keys:
+                raise ValueError(
+                    f"--ckpt_path: the saved ranks' self-imitation buffers of task {task} hold different "
+                    f"fields ({keys} and {sorted(p)}), so they cannot be merged onto {world_size} rank(s)"
+                )
+        kept = _fair_shares([len(p["actions"]) for p in parts], capacity * world_size)
+        pooled[task] = {
+            k: torch.cat([p[k][len(p[k]) - n :] for p, n in zip(parts, kept, strict=True)]) for k in keys
+        }
+    out = []
+    for r in range(world_size):
+        tasks = {t: {k: v[r::world_size] for k, v in f.items()} for t, f in pooled.items()}
+        episodes = sum(int(s["episodes_added"]) for j, s in enumerate(states) if j % world_size == r)
+        out.append(
+            {
+                "capacity": capacity,
+                "episodes_added": episodes,
+                "tasks": {t: f for t, f in tasks.items() if len(f["actions"])},
+            }
+        )
+    return out
+
+
+def _fair_shares(sizes: list[int], total: int) -> list[int]:
+    """How many of each part's newest items to keep, at most ``total`` in all: equal shares, a part
+    with fewer than its share giving the rest to the others."""
+    kept = [0] * len(sizes)
+    left = min(total, sum(sizes))
+    while left:
+        open_parts = [i for i, s in enumerate(sizes) if kept[i] < s]
+        share = max(left // len(open_parts), 1)
+        for i in open_parts:
+            n = min(share, sizes[i] - kept[i], left)
+            kept[i] += n
+            left -= n
+    return kept

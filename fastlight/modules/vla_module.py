@@ -66,7 +66,8 @@ from fastlight.models.base import ChecksObsSpace, Policy, PolicyBase, TokenPolic
 from fastlight.models.vla import VLAPolicy
 from fastlight.modules.objectives import GIPO, Objective
 from fastlight.modules.rl_module import RLModule
-from fastlight.modules.self_imitation import SuccessBuffer
+from fastlight.modules.self_imitation import SuccessBuffer, buffers_for_world_size
+from fastlight.rank_state import PER_RANK_KEY, gather_per_rank, per_rank_entries, world
 from fastlight.rollout import Rollout
 
 #: Checkpoint key of the self-imitation buffer.
@@ -235,13 +236,20 @@ class VLAModule(RLModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(checkpoint)
         if self.hparams.sil_steps:
-            checkpoint[SIL_CHECKPOINT_KEY] = self.success_buffer.state_dict()
+            # Each rank fills its own buffer from its own rollouts: every rank's goes into the file.
+            own = self.success_buffer.state_dict()
+            checkpoint[SIL_CHECKPOINT_KEY] = own | {PER_RANK_KEY: gather_per_rank(own)}
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(checkpoint)
         if SIL_CHECKPOINT_KEY in checkpoint:
-            self.success_buffer.load_state_dict(checkpoint[SIL_CHECKPOINT_KEY])
+            # On another number of ranks the saved buffers are merged, then split evenly.
+            saved = checkpoint[SIL_CHECKPOINT_KEY]
+            rank, size = world()
+            states = per_rank_entries(saved, saved)
+            mine = buffers_for_world_size(states, size, self.success_buffer.capacity)[rank]
+            self.success_buffer.load_state_dict(mine)
 
     def check_env_spec(self, spec: Any) -> None:
         """Continuous actions with ``K`` dims, and (when the spec carries the observation space) a

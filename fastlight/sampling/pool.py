@@ -21,6 +21,16 @@ current version, taken before it serves), and the samplers are spawned on the ne
 one restart of the budget; every sampler's round in flight is dropped and counted. Only a CPU
 worker (shared-memory weights) is restarted; a CUDA worker's failure stops the run, named.
 
+Under the forkserver start method (the ``fastlight`` command's), every sampler (and the inference
+worker) is a child of the forkserver, and its exit code reaches the trainer through it: when the
+forkserver dies, all of them read as dead with exit code 255 at once (and are, killed by their
+parent-death signal). That is one fault, named as the forkserver (``the forkserver (pid N) died:
+killed by SIGKILL, ...``): a new forkserver is started and all its samplers with it, for one restart
+of the budget; every round in flight is dropped and counted.
+
+Nothing is restarted once :meth:`SamplerPool.stop` has begun: a stop waits for a restart under way
+(the prefetch thread's) to finish, then stops what it started; no restart begins after it.
+
 Each sampler writes to its own pipe, read by its own thread here, so a sampler killed in the
 middle of a send leaves nothing broken for the others; the locks samplers share with the trainer
 (weights, task weights) are freed if the killed sampler held them.
@@ -30,8 +40,10 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import os
 import queue
+import signal
 import sys
 import threading
 import time
@@ -51,13 +63,19 @@ from fastlight.procs import (
     Liveness,
     MemorySample,
     StopFlag,
+    alive,
     children_ignore_stop_signals,
     exit_note,
     sample_memory,
 )
 from fastlight.rollout import Rollout
 from fastlight.sampling.faults import FLAG, FaultSettings
-from fastlight.sampling.start import pin_fastlight_path
+from fastlight.sampling.start import (
+    forkserver_exit_code,
+    forkserver_pid,
+    pin_fastlight_path,
+    restart_forkserver,
+)
 from fastlight.sampling.task_weights import SharedTaskWeights
 from fastlight.sampling.worker import SamplerConfig, rollout_from_numpy, sampler_main
 from fastlight.weights.publisher import SyncStats, WeightPublisher, WeightSource
@@ -65,6 +83,8 @@ from fastlight.weights.shared_memory import SharedWeights
 
 #: How often (seconds) ``next_item`` looks at the samplers' exit codes and heartbeats.
 WATCH_EVERY_S = 0.25
+#: How long ``stop`` waits for a restart under way (a new forkserver importing, a spawn) to finish.
+RESTART_WAIT_S = 30.0
 
 class SamplerError(RuntimeError):
     """A sampler process failed; the message names it and carries its traceback."""
@@ -126,8 +146,9 @@ class SamplerPool:
                 trainer_device=trainer_device,
             )  # fmt: skip
             self.client.liveness.limits = self.heartbeat_limits
-        # Serialises a restart of the served group (prefetch thread) with a publish (trainer thread).
-        self._served_lock = threading.RLock()
+        # Serialises a restart (prefetch thread) with a publish and with stop (trainer thread): a stop
+        # waits for a restart under way, and none begins once it has.
+        self._restart_lock = threading.RLock()
         # One publisher (trainer end) and what the samplers read (their end) for either path.
         self.publisher: WeightPublisher
         self.weights: WeightSource
@@ -150,6 +171,9 @@ class SamplerPool:
         self._last_item = time.monotonic()
         self._last_watch = 0.0
         self._worker_memory: MemorySample | None = None  # the inference worker's, as for a sampler
+        #: The forkserver the children are forked from (start method ``forkserver``), and its memory.
+        self._forkserver: int | None = None
+        self._forkserver_memory: MemorySample | None = None
 
     @property
     def num_workers(self) -> int:
@@ -169,6 +193,8 @@ class SamplerPool:
             if self.client is not None:
                 self.client.close_sampler_ends()
                 self.client.start(self.stop_event, os.getpid())
+        if self.ctx.get_start_method() == "forkserver":
+            self._forkserver = forkserver_pid()  # started by the first child's start, if not warmed
         self._last_item = time.monotonic()
         # Last line of defence if the trainer exits without teardown.
         atexit.register(_stop_ref, weakref.ref(self))
@@ -223,7 +249,7 @@ class SamplerPool:
         """
         if self.client is None:
             return self.publisher.publish(policy, version)
-        with self._served_lock:
+        with self._restart_lock:
             while True:
                 try:
                     return self.publisher.publish(policy, version)
@@ -234,7 +260,15 @@ class SamplerPool:
                     if proc is None or healthy or not self.client.restartable:
                         raise SamplerError(f"weight sync with the inference worker failed: {e}") from e
                     what = f"died with exit code {proc.exitcode}" if proc.exitcode is not None else hung
-                    self._restart_served(f"{self._worker_name()} {what} (publishing version {version})")
+                    forked = self._forkserver_fault(
+                        time.monotonic(), wait_s=1.0 if proc.exitcode == 255 else 0
+                    )
+                    name, note = (f"{self._worker_name()} {what}", None) if forked is None else forked
+                    name += f" (publishing version {version})"
+                    if not self._restart_served(name, note, forkserver=forked):
+                        raise SamplerError(
+                            f"weight sync with the inference worker failed while stopping: {e}"
+                        ) from e
 
     def request_drain(self) -> None:
         """Announce the next ``publish`` (AcceRL §inference drain; a no-op for shared memory)."""
@@ -268,11 +302,20 @@ class SamplerPool:
         if not force and now - self._last_watch < WATCH_EVERY_S:
             return
         self._last_watch = now
-        if self.client is not None:
-            with self._served_lock:
-                if not self.stop_event.is_set():
-                    self._watch_served(now)
-            return
+        with self._restart_lock:  # stop() sets the flag first, then waits for a restart under way
+            if self.stop_event.is_set():
+                return
+            if self.client is not None:
+                self._watch_served(now)
+            else:
+                self._watch_samplers(now)
+
+    def _watch_samplers(self, now: float) -> None:
+        """The shared-memory path's watch: a dead or silent sampler is restarted alone; a dead
+        forkserver, with all the samplers it forked. Call under ``_restart_lock``."""
+        forked = self._forkserver_fault(now)
+        if forked is not None:
+            return self._restart_forked(*forked)
         self._raise_reported()
         for s in list(self.samplers):
             if self.stop_event.is_set():
@@ -281,6 +324,10 @@ class SamplerPool:
             if code is not None:
                 s.reader.join(timeout=2.0)  # a dying sampler's last words come before its EOF
                 self._raise_reported()
+                # 255: what every child of a dead forkserver reads, possibly a moment before it does
+                forked = self._forkserver_fault(now, wait_s=1.0) if code == 255 else None
+                if forked is not None:
+                    return self._restart_forked(*forked)
                 self._fault(s, f"died with exit code {code}", exit_note(code, s.memory, now))
                 continue
             s.memory = sample_memory(s.proc.pid) or s.memory
@@ -295,13 +342,23 @@ class SamplerPool:
         return f"inference worker ({proc.name}, pid {proc.pid}, env {', '.join(env_ids)})"
 
     def _watch_served(self, now: float) -> None:
-        """The inference path's watch: a dead or silent worker or sampler restarts the group."""
+        """The inference path's watch: a dead or silent worker or sampler restarts the group (with
+        the forkserver, if it is the one that died). Call under ``_restart_lock``."""
         assert self.client is not None and self.client.proc is not None
+        forked = self._forkserver_fault(now)
+        if forked is not None:
+            self._restart_served(*forked, forkserver=forked)
+            return
         # A sampler's own exception (not a pipe broken by a dead peer) would recur: stop on it.
         for i, payload in sorted(self.errors.items()):
             if not _broken_pipe(payload):
                 raise SamplerError(_crashed(i, payload))
         worker = self.client.proc
+        codes = [worker.exitcode, *(s.proc.exitcode for s in self.samplers)]
+        forked = self._forkserver_fault(now, wait_s=1.0) if 255 in codes else None
+        if forked is not None:
+            self._restart_served(*forked, forkserver=forked)
+            return
         if worker.exitcode is not None:
             note = exit_note(worker.exitcode, self._worker_memory, now)
             return self._restart_served(f"{self._worker_name()} died with exit code {worker.exitcode}", note)
@@ -319,10 +376,13 @@ class SamplerPool:
         if hung is not None:
             self._restart_served(f"{self._worker_name()} {hung}")
 
-    def _restart_served(self, what: str, note: str | None = None) -> None:
-        """Restart the inference worker and the rank's samplers within the budget, else stop
-        naming the process that failed (``what``; ``note``: what its exit code means). Call under
-        ``_served_lock``."""
+    def _restart_served(
+        self, what: str, note: str | None = None, *, forkserver: tuple[str, str | None] | None = None
+    ) -> bool:
+        """Restart the inference worker and the rank's samplers (and the forkserver, when
+        ``forkserver`` says it died) within the budget, else stop naming the process that failed
+        (``what``; ``note``: what its exit code means). False, restarting nothing, once the pool is
+        stopping. Call under ``_restart_lock``."""
         assert self.client is not None
         client = self.client
         if not client.restartable:
@@ -330,6 +390,8 @@ class SamplerPool:
                 f"{what}; a CUDA inference worker is not restarted (--data.inference.device cpu "
                 "restarts it, --data.inference null restarts samplers alone)" + (f"; {note}" if note else "")
             )
+        if forkserver is not None:  # their exit codes came from the dead server: make sure they are gone
+            _kill_forked([s.proc for s in self.samplers] + [client.proc])
         for s in self.samplers:  # first, so none of them reports the worker's death as its own
             self._kill(s)
         worker = client.proc
@@ -337,12 +399,17 @@ class SamplerPool:
             client.reap()
             if "inference worker" in what:
                 what += f"; killed it (exit code {worker.exitcode})"
-        self._spend_restart(
+        group = f"the inference worker and its {len(self.samplers)} samplers"
+        if not self._spend_restart(
             what,
-            f"restarting the inference worker and its {len(self.samplers)} samplers "
+            f"restarting {'the forkserver, ' if forkserver is not None else ''}{group} "
             "(their rounds in flight dropped)",
             note,
-        )
+        ):
+            return False
+        self._restart_forkserver_if_dead()
+        if self.stop_event.is_set():  # the stop came while the forkserver started: spawn nothing
+            return False
         self._worker_memory = None
         client.prepare_restart()
         self.errors.clear()  # broken pipes of the group just replaced
@@ -351,11 +418,71 @@ class SamplerPool:
             self.samplers = [self._spawn(i) for i in range(len(self.configs))]
             client.close_sampler_ends()
             client.start(self.stop_event, os.getpid())
+        return True
 
-    def _spend_restart(self, name: str, action: str, note: str | None = None) -> None:
+    def _forkserver_fault(self, now: float, wait_s: float = 0.0) -> tuple[str, str | None] | None:
+        """The line naming the forkserver and how it died, and what its exit code means, if the
+        forkserver this pool's children were forked from is dead; None if it runs (or there is none).
+
+        ``wait_s``: how long to wait for it to read as dead, after a child's exit code 255 (its
+        status pipe closes as the server exits, a moment before the kernel reports the exit).
+        """
+        pid = self._forkserver
+        if pid is None:
+            return None
+        deadline = time.monotonic() + wait_s
+        while (code := forkserver_exit_code(pid)) is None and forkserver_pid() == pid:
+            if time.monotonic() >= deadline:
+                self._forkserver_memory = sample_memory(pid) or self._forkserver_memory
+                return None
+            time.sleep(0.05)
+        if code is None:  # already reaped and replaced (by another pool of this process)
+            how = "exited"
+        elif code < 0:
+            how = f"killed by {_signal_name(-code)}"
+        else:
+            how = f"exited with code {code}"
+        procs = [s.proc for s in self.samplers]
+        forked = f"the {len(procs)} samplers it forked (pids {', '.join(str(p.pid) for p in procs)})"
+        if self.client is not None:
+            forked = f"the inference worker (pid {self.client.proc.pid}) and {forked}"
+        return (
+            f"the forkserver (pid {pid}) died: {how}, and with it {forked}",
+            exit_note(code, self._forkserver_memory, now),
+        )
+
+    def _restart_forked(self, what: str, note: str | None) -> None:
+        """The forkserver died, and every sampler it forked: one fault, one restart of the budget
+        for a new forkserver and all the samplers. Call under ``_restart_lock``."""
+        _kill_forked([s.proc for s in self.samplers])
+        for s in self.samplers:
+            self._kill(s)
+        n = len(self.samplers)
+        if not self._spend_restart(what, f"restarting the forkserver and its {n} samplers "
+                                         "(their rounds in flight dropped)", note):  # fmt: skip
+            return
+        self.dropped_rollouts += n
+        self._restart_forkserver_if_dead()
+        if self.stop_event.is_set():  # the stop came while the forkserver started: spawn nothing
+            return
+        with children_ignore_stop_signals():
+            self.samplers = [self._spawn(i) for i in range(n)]
+
+    def _restart_forkserver_if_dead(self) -> None:
+        """Before a restart spawns: a new forkserver if the one in use died, started with the stop
+        signals kept from it (``Process.start`` would start one by itself, without that)."""
+        pid = self._forkserver
+        if pid is not None and (forkserver_exit_code(pid) is not None or forkserver_pid() != pid):
+            self._forkserver = restart_forkserver()
+            self._forkserver_memory = None
+
+    def _spend_restart(self, name: str, action: str, note: str | None = None) -> bool:
         """Take one restart from the budget (``--data.faults.max_worker_restarts`` per window) and say
         what is restarted; raises :class:`SamplerError` naming ``name`` once it is spent. ``note``
-        (what a signal exit code means) ends the line."""
+        (what a signal exit code means) ends the line. False, taking nothing, once the pool is
+        stopping: nothing is restarted then."""
+        if self.stop_event.is_set():
+            return False
         tail = f"; {note}" if note else ""
         now = time.monotonic()
         while self.restart_times and now - self.restart_times[0] > self.restart_window_s:
@@ -377,6 +504,7 @@ class SamplerPool:
             file=sys.stderr,
             flush=True,
         )
+        return True
 
     def _raise_reported(self) -> None:
         for i, payload in sorted(self.errors.items()):
@@ -390,7 +518,9 @@ class SamplerPool:
         killed = "" if what.startswith("died") else f"; killed it (exit code {s.proc.exitcode})"
         env_id = self.configs[s.index].env_id
         name = f"sampler {s.index} ({s.proc.name}, pid {pid}, env {env_id}) {what}{killed}"
-        self._spend_restart(name, "restarting it", note)
+        if not self._spend_restart(name, "restarting it", note):
+            return
+        self._restart_forkserver_if_dead()
         self.dropped_rollouts += 1  # the round it was sampling
         with children_ignore_stop_signals():
             self.samplers[s.index] = self._spawn(s.index)
@@ -406,9 +536,20 @@ class SamplerPool:
         self.task_weights.release_if_held_by(s.proc.pid)
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop every sampler: ask, then terminate, then kill. Idempotent."""
+        """Stop every sampler: ask, then terminate, then kill. Idempotent. No restart begins once it
+        is called; one under way (in the prefetch thread) is waited for, and what it started stopped."""
         self.stop_event.set()
         self._closing.set()  # readers drop what still arrives, so no sampler blocks on a full pipe
+        # Bounded: a restart stuck starting its processes must not hang the stop (what it then
+        # starts still exits with the trainer, die_with_parent).
+        locked = self._restart_lock.acquire(timeout=RESTART_WAIT_S)
+        try:
+            self._stop(timeout)
+        finally:
+            if locked:
+                self._restart_lock.release()
+
+    def _stop(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         for s in self.samplers:
             while s.proc.is_alive() and time.monotonic() < deadline:
@@ -440,6 +581,23 @@ def _stop_ref(ref: weakref.ref) -> None:
     pool = ref()
     if pool is not None:
         pool.stop()
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _kill_forked(procs: list[Any]) -> None:
+    """SIGKILL the processes of a dead forkserver that still run. Their exit code (255) came from the
+    server's closed status pipe, not from them, so ``Process.kill`` would skip them; their
+    parent-death signal has normally killed them already."""
+    for proc in procs:
+        if proc is not None and proc.pid is not None and alive(proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
 
 
 def _crashed(index: int, payload: str) -> str:

@@ -96,6 +96,64 @@ def warm_forkserver(env_id: str | None = None) -> bool:
     return True
 
 
+def forkserver_pid() -> int | None:
+    """The pid of the forkserver this process started (None: none yet). multiprocessing keeps it in
+    a private attribute of its module's server only; the forkserver is this process's child."""
+    from multiprocessing import forkserver
+
+    return getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
+
+
+def forkserver_exit_code(pid: int) -> int | None:
+    """How the forkserver ``pid`` (this process's child) ended, written as multiprocessing writes a
+    child's exit code (``-N``: killed by signal N), or None while it runs (or where it cannot be
+    told: no ``waitid``, not a child of this process).
+
+    Read with ``WNOWAIT``, which leaves it unreaped: multiprocessing reaps it when it starts the next
+    one. A forkserver's death shows first as exit code 255 on every process it forked (their exit
+    codes come through it); this is how it is told from a sampler's own 255.
+    """
+    if not hasattr(os, "waitid"):
+        return None
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return None
+    if info is None:
+        return None
+    return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+
+
+def restart_forkserver() -> int | None:
+    """Start the forkserver again, after it died, as :func:`warm_forkserver` started it: the stop
+    signals kept from it (and so from every child it forks), the same preload. Returns its pid.
+
+    Called from whichever thread saw the death (usually the DataModule's prefetch thread), where
+    Python cannot change a signal's disposition: :func:`fastlight.procs.children_ignore_stop_signals`
+    then blocks them in this thread for the start, and a blocked signal stays blocked through fork
+    and exec. A forkserver that kept SIGTERM's default action would die of a group SIGTERM
+    (``scancel``) and take its samplers with it while the trainer stops. The preload is skipped
+    where the working directory holds another fastlight (``warm_forkserver`` changes directory for
+    that, which a thread of a running trainer must not do): the samplers then import from their
+    own, pinned ``sys.path`` (:func:`pin_fastlight_path`).
+    """
+    import multiprocessing
+    from multiprocessing import forkserver
+
+    from fastlight.procs import children_ignore_stop_signals
+
+    context = multiprocessing.get_context("forkserver")
+    preload = list(getattr(forkserver._forkserver, "_preload_modules", PRELOAD))
+    if shadowing_entry([""]) is not None:
+        context.set_forkserver_preload([])
+    try:
+        with children_ignore_stop_signals():
+            forkserver.ensure_running()  # reaps the dead one, starts the new one
+    finally:
+        context.set_forkserver_preload(preload)
+    return forkserver_pid()
+
+
 def shadowing_entry(path: Sequence[str]) -> int | None:
     """The index in ``path`` of the first entry holding a ``fastlight`` other than the one running
     here (e.g. the working directory of a run started next to a checkout), if that is the one an
