@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 FASTLIGHT = Path(sys.executable).parent / "fastlight"
 
@@ -23,6 +25,7 @@ def logged(path: Path) -> list[dict[str, float]]:
     return [steps[k] for k in sorted(steps)]
 
 
+@pytest.mark.slow  # a fit run (30 s); the unit tests against naive loops are in the default suite
 def test_fit_with_action_chunks_counts_env_steps(tmp_path):
     args = [
         str(FASTLIGHT), "fit", "--config", "configs/vla_metaworld_reach.yaml",
