@@ -115,6 +115,10 @@ class CheckpointWriteError(OSError):
     message is one line: the path, the error, the free space there, and the last good checkpoint to
     resume from (the previous file at the path is unchanged: writes are atomic)."""
 
+    #: Set once the line has been printed (PreemptionCheckpoint's stop line), so the command does
+    #: not print it twice.
+    reported: bool = False
+
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Checkpoints that appear under their final name only when complete, with a checksum.

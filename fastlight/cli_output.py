@@ -272,7 +272,7 @@ def one_line_errors() -> Iterator[None]:
     except CheckpointWriteError as error:  # a full disk, a read-only filesystem: not a setting
         if debug_enabled():
             raise
-        if not getattr(error, "reported", False):  # PreemptionCheckpoint's stop line already says it
+        if not error.reported:  # PreemptionCheckpoint's stop line already says it
             print(f"fastlight: error: {error.strerror}", file=sys.stderr)
         raise SystemExit(1) from None
     # OSError: a file a flag names (--ckpt_path, --model.init_from) is missing or unreadable.

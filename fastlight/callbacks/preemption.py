@@ -351,7 +351,7 @@ class PreemptionCheckpoint(Callback):
             except BaseException as e:  # noqa: BLE001 - the original error must still surface
                 where = f"at global step {trainer.global_step}; saving the checkpoint failed: {e!r}"
         if isinstance(exception, CheckpointWriteError):
-            exception.reported = True  # type: ignore[attr-defined] - the command prints it once
+            exception.reported = True  # the command prints it once
         if trainer.is_global_zero:
             if agreed and stop_signals.launched_ranks(trainer):  # they stop too: say how they ended
                 codes = stop_signals.wait_for_ranks(trainer, RANKS_EXIT_TIMEOUT_S)
