@@ -4,6 +4,7 @@
 - ``fastlight[metaworld]``: Meta-World MT10 envs (``metaworld``, ``mujoco``);
 - ``fastlight[vla]``: the VLA policy and instruction tokenizer (``transformers``, ``tokenizers``,
   ``safetensors``) and its LoRA adapters (``peft``);
+- ``fastlight[ray]``: the Ray fleet, samplers as Ray actors on the nodes of a cluster (``ray``);
 - ``fastlight[bench]``: ``fastlight plot``, ``fastlight evaluate --video`` and the benchmarks
   (``python -m benchmarks.<study>``: plots, statistics, reports, the Stable-Baselines3 peer).
 
@@ -26,6 +27,8 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "vla": ("transformers", "tokenizers", "safetensors", "peft"),
     # The distribution stable-baselines3 imports as stable_baselines3.
     "bench": ("matplotlib", "pandas", "scipy", "rliable", "imageio", "stable_baselines3"),
+    # The Ray fleet (samplers as actors on other machines: fastlight.sampling.ray_fleet).
+    "ray": ("ray",),
 }
 
 #: The line :class:`MissingExtraError` says, also when a caller (jsonargparse) re-raised it as text.

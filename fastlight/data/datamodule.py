@@ -30,7 +30,7 @@ from typing_extensions import override
 
 from fastlight.data.advice import SamplingAdvice
 from fastlight.data.cpu_copy import cpu_copy
-from fastlight.data.data_settings import check_data_settings, plain_settings
+from fastlight.data.data_settings import check_data_settings, check_type, plain_settings
 from fastlight.data.env_spec import EnvSpec, task_names_of
 from fastlight.data.prefetch import Prefetcher
 from fastlight.data.protocols import ChecksEnvSpec, RolloutPolicyModule, require
@@ -40,8 +40,9 @@ from fastlight.inference.settings import InferenceSettings
 from fastlight.rank_state import PER_RANK_KEY, counters_for_rank, gather_per_rank, per_rank_entries, world
 from fastlight.sampling.collector import Nonfinite, ResetMode
 from fastlight.sampling.faults import FaultSettings
+from fastlight.sampling.fleet import Fleet, SamplerFleet
 from fastlight.sampling.obs import obs_to_tensor, stack_obs
-from fastlight.sampling.pool import SamplerPool
+from fastlight.sampling.pool import LocalFleet
 from fastlight.sampling.start import StartMethod, resolve_start_method
 from fastlight.sampling.worker import SamplerConfig
 from fastlight.weights.publisher import SyncStats
@@ -50,6 +51,8 @@ __all__ = ["EnvSpec", "RolloutDataModule", "StepTickets", "cpu_copy"]
 
 #: ``--data.faults`` when a config names none (frozen, so one shared default is safe).
 DEFAULT_FAULTS = FaultSettings()
+#: ``--data.fleet`` when a config names none: the rank's samplers are local processes.
+DEFAULT_FLEET = LocalFleet()
 
 
 class StepTickets(IterableDataset):
@@ -113,6 +116,11 @@ class RolloutDataModule(L.LightningDataModule):
             the env package). ``None`` (default): ``forkserver`` when the ``fastlight`` command
             warmed one at start-up (it does for ``fit``, in parallel with the trainer's own
             imports), else ``spawn``. See :mod:`fastlight.sampling.start`.
+        fleet: where the samplers run (:class:`~fastlight.sampling.fleet.Fleet`): the local
+            processes above (:class:`~fastlight.sampling.pool.LocalFleet`, the default), or Ray actors
+            on any node of a cluster (:class:`~fastlight.sampling.ray_fleet.RayFleet`, ``--data.fleet
+            fastlight.sampling.ray_fleet.RayFleet --data.fleet.init_args.address auto``). Sampling,
+            staleness, seeds and the restart budget are the same with either.
     """
 
     def __init__(
@@ -137,8 +145,11 @@ class RolloutDataModule(L.LightningDataModule):
         seed: int | None = None,
         nonfinite: Nonfinite = "raise",
         start_method: StartMethod | None = None,
+        fleet: Fleet = DEFAULT_FLEET,
     ) -> None:
         super().__init__()
+        check_type("fleet", fleet, Fleet)
+        self.fleet = fleet
         self.env_wrappers: tuple[EnvWrapper, ...] = tuple(env_wrappers or ())
         self.inference, self.faults = inference, faults
         check_data_settings(locals())
@@ -152,7 +163,7 @@ class RolloutDataModule(L.LightningDataModule):
         # Task names of a multi-task env (None otherwise): DWR sizes itself from them.
         self.task_names = task_names_of(probe)
         probe.close()
-        self.pool: SamplerPool | None = None
+        self.pool: SamplerFleet | None = None
         self.prefetcher: Prefetcher | None = None
         self._published = -1
         self._handed: int | None = None  # the policy version of the last Rollout handed out
@@ -176,6 +187,7 @@ class RolloutDataModule(L.LightningDataModule):
         for hp in (self._hparams, self._hparams_initial):
             hp["inference"] = plain_settings(hp["inference"])
             hp["faults"] = plain_settings(hp["faults"])
+            hp["fleet"] = plain_settings(hp["fleet"], class_path=True)
             wrappers = [plain_settings(w, class_path=True) for w in hp["env_wrappers"] or []]
             hp["env_wrappers"] = wrappers or None
 
@@ -252,9 +264,11 @@ class RolloutDataModule(L.LightningDataModule):
         policy = cpu_copy(module.policy).eval()
         # The strategy's device, known before the model is moved there.
         root = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
-        self.pool = SamplerPool(
-            self.sampler_configs(self.trainer.global_rank if self.trainer is not None else 0),
+        rank = self.trainer.global_rank if self.trainer is not None else 0
+        self.pool = self.fleet.build(
+            self.sampler_configs(rank),
             policy,
+            rank=rank,
             inference=self.inference,
             trainer_device=root,
             example_obs=self.example_obs,
@@ -362,7 +376,7 @@ class RolloutDataModule(L.LightningDataModule):
     def set_task_weights(self, weights: list[float]) -> None:
         """Task-sampling weights for every sampler's envs (pushed by DynamicWeightedResampling)."""
         if self.pool is not None:
-            self.pool.task_weights.set(weights)
+            self.pool.set_task_weights(weights)
 
     def fault_counters(self) -> dict[str, float]:
         """``faults/*`` totals of the run so far (logged by the module with each update)."""

@@ -70,6 +70,7 @@ from fastlight.procs import (
 )
 from fastlight.rollout import Rollout
 from fastlight.sampling.faults import FLAG, FaultSettings
+from fastlight.sampling.fleet import Fleet, SamplerFleet
 from fastlight.sampling.start import (
     forkserver_exit_code,
     forkserver_pid,
@@ -103,7 +104,7 @@ class _Sampler:
     memory: MemorySample | None = None
 
 
-class SamplerPool:
+class SamplerPool(SamplerFleet):
     """Sampler processes of one trainer rank, each with a policy copy - or, with ``inference``
     (:class:`~fastlight.inference.InferenceSettings`), all served by one inference worker on
     ``inference.device`` (``None``: ``trainer_device``; ``example_obs`` gives the observation layout).
@@ -273,6 +274,10 @@ class SamplerPool:
     def request_drain(self) -> None:
         """Announce the next ``publish`` (AcceRL §inference drain; a no-op for shared memory)."""
         self.publisher.request_drain()
+
+    def set_task_weights(self, weights: list[float]) -> None:
+        """Task-sampling weights for every sampler's envs (shared memory, read before each round)."""
+        self.task_weights.set(weights)
 
     def next_item(self, timeout: float) -> Rollout | None:
         """One sampler item (a Rollout), or None if none arrived within ``timeout``.
@@ -575,6 +580,29 @@ class SamplerPool:
                 self.items.get_nowait()
         except queue.Empty:
             pass
+
+
+@dataclass(frozen=True)
+class LocalFleet(Fleet):
+    """The default ``--data.fleet``: each rank's samplers are processes on the trainer's machine
+    (a :class:`SamplerPool`)."""
+
+    def build(
+        self,
+        configs: list[SamplerConfig],
+        policy: nn.Module,
+        *,
+        rank: int,
+        inference: InferenceSettings | None,
+        trainer_device: torch.device | str,
+        example_obs: Any,
+        faults: FaultSettings,
+        start_method: str,
+    ) -> SamplerPool:
+        return SamplerPool(
+            configs, policy, inference=inference, trainer_device=trainer_device, example_obs=example_obs,
+            faults=faults, start_method=start_method,
+        )  # fmt: skip
 
 
 def _stop_ref(ref: weakref.ref) -> None:
