@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.fastlight-installed
 export MUJOCO_GL ?= egl
 
-.PHONY: install train test test-numeric test-slow test-all bench lint clean
+.PHONY: install train test test-numeric test-multinode test-slow test-all bench lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,7 +23,7 @@ train: install
 	$(BIN)/fastlight fit --config $(CONFIG)
 
 test: install
-	$(BIN)/python -m pytest -q -m "not slow and not benchmark and not gpu"
+	$(BIN)/python -m pytest -q -m "not slow and not benchmark and not gpu and not multinode"
 
 # The numeric tests (losses, advantages, models, modules) under every CPU kernel family PyTorch can
 # pick: `default` (no SIMD), `avx2`, and the machine's own. A test that only passes on one of them
@@ -35,6 +35,11 @@ test-numeric: install
 	  ATEN_CPU_CAPABILITY=$$cap $(BIN)/python -m pytest -q -p no:cacheprovider \
 	    -m "not slow and not benchmark and not gpu and not multiproc" $(NUMERIC) || exit 1; \
 	done
+
+# Two "nodes" on localhost, two process trees each in its own session: torchrun and Lightning's
+# environment launch (tests/multinode; about 2 CPU-minutes, so apart from `make test`).
+test-multinode: install
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m multinode tests/multinode
 
 test-slow: install
 	$(BIN)/python -m pytest -q -m "slow"

@@ -30,11 +30,12 @@ import fastlight.data.datamodule  # noqa: F401
 import fastlight.data.demos  # noqa: F401
 import fastlight.modules.sft_module  # noqa: F401
 import fastlight.modules.vla_module  # noqa: F401
+from fastlight.callbacks import peer_watch
 from fastlight.callbacks.preemption import Preempted, PreemptionCheckpoint
 from fastlight.checkpoints import AtomicCheckpointIO, check_writable_dir
 from fastlight.class_paths import same_class
 from fastlight.cli_defaults import complete_run_config, resume_last, root_dir
-from fastlight.cli_output import SettingError, one_line_errors, quiet_third_party
+from fastlight.cli_output import SettingError, debug_enabled, one_line_errors, quiet_third_party
 from fastlight.cli_parser import (
     FastlightArgumentParser,
     argument_error_line,
@@ -264,6 +265,11 @@ def main() -> None:
             # The process exits with 128 + signum: Lightning gave the process's handlers back as the
             # fit ended, and a second SIGTERM now (a scheduler's duplicate) would kill it by signal.
             ignore_stop_signals()
+            raise
+        except RuntimeError:
+            # A collective failed because a rank was lost: PreemptionCheckpoint's line names it.
+            if peer_watch.reported_loss() is not None and not debug_enabled():
+                raise SystemExit(1) from None
             raise
 
 

@@ -16,11 +16,27 @@ kept in both directions.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch.distributed as dist
 
 PER_RANK_KEY = "per_rank"
+
+_local_only = False
+
+
+@contextlib.contextmanager
+def local_only() -> Iterator[None]:
+    """Save without gathering: a rank that writes the checkpoint after another rank was lost (its
+    collectives would fail or wait) stores its own per-rank state only."""
+    global _local_only
+    previous, _local_only = _local_only, True
+    try:
+        yield
+    finally:
+        _local_only = previous
 
 
 def world() -> tuple[int, int]:
@@ -36,7 +52,7 @@ def gather_per_rank(value: Any) -> list[Any]:
     A collective: every rank calls it, as every rank runs Lightning's checkpoint hooks
     (``Trainer.save_checkpoint`` is called on all ranks; rank 0 writes the file)."""
     rank, size = world()
-    if size == 1:
+    if size == 1 or _local_only:
         return [value]
     out: list[Any] | None = [None] * size if rank == 0 else None
     dist.gather_object(value, out, dst=0)

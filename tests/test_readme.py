@@ -226,6 +226,24 @@ def tiny_llava(done: Done) -> None:
     done.written("runs/tiny_llava/processor_config.json")
 
 
+def two_nodes(steps: int) -> Callable[[Done], None]:
+    """Two torchrun "nodes" of one rank each: one job that stopped at ``max_steps``, whose checkpoint
+    rank 0 wrote with both ranks' own counters in it."""
+
+    def check(done: Done) -> None:
+        import torch
+
+        from fastlight.checkpoints import verify_checksum
+
+        assert done.output.count(f"`Trainer.fit` stopped: `max_steps={steps}` reached.") == 1, done.output
+        path = done.written(MT10_LAST)
+        assert verify_checksum(path) is True
+        ckpt = torch.load(path, weights_only=False, map_location="cpu")
+        assert ckpt["global_step"] == steps and len(ckpt["RolloutDataModule"]["per_rank"]) == 2
+
+    return check
+
+
 def without(flags: tuple[str, ...], flag: str) -> tuple[str, ...]:
     """``flags`` (flag, value pairs) less ``flag``: a command keeps a size it sets itself."""
     i = flags.index(flag)
@@ -247,6 +265,13 @@ REACH = "fastlight fit --config configs/vla_metaworld_reach.yaml"
 MT10 = "fastlight fit --config configs/vla_metaworld_mt10.yaml"
 LAST = "runs/highway_dpsa/checkpoints/last.ckpt"
 MT10_LAST = "runs/vla_metaworld_mt10/checkpoints/last.ckpt"
+#: Two torchrun "nodes" on one machine, as the README writes them.
+TWO_NODES = (
+    "bash -c 'for rank in 1 0; do torchrun --nnodes 2 --nproc_per_node 1 --node_rank $rank "
+    "--master_addr 127.0.0.1 --master_port 29500 -m fastlight fit --config configs/vla_metaworld_mt10.yaml "
+    "--model.init_from null --trainer.strategy ddp --trainer.accelerator cpu --trainer.devices 1 "
+    '--trainer.num_nodes 2 "$@" & done; wait -n && wait -n\' two-nodes --trainer.max_steps 8'
+)
 
 #: README command -> how it runs. Highway runs all write runs/highway_dpsa (README order: the
 #: evaluations read the "quick look" run's checkpoint, and the user's own env comes after them).
@@ -297,9 +322,9 @@ RUN: dict[str, Run] = {
     f"{REACH} --model.policy.init_args.backbone runs/tiny_llava --model.policy.init_args.lora "
     "'{r: 16, alpha: 32, target_modules: [q_proj, k_proj, v_proj, o_proj]}'": Run(TINY, fitted(1), slow=True),
     "fastlight fit --config examples/hf_vla/reach.yaml": Run(TINY, fitted(1), slow=True),
-    f"{MT10} --trainer.strategy ddp --trainer.devices 2": Run(
-        MT10_TINY, fitted(1), slow=True
-    ),
+    f"{MT10} --trainer.strategy ddp --trainer.devices 2": Run(MT10_TINY, fitted(1), slow=True),
+    # The flags after `two-nodes` reach both nodes' fits: the tiny sizes too.
+    TWO_NODES: Run(without(MT10_TINY, "--trainer.max_steps"), two_nodes(8), slow=True),
     f"{HIGHWAY} --data.env_id mypkg:mypkg/Uneven-v0 --data.env_kwargs '{{}}'": Run(
         TINY, fitted(1, env_id="mypkg:mypkg/Uneven-v0")
     ),
@@ -321,6 +346,13 @@ NOT_RUN: dict[str, str] = {
     ),
     f"{MT10} --trainer.strategy fsdp --trainer.accelerator gpu --trainer.devices 8 "
     "--trainer.precision bf16-mixed": "FSDP runs on CUDA only: 8 GPUs",
+    "ray start --head --port 6379 --num-cpus 0": "a Ray cluster of several machines (the Ray fleet's "
+    "tests run a two-node cluster on localhost: tests/sampling/test_ray_fleet.py)",
+    "ray start --address $HEAD_ADDR:6379 --num-cpus 32 --resources '{\"sim\": 32}'": "a simulator node of "
+    "that cluster",
+    "fastlight fit --config configs/highway_dpsa.yaml --data.num_workers 64 --data.num_envs 256 "
+    "--data.fleet.class_path fastlight.sampling.ray_fleet.RayFleet --data.fleet.init_args.address auto "
+    "--data.fleet.init_args.sampler_resources '{sim: 1}'": "64 samplers on that cluster's `sim` nodes",
 }
 
 #: The package of README's "Your own env": README's own ``mypkg/__init__.py``, and an env of
@@ -377,6 +409,8 @@ def executable(command: str) -> list[str]:
 def run_in_order(commands: list[str], cwd: Path, timeout: float) -> dict[str, float]:
     """Run ``commands`` (README order, ``last`` ones after the rest) in ``cwd``; seconds each."""
     env = {k: v for k, v in os.environ.items() if k != "MUJOCO_GL" and not k.startswith("PYTEST_")}
+    # The venv's bin first, as an activated venv has it: a command's shell finds its torchrun.
+    env["PATH"] = os.pathsep.join(p for p in (str(BIN), env.get("PATH")) if p)
     order = sorted(commands, key=lambda c: (RUN[c].last, COMMANDS.index(c)))
     seconds = {}
     for command in order:

@@ -31,6 +31,14 @@ broadcast from inside its SIGTERM handler, which deadlocks a job signalled on on
   lose; all ranks together), and when training ends;
 - says so when a resumed checkpoint is already at ``--trainer.max_steps`` (nothing to train).
 
+A rank that is lost (SIGKILLed, SIGSTOPped, hung, its node gone) stops the others within
+``peer_timeout_minutes`` (the process-group timeout this callback sets; a killed rank within seconds)
+with one line naming it: :mod:`fastlight.callbacks.peer_watch` tells which rank it was, and the lowest
+surviving rank writes the checkpoint of the last completed update without entering a collective
+(with the per-rank state of the survivors only), when the loss came between two updates; a loss in
+the middle of an update leaves the checkpoint on disk from before. A rank whose launcher (torchrun's
+agent, Lightning's launcher) dies gets SIGTERM, i.e. the coordinated stop.
+
 A checkpoint that cannot be written (full disk, read-only filesystem, I/O error) stops the run with
 one line naming the path, the free space and the last good checkpoint to resume from
 (:class:`~fastlight.checkpoints.CheckpointWriteError`), on every rank.
@@ -74,7 +82,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from fastlight.callbacks import stop_signals
+from fastlight import rank_state
+from fastlight.callbacks import peer_watch, stop_signals
 from fastlight.checkpoints import CheckpointWriteError, save_in_progress, saving, write_error_line
 from fastlight.data.protocols import StopsSampling
 from fastlight.procs import STOP_SIGNALS
@@ -106,6 +115,10 @@ class PreemptionCheckpoint(Callback):
             ``<dirpath>/<filename>.ckpt`` is then the newest of them, under a second name (see the
             module docstring). ``None``: the file is written at ``<dirpath>/<filename>.ckpt`` itself.
         every_epoch: also save at the end of every training epoch.
+        peer_timeout_minutes: with several ranks, the process-group timeout and the bound on how long
+            the survivors wait for a lost rank before they stop (see the module docstring); longer
+            than the slowest checkpoint write (the other ranks wait for it). ``None``: Lightning's
+            own timeout (30 minutes) and no heartbeat.
     """
 
     def __init__(
@@ -116,6 +129,7 @@ class PreemptionCheckpoint(Callback):
         handle_signals: bool = True,
         version: int | None = None,
         every_epoch: bool = False,
+        peer_timeout_minutes: float | None = peer_watch.DEFAULT_PEER_TIMEOUT_MINUTES,
     ) -> None:
         if every_minutes is not None and every_minutes <= 0:
             raise ValueError(f"PreemptionCheckpoint every_minutes must be > 0 or null, got {every_minutes}")
@@ -123,6 +137,11 @@ class PreemptionCheckpoint(Callback):
             raise ValueError("PreemptionCheckpoint filename must not be empty")
         if version is not None and version < 0:
             raise ValueError(f"PreemptionCheckpoint version must be >= 0 or null, got {version}")
+        if peer_timeout_minutes is not None and peer_timeout_minutes <= 0:
+            raise ValueError(
+                f"PreemptionCheckpoint peer_timeout_minutes must be > 0 or null, got {peer_timeout_minutes}"
+            )
+        self.peer_timeout_minutes = peer_timeout_minutes
         self.dirpath = dirpath
         self.filename = filename
         self.every_minutes = every_minutes
@@ -148,6 +167,10 @@ class PreemptionCheckpoint(Callback):
         self._stopping = False  # the stop has begun (its checkpoint is being written, or is written)
         self._saved_step: int | None = None  # the global step of this fit's last checkpoint
         self._last_save = time.monotonic()
+        self._peers: peer_watch.PeerWatch | None = None
+        self._boundary_step: int | None = None  # the global step at the end of the last completed update
+        #: The line of a stop after a lost rank (this rank's), once printed; the CLI then exits 1 quietly.
+        self.peer_lost_line: str | None = None
 
     @property
     def ckpt_path(self) -> str:
@@ -203,11 +226,32 @@ class PreemptionCheckpoint(Callback):
             self._distributed, self._rank = trainer.world_size > 1, trainer.global_rank
             if self.handle_signals and threading.current_thread() is threading.main_thread():
                 self._connector = stop_signals.install(trainer, self._on_signal)
+            self.peer_lost_line = None
+            if self._distributed and self.peer_timeout_minutes is not None:
+                self._watch_peers(trainer)
+
+    def _watch_peers(self, trainer: L.Trainer) -> None:
+        """The process-group timeout, the heartbeat, and Lightning's child-process observer replaced
+        (it SIGKILLs rank 0 within 5 s of a launched rank's death, before any checkpoint)."""
+        timeout_s = 60.0 * float(self.peer_timeout_minutes or 0.0)
+        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            return
+        peer_watch.set_process_group_timeout(timeout_s)
+        if self.handle_signals:
+            peer_watch.stop_with_launcher()
+        launched = stop_signals.launched_ranks(trainer)
+        if launched:
+            stop_signals.stand_down_child_observer(trainer)
+        self._peers = peer_watch.PeerWatch(
+            rank=trainer.global_rank, world_size=trainer.world_size, timeout_s=timeout_s, launched=launched
+        )
+        self._peers.start()
 
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._trained = True
         self._last_save = time.monotonic()
+        self._boundary_step = trainer.global_step
 
     @override
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
@@ -218,6 +262,9 @@ class PreemptionCheckpoint(Callback):
         self._in_update = False
         due = self.every_minutes is not None and time.monotonic() - self._last_save >= 60 * self.every_minutes
         signum, due = self._agree(trainer, due)
+        self._boundary_step = trainer.global_step  # every rank completed this update (they agreed)
+        if self._peers is not None:
+            self._peers.note_progress(trainer.global_step)
         if signum:
             self._signum = signum
             raise Preempted(signum)
@@ -318,6 +365,11 @@ class PreemptionCheckpoint(Callback):
     ) -> None:
         if not self._active:  # not a fit (validate, test, predict), or this fit already stopped
             return
+        if self._peers is not None and _collective_failure(exception):
+            lost = self._peers.wait_for_loss() or self._peers.behind()
+            if lost:
+                self._stop_without(trainer, exception, lost)
+                return
         self._active = False
         self._stopping = True  # from here, stop signals are counted and ignored until the fit ends
         # Stops agreed by every rank, which then exit together: Lightning's observer would SIGKILL
@@ -360,6 +412,65 @@ class PreemptionCheckpoint(Callback):
                     where += f" (-9: killed, still running {RANKS_EXIT_TIMEOUT_S:g} s after the stop)"
             print(f"fastlight: {what} {where}", file=sys.stderr, flush=True)
 
+    def _stop_without(self, trainer: L.Trainer, exception: BaseException, lost: dict[int, str]) -> None:
+        """Stop after ``lost`` ranks are gone: no collective (each would fail, or wait a timeout), the
+        lowest surviving rank writes the checkpoint of the last completed update, every survivor
+        prints one line, rank 0 ends the ranks it launched."""
+        assert self._peers is not None
+        self._active = False
+        self._stopping = True
+        if isinstance(trainer.datamodule, StopsSampling):
+            trainer.datamodule.stop()
+        who = "; ".join(f"rank {k} {why}" for k, why in lost.items())
+        writer = self._peers.writer(lost)
+        step = trainer.global_step
+        if not self._trained:
+            where = "before training started; no checkpoint written"
+        elif step != self._boundary_step:
+            where = (
+                f"during an update (global step {step}; the last completed update ended at step "
+                f"{self._boundary_step}), which no checkpoint can hold: resume from the last one on disk, "
+                f"{self.ckpt_path}, if any"
+            )
+        elif writer != self._rank:
+            where = f"at global step {step}; rank {writer} writes the checkpoint of this update"
+        elif self._saved_step == step:
+            where = f"at global step {step}; checkpoint already saved to {self.ckpt_path}"
+        else:
+            try:
+                self._save_alone(trainer)
+                where = (
+                    f"at global step {step}; checkpoint of the last completed update saved to "
+                    f"{self.ckpt_path} (resume with {self.resume_hint.format(path=self.ckpt_path)}; it holds "
+                    "the per-rank state of the surviving ranks only)"
+                )
+            except BaseException as e:  # noqa: BLE001 - the loss must still be reported
+                where = f"at global step {step}; saving the checkpoint failed: {e!r}"
+        self._peers.close()
+        for i, proc in enumerate(stop_signals.launched_ranks(trainer)):
+            if self._rank + i + 1 in lost and proc.poll() is None:
+                proc.kill()  # lost (stopped, hung): it would never exit by itself
+        if stop_signals.launched_ranks(trainer):
+            codes = stop_signals.wait_for_ranks(trainer, min(RANKS_EXIT_TIMEOUT_S, self._peers.timeout_s))
+            where += "; the ranks it launched exited " + ", ".join(str(code) for code in codes)
+        rank = f"rank {self._rank}: " if self._distributed else ""
+        self.peer_lost_line = (
+            f"fastlight: {rank}stopped: {who} ({type(exception).__name__} in a collective) {where}"
+        )
+        print(self.peer_lost_line, file=sys.stderr, flush=True)
+        peer_watch.report_loss(self.peer_lost_line)
+
+    def _save_alone(self, trainer: L.Trainer) -> None:
+        """What ``Trainer.save_checkpoint`` does, on this rank only: no gather, no barrier, and the
+        file written here whichever rank this is."""
+        with saving(), rank_state.local_only():
+            checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+            trainer.strategy.checkpoint_io.save_checkpoint(checkpoint, self.run_ckpt_path)
+        if self.run_dir is not None:
+            self._point_stable_path()
+        self.saves += 1
+        self._saved_step = trainer.global_step
+
     @override
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         past = trainer.max_steps not in (None, -1) and trainer.global_step >= trainer.max_steps
@@ -384,6 +495,9 @@ class PreemptionCheckpoint(Callback):
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage == "fit":
             self._active = False
+            if self._peers is not None:
+                self._peers.close()
+                self._peers = None
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -392,3 +506,9 @@ class PreemptionCheckpoint(Callback):
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.saves = int(state_dict.get("saves", 0))
+
+
+def _collective_failure(exception: BaseException) -> bool:
+    """An error a collective raises when a peer is gone: gloo's ``RuntimeError`` (connection closed,
+    timed out) and torch.distributed's ``DistError`` family (its subclasses)."""
+    return isinstance(exception, RuntimeError)

@@ -4,6 +4,11 @@ and with ``--second`` both ranks get another stop signal while the stop checkpoi
 
     python -m tests.faults.ddp_stop_probe --root DIR --signal-rank 1 --at 2 --second
     python -m tests.faults.ddp_stop_probe --root DIR --updates 300     # no signal: measure
+    python -m tests.faults.ddp_stop_probe --root DIR --lose-rank 1 --lose-signal SIGKILL --at 2 \
+        --peer-timeout-s 10                                            # a lost rank (peer_watch)
+
+With ``--lose-rank``, that rank sends ``--lose-signal`` (SIGKILL, SIGSTOP) to itself at the start of
+update ``--at`` (``--mid``: after that update's first optimizer step, before its second backward).
 
 Lightning's launcher starts rank 1 as this same command. Each rank writes ``DIR/rank<r>.json``: its
 exit path, the policy version, the stop signals it ignored, the per-update agreement's count and
@@ -55,17 +60,39 @@ class SignalledRank(RLModule):
     checkpoint's state sends every rank one more stop signal (rank 0 SIGINT, others SIGTERM) while
     Lightning gathers it, i.e. during the stop save."""
 
-    def __init__(self, rank: int = -1, at: int = -1, second: bool = False) -> None:
+    def __init__(
+        self, rank: int = -1, at: int = -1, second: bool = False, lose: int = -1, lose_signal: int = 0,
+        mid: bool = False,
+    ) -> None:  # fmt: skip
         super().__init__(obs_dim=3, action_dim=2, update_epochs=1, num_minibatches=2)
         self.signal_rank, self.at, self.second = rank, at, second
+        self.lose, self.lose_signal, self.mid = lose, lose_signal, mid
+        self.backwards = 0  # in the current update
+        self.lost_at_file: Path | None = None  # where the lost rank writes when it sent its signal
         self.batch_ends: list[float] = []  # when each update ended (perf_counter)
+
+    def lose_now(self) -> None:
+        if self.lost_at_file is not None:
+            self.lost_at_file.parent.mkdir(parents=True, exist_ok=True)
+            self.lost_at_file.write_text(repr(time.time()))
+        os.kill(os.getpid(), self.lose_signal)
 
     def training_step(self, batch, batch_idx):
         if self.trainer.global_rank == self.signal_rank and batch_idx == self.at:
             os.kill(os.getpid(), signal.SIGTERM)
             for _ in range(1000):  # the handler runs between bytecodes
                 pass
+        self.backwards = 0
+        if self.trainer.global_rank == self.lose and batch_idx == self.at and not self.mid:
+            self.lose_now()
         return super().training_step(batch, batch_idx)
+
+    def manual_backward(self, loss, *args, **kwargs):
+        self.backwards += 1
+        lost_here = self.trainer.global_rank == self.lose and self.mid and self.backwards == 2
+        if lost_here and self.global_step == 2 * self.at + 1:
+            self.lose_now()
+        return super().manual_backward(loss, *args, **kwargs)
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
         self.batch_ends.append(time.perf_counter())
@@ -86,11 +113,21 @@ def main() -> None:
     p.add_argument("--second", action="store_true")
     p.add_argument("--updates", type=int, default=1000)
     p.add_argument("--repeat", type=int, default=1000)
+    p.add_argument("--lose-rank", type=int, default=-1)
+    p.add_argument("--lose-signal", default="SIGKILL")
+    p.add_argument("--mid", action="store_true")
+    p.add_argument("--peer-timeout-s", type=float, default=None)
     args = p.parse_args()
     signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own, as in a terminal
     root = Path(args.root)
-    cb = PreemptionCheckpoint(every_minutes=None)
-    module = SignalledRank(args.signal_rank, args.at, args.second)
+    timeout = None if args.peer_timeout_s is None else args.peer_timeout_s / 60
+    cb = PreemptionCheckpoint(
+        every_minutes=None, **({} if timeout is None else {"peer_timeout_minutes": timeout})
+    )
+    module = SignalledRank(
+        args.signal_rank, args.at, args.second, args.lose_rank, signal.Signals[args.lose_signal], args.mid
+    )
+    module.lost_at_file = root / "lost_at.txt"
     trainer = L.Trainer(
         strategy="ddp", devices=2, accelerator="cpu", max_steps=2 * args.updates, logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, callbacks=[cb],
@@ -102,6 +139,10 @@ def main() -> None:
         trainer.fit(module, DataLoader(Rollouts(args.updates + 10), batch_size=None))
     except SystemExit as e:
         report["exit"] = e.code
+        raise
+    except RuntimeError as e:  # a collective failed: a rank was lost
+        report["exit"] = f"RuntimeError: {str(e).splitlines()[0][:200]}"
+        report["peer_lost_line"] = cb.peer_lost_line
         raise
     finally:
         report.update(

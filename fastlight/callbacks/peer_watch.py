@@ -1,0 +1,267 @@
+"""Which rank of a multi-rank run is lost, and a process-group timeout that notices.
+
+A rank that is SIGKILLed, SIGSTOPped or hung leaves the others in their next collective: a killed
+peer's gloo connection closes at once (``RuntimeError: ... Connection closed by peer``), a stopped
+or hung one is waited for until the process-group timeout (Lightning's default: 30 minutes), and
+neither error says which rank it was. :class:`PeerWatch` gives every rank a heartbeat and a progress
+counter in the rendezvous store torch.distributed already has (the ``TCPStore`` at ``MASTER_ADDR:
+MASTER_PORT``, hosted by rank 0 or by node 0's torchrun agent), beaten by a thread, which keeps
+beating while the main thread waits in a collective; a separate client connection with a short
+timeout, so a store host that stops answering is noticed too. After a collective fails, the survivors
+read who stopped beating (killed, stopped, its node gone), whose launcher saw it exit, or, when
+every heartbeat is alive, whose progress stopped (hung in Python), and
+:class:`~fastlight.callbacks.preemption.PreemptionCheckpoint` stops them with one line naming the
+rank and the checkpoint of the last completed update, written by the lowest surviving rank without
+entering a collective.
+
+:func:`stop_with_launcher`: a rank started by a launcher (torchrun's agent, Lightning's script
+launcher) gets SIGTERM when that launcher dies (``PR_SET_PDEATHSIG``), i.e. the coordinated stop,
+instead of running on alone with its samplers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+
+import torch.distributed as dist
+
+#: Default of ``PreemptionCheckpoint(peer_timeout_minutes=...)``: longer than any checkpoint write
+#: the others wait for in Lightning's barrier, far shorter than Lightning's 30 minutes.
+DEFAULT_PEER_TIMEOUT_MINUTES = 5.0
+
+#: Heartbeats a peer may miss, after a collective failed, before it counts as lost.
+MISSED_BEATS = 3
+
+
+def set_process_group_timeout(seconds: float) -> None:
+    """The default process group's collective timeout: a collective waiting for a stopped or hung
+    rank raises after ``seconds`` (gloo; NCCL with ``TORCH_NCCL_BLOCKING_WAIT=1``)."""
+    from torch.distributed.distributed_c10d import _set_pg_timeout
+
+    _set_pg_timeout(timedelta(seconds=seconds))
+
+
+def launched_rank(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this process is a rank a launcher started and waits for: torchrun's agent
+    (``TORCHELASTIC_RUN_ID``), or Lightning's script launcher on a node's local rank 0 (a
+    ``LOCAL_RANK`` above 0 outside SLURM, whose ``srun`` starts every task itself)."""
+    env = os.environ if environ is None else environ
+    if "TORCHELASTIC_RUN_ID" in env:
+        return True
+    try:
+        local = int(env.get("LOCAL_RANK", "0"))
+    except ValueError:
+        return False
+    return local > 0 and "SLURM_JOB_ID" not in env
+
+
+def stop_with_launcher(environ: Mapping[str, str] | None = None) -> bool:
+    """In a launched rank (:func:`launched_rank`), ask the kernel for SIGTERM when the launcher dies
+    (the stop signals' path: the ranks agree, rank 0 saves, all exit 143); returns whether it did.
+
+    Not for a process a person started: ``nohup fastlight fit &`` must outlive its shell."""
+    if not sys.platform.startswith("linux") or not launched_rank(environ):
+        return False
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        return False
+    if os.getppid() == 1:  # the launcher died before the request: nothing would ever send it
+        os.kill(os.getpid(), signal.SIGTERM)
+    return True
+
+
+_reported: list[str] = []
+
+
+def report_loss(line: str) -> None:
+    """Note that this process printed the line of a stop after a lost rank (the command exits 1
+    without the collective's traceback, which says nothing more)."""
+    _reported.append(line)
+
+
+def reported_loss() -> str | None:
+    return _reported[-1] if _reported else None
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed by {signal.Signals(-code).name}"
+        return f"was killed by signal {-code}"
+    return f"exited {code}"
+
+
+class PeerWatch:
+    """Heartbeats of every rank through the rendezvous store, read by a daemon thread.
+
+    Args:
+        rank, world_size: this process's place in the default process group.
+        timeout_s: the peer timeout (also the process-group timeout the caller sets); the heartbeat
+            interval is a tenth of it, between 0.5 and 5 s.
+        launched: the ranks this process started (Lightning's launcher on a node's local rank 0: the
+            global ranks after this one, in order), whose exit is known at once, without waiting for
+            missed heartbeats.
+        address: the store's ``(host, port)``; ``MASTER_ADDR`` / ``MASTER_PORT`` by default (set by
+            torchrun, SLURM via Lightning, or Lightning's own launch).
+    """
+
+    def __init__(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        timeout_s: float,
+        launched: Sequence[subprocess.Popen] = (),
+        address: tuple[str, int] | None = None,
+    ) -> None:
+        if timeout_s <= 0:
+            raise ValueError(f"PeerWatch timeout_s must be > 0, got {timeout_s}")
+        self.rank, self.world_size, self.timeout_s = rank, world_size, float(timeout_s)
+        self.interval_s = min(5.0, max(0.5, self.timeout_s / 10))
+        self.launched = list(launched)
+        if address is None:
+            host, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), os.environ.get("MASTER_PORT", "29500")
+            address = (host, int(port))
+        self.address = address
+        # Keys of this launch only: torchrun's agent keeps its store across elastic restarts.
+        self._prefix = f"fastlight/peers/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+        self.peers = [r for r in range(world_size) if r != rank]
+        self._lock = threading.Lock()
+        start = time.monotonic()
+        self._beats = dict.fromkeys(self.peers, -1)
+        self._seen = dict.fromkeys(self.peers, start)  # when each peer's beat last changed
+        self._steps = dict.fromkeys(range(world_size), 0)
+        self._exited: dict[int, int] = {}
+        self._store_down_since: float | None = None
+        self._store_error = ""
+        self._progress = 0
+        self._published = 0
+        self._closed = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._store: dist.Store | None = None
+
+    # ------------------------------------------------------------------ the thread
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, daemon=True, name="fastlight-peer-watch")
+        self._thread.start()
+
+    def close(self) -> None:
+        self._closed.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2 * self.interval_s + 1.0)
+
+    def note_progress(self, step: int) -> None:
+        """This rank completed the update that ends at global step ``step`` (published at the next beat)."""
+        self._progress = int(step)
+
+    def _connect(self) -> dist.Store:
+        host, port = self.address
+        timeout = timedelta(seconds=2 * self.interval_s)
+        store = dist.TCPStore(host, port, is_master=False, timeout=timeout, wait_for_workers=False)
+        return dist.PrefixStore(self._prefix, store)
+
+    def _run(self) -> None:
+        while True:
+            self._beat()
+            if self._closed.wait(self.interval_s):
+                return
+
+    def _poll_launched(self) -> None:
+        for i, proc in enumerate(self.launched):
+            code = proc.poll()
+            if code not in (None, 0):
+                with self._lock:
+                    # The launcher runs on a node's first rank and starts the node's next ones in order.
+                    self._exited.setdefault(self.rank + i + 1, int(code))
+
+    def _beat(self) -> None:
+        now = time.monotonic()
+        self._poll_launched()
+        try:
+            if self._store is None:
+                self._store = self._connect()
+            store = self._store
+            store.add(f"beat/{self.rank}", 1)
+            progress = self._progress
+            if progress != self._published:
+                store.add(f"step/{self.rank}", progress - self._published)
+                self._published = progress
+            beats = {k: int(store.add(f"beat/{k}", 0)) for k in self.peers}
+            steps = {k: int(store.add(f"step/{k}", 0)) for k in self.peers}
+        except Exception as e:  # noqa: BLE001 - DistStoreError, a timeout, a refused connection: all "down"
+            self._store = None
+            with self._lock:
+                if self._store_down_since is None:
+                    self._store_down_since, self._store_error = now, str(e).splitlines()[0][:160]
+            return
+        with self._lock:
+            self._store_down_since = None
+            for k, v in beats.items():
+                if v != self._beats[k]:
+                    self._beats[k], self._seen[k] = v, now
+            self._steps.update(steps)
+            self._steps[self.rank] = progress
+
+    # ------------------------------------------------------------------ the verdict
+    def lost(self, stale_s: float | None = None) -> dict[int, str]:
+        """The ranks lost now, each with why: exited (a launched rank), no heartbeat for ``stale_s``
+        (default: :data:`MISSED_BEATS` intervals), or the store's host unreachable that long."""
+        stale = MISSED_BEATS * self.interval_s if stale_s is None else stale_s
+        self._poll_launched()
+        now = time.monotonic()
+        out: dict[int, str] = {}
+        with self._lock:
+            for k, code in self._exited.items():
+                out[k] = describe_exit(code)
+            down = self._store_down_since
+            if down is not None and now - down >= stale:
+                host, port = self.address
+                out.setdefault(
+                    0,
+                    f"is unreachable: the rendezvous store it hosts at {host}:{port} stopped answering "
+                    f"{now - down:.0f} s ago ({self._store_error})",
+                )
+            elif down is None:
+                for k in self.peers:
+                    if now - self._seen[k] >= stale and k not in out:
+                        out[k] = (
+                            f"stopped sending heartbeats {now - self._seen[k]:.0f} s ago "
+                            "(killed, stopped, or its node is gone)"
+                        )
+        return dict(sorted(out.items()))
+
+    def wait_for_loss(self) -> dict[int, str]:
+        """After a collective failed: the ranks lost, waiting up to :data:`MISSED_BEATS` + 2 intervals
+        for a verdict (a killed peer's connection closes before its heartbeat is missed)."""
+        deadline = time.monotonic() + (MISSED_BEATS + 2) * self.interval_s
+        while True:
+            lost = self.lost()
+            if lost or time.monotonic() >= deadline:
+                return lost
+            time.sleep(min(0.2, self.interval_s / 4))
+
+    def behind(self) -> dict[int, str]:
+        """Ranks alive but behind the others' progress (hung in Python with a live heartbeat thread)."""
+        with self._lock:
+            steps = dict(self._steps)
+        top = max(steps.values())
+        return {
+            k: f"is alive but stuck after global step {s} (the others reached {top})"
+            for k, s in sorted(steps.items())
+            if s < top
+        }
+
+    def writer(self, lost: Mapping[int, str]) -> int | None:
+        """The rank that writes the survivors' checkpoint: the lowest one not lost."""
+        alive = [r for r in range(self.world_size) if r not in lost]
+        return alive[0] if alive else None
