@@ -29,6 +29,17 @@ Meta-World tasks behind a single gymnasium env:
 - ``info`` carries ``success`` (bool) and ``task_id`` (index into ``env.unwrapped.task_names``)
   at reset and at every step, plus Meta-World's own step metrics.
 
+**One model per task and process.** The Meta-World object of each task (its MuJoCo model and its
+renderer) is built once per process, on first use, and shared by every env of the process that
+plays the task; each env keeps its own state of the task it plays (simulation data, the object's
+attributes, the model arrays a reset rewrites) and swaps it in around each ``reset`` / ``step`` /
+``render`` (:mod:`fastlight.envs.metaworld_sims`). An MT10 sampler of 8 envs so holds 10 models,
+not 80, and each env plays exactly the episodes an object of its own per task would (the same
+seeds give the same observations, rewards and endings, bitwise). Envs may be reset and stepped
+from any threads: a task's state swaps happen under that task's lock. With a free camera
+(``camera_name=None``) the view centres on the scene of the first frame the process draws of the
+task.
+
 Rendering is offscreen MuJoCo (:mod:`fastlight.envs.rendering`). The backend is ``MUJOCO_GL``,
 which this library never sets: the ``fastlight`` command, the Makefile and the tests set ``egl``
 (on a CPU-only machine EGL runs on Mesa's llvmpipe); an env with ``image=True`` refuses to start
@@ -43,6 +54,8 @@ vocabulary in :mod:`fastlight.envs.instructions`, the gymnasium ids in
 
 from __future__ import annotations
 
+import contextlib
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -50,15 +63,15 @@ import gymnasium as gym
 import numpy as np
 
 from fastlight.envs.instructions import INSTRUCTIONS, InstructionTable, instruction_for, instruction_tokenizer
+from fastlight.envs.metaworld_sims import SimKey, SimState, TaskSim, acquire, release
 from fastlight.envs.metaworld_tasks import (
     MT10_TASKS,
     STATE_DIM,
     goal_variations,
-    import_metaworld,
     parse_tasks,
 )
 from fastlight.envs.registry import register_envs
-from fastlight.envs.rendering import GL_LOCK, render_offscreen, require_gl_backend
+from fastlight.envs.rendering import render_offscreen, require_gl_backend
 
 __all__ = [
     "INSTRUCTIONS", "MT10_TASKS", "STATE_DIM", "MetaWorldEnv", "goal_variations", "instruction_for",
@@ -100,6 +113,9 @@ class MetaWorldEnv(gym.Env):
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 80}
+    #: Share each task's Meta-World object with the process's other envs; ``False`` builds one per
+    #: env and task (the behaviour before sharing: the tests' reference).
+    _share_models = True
 
     def __init__(
         self,
@@ -143,7 +159,12 @@ class MetaWorldEnv(gym.Env):
         self.task_weights = np.full(len(self.task_names), 1.0 / len(self.task_names))
         self.observation_space = self._observation_space()
         self.action_space = gym.spaces.Box(-1.0, 1.0, (4,), dtype=np.float32)
-        self._envs: dict[str, Any] = {}  # built on first use (probe envs never start MuJoCo)
+        # The simulations of the tasks this env has met, taken on first use (probe envs never
+        # start MuJoCo), and its state of the task it plays (of each task it met, with
+        # _share_models off); given back at close() or when the env is collected.
+        self._sims: dict[str, TaskSim] = {}
+        self._states: dict[str, SimState] = {}
+        weakref.finalize(self, _release, self._sims, self._states).atexit = False
         self._task, self._steps = -1, 0
         self._state: np.ndarray | None = None
         self._succeeded = False
@@ -172,25 +193,27 @@ class MetaWorldEnv(gym.Env):
         spaces["instruction_mask"] = gym.spaces.Box(0, 1, (self.max_text_len,), dtype=np.int64)
         return gym.spaces.Dict(spaces)
 
-    def _inner(self, name: str) -> Any:
-        """The Meta-World env of task ``name`` (one MuJoCo model per task, built lazily)."""
-        env = self._envs.get(name)
-        if env is None:
-            metaworld = import_metaworld()
-
-            with GL_LOCK:  # MuJoCo model compilation, once per task, kept out of concurrent resets
-                env = metaworld.ALL_V3_ENVIRONMENTS[name](
-                    render_mode="rgb_array" if self.image else None,
-                    camera_name=self.camera_name,
-                    width=self.image_size,
-                    height=self.image_size,
+    def _inner(self, name: str) -> contextlib.AbstractContextManager[Any]:
+        """The Meta-World object of task ``name`` with this env's state in, under the task's lock
+        (the process's one object per task, built on first use). A task switch drops the state
+        of the task left (see :mod:`fastlight.envs.metaworld_sims`)."""
+        state = self._states.get(name)
+        if state is None:
+            sim = self._sims.get(name)
+            if sim is None:
+                key = SimKey(
+                    name,
+                    "rgb_array" if self.image else None,
+                    self.camera_name,
+                    self.image_size,
+                    self.fast_render,
                 )
-            env.max_path_length = self.max_path_length  # its own step guard must not fire first
-            if self.fast_render:  # before the first render creates the GL context
-                env.model.vis.quality.shadowsize = 0
-                env.model.vis.quality.offsamples = 0
-            self._envs[name] = env
-        return env
+                sim = self._sims[name] = acquire(key, share=self._share_models)
+            if self._share_models:
+                _drop_states(self._states)
+            state = self._states[name] = sim.new_state()
+            state.attrs["max_path_length"] = self.max_path_length  # its own step guard must not fire first
+        return state.sim.use(state)
 
     # ------------------------------------------------------------------ task sampling (DWR)
     def set_task_weights(self, weights: Sequence[float]) -> None:
@@ -237,18 +260,20 @@ class MetaWorldEnv(gym.Env):
         name = self.task_names[self._task]
         goals = goal_variations(name, self.goal_seed)
         goal = int(self.np_random.integers(len(goals)))
-        env = self._inner(name)
-        env.set_task(goals[goal])
-        state, _ = env.reset()
-        self._steps, self._succeeded = 0, False
-        return self._obs(state), {"success": False, "task_id": self._task, "goal_id": goal}
+        with self._inner(name) as env:
+            env.set_task(goals[goal])
+            state, _ = env.reset()
+            self._steps, self._succeeded = 0, False
+            obs = self._obs(state)  # the frame, before another env's state comes in
+        return obs, {"success": False, "task_id": self._task, "goal_id": goal}
 
     def step(self, action):
         if self._task < 0:
             raise RuntimeError("MetaWorldEnv.step called before reset")
-        env = self._inner(self.task_names[self._task])
         act = np.clip(np.asarray(action, dtype=np.float32).reshape(4), -1.0, 1.0)
-        state, reward, _, _, info = env.step(act)
+        with self._inner(self.task_names[self._task]) as env:
+            state, reward, _, _, info = env.step(act)
+            obs = self._obs(state)
         self._steps += 1
         success = bool(info.get("success", 0.0))
         terminated = success and self.terminate_on_success
@@ -260,7 +285,7 @@ class MetaWorldEnv(gym.Env):
         elif self.reward == "dense_success" and terminated:
             reward = float(reward) + MAX_STEP_REWARD * (self.max_path_length - self._steps)
         self._succeeded = self._succeeded or success
-        return self._obs(state), float(reward) * self.reward_scale, terminated, truncated, out
+        return obs, float(reward) * self.reward_scale, terminated, truncated, out
 
     def _obs(self, state: np.ndarray) -> dict[str, np.ndarray]:
         self._state = np.asarray(state, dtype=np.float64)
@@ -277,11 +302,22 @@ class MetaWorldEnv(gym.Env):
         """The current camera frame ``uint8 [S, S, 3]`` (upright with ``flip_image``)."""
         if self._task < 0 or not self.image:
             return None
-        frame = render_offscreen(self._inner(self.task_names[self._task]))
-        return np.array(frame[::-1] if self.flip_image else frame, dtype=np.uint8, order="C")
+        with self._inner(self.task_names[self._task]) as env:
+            frame = render_offscreen(env)
+            return np.array(frame[::-1] if self.flip_image else frame, dtype=np.uint8, order="C")
 
     def close(self) -> None:
-        with GL_LOCK:
-            for env in self._envs.values():
-                env.close()
-        self._envs.clear()
+        _release(self._sims, self._states)
+
+
+def _drop_states(states: dict[str, SimState]) -> None:
+    while states:
+        state = states.popitem()[1]
+        state.sim.drop(state)
+
+
+def _release(sims: dict[str, TaskSim], states: dict[str, SimState]) -> None:
+    """Give an env's states and simulations back (the last env of a simulation frees its model)."""
+    _drop_states(states)
+    while sims:
+        release(sims.popitem()[1])
