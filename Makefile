@@ -23,7 +23,7 @@ train: install
 	$(BIN)/fastlight fit --config $(CONFIG)
 
 test: install
-	$(BIN)/python -m pytest -q -m "not slow and not benchmark and not gpu and not multinode"
+	$(BIN)/python -m pytest -q --durations=30 -m "not slow and not benchmark and not gpu and not multinode"
 
 # The numeric tests (losses, advantages, models, modules) under every CPU kernel family PyTorch can
 # pick: `default` (no SIMD), `avx2`, and the machine's own. A test that only passes on one of them

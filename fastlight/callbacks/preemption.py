@@ -35,8 +35,9 @@ A rank that is lost (SIGKILLed, SIGSTOPped, hung, its node gone) stops the other
 ``peer_timeout_minutes`` (the process-group timeout this callback sets; a killed rank within seconds)
 with one line naming it: :mod:`fastlight.callbacks.peer_watch` tells which rank it was, and the lowest
 surviving rank writes the checkpoint of the last completed update without entering a collective
-(with the per-rank state of the survivors only), when the loss came between two updates; a loss in
-the middle of an update leaves the checkpoint on disk from before. A rank whose launcher (torchrun's
+(with the per-rank state of the survivors only); for a loss in the middle of an update, from a host
+copy of what the update changes taken at its start (:mod:`fastlight.callbacks.rollback_point`, up to
+``rollback_max_mb``). A rank whose launcher (torchrun's
 agent, Lightning's launcher) dies gets SIGTERM, i.e. the coordinated stop.
 
 A checkpoint that cannot be written (full disk, read-only filesystem, I/O error) stops the run with
@@ -84,6 +85,7 @@ from typing_extensions import override
 
 from fastlight import rank_state
 from fastlight.callbacks import peer_watch, stop_signals
+from fastlight.callbacks.rollback_point import RollbackPoint
 from fastlight.checkpoints import CheckpointWriteError, save_in_progress, saving, write_error_line
 from fastlight.data.protocols import StopsSampling
 from fastlight.procs import STOP_SIGNALS
@@ -119,6 +121,11 @@ class PreemptionCheckpoint(Callback):
             the survivors wait for a lost rank before they stop (see the module docstring); longer
             than the slowest checkpoint write (the other ranks wait for it). ``None``: Lightning's
             own timeout (30 minutes) and no heartbeat.
+        rollback_max_mb: with ``peer_timeout_minutes``, the most host memory (MiB) the copy of an
+            update's starting state may take (trainable weights, buffers, optimizer state; copied at
+            every update's start), which lets a survivor save the last completed update after a loss
+            in the middle of the next one; a larger state gets no copy (such a loss then keeps the
+            checkpoint on disk from before). ``0``: never copy.
     """
 
     def __init__(
@@ -130,6 +137,7 @@ class PreemptionCheckpoint(Callback):
         version: int | None = None,
         every_epoch: bool = False,
         peer_timeout_minutes: float | None = peer_watch.DEFAULT_PEER_TIMEOUT_MINUTES,
+        rollback_max_mb: float = 2048.0,
     ) -> None:
         if every_minutes is not None and every_minutes <= 0:
             raise ValueError(f"PreemptionCheckpoint every_minutes must be > 0 or null, got {every_minutes}")
@@ -142,6 +150,10 @@ class PreemptionCheckpoint(Callback):
                 f"PreemptionCheckpoint peer_timeout_minutes must be > 0 or null, got {peer_timeout_minutes}"
             )
         self.peer_timeout_minutes = peer_timeout_minutes
+        if rollback_max_mb < 0:
+            raise ValueError(f"PreemptionCheckpoint rollback_max_mb must be >= 0, got {rollback_max_mb}")
+        self.rollback_max_mb = rollback_max_mb
+        self.rollback: RollbackPoint | None = None  # with a peer watch: the current update's start
         self.dirpath = dirpath
         self.filename = filename
         self.every_minutes = every_minutes
@@ -246,6 +258,7 @@ class PreemptionCheckpoint(Callback):
             rank=trainer.global_rank, world_size=trainer.world_size, timeout_s=timeout_s, launched=launched
         )
         self._peers.start()
+        self.rollback = RollbackPoint() if self.rollback_max_mb > 0 else None
 
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -256,6 +269,20 @@ class PreemptionCheckpoint(Callback):
     @override
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
         self._in_update = True
+        if self.rollback is not None:
+            self.rollback.take(trainer, pl_module)
+            if self.rollback.nbytes > self.rollback_max_mb * 2**20:
+                if trainer.is_global_zero:
+                    mib = self.rollback.nbytes / 2**20
+                    print(
+                        f"fastlight: the state an update changes takes {mib:.0f} MiB,"
+                        f" over PreemptionCheckpoint rollback_max_mb {self.rollback_max_mb:g}: not copied at"
+                        " each update; a rank lost in the middle of an update leaves the checkpoint on disk"
+                        " from before",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                self.rollback = None
 
     @override
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
@@ -426,26 +453,29 @@ class PreemptionCheckpoint(Callback):
         step = trainer.global_step
         if not self._trained:
             where = "before training started; no checkpoint written"
-        elif step != self._boundary_step:
+        elif step != self._boundary_step and not self._can_roll_back():
             where = (
                 f"during an update (global step {step}; the last completed update ended at step "
                 f"{self._boundary_step}), which no checkpoint can hold: resume from the last one on disk, "
                 f"{self.ckpt_path}, if any"
             )
         elif writer != self._rank:
-            where = f"at global step {step}; rank {writer} writes the checkpoint of this update"
-        elif self._saved_step == step:
+            where = f"at global step {step}; rank {writer} writes the checkpoint of the last completed update"
+        elif self._saved_step == self._boundary_step:
             where = f"at global step {step}; checkpoint already saved to {self.ckpt_path}"
         else:
+            at = f"at global step {step}"
+            if step != self._boundary_step:  # the update under way is rolled back
+                at = f"during an update (global step {step}, rolled back to {self._boundary_step})"
             try:
-                self._save_alone(trainer)
+                self._save_alone(trainer, rolled_back=step != self._boundary_step)
                 where = (
-                    f"at global step {step}; checkpoint of the last completed update saved to "
+                    f"{at}; checkpoint of the last completed update saved to "
                     f"{self.ckpt_path} (resume with {self.resume_hint.format(path=self.ckpt_path)}; it holds "
                     "the per-rank state of the surviving ranks only)"
                 )
             except BaseException as e:  # noqa: BLE001 - the loss must still be reported
-                where = f"at global step {step}; saving the checkpoint failed: {e!r}"
+                where = f"{at}; saving the checkpoint failed: {e!r}"
         self._peers.close()
         for i, proc in enumerate(stop_signals.launched_ranks(trainer)):
             if self._rank + i + 1 in lost and proc.poll() is None:
@@ -460,16 +490,22 @@ class PreemptionCheckpoint(Callback):
         print(self.peer_lost_line, file=sys.stderr, flush=True)
         peer_watch.report_loss(self.peer_lost_line)
 
-    def _save_alone(self, trainer: L.Trainer) -> None:
+    def _can_roll_back(self) -> bool:
+        return self.rollback is not None and self.rollback.step == self._boundary_step
+
+    def _save_alone(self, trainer: L.Trainer, *, rolled_back: bool = False) -> None:
         """What ``Trainer.save_checkpoint`` does, on this rank only: no gather, no barrier, and the
-        file written here whichever rank this is."""
+        file written here whichever rank this is; ``rolled_back``: the update under way undone."""
         with saving(), rank_state.local_only():
             checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+            if rolled_back:
+                assert self.rollback is not None
+                checkpoint = self.rollback.apply(checkpoint)
             trainer.strategy.checkpoint_io.save_checkpoint(checkpoint, self.run_ckpt_path)
         if self.run_dir is not None:
             self._point_stable_path()
         self.saves += 1
-        self._saved_step = trainer.global_step
+        self._saved_step = self._boundary_step
 
     @override
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

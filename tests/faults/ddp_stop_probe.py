@@ -8,7 +8,9 @@ and with ``--second`` both ranks get another stop signal while the stop checkpoi
         --peer-timeout-s 10                                            # a lost rank (peer_watch)
 
 With ``--lose-rank``, that rank sends ``--lose-signal`` (SIGKILL, SIGSTOP) to itself at the start of
-update ``--at`` (``--mid``: after that update's first optimizer step, before its second backward).
+update ``--at`` (``--mid``: after that update's first optimizer step, before its second backward;
+rank 0 then saves its weights and optimizer state at the end of update ``--at - 1`` to
+``DIR/boundary.pt``, what the survivor's checkpoint must hold).
 
 Lightning's launcher starts rank 1 as this same command. Each rank writes ``DIR/rank<r>.json``: its
 exit path, the policy version, the stop signals it ignored, the per-update agreement's count and
@@ -70,6 +72,7 @@ class SignalledRank(RLModule):
         self.backwards = 0  # in the current update
         self.lost_at_file: Path | None = None  # where the lost rank writes when it sent its signal
         self.batch_ends: list[float] = []  # when each update ended (perf_counter)
+        self.boundary_file: Path | None = None
 
     def lose_now(self) -> None:
         if self.lost_at_file is not None:
@@ -96,6 +99,11 @@ class SignalledRank(RLModule):
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
         self.batch_ends.append(time.perf_counter())
+        if self.boundary_file is not None and batch_idx == self.at - 1 and self.trainer.global_rank == 0:
+            optimizer = self.optimizers().optimizer
+            torch.save(
+                {"state_dict": self.state_dict(), "optimizer": optimizer.state_dict()}, self.boundary_file
+            )
 
     def on_save_checkpoint(self, checkpoint):
         super().on_save_checkpoint(checkpoint)
@@ -128,6 +136,9 @@ def main() -> None:
         args.signal_rank, args.at, args.second, args.lose_rank, signal.Signals[args.lose_signal], args.mid
     )
     module.lost_at_file = root / "lost_at.txt"
+    if args.mid:
+        root.mkdir(parents=True, exist_ok=True)
+        module.boundary_file = root / "boundary.pt"
     trainer = L.Trainer(
         strategy="ddp", devices=2, accelerator="cpu", max_steps=2 * args.updates, logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, callbacks=[cb],

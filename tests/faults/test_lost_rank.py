@@ -102,16 +102,32 @@ def test_sigstop_of_rank_1_stops_rank_0_after_the_peer_timeout(tmp_path):
 
 @pytest.mark.slow  # ~30 s
 @pytest.mark.multiproc
-def test_a_loss_in_the_middle_of_an_update_saves_no_half_applied_update(tmp_path):
+def test_a_loss_in_the_middle_of_an_update_saves_the_update_before_it(tmp_path):
+    """Rank 1 dies after update 2's first optimizer step: rank 0 holds a half-applied update, and
+    writes the state at that update's start (its rollback point), not the half-applied one."""
     rc, report, _, root, out = run_probe(tmp_path, "--lose-signal", "SIGKILL", "--mid")
     assert rc == 1, out[-3000:]
     ckpt = root / "checkpoints" / "last.ckpt"
     assert report["peer_lost_line"] == (
         "fastlight: rank 0: stopped: rank 1 was killed by SIGKILL (RuntimeError in a collective) during an "
-        "update (global step 5; the last completed update ended at step 4), which no checkpoint can hold: "
-        f"resume from the last one on disk, {ckpt}, if any; the ranks it launched exited -9"
+        "update (global step 5, rolled back to 4); checkpoint of the last completed update saved to "
+        f"{ckpt} (resume with trainer.fit(..., ckpt_path={str(ckpt)!r}); it holds the per-rank state of the "
+        "surviving ranks only); the ranks it launched exited -9"
     )
-    assert not ckpt.exists()
+    assert_saved_update(root, 4)
+    saved = torch.load(ckpt, weights_only=False)
+    boundary = torch.load(root / "boundary.pt", weights_only=False)  # rank 0 at the end of update 1
+    assert saved["state_dict"].keys() == boundary["state_dict"].keys()
+    for k, v in boundary["state_dict"].items():  # the same tensors, copied: bitwise
+        assert torch.equal(saved["state_dict"][k], v), k
+    (state,) = saved["optimizer_states"]
+    assert state["state"].keys() == boundary["optimizer"]["state"].keys()
+    for i, entry in boundary["optimizer"]["state"].items():
+        for name, value in entry.items():
+            assert torch.equal(state["state"][i][name], value), (i, name)
+    assert state["state"][0]["step"].item() == 4  # Adam's count: 2 updates x 2 steps, not 5
+    loop = saved["loops"]["fit_loop"]["epoch_loop.manual_optimization.optim_step_progress"]["total"]
+    assert loop["completed"] == 4
 
 
 @pytest.mark.slow  # a 2-rank `fastlight fit` under torchrun: ~60 s on 2 loaded cores
