@@ -194,6 +194,8 @@ def test_print_config_shows_the_callbacks_loggers_and_folders_the_command_adds(t
         "handle_signals": True,
         "version": 0,
         "every_epoch": False,
+        "peer_timeout_minutes": 5.0,
+        "rollback_max_mb": 2048.0,
     }
     assert callbacks["EnvStepBudget"]["total_env_steps"] is None
     assert not root.exists()  # printing the config creates no folder

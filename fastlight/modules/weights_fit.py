@@ -22,7 +22,7 @@ _DATA_NOT_SHAPES = frozenset(
     {
         "num_envs", "num_workers", "reset_mode", "termination_threshold", "max_horizon", "rollout_steps",
         "cycles_per_step", "valid_steps_per_step", "max_staleness", "prefetch", "inference", "faults",
-        "steps_per_epoch", "seed", "nonfinite", "start_method",
+        "steps_per_epoch", "seed", "nonfinite", "start_method", "fleet",
     }
 )  # fmt: skip
 #: Model sizes the CLI links from the data module: named as the env's, not as settings to type.
