@@ -482,33 +482,13 @@ class SamplerPool(SamplerFleet):
             self._forkserver_memory = None
 
     def _spend_restart(self, name: str, action: str, note: str | None = None) -> bool:
-        """Take one restart from the budget (``--data.faults.max_worker_restarts`` per window) and say
-        what is restarted; raises :class:`SamplerError` naming ``name`` once it is spent. ``note``
-        (what a signal exit code means) ends the line. False, taking nothing, once the pool is
-        stopping: nothing is restarted then."""
+        """Take one restart from the budget (:func:`spend_restart`); False, taking nothing, once the
+        pool is stopping: nothing is restarted then."""
         if self.stop_event.is_set():
             return False
-        tail = f"; {note}" if note else ""
-        now = time.monotonic()
-        while self.restart_times and now - self.restart_times[0] > self.restart_window_s:
-            self.restart_times.popleft()
-        budget = (
-            f"--data.faults.max_worker_restarts {self.max_restarts} per "
-            f"--data.faults.restart_window_s {self.restart_window_s:g}"
-        )
-        if len(self.restart_times) >= self.max_restarts:
-            raise SamplerError(
-                f"{name}; restart budget exhausted: {len(self.restart_times)} restarts in the last "
-                f"{self.restart_window_s:g} s ({budget}){tail}"
-            )
-        self.restart_times.append(now)
+        spend_restart(self.restart_times, max_restarts=self.max_restarts, window_s=self.restart_window_s,
+                      name=name, action=action, note=note)  # fmt: skip
         self.restarts += 1
-        print(
-            f"fastlight: {name}; {action} ({len(self.restart_times)} of {self.max_restarts} "
-            f"restarts in {self.restart_window_s:g} s){tail}",
-            file=sys.stderr,
-            flush=True,
-        )
         return True
 
     def _raise_reported(self) -> None:
@@ -580,6 +560,32 @@ class SamplerPool(SamplerFleet):
                 self.items.get_nowait()
         except queue.Empty:
             pass
+
+
+def spend_restart(
+    times: collections.deque[float], *, max_restarts: int, window_s: float, name: str, action: str,
+    note: str | None = None,
+) -> None:  # fmt: skip
+    """The restart budget of every fleet: at most ``max_restarts`` (``--data.faults.max_worker_restarts``)
+    in any ``window_s`` seconds (``restart_window_s``). Takes one (appends to ``times``, the past
+    restarts' clock times) and prints what is restarted, ``action``; raises :class:`SamplerError`
+    naming ``name`` once the budget is spent. ``note`` (what a signal exit code means) ends the line."""
+    tail = f"; {note}" if note else ""
+    now = time.monotonic()
+    while times and now - times[0] > window_s:
+        times.popleft()
+    budget = f"{FLAG}.max_worker_restarts {max_restarts} per {FLAG}.restart_window_s {window_s:g}"
+    if len(times) >= max_restarts:
+        raise SamplerError(
+            f"{name}; restart budget exhausted: {len(times)} restarts in the last {window_s:g} s "
+            f"({budget}){tail}"
+        )
+    times.append(now)
+    print(
+        f"fastlight: {name}; {action} ({len(times)} of {max_restarts} restarts in {window_s:g} s){tail}",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 @dataclass(frozen=True)

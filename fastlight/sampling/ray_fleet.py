@@ -72,7 +72,7 @@ from fastlight.procs import children_ignore_stop_signals, seed_everything
 from fastlight.rollout import Rollout
 from fastlight.sampling.faults import FLAG, FaultSettings
 from fastlight.sampling.fleet import Fleet, SamplerFleet
-from fastlight.sampling.pool import SamplerError, _crashed
+from fastlight.sampling.pool import SamplerError, _crashed, spend_restart
 from fastlight.sampling.task_weights import SharedTaskWeights
 from fastlight.sampling.worker import SamplerConfig, _loop, build_collector
 from fastlight.weights.buckets import sync_entries
@@ -616,26 +616,9 @@ class RaySamplerFleet(SamplerFleet):
         """One restart from the budget (the local pool's rule and wording); raises past it."""
         if self._stopping:
             return False
-        now = time.monotonic()
-        while self.restart_times and now - self.restart_times[0] > self.restart_window_s:
-            self.restart_times.popleft()
-        budget = (
-            f"{FLAG}.max_worker_restarts {self.max_restarts} per "
-            f"{FLAG}.restart_window_s {self.restart_window_s:g}"
-        )
-        if len(self.restart_times) >= self.max_restarts:
-            raise SamplerError(
-                f"{name}; restart budget exhausted: {len(self.restart_times)} restarts in the last "
-                f"{self.restart_window_s:g} s ({budget})"
-            )
-        self.restart_times.append(now)
+        spend_restart(self.restart_times, max_restarts=self.max_restarts, window_s=self.restart_window_s,
+                      name=name, action=action)  # fmt: skip
         self.restarts += 1
-        print(
-            f"fastlight: {name}; {action} ({len(self.restart_times)} of {self.max_restarts} "
-            f"restarts in {self.restart_window_s:g} s)",
-            file=sys.stderr,
-            flush=True,
-        )
         return True
 
     def _unplaceable(self, what: str) -> str:
