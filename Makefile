@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.fastlight-installed
 export MUJOCO_GL ?= egl
 
-.PHONY: install train test test-numeric test-multinode test-slow test-all bench lint clean
+.PHONY: install train test test-numeric test-multinode test-ranks test-slow test-all bench gpu-check lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,7 +23,7 @@ train: install
 	$(BIN)/fastlight fit --config $(CONFIG)
 
 test: install
-	$(BIN)/python -m pytest -q --durations=30 -m "not slow and not benchmark and not gpu and not multinode"
+	$(BIN)/python -m pytest -q --durations=30 -m "not slow and not benchmark and not gpu and not multinode and not ranks"
 
 # The numeric tests (losses, advantages, models, modules) under every CPU kernel family PyTorch can
 # pick: `default` (no SIMD), `avx2`, and the machine's own. A test that only passes on one of them
@@ -41,6 +41,11 @@ test-numeric: install
 test-multinode: install
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m multinode tests/multinode
 
+# Two trainer ranks on this machine (DDP, a stop signal in one rank, a lost rank): about 2 CPU-minutes,
+# apart from `make test` like the two nodes, and in .ci/run.
+test-ranks: install
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "ranks and not slow and not benchmark and not gpu"
+
 test-slow: install
 	$(BIN)/python -m pytest -q -m "slow"
 
@@ -52,6 +57,12 @@ bench: install
 	$(BIN)/python -m benchmarks.sampling
 	$(BIN)/python -m benchmarks.pruning
 	$(BIN)/python -m benchmarks.sync
+
+# On a CUDA machine: pytest -m gpu, a bf16 VLA update, the CUDA inference worker end to end and the
+# same-GPU weight sync of a 1B-parameter model (CUDA IPC vs gloo), a few minutes in all; writes
+# benchmarks/results/gpu.md. Without a CUDA device it says so and exits 2.
+gpu-check: install
+	$(BIN)/python -m benchmarks.gpu_check
 
 lint: install
 	$(BIN)/ruff check fastlight benchmarks tests examples

@@ -15,6 +15,11 @@ With a forkserver (``--data.start_method``, :mod:`fastlight.sampling.start`) it 
 forkserver's CPU seconds (its preload imports, which a forked sampler does not repeat).
 With several ``--start-methods`` the launches alternate between them, so both see the same
 machine state.
+
+Machines differ in how fast they import, so the figure that carries over is a ratio: before each
+launch the runner also times a bare ``python -c "import lightning"`` (the same interpreter, a fresh
+process, wall time), and the summary reports the first rollout's median over that median
+(``first_rollout_over_import_lightning``; issue target <= 1.2).
 """
 
 from __future__ import annotations
@@ -111,6 +116,13 @@ def run_once(command: list[str], config: str, root: str, start_method: str | Non
         return json.load(f)
 
 
+def import_lightning_s(python: str) -> float:
+    """Wall seconds of a fresh ``python -c "import lightning"`` (the interpreter start included)."""
+    t0 = time.perf_counter()
+    subprocess.run([python, "-c", "import lightning"], check=True, timeout=300)
+    return time.perf_counter() - t0
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -129,8 +141,11 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--runs must be >= 1, got {a.runs}")
     methods = a.start_methods or [None]
     results: dict[str, list[dict[str, Any]]] = {str(m): [] for m in methods}
+    imports: list[float] = []
     for _ in range(a.runs):
         for method in methods:
+            imports.append(import_lightning_s(sys.executable))
+            print(f"[import lightning] {imports[-1]:.2f} s, load {os.getloadavg()[0]:.1f}", flush=True)
             with tempfile.TemporaryDirectory() as root:
                 r = run_once(shlex.split(a.command), a.config, root, method)
             results[str(method)].append(r)
@@ -142,9 +157,13 @@ def main(argv: list[str] | None = None) -> None:
                 f"sampler VmRSS {rss} MB, load {os.getloadavg()[0]:.1f}",
                 flush=True,
             )
-    summary = {"command": a.command, "config": a.config, "loadavg_1min": os.getloadavg()[0]}
+    summary: dict[str, Any] = {"command": a.command, "config": a.config, "loadavg_1min": os.getloadavg()[0]}
+    summary["import_lightning_s_median"] = statistics.median(imports)
+    summary["import_lightning_s"] = imports
     for method, runs in results.items():
-        summary[method if method != "None" else "default"] = _summary(runs)
+        s = _summary(runs)
+        s["first_rollout_over_import_lightning"] = s["first_rollout_s_median"] / statistics.median(imports)
+        summary[method if method != "None" else "default"] = s
     print(json.dumps(summary, indent=1))
 
 

@@ -24,6 +24,8 @@ DRIVERS = (
     "benchmarks.driving",
     "benchmarks.faults",
     "benchmarks.fleet",
+    "benchmarks.fleet_weights",
+    "benchmarks.gpu_check",
     "benchmarks.learning",
     "benchmarks.mujoco",
     "benchmarks.multinode",

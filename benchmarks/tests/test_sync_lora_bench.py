@@ -9,6 +9,7 @@ from benchmarks.sync import lora as bench
 
 
 @pytest.mark.multiproc
+@pytest.mark.slow
 def test_tiny_run_appends_a_section_with_its_command(tmp_path):
     (tmp_path / "sync.md").write_text("# Weight sync\n\nearlier runs\n")
     argv = [

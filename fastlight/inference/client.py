@@ -4,10 +4,12 @@ Used by :class:`~fastlight.sampling.pool.SamplerPool` when ``--data.inference`` 
 Each sampler gets a :class:`~fastlight.inference.remote.RemotePolicy` (its shared-memory slot
 and pipe end) instead of a policy copy; the worker gets the other pipe ends and the real policy.
 The client is the pool's :class:`~fastlight.weights.publisher.WeightPublisher` on this path;
-:func:`choose_transport` picks how weights travel. A CPU worker (on the trainer's host) reads them
+:func:`weight_path` picks how weights travel. A CPU worker (on the trainer's host) reads them
 from a shared-memory double buffer (:mod:`fastlight.weights.double_buffer`: the trainer copies
-once, the worker swaps pointers; ``SyncStats.mode == "shared_memory"``); a CUDA worker joins a
-dedicated broadcast group (:mod:`fastlight.weights.broadcast`, NCCL or gloo as
+once, the worker swaps pointers; ``SyncStats.mode == "shared_memory"``); a CUDA worker on the GPU
+that holds the trainer's weights reads them from the same double buffer with its slots on that GPU,
+shared once by CUDA IPC (``mode == "cuda_ipc"``); any other CUDA worker joins a dedicated broadcast
+group (:mod:`fastlight.weights.broadcast`, NCCL or gloo as
 :func:`~fastlight.weights.broadcast.choose_backend` decides; ``mode == "bucketed"``).
 """
 
@@ -32,8 +34,32 @@ from fastlight.weights.publisher import SyncStats
 WORKER_NAME = "fastlight-inference"
 
 
+def weight_path(trainer_device: torch.device | str, worker_device: torch.device | str) -> str:
+    """How the trainer's weights reach its inference worker (spawned on the trainer's host), from
+    where each end holds them; ``SyncStats.mode`` of its publishes:
+
+    - ``"shared_memory"``: a CPU worker; the double buffer in host shared memory (from a GPU
+      trainer the publish copies device -> host).
+    - ``"cuda_ipc"``: trainer and worker on one CUDA device; the double buffer's slots on that
+      device, their CUDA IPC handles shared once at start-up (vLLM ipc weight transfer). NCCL
+      cannot group two processes on one GPU, and gloo would take every sync through host memory.
+    - ``"bucketed"``: any other CUDA worker (a CPU trainer, or another GPU); the broadcast group,
+      NCCL between two GPUs, gloo from the CPU (:func:`~fastlight.weights.group.choose_backend`).
+
+    A bare ``"cuda"`` is device 0, as in ``choose_backend``.
+    """
+    trainer, worker = torch.device(trainer_device), torch.device(worker_device)
+    if worker.type == "cpu":
+        return "shared_memory"
+    if trainer.type == worker.type == "cuda" and (trainer.index or 0) == (worker.index or 0):
+        return "cuda_ipc"
+    return "bucketed"
+
+
 def choose_transport(worker_device: torch.device | str) -> str:
-    """``"shared_memory"`` for a CPU worker (spawned on this host), ``"broadcast"`` otherwise."""
+    """The transport of a worker that does not share the trainer's GPU (:func:`weight_path` says when
+    it does; then it is ``"cuda_ipc"``): ``"shared_memory"`` for a CPU worker (spawned on this
+    host), ``"broadcast"`` otherwise. Tests replace it to force the broadcast on a CPU worker."""
     return "shared_memory" if torch.device(worker_device).type == "cpu" else "broadcast"
 
 
@@ -69,13 +95,18 @@ class InferenceClient:
         # Beaten by the worker's serving loop (and while it waits for weights). Its limits are set by
         # the pool (--data.faults.heartbeat_s, --data.faults.worker_timeout_s); inf: never counted as hung.
         self.liveness = Liveness(ctx)
-        self.transport = choose_transport(self.worker_device)
+        # "shared_memory" | "cuda_ipc" (both the double buffer) | "broadcast" (weight_path's "bucketed").
+        same_gpu = weight_path(self.trainer_device, self.worker_device) == "cuda_ipc"
+        self.transport = "cuda_ipc" if same_gpu else choose_transport(self.worker_device)
         self.shared: SharedDoubleBuffer | None = None
         self.sync_config: SyncGroupConfig | None = None
-        if self.transport == "shared_memory":  # built now: the worker maps it at start-up
-            self.shared = SharedDoubleBuffer(policy, ctx, timeout_s=sync_timeout_s,
+        if self.transport in ("shared_memory", "cuda_ipc"):  # built now: the worker maps it at start-up
+            # cuda_ipc: the slots on the worker's (= the trainer's) GPU; their IPC handles go to the
+            # worker once, with its start-up arguments (vLLM ipc weight transfer).
+            slots_on = self.worker_device if self.transport == "cuda_ipc" else "cpu"
+            self.shared = SharedDoubleBuffer(policy, ctx, timeout_s=sync_timeout_s, device=slots_on,
                                              worker_name=f"inference worker ({WORKER_NAME})")
-        else:  # NCCL between two CUDA devices, gloo otherwise (worker and trainer on one GPU).
+        else:  # NCCL between two CUDA devices, gloo otherwise (a CPU trainer's CUDA worker).
             backend = choose_backend(self.trainer_device, self.worker_device)
             self.sync_config = SyncGroupConfig.local(backend=backend, timeout_s=sync_timeout_s)
         self.max_batch, self.max_wait_ms = settings.max_batch, settings.max_wait_ms
@@ -152,9 +183,10 @@ class InferenceClient:
 
     @property
     def restartable(self) -> bool:
-        """A CPU worker reads its weights from the double buffer, which still holds the last
-        published version when a new worker attaches; a broadcast group would need a new
-        rendezvous and a publish the trainer is not making."""
+        """A worker on the double buffer (host shared memory, or its slots on the trainer's GPU shared
+        by CUDA IPC) reads its weights from it, and it still holds the last published version when a
+        new worker attaches; a broadcast group would need a new rendezvous and a publish the trainer
+        is not making."""
         return self.shared is not None
 
     def prepare_restart(self) -> None:
@@ -166,7 +198,10 @@ class InferenceClient:
         version, before it serves a request (``serve_once`` waits for its first sync).
         """
         if not self.restartable:
-            raise RuntimeError("only a CPU inference worker (shared-memory weights) can be restarted")
+            raise RuntimeError(
+                "only an inference worker on the double buffer (a CPU worker, or one on the trainer's GPU) "
+                "can be restarted; a worker on another GPU gets its weights over a broadcast group"
+            )
         self.reap()
         assert self.shared is not None
         # The double buffer's lock is held only for a few loads and stores; if the killed worker

@@ -22,9 +22,10 @@ class InferenceSettings:
     Args:
         device: where the worker holds the policy: ``None`` = the trainer's device (``cpu``, or the
             rank's GPU), else ``cpu`` or ``cuda:N``. A CPU worker reads its weights from a
-            shared-memory double buffer (:mod:`fastlight.weights.double_buffer`); a CUDA worker
-            joins a broadcast group, NCCL when trainer and worker are on two different GPUs, gloo
-            otherwise (NCCL cannot group two processes on one GPU).
+            shared-memory double buffer (:mod:`fastlight.weights.double_buffer`); a CUDA worker on
+            the trainer's GPU from the same double buffer with its slots on that GPU (CUDA IPC, handles
+            shared once); any other CUDA worker joins a broadcast group, NCCL between two GPUs, gloo
+            from a CPU trainer (:func:`fastlight.inference.client.weight_path`).
         max_batch: dynamic batching: a forward pass serves at most this many env rows ...
         max_wait_ms: ... and waits at most this long for more requests (stragglers first).
         sync_bucket_mb: trainer -> CUDA worker broadcast in flat buckets of this size.

@@ -44,7 +44,6 @@ import contextlib
 import os
 import queue
 import signal
-import sys
 import threading
 import time
 import weakref
@@ -71,6 +70,7 @@ from fastlight.procs import (
 from fastlight.rollout import Rollout
 from fastlight.sampling.faults import FLAG, FaultSettings
 from fastlight.sampling.fleet import Fleet, SamplerFleet
+from fastlight.sampling.restarts import SamplerError, broken_pipe, crashed, signal_name, spend_restart
 from fastlight.sampling.start import (
     forkserver_exit_code,
     forkserver_pid,
@@ -86,10 +86,6 @@ from fastlight.weights.shared_memory import SharedWeights
 WATCH_EVERY_S = 0.25
 #: How long ``stop`` waits for a restart under way (a new forkserver importing, a spawn) to finish.
 RESTART_WAIT_S = 30.0
-
-class SamplerError(RuntimeError):
-    """A sampler process failed; the message names it and carries its traceback."""
-
 
 @dataclass
 class _Sampler:
@@ -356,8 +352,8 @@ class SamplerPool(SamplerFleet):
             return
         # A sampler's own exception (not a pipe broken by a dead peer) would recur: stop on it.
         for i, payload in sorted(self.errors.items()):
-            if not _broken_pipe(payload):
-                raise SamplerError(_crashed(i, payload))
+            if not broken_pipe(payload):
+                raise SamplerError(crashed(i, payload))
         worker = self.client.proc
         codes = [worker.exitcode, *(s.proc.exitcode for s in self.samplers)]
         forked = self._forkserver_fault(now, wait_s=1.0) if 255 in codes else None
@@ -444,7 +440,7 @@ class SamplerPool(SamplerFleet):
         if code is None:  # already reaped and replaced (by another pool of this process)
             how = "exited"
         elif code < 0:
-            how = f"killed by {_signal_name(-code)}"
+            how = f"killed by {signal_name(-code)}"
         else:
             how = f"exited with code {code}"
         procs = [s.proc for s in self.samplers]
@@ -493,7 +489,7 @@ class SamplerPool(SamplerFleet):
 
     def _raise_reported(self) -> None:
         for i, payload in sorted(self.errors.items()):
-            raise SamplerError(_crashed(i, payload))
+            raise SamplerError(crashed(i, payload))
 
     def _fault(self, s: _Sampler, what: str, note: str | None = None) -> None:
         """Restart sampler ``s`` (dead or silent) within the budget, else stop naming it (``note``:
@@ -562,32 +558,6 @@ class SamplerPool(SamplerFleet):
             pass
 
 
-def spend_restart(
-    times: collections.deque[float], *, max_restarts: int, window_s: float, name: str, action: str,
-    note: str | None = None,
-) -> None:  # fmt: skip
-    """The restart budget of every fleet: at most ``max_restarts`` (``--data.faults.max_worker_restarts``)
-    in any ``window_s`` seconds (``restart_window_s``). Takes one (appends to ``times``, the past
-    restarts' clock times) and prints what is restarted, ``action``; raises :class:`SamplerError`
-    naming ``name`` once the budget is spent. ``note`` (what a signal exit code means) ends the line."""
-    tail = f"; {note}" if note else ""
-    now = time.monotonic()
-    while times and now - times[0] > window_s:
-        times.popleft()
-    budget = f"{FLAG}.max_worker_restarts {max_restarts} per {FLAG}.restart_window_s {window_s:g}"
-    if len(times) >= max_restarts:
-        raise SamplerError(
-            f"{name}; restart budget exhausted: {len(times)} restarts in the last {window_s:g} s "
-            f"({budget}){tail}"
-        )
-    times.append(now)
-    print(
-        f"fastlight: {name}; {action} ({len(times)} of {max_restarts} restarts in {window_s:g} s){tail}",
-        file=sys.stderr,
-        flush=True,
-    )
-
-
 @dataclass(frozen=True)
 class LocalFleet(Fleet):
     """The default ``--data.fleet``: each rank's samplers are processes on the trainer's machine
@@ -617,13 +587,6 @@ def _stop_ref(ref: weakref.ref) -> None:
         pool.stop()
 
 
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
-
-
 def _kill_forked(procs: list[Any]) -> None:
     """SIGKILL the processes of a dead forkserver that still run. Their exit code (255) came from the
     server's closed status pipe, not from them, so ``Process.kill`` would skip them; their
@@ -632,20 +595,3 @@ def _kill_forked(procs: list[Any]) -> None:
         if proc is not None and proc.pid is not None and alive(proc.pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, signal.SIGKILL)
-
-
-def _crashed(index: int, payload: str) -> str:
-    """Sampler ``index``'s own exception: its last line (e.g. which env raised, of which seed, at which
-    step) on the first line, then the traceback it sent."""
-    lines = [line for line in payload.splitlines() if line.strip()]
-    last = lines[-1].strip() if lines else "no traceback"
-    kind, sep, message = last.partition(": ")
-    if sep and " " not in kind:  # "fastlight.sampling.collector.EnvError: ..." -> "EnvError: ..."
-        last = f"{kind.rsplit('.', 1)[-1]}: {message}"
-    return f"sampler worker {index} (fastlight-sampler-{index}) crashed: {last}\n{payload}"
-
-
-def _broken_pipe(payload: str) -> bool:
-    """Whether a sampler's traceback is its pipe to the inference worker breaking (the worker died,
-    or ended its loop on another sampler's EOF): a consequence of a fault, not a fault of its own."""
-    return any(e in payload for e in ("EOFError", "ConnectionResetError", "BrokenPipeError"))

@@ -47,16 +47,12 @@ import collections
 import contextlib
 import logging
 import math
-import multiprocessing as mp
 import os
-import queue
 import signal
 import subprocess
 import sys
 import threading
 import time
-import traceback
-import warnings
 import weakref
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
@@ -68,13 +64,14 @@ from torch import nn
 from fastlight.extras import check_extra, import_extra
 from fastlight.inference.settings import InferenceSettings
 from fastlight.models.base import check_policy
-from fastlight.procs import children_ignore_stop_signals, seed_everything
+from fastlight.procs import children_ignore_stop_signals
 from fastlight.rollout import Rollout
 from fastlight.sampling.faults import FLAG, FaultSettings
 from fastlight.sampling.fleet import Fleet, SamplerFleet
-from fastlight.sampling.pool import SamplerError, _crashed, spend_restart
-from fastlight.sampling.task_weights import SharedTaskWeights
-from fastlight.sampling.worker import SamplerConfig, _loop, build_collector
+from fastlight.sampling.ray_actor import SamplerActor, flat_weights
+from fastlight.sampling.ray_reaper import start_reaper
+from fastlight.sampling.restarts import SamplerError, crashed, spend_restart
+from fastlight.sampling.worker import SamplerConfig
 from fastlight.weights.buckets import sync_entries
 from fastlight.weights.publisher import SyncStats
 
@@ -88,44 +85,6 @@ STRATEGIES: tuple[str, ...] = get_args(Strategy)
 POLL_S = 1.0
 #: How often ``next_item`` looks at hangs, node losses and replacement placements.
 WATCH_EVERY_S = 0.25
-#: The reaper of a Ray instance the fleet started (``python -c``, argv: the instance's process ids). It
-#: notes every process below them once a second and, when its stdin closes (the trainer stopped the
-#: fleet, or died however it died), SIGKILLs those still running. Ray ends its gcs, raylet and
-#: workers with a SIGKILLed driver itself, but its dashboard and runtime-env agents wait a minute for
-#: the dead GCS first; this ends them at once. Only noted pids with their start time unchanged are
-#: killed: a pid the kernel reused belongs to someone else.
-REAPER = r"""
-import os, signal, sys, threading
-roots, seen = {int(p) for p in sys.argv[1:]}, {}
-def table():
-    out = {}
-    for e in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{e}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            out[int(e)] = (int(fields[1]), fields[19])
-        except (OSError, ValueError, IndexError):
-            pass
-    return out
-def note():
-    procs = table()
-    frontier = {p for p in roots if p in procs}
-    while frontier:
-        for p in frontier:
-            seen.setdefault(p, procs[p][1])
-        frontier = {c for c, (parent, _) in procs.items() if parent in frontier and c not in seen}
-done = threading.Event()
-threading.Thread(target=lambda: (sys.stdin.buffer.read(), done.set()), daemon=True).start()
-while not done.wait(1.0):
-    note()
-procs = table()
-for pid, started in seen.items():
-    if pid in procs and procs[pid][1] == started:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-"""
 
 
 def import_ray() -> Any:
@@ -195,129 +154,6 @@ class RayFleet(Fleet):
                 "policy copy; set --data.inference null"
             )
         return RaySamplerFleet(self, configs, policy, rank=rank, faults=faults)
-
-
-# ---------------------------------------------------------------------------------- the actor's side
-class _ActorWeights:
-    """A sampler actor's :class:`~fastlight.weights.publisher.WeightSource`: the newest version the
-    trainer sent (its object ref, fetched only when a round starts on it)."""
-
-    def __init__(self, names: tuple[str, ...]) -> None:
-        self.names = names
-        self._lock = threading.Lock()
-        self._version = -1
-        self._ref: Any = None
-
-    def offer(self, version: int, ref: Any) -> None:
-        with self._lock:  # calls may arrive out of order on a threaded actor: keep the newest
-            if version > self._version:
-                self._version, self._ref = version, ref
-
-    @property
-    def version(self) -> int:
-        return self._version
-
-    def load_into(self, policy: nn.Module) -> int:
-        import ray
-
-        with self._lock:
-            version, ref = self._version, self._ref
-        with warnings.catch_warnings():  # object-store memory is read-only, and only read here
-            warnings.simplefilter("ignore", UserWarning)
-            flat = torch.from_numpy(ray.get(ref))
-        entries = sync_entries(policy)
-        if tuple(k for k, _ in entries) != self.names:
-            raise ValueError("RayFleet: the published tensors differ from the sampler's policy copy")
-        offset = 0
-        with torch.no_grad():
-            for _, v in entries:
-                n = v.numel()
-                v.copy_(flat[offset : offset + n].view_as(v).to(v.dtype))
-                offset += n
-        return version
-
-
-class _Handoff:
-    """The actor's outbox: one finished item, taken by the trainer's ``next_rollout`` call."""
-
-    def __init__(self) -> None:
-        self.items: queue.Queue[Any] = queue.Queue(maxsize=1)
-
-    def put(self, item: Any, stop: threading.Event, beat: Any) -> None:
-        while not stop.is_set():
-            try:
-                self.items.put(item, timeout=0.5)
-                return
-            except queue.Full:
-                beat()  # waiting on the trainer is not a hang
-
-
-class SamplerActor:
-    """One sampler inside a Ray actor: its envs, its Collector and its policy copy, stepped by the
-    sampler process's loop in a thread; the trainer calls the methods below (a threaded actor)."""
-
-    def __init__(
-        self,
-        index: int,
-        cfg: SamplerConfig,
-        policy: nn.Module,
-        names: tuple[str, ...],
-        weights: tuple[int, list] | None,
-        task_weights: list[float] | None,
-    ) -> None:
-        seed_everything(cfg.seed)
-        torch.set_num_threads(1)
-        self.index, self.cfg = index, cfg
-        self.policy = policy.eval()
-        self.weights = _ActorWeights(names)
-        if weights is not None:
-            self.weights.offer(weights[0], weights[1][0])
-        self.task_weights = SharedTaskWeights(mp.get_context("spawn"))  # in-process here: no child shares it
-        if task_weights:
-            self.task_weights.set(task_weights)
-        self.stop_event = threading.Event()
-        self.outbox = _Handoff()
-        self.started = False
-        self.last_beat = time.monotonic()
-        threading.Thread(target=self._run, daemon=True, name="fastlight-sampler").start()
-
-    def _beat(self) -> None:
-        self.last_beat = time.monotonic()
-        self.started = True
-
-    def _run(self) -> None:
-        self._beat()
-        collector = None
-        try:
-            collector = build_collector(self.cfg, self.index, heartbeat=self._beat)
-            _loop(self.cfg, collector, self.policy, self.weights, self.outbox, self._beat, self.stop_event,
-                  self.task_weights)  # fmt: skip
-        except Exception:
-            self.outbox.put(("error", self.index, traceback.format_exc()), self.stop_event, self._beat)
-        finally:
-            if collector is not None:
-                collector.close()
-
-    def info(self) -> tuple[str, str, int]:
-        """Where it runs: (node id, node IP, pid)."""
-        import ray
-
-        ctx = ray.get_runtime_context()
-        return ctx.get_node_id(), ray.util.get_node_ip_address(), os.getpid()
-
-    def next_rollout(self, timeout: float) -> tuple[str, Any, Any]:
-        """``("rollout", version, Rollout)`` or ``("error", index, traceback)``; after ``timeout``
-        seconds without one, ``("wait", seconds since the last beat, started)``."""
-        try:
-            return self.outbox.items.get(timeout=timeout)
-        except queue.Empty:
-            return "wait", time.monotonic() - self.last_beat, self.started
-
-    def set_weights(self, version: int, ref: list) -> None:
-        self.weights.offer(version, ref[0])
-
-    def set_task_weights(self, weights: list[float]) -> None:
-        self.task_weights.set(weights)
 
 
 # -------------------------------------------------------------------------------- the trainer's side
@@ -428,7 +264,7 @@ class RaySamplerFleet(SamplerFleet):
                 signal.signal(signal.SIGTERM, sigterm)
         self._owns_ray = True
         if address is None:
-            self._reaper = _start_reaper(ray)
+            self._reaper = start_reaper(ray)
 
     def _create(self, i: int, lost_node: tuple[str, str] | None = None) -> _Actor:
         ray = self._ray
@@ -459,9 +295,7 @@ class RaySamplerFleet(SamplerFleet):
     def publish(self, policy: nn.Module, version: int) -> SyncStats:
         """One ``ray.put`` of the weights for ``version``; each actor is sent its ref."""
         t0 = time.perf_counter()
-        entries = sync_entries(policy)
-        with torch.no_grad():
-            flat = torch.cat([v.detach().reshape(-1).to("cpu", torch.float32) for _, v in entries]).numpy()
+        flat = flat_weights(policy)
         ref = self._ray.put(flat)
         with self._lock:
             self._weights = (version, ref)
@@ -508,7 +342,7 @@ class RaySamplerFleet(SamplerFleet):
                 return None
             actor.last_reply = time.monotonic()
             if kind == "error":
-                raise SamplerError(_crashed(i, payload))
+                raise SamplerError(crashed(i, payload))
             self.pending[actor.handle.next_rollout.remote(POLL_S)] = i
             if kind == "wait":
                 actor.started = actor.started or bool(payload)
@@ -691,20 +525,6 @@ def _stop_ref(ref: weakref.ref) -> None:
     fleet = ref()
     if fleet is not None:
         fleet.stop()
-
-
-def _start_reaper(ray: Any) -> subprocess.Popen | None:
-    """Start :data:`REAPER` over the processes of the Ray instance this process just started (None
-    where Ray does not say which they are)."""
-    try:
-        node = ray._private.worker._global_node
-        pids = [info.process.pid for infos in node.all_processes.values() for info in infos]
-    except AttributeError:
-        return None
-    # Its own session: a Ctrl-C to the trainer's process group does not reach it.
-    return subprocess.Popen(
-        [sys.executable, "-c", REAPER, *map(str, pids)], stdin=subprocess.PIPE, start_new_session=True
-    )
 
 
 def _first_line(error: BaseException) -> str:

@@ -1,9 +1,21 @@
-"""Same-host trainer -> CPU inference worker weights through two shared-memory buffers.
+"""Same-host trainer -> inference worker weights through two shared buffers, on the CPU or one GPU.
 
 For a worker whose weights live on this host's CPU, a broadcast group is two extra copies through
 loopback sockets. Here the weights live in shared memory instead: two *sets* of flat per-dtype
 buffers (slot 0 and slot 1; the fixed order and layout of :mod:`fastlight.weights.buckets`, one
 bucket per dtype), mapped by both processes.
+
+``device`` says where the slots live. ``"cpu"`` (``SyncStats.mode == "shared_memory"``): host
+shared memory. ``"cuda:N"`` (``mode == "cuda_ipc"``), for a worker on the GPU that holds the
+trainer's weights, where NCCL cannot group the two processes and gloo would stage every sync through
+host memory: the slots are CUDA tensors of the trainer's process. Passed to the spawned worker
+with the buffer, ``torch.multiprocessing`` pickles them as CUDA IPC handles, which the worker opens
+once, at start-up; every publish after that is one on-device copy into the free slot and a flip of
+the version counter (vLLM's ``ipc`` weight transfer and SGLang's same-GPU update do the same: one
+flat buffer per dtype, its handle shared once; opening handles per sync is the cost they avoid).
+Both processes order their GPU work around the flip: the trainer waits for its copy to finish on
+the device before it flips, the worker waits for its forwards on the old slot to finish before it
+leaves that slot to the trainer.
 
 - **Trainer** (:meth:`SharedDoubleBuffer.publish`): copies the policy once into the slot the
   worker does *not* use, then flips ``active`` to it, and (by default) waits for the worker's ack.
@@ -43,6 +55,18 @@ _ONE_BUCKET_PER_DTYPE_MB = 2.0**40  # MiB: larger than any model, so each dtype 
 _ACTIVE, _V0, _ANNOUNCED, _FLIPPED, _CLAIMED, _ACKED = 0, 1, 3, 4, 5, 6
 
 
+def slot_device(device: torch.device | str) -> torch.device:
+    """Where :class:`SharedDoubleBuffer` puts its slots: ``cpu``, or a CUDA device with its index.
+    A bare ``"cuda"`` is device 0, as in :func:`~fastlight.weights.group.choose_backend`: what a
+    freshly spawned worker's ``"cuda"`` is, whatever device the trainer's process has selected."""
+    d = torch.device(device)
+    if d.type not in ("cpu", "cuda"):
+        raise ValueError(f"SharedDoubleBuffer.device must be 'cpu' or 'cuda[:N]', got {str(d)!r}")
+    if d.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"SharedDoubleBuffer.device is {str(d)!r} but torch.cuda.is_available() is False")
+    return torch.device("cuda", d.index or 0) if d.type == "cuda" else d
+
+
 def _backoff_wait(ready: Callable[[], bool], timeout_s: float, check: Callable[[], None] | None) -> bool:
     """Poll ``ready`` with a 20 us .. 1 ms backoff; ``check`` (may raise) runs every ~50 ms."""
     deadline = time.monotonic() + timeout_s
@@ -62,19 +86,33 @@ def _backoff_wait(ready: Callable[[], bool], timeout_s: float, check: Callable[[
 class SharedDoubleBuffer:
     """Trainer end (:class:`~fastlight.weights.publisher.WeightPublisher`) of the double buffer, and
     the shared state both ends use. Build it from the policy *before* the worker starts and pass it
-    to the worker as a ``Process`` argument (buffers travel as shared-memory handles).
+    to the worker as a ``Process`` argument (buffers travel as shared-memory handles, or as CUDA IPC
+    handles for a CUDA ``device``: the worker maps them once, there).
 
-    ``timeout_s`` bounds every trainer wait for the worker; ``worker_name`` names it in errors.
+    ``device`` is where the slots live, and must be where the worker holds its weights: ``cpu``
+    (host shared memory) or the worker's CUDA device (its weights' GPU is the trainer's own, see
+    :func:`fastlight.inference.client.weight_path`). The trainer's policy may be anywhere: the
+    publish copies across. ``timeout_s`` bounds every trainer wait for the worker; ``worker_name``
+    names it in errors.
     """
 
     def __init__(self, module: nn.Module, ctx: mp.context.BaseContext, *, timeout_s: float = 60.0,
-                 include_buffers: bool = True, worker_name: str = "inference worker") -> None:
+                 include_buffers: bool = True, worker_name: str = "inference worker",
+                 device: torch.device | str = "cpu") -> None:
         if timeout_s <= 0:
             raise ValueError(f"SharedDoubleBuffer.timeout_s must be > 0, got {timeout_s}")
+        self.device = slot_device(device)
+        self.mode = "cuda_ipc" if self.device.type == "cuda" else "shared_memory"  # SyncStats.mode
         self.layout = plan_buckets(module, _ONE_BUCKET_PER_DTYPE_MB, include_buffers=include_buffers)
         self.include_buffers, self.timeout_s, self.worker_name = include_buffers, timeout_s, worker_name
-        # share_memory_ copies the zeros into shared memory: every page is touched here, not in a publish.
-        self.slots = [[b.share_memory_() for b in alloc_buckets(self.layout, "cpu")] for _ in range(2)]
+        if self.device.type == "cuda":
+            # vLLM ipc weight transfer: plain device allocations of this process; pickling the buffer
+            # into the worker's Process arguments exports their IPC handles, once. This process must
+            # (and does) keep them alive for as long as the worker uses them.
+            self.slots = [alloc_buckets(self.layout, self.device) for _ in range(2)]
+        else:
+            # share_memory_ copies the zeros into shared memory: every page is touched here, not in a publish.
+            self.slots = [[b.share_memory_() for b in alloc_buckets(self.layout, "cpu")] for _ in range(2)]
         self.state = ctx.Array("q", [-1, -1, -1, 0, 0, -1, -1], lock=False)
         self.lock = ctx.Lock()
         self._views: list[list[torch.Tensor]] | None = None  # trainer-side, built lazily
@@ -85,6 +123,11 @@ class SharedDoubleBuffer:
     @property
     def nbytes(self) -> int:
         return self.layout.nbytes
+
+    @property
+    def label(self) -> str:
+        """What errors call this path: ``shared-memory`` or ``CUDA IPC``."""
+        return "CUDA IPC" if self.mode == "cuda_ipc" else "shared-memory"
 
     @property
     def acked_version(self) -> int:
@@ -116,12 +159,17 @@ class SharedDoubleBuffer:
                    f"to leave slot {target} (it still serves from it) before version {version} is written")
         if self._views is None:
             self._views = [bucket_views(self.layout, slot) for slot in self.slots]
-        with torch.no_grad():  # the one copy (device -> host first if the trainer's policy is on a GPU)
-            if all(t.device.type == "cpu" for t in tensors):
+        with torch.no_grad():  # the one copy (across devices if the policy is not where the slots are)
+            if all(t.device == self.device for t in tensors):
                 torch._foreach_copy_(self._views[target], [t.detach() for t in tensors])
             else:
                 for view, t in zip(self._views[target], tensors, strict=True):
                     view.copy_(t.detach())
+        if self.device.type == "cuda":
+            # The copy was only queued on this process's stream; the worker's streams (another process)
+            # know nothing of it. Finish it on the device before the flip, so that the worker never
+            # swaps onto a half-written slot (the flip below is what tells it the slot is ready).
+            torch.cuda.synchronize(self.device)
         with self.lock:  # the flip: after the copy, under the lock (a memory barrier for the worker)
             self.state[_V0 + target] = version
             self.state[_ACTIVE] = target
@@ -129,7 +177,7 @@ class SharedDoubleBuffer:
         if wait:
             self._wait(lambda: self.acked_version == version, check, f"to ack version {version}")
         latency_ms = 1000.0 * (time.perf_counter() - t0)
-        return SyncStats(version, "shared_memory", latency_ms, self.nbytes, 0, latency_ms)
+        return SyncStats(version, self.mode, latency_ms, self.nbytes, 0, latency_ms)
 
     def _free(self, slot: int) -> bool:
         with self.lock:
@@ -138,7 +186,7 @@ class SharedDoubleBuffer:
     def _wait(self, ready: Callable[[], bool], check: Callable[[], None] | None, what: str) -> None:
         if not _backoff_wait(ready, self.timeout_s, check):
             raise WeightSyncError(
-                f"shared-memory weight sync: the {self.worker_name} did not answer within the "
+                f"{self.label} weight sync: the {self.worker_name} did not answer within the "
                 f"{self.timeout_s:g} s timeout: waited for it {what}; it acked version "
                 f"{self.acked_version} and holds slot {self.claimed_slot}")
 
@@ -160,11 +208,12 @@ class DoubleBufferReader:
                  stopped: Callable[[], bool] | None) -> None:
         mine = plan_buckets(module, _ONE_BUCKET_PER_DTYPE_MB, include_buffers=shared.include_buffers)
         if mine.signature != shared.layout.signature:
-            raise WeightSyncError(f"shared-memory weight sync: {name}'s model layout does not match the "
+            raise WeightSyncError(f"{shared.label} weight sync: {name}'s model layout does not match the "
                                   f"trainer's ({mine.nbytes} vs {shared.layout.nbytes} bytes)")
         for t in live_tensors(module, mine):
-            if t.device.type != "cpu":
-                raise WeightSyncError(f"shared-memory weight sync needs CPU weights; {name} has {t.device}")
+            if t.device != shared.device:  # the pointer swap below moves no bytes across devices
+                where = "CPU weights" if shared.device.type == "cpu" else f"weights on {shared.device}"
+                raise WeightSyncError(f"{shared.label} weight sync needs {where}; {name} has {t.device}")
         self.shared, self.module, self.name, self.stopped = shared, module, name, stopped
         self.views = [bucket_views(shared.layout, slot) for slot in shared.slots]
         self.version = -1
@@ -182,6 +231,10 @@ class DoubleBufferReader:
         _backoff_wait(lambda: int(state[_FLIPPED]) > self.received or stopped(), float("inf"), None)
         if int(state[_FLIPPED]) <= self.received:  # stopped while drained: nothing to take
             return self.version
+        if self.shared.device.type == "cuda":
+            # Forwards queued on this process's streams may still read the slot being left: finish
+            # them before the claim below frees it to the trainer's next copy (no torn reads).
+            torch.cuda.synchronize(self.shared.device)
         with self.shared.lock:  # the claim: the trainer will not write this slot until we leave it
             slot = int(state[_ACTIVE])
             version, self.received = int(state[_V0 + slot]), int(state[_FLIPPED])

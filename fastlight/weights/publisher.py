@@ -9,9 +9,10 @@ Implementations: :class:`~fastlight.weights.shared_memory.SharedWeights` (sample
 copies; one shared-memory buffer) and :class:`~fastlight.inference.client.InferenceClient`
 (one inference worker holds the policy). The client publishes through
 :class:`~fastlight.weights.double_buffer.SharedDoubleBuffer` for a CPU worker on this host (two
-shared slots; one copy in, a pointer swap in the worker; ``mode == "shared_memory"``) and through
-a two-rank broadcast group, :mod:`fastlight.weights.broadcast`, for a CUDA worker
-(``mode == "bucketed"``). A :class:`~fastlight.sampling.pool.SamplerPool` holds exactly
+shared slots; one copy in, a pointer swap in the worker; ``mode == "shared_memory"``), the same
+with its slots on the GPU for a CUDA worker on the trainer's GPU (CUDA IPC, ``mode == "cuda_ipc"``),
+and through a two-rank broadcast group, :mod:`fastlight.weights.broadcast`, for a CUDA worker on
+another GPU (``mode == "bucketed"``). A :class:`~fastlight.sampling.pool.SamplerPool` holds exactly
 one publisher, and ``RolloutDataModule.publish`` is the one place that calls it.
 """
 

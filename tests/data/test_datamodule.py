@@ -151,7 +151,11 @@ KILL_SCRIPT = textwrap.dedent(
 # SIGINT teardown is the trainer's own and the same for both, so it runs once.
 @pytest.mark.parametrize(
     ("sig", "start"),
-    [(signal.SIGINT, "spawn"), (signal.SIGKILL, "spawn"), (signal.SIGKILL, "forkserver")],
+    [
+        (signal.SIGINT, "spawn"),
+        pytest.param(signal.SIGKILL, "spawn", marks=pytest.mark.slow),  # the forkserver case is the default's
+        (signal.SIGKILL, "forkserver"),
+    ],
 )
 def test_no_orphans_when_trainer_is_interrupted_or_killed(sig, start):
     """Samplers (and, with a warmed forkserver, the forkserver) never outlive their trainer."""

@@ -99,6 +99,7 @@ def test_unknown_task_and_bad_settings_are_refused(tmp_path):
 
 
 @pytest.mark.multiproc
+@pytest.mark.slow
 def test_generation_in_spawned_processes_matches_in_process(tmp_path):
     a = DemoDataModule(env_kwargs=KW, demos_per_task=1, num_workers=0, cache_dir=str(tmp_path / "a")).load()
     b = DemoDataModule(env_kwargs=KW, demos_per_task=1, num_workers=2, cache_dir=str(tmp_path / "b")).load()

@@ -94,6 +94,7 @@ def assert_clean_stop(log: Path, rc: int, seconds: float, family: set[int]) -> s
 
 
 @pytest.mark.multiproc
+@pytest.mark.ranks
 def test_stop_signal_in_rank_1_stops_both_ranks_and_second_signals_wait_for_the_checkpoint(tmp_path):
     """Lightning's DDP launcher, no samplers (tests/faults/ddp_stop_probe.py): rank 1 signals itself
     in update 2; during the stop save rank 0 gets a SIGINT and rank 1 a SIGTERM, both ignored."""

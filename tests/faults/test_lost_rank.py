@@ -72,6 +72,7 @@ def stopped_line(root: Path, why: str, code: int) -> str:
 
 
 @pytest.mark.multiproc
+@pytest.mark.ranks
 def test_sigkill_of_rank_1_stops_rank_0_with_the_last_update_saved(tmp_path):
     # A peer timeout far above the bound: the loss is seen without waiting for it.
     rc, report, seconds, root, out = run_probe(tmp_path, "--lose-signal", "SIGKILL", timeout_s=300.0)

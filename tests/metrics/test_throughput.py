@@ -137,6 +137,7 @@ def _ddp_worker(rank: int, world: int, port: int, out_dir: str) -> None:
 
 
 @pytest.mark.multiproc
+@pytest.mark.ranks
 def test_two_gloo_ranks_report_whole_job_figures(tmp_path: Path) -> None:
     ctx = mp.start_processes(
         _ddp_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=False, start_method="spawn"

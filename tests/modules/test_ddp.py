@@ -43,6 +43,7 @@ def run_ddp(tmp_path, config: str, *extra: str, strategy: str = "ddp") -> list[d
 
 
 @pytest.mark.multiproc
+@pytest.mark.ranks
 def test_two_rank_ddp_keeps_models_identical(tmp_path):
     ranks = run_ddp(
         tmp_path,

@@ -81,7 +81,8 @@ def _entry() -> tuple[str, str]:
 
 
 @pytest.mark.multiproc
-@pytest.mark.parametrize("start_method", ["spawn", "forkserver"])
+# The forkserver is `fastlight fit`'s default; the spawned sampler imports the same modules (slow).
+@pytest.mark.parametrize("start_method", [pytest.param("spawn", marks=pytest.mark.slow), "forkserver"])
 def test_highway_sampler_loads_no_lightning_transformers_or_metaworld(tmp_path, start_method):
     """Spawned, or forked from the forkserver the fastlight command warms before it imports
     Lightning: either way the sampler holds no Lightning, transformers or Meta-World."""
