@@ -87,6 +87,7 @@ WATCH_EVERY_S = 0.25
 #: How long ``stop`` waits for a restart under way (a new forkserver importing, a spawn) to finish.
 RESTART_WAIT_S = 30.0
 
+
 @dataclass
 class _Sampler:
     """One running sampler process and what the pool watches of it."""

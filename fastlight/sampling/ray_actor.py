@@ -22,10 +22,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from fastlight.inference.ray_worker import RayServedVersion
 from fastlight.procs import seed_everything
 from fastlight.sampling.task_weights import SharedTaskWeights
 from fastlight.sampling.worker import SamplerConfig, _loop, build_collector
 from fastlight.weights.buckets import sync_entries
+from fastlight.weights.publisher import WeightSource
 
 
 def flat_weights(policy: nn.Module) -> Any:
@@ -103,13 +105,16 @@ class SamplerActor:
         names: tuple[str, ...],
         weights: tuple[int, list] | None,
         task_weights: list[float] | None,
+        served: Any = None,
     ) -> None:
         seed_everything(cfg.seed)
         torch.set_num_threads(1)
         self.index, self.cfg = index, cfg
         self.policy = policy.eval()
-        self.weights = ActorWeights(names)
-        if weights is not None:
+        # With an inference actor (``served``, its handle) ``policy`` is a RayServedPolicy: the actor
+        # holds the weights, and the version is the actor's.
+        self.weights: WeightSource = RayServedVersion(served) if served is not None else ActorWeights(names)
+        if weights is not None and isinstance(self.weights, ActorWeights):
             self.weights.offer(weights[0], weights[1][0])
         self.task_weights = SharedTaskWeights(mp.get_context("spawn"))  # in-process here: no child shares it
         if task_weights:
@@ -153,7 +158,8 @@ class SamplerActor:
             return "wait", time.monotonic() - self.last_beat, self.started
 
     def set_weights(self, version: int, ref: list) -> None:
-        self.weights.offer(version, ref[0])
+        if isinstance(self.weights, ActorWeights):
+            self.weights.offer(version, ref[0])
 
     def set_task_weights(self, weights: list[float]) -> None:
         self.task_weights.set(weights)

@@ -25,6 +25,11 @@ What differs is the transport:
   its ref and copies it in at its next round. The object store moves it once per node.
   ``sync/*`` reports the put (``mode`` ``ray_object_store``).
 
+With ``--data.inference`` the rank's policy is held by one inference actor instead
+(:mod:`fastlight.inference.ray_worker`, placed by ``inference_resources``; the trainer's end is
+:class:`~fastlight.sampling.ray_inference.RayInference`): the samplers act through calls on it, and
+each version is broadcast to it over a two-rank ``torch.distributed`` group (``mode`` ``bucketed``).
+
 Faults are fastlight's, not Ray's (actors run with ``max_restarts=0``): an actor that dies (its
 process killed, a segfault) or makes no progress for ``--data.faults.heartbeat_s`` is killed and
 started again in its bundle on the current weights, within ``--data.faults.max_worker_restarts`` per
@@ -69,6 +74,7 @@ from fastlight.rollout import Rollout
 from fastlight.sampling.faults import FLAG, FaultSettings
 from fastlight.sampling.fleet import Fleet, SamplerFleet
 from fastlight.sampling.ray_actor import SamplerActor, flat_weights
+from fastlight.sampling.ray_inference import RayInference
 from fastlight.sampling.ray_reaper import start_reaper
 from fastlight.sampling.restarts import SamplerError, crashed, spend_restart
 from fastlight.sampling.worker import SamplerConfig
@@ -106,6 +112,11 @@ class RayFleet(Fleet):
         placement_strategy: how the rank's bundles spread over nodes (Ray's placement strategies).
         placement_timeout_s: how long the cluster may take to place the samplers, at the start and
             after a node leaves, before the run stops naming what cannot be placed.
+        inference_resources: with ``--data.inference``, what the rank's inference actor needs
+            besides ``num_cpus_inference`` CPUs: ``{GPU: 1}`` (a GPU of its own), a custom resource
+            (``{infer: 1}``), or ``null`` (anywhere with the CPUs). Its weights come over a
+            ``torch.distributed`` group (:mod:`fastlight.inference.ray_worker`).
+        num_cpus_inference: CPUs the inference actor reserves.
     """
 
     address: str | None = None
@@ -113,6 +124,8 @@ class RayFleet(Fleet):
     num_cpus_per_sampler: float = 1.0
     placement_strategy: Strategy = "PACK"
     placement_timeout_s: float = 20.0
+    inference_resources: dict[str, float] | None = None
+    num_cpus_inference: float = 1.0
 
     def __post_init__(self) -> None:
         check_extra("ray", extra="ray", what=WHAT)  # at parse time: one line, before anything starts
@@ -129,6 +142,14 @@ class RayFleet(Fleet):
                 f"{SETTINGS}.placement_strategy must be one of {' | '.join(STRATEGIES)}, "
                 f"got {self.placement_strategy!r}"
             )
+        if not self.num_cpus_inference > 0:
+            raise ValueError(f"{SETTINGS}.num_cpus_inference must be > 0, got {self.num_cpus_inference}")
+        for name, amount in (self.inference_resources or {}).items():
+            if not amount > 0 or name == "CPU":
+                raise ValueError(
+                    f"{SETTINGS}.inference_resources must map GPU or custom resource names to amounts > 0 "
+                    f"(CPUs: {SETTINGS}.num_cpus_inference), got {name}: {amount}"
+                )
         if not self.placement_timeout_s > 0:
             raise ValueError(f"{SETTINGS}.placement_timeout_s must be > 0, got {self.placement_timeout_s}")
 
@@ -149,11 +170,17 @@ class RayFleet(Fleet):
         start_method: str,
     ) -> RaySamplerFleet:
         if inference is not None:
-            raise ValueError(
-                f"--data.inference is not available with {WHAT} yet: each sampler actor acts with its own "
-                "policy copy; set --data.inference null"
-            )
-        return RaySamplerFleet(self, configs, policy, rank=rank, faults=faults)
+            device = inference.worker_device(trainer_device)
+            if device.type == "cuda" and not (self.inference_resources or {}).get("GPU"):
+                raise ValueError(
+                    f"--data.inference puts the policy on {device} and {SETTINGS}.inference_resources "
+                    f"gives the Ray inference actor no GPU ({self.inference_resources}); set it to "
+                    "{GPU: 1}, or --data.inference.device cpu"
+                )
+        return RaySamplerFleet(
+            self, configs, policy, rank=rank, faults=faults, inference=inference,
+            trainer_device=trainer_device,
+        )  # fmt: skip
 
 
 # -------------------------------------------------------------------------------- the trainer's side
@@ -184,8 +211,12 @@ class RaySamplerFleet(SamplerFleet):
         *,
         rank: int = 0,
         faults: FaultSettings | None = None,
+        inference: InferenceSettings | None = None,
+        trainer_device: torch.device | str = "cpu",
     ) -> None:
         check_policy(policy)  # a missing action_mapping must fail here, not in an actor
+        self.inference_settings, self.trainer_device = inference, trainer_device
+        self.inference: RayInference | None = None  # the rank's inference actor, once started
         self.settings = settings
         self.configs = configs
         self.policy = policy
@@ -232,6 +263,13 @@ class RaySamplerFleet(SamplerFleet):
             message = self._unplaceable(f"{len(self.configs)} samplers")
             self.stop()
             raise SamplerError(message)
+        if self.inference_settings is not None:
+            s = self.settings
+            self.inference = RayInference(
+                ray, self.policy, self.inference_settings, trainer_device=self.trainer_device,
+                resources=dict(s.inference_resources or {}), num_cpus=s.num_cpus_inference,
+                samplers=len(self.configs), rank=self.rank,
+            )  # fmt: skip
         with self._lock:
             self.actors = [self._create(i) for i in range(len(self.configs))]
         self._last_item = time.monotonic()
@@ -284,16 +322,29 @@ class RaySamplerFleet(SamplerFleet):
                 max_concurrency=4,  # the loop's thread, next_rollout, set_weights, set_task_weights
                 name=None,
             )
-            .remote(i, self.configs[i], self.policy, self.names, weights, self._task_weights)
+            .remote(i, self.configs[i], *self._policy_args(), weights, self._task_weights, self._served())
         )
         now = time.monotonic()
         actor = _Actor(i, handle, now, handle.info.remote(), last_reply=now, lost_node=lost_node)
         self.pending[handle.next_rollout.remote(POLL_S)] = i
         return actor
 
+    def _policy_args(self) -> tuple[nn.Module, tuple[str, ...]]:
+        """A sampler actor's policy and its published names: a copy, or the inference actor's proxy."""
+        if self.inference is not None:
+            return self.inference.served_policy(), ()
+        return self.policy, self.names
+
+    def _served(self) -> Any:
+        return None if self.inference is None else self.inference.handle
+
     # ---------------------------------------------------------------- weights, task weights
     def publish(self, policy: nn.Module, version: int) -> SyncStats:
-        """One ``ray.put`` of the weights for ``version``; each actor is sent its ref."""
+        """One ``ray.put`` of the weights for ``version``, each actor sent its ref; or, with an
+        inference actor, the broadcast to it."""
+        if self.inference is not None:
+            self.inference.check()
+            return self.inference.publish(policy, version)
         t0 = time.perf_counter()
         flat = flat_weights(policy)
         ref = self._ray.put(flat)
@@ -305,7 +356,10 @@ class RaySamplerFleet(SamplerFleet):
         return SyncStats(version, "ray_object_store", ms, flat.nbytes, 1, ms)
 
     def request_drain(self) -> None:
-        """Nothing to drain: actors pick the new weights up between rounds."""
+        """The inference actor's drain; without one nothing to drain (actors pick the new weights up
+        between rounds)."""
+        if self.inference is not None:
+            self.inference.request_drain()
 
     def set_task_weights(self, weights: list[float]) -> None:
         with self._lock:
@@ -342,6 +396,8 @@ class RaySamplerFleet(SamplerFleet):
                 return None
             actor.last_reply = time.monotonic()
             if kind == "error":
+                if self.inference is not None:  # its death fails every sampler's call: name the cause
+                    self.inference.check(wait_s=2.0)
                 raise SamplerError(crashed(i, payload))
             self.pending[actor.handle.next_rollout.remote(POLL_S)] = i
             if kind == "wait":
@@ -366,6 +422,8 @@ class RaySamplerFleet(SamplerFleet):
         with self._lock:
             if self._stopping:
                 return
+            if self.inference is not None:
+                self.inference.check()
             for a in list(self.actors):
                 if a.where is None:
                     ready, _ = ray.wait([a.info_ref], timeout=0)
@@ -499,6 +557,9 @@ class RaySamplerFleet(SamplerFleet):
             for a in self.actors:
                 self._kill(a)
             self.actors, self.pending = [], {}
+            if self.inference is not None:
+                self.inference.stop()
+                self.inference = None
             if self._pg is not None:
                 with contextlib.suppress(Exception):
                     from ray.util.placement_group import remove_placement_group

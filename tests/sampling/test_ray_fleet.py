@@ -31,6 +31,7 @@ from fastlight.sampling.fleet import SamplerFleet
 from fastlight.sampling.pool import LocalFleet, SamplerError, SamplerPool
 from fastlight.sampling.ray_fleet import RayFleet, RaySamplerFleet
 from fastlight.weights.buckets import sync_entries
+from fastlight.weights.checksum import weights_checksum
 from tests.lightning_helpers import quiet_trainer
 
 pytestmark = pytest.mark.multiproc
@@ -153,6 +154,8 @@ class RecordingModule(RLModule):
         self.seen.append((self.policy_version, batch.policy_version[batch.valid].unique().tolist()))
         if batch_idx == 0:
             self.nodes = self.fleet.sampler_nodes()
+            if self.fleet.inference is not None:
+                self.inference_node = self.fleet.inference.where[0]
         return super().training_step(batch, batch_idx)
 
 
@@ -225,16 +228,18 @@ def test_bad_ray_fleet_settings_are_one_line(kwargs, line):
     assert str(e.value).startswith(line) and "\n" not in str(e.value)
 
 
-def test_the_ray_fleet_refuses_an_inference_worker_in_one_line():
-    from fastlight.inference import InferenceSettings
-
-    dm = RolloutDataModule(env_id=FIXED, num_envs=2, num_workers=1, fleet=RayFleet(),
-                           inference=InferenceSettings())  # fmt: skip
-    with pytest.raises(ValueError, match=r"^--data.inference is not available with --data.fleet .*RayFleet"):
-        dm.fleet.build(
-            dm.sampler_configs(0), policy_for(dm), rank=0, inference=dm.inference, trainer_device="cpu",
-            example_obs=None, faults=dm.faults, start_method="spawn",
-        )  # fmt: skip
+@pytest.mark.parametrize(
+    ("kwargs", "line"),
+    [
+        ({"num_cpus_inference": 0}, "--data.fleet.init_args.num_cpus_inference must be > 0, got 0"),
+        ({"inference_resources": {"CPU": 1}}, "--data.fleet.init_args.inference_resources must map GPU or"),
+        ({"inference_resources": {"GPU": 0}}, "--data.fleet.init_args.inference_resources must map GPU or"),
+    ],
+)
+def test_bad_inference_actor_settings_are_one_line(kwargs, line):
+    with pytest.raises(ValueError) as e:
+        RayFleet(**kwargs)
+    assert str(e.value).startswith(line) and "\n" not in str(e.value)
 
 
 # ------------------------------------------------------------------ on the two-node cluster
@@ -254,6 +259,77 @@ def test_a_fit_samples_on_node_2_strictly_on_policy_and_leaves_no_actor(cluster)
     from ray.util import placement_group_table
 
     assert {pg["state"] for pg in placement_group_table().values()} <= {"REMOVED"}
+
+
+class ServedModule(RecordingModule):
+    """Also checks, at each batch, that the inference actor serves exactly the weights just published."""
+
+    def training_step(self, batch, batch_idx):
+        import ray
+
+        served = self.fleet.inference.handle.checksum.remote()
+        self.same_weights = getattr(self, "same_weights", []) + [
+            ray.get(served) == weights_checksum(self.policy)
+        ]
+        return super().training_step(batch, batch_idx)
+
+
+def test_an_inference_actor_on_node_2_serves_the_samplers_with_every_version(cluster):
+    """--data.inference with the Ray fleet: one inference actor (placed on node 2 by its resource)
+    serves both sampler actors; its weights come over a gloo group from the trainer (bucketed)."""
+    from fastlight.inference import InferenceSettings
+
+    _, node2 = cluster
+    half = {"sim": 0.5}  # node 2 (2 CPUs, sim 2) holds the two samplers and the inference actor
+    fleet = RayFleet(sampler_resources=half, num_cpus_per_sampler=0.5, inference_resources=half,
+                     num_cpus_inference=0.5)  # fmt: skip
+    dm = RolloutDataModule(
+        env_id=FIXED, env_kwargs={"lengths": (3, 6, 2)}, num_envs=4, num_workers=2, cycles_per_step=2,
+        inference=InferenceSettings(max_wait_ms=1.0), fleet=fleet,
+    )  # fmt: skip
+    model = ServedModule(obs_dim=3, action_dim=2, update_epochs=1, num_minibatches=2)
+    quiet_trainer(max_steps=8).fit(model, datamodule=dm)
+    assert model.policy_version == 4
+    assert model.seen == [(v, [v]) for v in range(4)]  # every step served by the version just published
+    assert model.same_weights == [True] * 4  # bit for bit the trainer's weights at each batch
+    assert model.nodes == [node2, node2] and model.inference_node == node2
+    assert dm.last_sync.mode == "bucketed" and dm.last_sync.version == 3
+    assert dm.pool is None and alive_actors() == []
+
+
+@pytest.mark.slow
+def test_a_sigkilled_inference_actor_stops_the_run_naming_it(cluster):
+    import ray
+
+    from fastlight.inference import InferenceSettings
+
+    _, node2 = cluster
+    half = {"sim": 0.5}
+    fleet = RayFleet(sampler_resources=half, num_cpus_per_sampler=0.5, inference_resources=half,
+                     num_cpus_inference=0.5)  # fmt: skip
+    dm = RolloutDataModule(env_id=FIXED, env_kwargs={"lengths": (4,)}, num_envs=2, num_workers=2,
+                           max_staleness=100, inference=InferenceSettings(), fleet=fleet)  # fmt: skip
+    policy = policy_for(dm)
+    pool = dm.fleet.build(
+        dm.sampler_configs(0), policy, rank=0, inference=dm.inference, trainer_device="cpu",
+        example_obs=dm.example_obs, faults=dm.faults, start_method="spawn",
+    )  # fmt: skip
+    pool.start()
+    try:
+        assert pool.publish(policy, 0).mode == "bucketed"
+        assert {version_of(r) for r in items(pool, 2)} == {0}
+        node, _, pid = ray.get(pool.inference.info_ref)
+        assert node == node2
+        os.kill(pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        with pytest.raises(SamplerError) as e:
+            items(pool, 100)
+        assert time.monotonic() - t0 < 30
+        assert str(e.value).startswith(f"inference worker (Ray actor, pid {pid}, Ray node {node2} ")
+        assert "died" in str(e.value) and "does not restart it" in str(e.value)
+    finally:
+        pool.stop()
+    assert alive_actors() == []
 
 
 @pytest.mark.slow

@@ -1,0 +1,274 @@
+"""The inference worker as a Ray actor: one per trainer rank, on any node, serving that rank's Ray samplers.
+
+With ``--data.fleet RayFleet`` and ``--data.inference`` set, a rank's policy is held by one
+:class:`InferenceActor` (placed by ``RayFleet.inference_resources``, e.g. ``{GPU: 1}`` or a custom
+resource) instead of a copy in every sampler actor (AcceRL §architecture: large policies do not fit
+a copy per sampler). The samplers act through :class:`RayServedPolicy`, whose ``act`` / ``value`` are
+calls on the actor; the actor gathers the calls of all its samplers into batched forward passes
+(dynamic batching as the local worker, :class:`~fastlight.inference.server.InferenceServer`: up to
+``max_batch`` rows, ``max_wait_ms`` for more, stragglers first) and tags every answer with the version
+of the weights behind it.
+
+Weights reach the actor over a two-rank ``torch.distributed`` group between the trainer rank and the
+actor (:mod:`fastlight.weights.broadcast`: gloo on the CPU, NCCL between two GPUs), the trainer hosting
+the group's store at its own node address; the actor's serving loop is the local worker's
+(:func:`~fastlight.inference.server.serve_until`), so the drain is the same: once the trainer
+announces a sync, the actor finishes the forward pass in flight, starts no new one and joins the
+broadcast, and serving resumes on the new weights (AcceRL §inference drain).
+
+A Ray actor cannot be restarted onto a broadcast group that is gone (the trainer would need a new
+rendezvous and a publish it is not making): if the actor dies, the run stops naming it.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from fastlight.inference.server import serve_until
+from fastlight.models.base import ActionMapping, ActOutput
+from fastlight.weights.broadcast import SyncGroupConfig, WeightReceiver
+from fastlight.weights.checksum import weights_checksum
+
+#: How long a sampler's call waits on the actor before it looks at the actor's own error again.
+POLL_S = 1.0
+
+
+@dataclass
+class _Call:
+    """One sampler's request: ``kind`` ``act`` or ``value``, its rows, the sampler's progress this round."""
+
+    kind: str
+    obs: Tensor | dict[str, Tensor]
+    step: Tensor
+    progress: int
+    done: threading.Event = field(default_factory=threading.Event)
+    result: Any = None
+
+    @property
+    def rows(self) -> int:
+        return next(iter(self.obs.values())).shape[0] if isinstance(self.obs, dict) else self.obs.shape[0]
+
+
+class InferenceActor:
+    """The actor's class (wrapped by ``ray.remote`` in the fleet; plain Python here, so it is testable
+    and importable without Ray). A threaded actor: every sampler's call waits in its own thread, one
+    serving thread runs the forward passes and the weight syncs."""
+
+    def __init__(
+        self,
+        policy: nn.Module,
+        sync: SyncGroupConfig,
+        *,
+        device: str,
+        max_batch: int,
+        max_wait_ms: float,
+        bucket_mb: float,
+    ) -> None:
+        if torch.device(device).type == "cpu":
+            torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+        self.device = torch.device(device)
+        self.policy = policy.to(self.device).eval()
+        self.max_batch, self.max_wait_s = max_batch, max_wait_ms / 1000.0
+        self.version = -1
+        self.forwards = 0
+        self.calls: queue.Queue[_Call] = queue.Queue()
+        self.pending: list[_Call] = []
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._ended = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(sync, bucket_mb), daemon=True,
+                                        name="fastlight-inference")  # fmt: skip
+        self._thread.start()
+
+    # ------------------------------------------------------------ the serving thread
+    def _run(self, sync: SyncGroupConfig, bucket_mb: float) -> None:
+        receiver = None
+        try:
+            # Joins the trainer's group (it hosts the store; it creates its end at its first publish).
+            receiver = WeightReceiver(self.policy, sync, bucket_mb=bucket_mb, name="Ray inference worker")
+            serve_until(receiver, self.policy, stopped=self._stop.is_set, serve_once=self._serve_once,
+                        on_sync=self._on_sync)  # fmt: skip
+        except BaseException:  # noqa: BLE001 -- reported to every caller and to the trainer
+            self.error = traceback.format_exc()
+        finally:
+            if receiver is not None:
+                receiver.close()
+            self._fail_pending()
+            self._ended.set()
+
+    def _on_sync(self, version: int) -> None:
+        self.version = version
+
+    def _take(self, timeout: float) -> None:
+        try:
+            self.pending.append(self.calls.get(timeout=timeout))
+            while True:
+                self.pending.append(self.calls.get_nowait())
+        except queue.Empty:
+            pass
+
+    def _serve_once(self) -> None:
+        if not self.pending:
+            self._take(0.005)
+        if not self.pending or self.version < 0:  # no weights yet: the calls wait for the first sync
+            return
+        deadline = time.monotonic() + self.max_wait_s
+        while sum(c.rows for c in self.pending) < self.max_batch and time.monotonic() < deadline:
+            self._take(max(0.0, deadline - time.monotonic()))
+        self.pending.sort(key=lambda c: c.progress)  # stragglers first, as the local worker
+        batch, rows = [], 0
+        for c in list(self.pending):
+            if batch and rows + c.rows > self.max_batch:
+                break
+            batch.append(c)
+            rows += c.rows
+            self.pending.remove(c)
+        self._serve(batch)
+
+    @torch.no_grad()
+    def _serve(self, batch: list[_Call]) -> None:
+        for kind in ("act", "value"):
+            calls = [c for c in batch if c.kind == kind]
+            if not calls:
+                continue
+            if isinstance(calls[0].obs, dict):
+                obs: Any = {k: torch.cat([c.obs[k] for c in calls]).to(self.device) for k in calls[0].obs}
+            else:
+                obs = torch.cat([c.obs for c in calls]).to(self.device)
+            step = torch.cat([c.step for c in calls]).to(self.device)
+            if kind == "act":
+                out = self.policy.act(obs, step=step)
+                parts = [out.actions.cpu(), out.logprobs.cpu(), out.values.float().cpu()]
+            else:
+                parts = [None, None, self.policy.value(obs, step=step).float().cpu()]
+            self.forwards += 1
+            offset = 0
+            for c in calls:
+                sl = slice(offset, offset + c.rows)
+                c.result = tuple(None if p is None else p[sl].clone() for p in parts) + (self.version,)
+                offset += c.rows
+                c.done.set()
+
+    def _fail_pending(self) -> None:
+        self._take(0.0)
+        for c in self.pending:
+            c.result = ("error", self.error or "the Ray inference worker stopped")
+            c.done.set()
+        self.pending = []
+
+    # ------------------------------------------------------------ called by the samplers
+    def serve(self, kind: str, obs: Tensor | dict[str, Tensor], step: Tensor, progress: int) -> tuple:
+        """``(actions, logprobs, values, version)`` for ``act`` (``(None, None, values, version)`` for
+        ``value``), or ``("error", traceback)`` once the serving thread failed."""
+        if self._ended.is_set():
+            return ("error", self.error or "the Ray inference worker stopped")
+        call = _Call(kind, obs, step, progress)
+        self.calls.put(call)
+        while not call.done.wait(POLL_S):
+            if self._ended.is_set():
+                self._fail_pending()
+        return call.result
+
+    def weights_version(self) -> int:
+        return self.version
+
+    # ------------------------------------------------------------ called by the trainer
+    def wait_ended(self) -> str | None:
+        """Blocks until the serving thread ends; its error (a traceback), or None after :meth:`stop`."""
+        self._ended.wait()
+        return self.error
+
+    def info(self) -> tuple[str, str, int]:
+        """Where it runs: (node id, node IP, pid)."""
+        import ray
+
+        ctx = ray.get_runtime_context()
+        return ctx.get_node_id(), ray.util.get_node_ip_address(), os.getpid()
+
+    def checksum(self) -> float:
+        """The served weights' checksum (:func:`~fastlight.weights.checksum.weights_checksum`)."""
+        return weights_checksum(self.policy)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class RayServedPolicy(nn.Module):
+    """A Ray sampler's policy when an :class:`InferenceActor` serves it: the sampler-side proxy
+    (:class:`~fastlight.models.base.ServedPolicy`, as the local
+    :class:`~fastlight.inference.remote.RemotePolicy`). ``action_mapping`` is the served policy's
+    own, so env actions are the same as with a policy copy."""
+
+    def __init__(self, actor: Any, action_mapping: ActionMapping) -> None:
+        super().__init__()
+        self.actor = actor
+        self.last_version = -1
+        self.progress = 0
+        self._action_mapping = action_mapping
+
+    def _request(self, kind: str, obs: Tensor | dict[str, Tensor], step: Tensor | None) -> tuple:
+        import ray
+
+        rows = next(iter(obs.values())).shape[0] if isinstance(obs, dict) else obs.shape[0]
+        self.progress += rows
+        step = step if step is not None else torch.zeros(rows, dtype=torch.long)
+        reply = ray.get(self.actor.serve.remote(kind, obs, step, self.progress))
+        if reply[0] == "error":
+            raise RuntimeError(f"Ray inference worker failed:\n{reply[1]}")
+        self.last_version = int(reply[3])
+        return reply
+
+    def act(self, obs, *, step=None, deterministic: bool = False) -> ActOutput:
+        actions, logprobs, values, _ = self._request("act", obs, step)
+        return ActOutput(actions, logprobs, values)
+
+    def value(self, obs, *, step=None) -> Tensor:
+        return self._request("value", obs, step)[2]
+
+    def new_round(self) -> None:
+        self.progress = 0
+
+    def action_mapping(self) -> ActionMapping:
+        return self._action_mapping
+
+    def env_action(self, actions: Tensor) -> Tensor:
+        return self._action_mapping(actions)
+
+    def evaluate(self, obs, actions, *, step=None):
+        raise NotImplementedError(
+            "RayServedPolicy only acts: log-probs with gradients are computed by the trainer's policy"
+        )
+
+
+class RayServedVersion:
+    """A Ray sampler's :class:`~fastlight.weights.publisher.WeightSource` with an inference actor:
+    the actor's current version (asked once per round); there is nothing to load."""
+
+    #: A sampler waiting for new weights (``max_staleness 0``) polls ``version`` every 2 ms: ask the
+    #: actor at most this often.
+    EVERY_S = 0.02
+
+    def __init__(self, actor: Any) -> None:
+        self.actor = actor
+        self._version, self._asked = -1, 0.0
+
+    @property
+    def version(self) -> int:
+        import ray
+
+        if time.monotonic() - self._asked >= self.EVERY_S:
+            self._version = int(ray.get(self.actor.weights_version.remote()))
+            self._asked = time.monotonic()
+        return self._version
+
+    def load_into(self, policy: nn.Module) -> int:
+        return self.version
