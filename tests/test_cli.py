@@ -319,9 +319,10 @@ def run_cli(*args: str, debug: bool = False) -> subprocess.CompletedProcess:
             ("--data.termination_threshold", "1.5"),
             "--data.termination_threshold must be in [0, 1] or auto, got 1.5",
         ),
-        (
+        pytest.param(  # the same path as the first (a setting's own check); test_cli_errors has more
             ("--data.reset_mode", "foo"),
             "--data.reset_mode must be one of dpsa | sgr | autoreset | sequential, got 'foo'",
+            marks=pytest.mark.slow,
         ),
     ],
 )

@@ -103,6 +103,9 @@ WARM = ("missing-config", "bad-yaml", "env-kwargs")
 #: The cases that run as a subprocess of the console script (the rest run in this process): those that get
 #: past the parser (the Trainer's own checks print after Lightning's logging is set up).
 SUBPROCESS = (*WARM, "missing-ckpt", "missing-init-from", "trainer-max-time", "trainer-max-steps")
+#: Subprocess cases that only repeat a path another case takes (a second warm-up reading, a second
+#: missing file, a second Trainer check): ``slow``, so that ``make test`` launches five commands here.
+SLOW = ("env-kwargs", "missing-init-from", "trainer-max-steps")
 
 
 Run = subprocess.CompletedProcess
@@ -131,9 +134,15 @@ def fit(tmp: Path, args: tuple[str, ...], *, debug: bool = False, warm: bool = F
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[str, tuple[Path, Run]]:
-    """Every case's run, a few at a time (the fixture runs them all, whichever test asks first)."""
-    cases = [(*case, False) for case in MISTAKES if case[0] in SUBPROCESS] + [(*DEBUG, True)]
+def runs(request, tmp_path_factory) -> dict[str, tuple[Path, Run]]:
+    """The selected subprocess cases' runs, a few at a time (run together, whichever test asks first)."""
+    selected = {
+        item.callspec.params["name"]
+        for item in request.session.items
+        if getattr(item, "originalname", None) == "test_a_mistake_is_one_line_naming_the_flag"
+    }
+    cases = [(*case, False) for case in MISTAKES if case[0] in SUBPROCESS and case[0] in selected]
+    cases.append((*DEBUG, True))
 
     def one(case: tuple[str, tuple[str, ...], str, bool]) -> tuple[str, tuple[Path, Run]]:
         name, args, _line, debug = case
@@ -162,7 +171,11 @@ def fit_in_process(tmp: Path, args: tuple[str, ...], monkeypatch, capsys) -> Run
     return Run(argv, int(info.value.code), out.out, out.err)
 
 
-@pytest.mark.parametrize(("name", "args", "line"), MISTAKES, ids=[m[0] for m in MISTAKES])
+@pytest.mark.parametrize(
+    ("name", "args", "line"),
+    [pytest.param(*m, marks=pytest.mark.slow) if m[0] in SLOW else m for m in MISTAKES],
+    ids=[m[0] for m in MISTAKES],
+)
 def test_a_mistake_is_one_line_naming_the_flag(runs, name, args, line, tmp_path, monkeypatch, capsys):
     if name in SUBPROCESS:
         tmp, out = runs[name]

@@ -19,6 +19,8 @@ TensorBoard event times. The score of a run is the mean return over its last ``-
 env steps per second are the runs' frame counters over their training time.
 
 Writes ``mujoco.md``, ``mujoco.json`` and ``mujoco.png`` (return vs wall-clock) into ``--out``.
+``--add-to mujoco.json`` adds this run's seeds to an earlier run's (its runs, curves included, are kept;
+the ceilings are this run's): e.g. a third seed after two.
 """
 
 from __future__ import annotations
@@ -183,6 +185,8 @@ def report(
 ) -> None:
     out.mkdir(parents=True, exist_ok=True)
     command = "python -m benchmarks.mujoco " + shlex.join(args.argv)
+    if args.earlier_command:
+        command = f"{args.earlier_command}`, then `{command}"
     slim = [{k: v for k, v in r.items() if k != "series"} for r in rows]
     (out / "mujoco.json").write_text(
         json.dumps({"command": command, "ceilings": ceilings, "runs": rows}, indent=1)
@@ -243,12 +247,14 @@ def _plot(rows: list[dict[str, Any]], args: argparse.Namespace, path: Path) -> N
     fig, axes = plt.subplots(1, len(args.env), figsize=(6 * len(args.env), 4), squeeze=False)
     colors = {"Sample Factory": "tab:orange", "fastlight": "tab:blue"}
     for ax, env_id in zip(axes[0], args.env, strict=True):
+        labelled: set[str] = set()
         for r in rows:
             if r["env"] != env_id:
                 continue
             s = r["series"]
-            ax.plot(s["t"], s["ret"], color=colors[r["system"]], alpha=0.7, lw=1,
-                    label=r["system"] if r["seed"] == args.seeds[0] else None)  # fmt: skip
+            label = None if r["system"] in labelled else r["system"]
+            labelled.add(r["system"])
+            ax.plot(s["t"], s["ret"], color=colors[r["system"]], alpha=0.7, lw=1, label=label)
         ax.set_title(env_id)
         ax.set_xlabel("wall-clock since launch (s)")
         ax.set_ylabel("training-episode return")
@@ -271,6 +277,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--systems", nargs="+", default=["sf", "fastlight"], choices=["sf", "fastlight"])
     p.add_argument("--fastlight-args", nargs=argparse.REMAINDER, default=[], help="appended to fastlight fit")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    p.add_argument("--add-to", type=Path, default=None, help="an earlier mujoco.json whose runs to keep")
     args = p.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     if "sf" in args.systems and (args.sf_python is None or shutil.which(args.sf_python) is None):
@@ -283,10 +290,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
+    rows: list[dict[str, Any]] = []
+    args.earlier_command = None
+    if args.add_to is not None:
+        earlier = json.loads(args.add_to.read_text())
+        rows = [r for r in earlier["runs"] if r["env"] in args.env]
+        args.earlier_command = earlier["command"]
+        taken = {(r["env"], r["system"], r["seed"]) for r in rows}
+        names = {"sf": "Sample Factory", "fastlight": "fastlight"}
+        again = [(e, names[s], seed) for e in args.env for s in args.systems for seed in args.seeds]
+        if taken & set(again):
+            raise SystemExit(f"--add-to {args.add_to} already has runs {sorted(taken & set(again))}; "
+                             "choose other --seeds")  # fmt: skip
     os.environ.setdefault("MUJOCO_GL", "egl")
     work = Path(tempfile.mkdtemp(prefix="fastlight-mujoco-"))
     ceilings = {env_id: plain_loop_sps(env_id, args.ceiling_s, 0) for env_id in args.env}
-    rows = []
     for env_id in args.env:
         for seed in args.seeds:
             # Alternate which system goes first, so a drift in machine speed hits both alike.

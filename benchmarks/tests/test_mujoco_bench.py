@@ -51,3 +51,17 @@ def test_sample_factory_needs_its_python(capsys):
         "--sf-python must name the python of a virtualenv with sample-factory==2.1.1"
         in capsys.readouterr().err
     )
+
+
+def test_add_to_keeps_earlier_runs_and_refuses_a_seed_it_has(tmp_path):
+    import json
+
+    from benchmarks.mujoco.__main__ import main
+
+    earlier = tmp_path / "mujoco.json"
+    runs = [{"system": "fastlight", "env": "Hopper-v4", "seed": s, "final_return": 1.0} for s in (0, 1)]
+    earlier.write_text(json.dumps({"command": "python -m benchmarks.mujoco --seeds 0 1", "runs": runs}))
+    with pytest.raises(
+        SystemExit, match=r"already has runs \[\('Hopper-v4', 'fastlight', 1\)\]; choose other"
+    ):
+        main(["--env", "Hopper-v4", "--systems", "fastlight", "--seeds", "1", "2", "--add-to", str(earlier)])

@@ -172,32 +172,58 @@ def test_collector_on_highway_validates():
     assert r.stats.step_time > 0 and r.stats.wall_time >= r.stats.step_time + 0.0
 
 
-class _ThreadRecordingEnv(FixedLengthEnv):
-    """Records the thread each reset runs on; ``reset_s`` makes a reset slow (a scenario load)."""
+class _Clock:
+    """The collector's ``time`` module with a fake ``perf_counter`` that only env resets advance:
+    the measured reset costs are the envs' ``reset_s`` exactly, whatever else the machine runs."""
 
-    def __init__(self, reset_s: float, **kw) -> None:
+    def __init__(self) -> None:
+        import threading
+        import time
+
+        self._real, self._lock, self.now = time, threading.Lock(), 0.0
+
+    def advance(self, seconds: float) -> None:
+        with self._lock:
+            self.now += seconds
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def __getattr__(self, name: str):
+        return getattr(self._real, name)
+
+
+class _ThreadRecordingEnv(FixedLengthEnv):
+    """Records the thread each reset runs on; ``reset_s`` makes a reset slow (a scenario load) on the
+    collector's clock (a :class:`_Clock`)."""
+
+    def __init__(self, reset_s: float, clock: _Clock, **kw) -> None:
         super().__init__(**kw)
-        self.reset_s = reset_s
+        self.reset_s, self.clock = reset_s, clock
         self.reset_threads: list[str] = []
 
     def reset(self, *, seed=None, options=None):
         import threading
-        import time
 
-        time.sleep(self.reset_s)
+        self.clock.advance(self.reset_s)
         self.reset_threads.append(threading.current_thread().name)
         return super().reset(seed=seed, options=options)
 
 
 @pytest.mark.parametrize("reset_s, pooled", [(0.0, False), (0.005, True)])
-def test_several_resets_use_the_pool_only_while_resets_are_slow(reset_s, pooled, obs_value_policy):
+def test_several_resets_use_the_pool_only_while_resets_are_slow(
+    reset_s, pooled, obs_value_policy, monkeypatch
+):
     """The first global reset goes to the pool (its cost is unknown); later multi-env resets run
     inline when a reset is cheaper than POOL_RESET_S (a thread hand-off would cost more) and stay
     on the pool when it is slower (I/O-bound scenario loads overlap there)."""
+    from fastlight.sampling import collector as collector_module
     from fastlight.sampling.collector import POOL_RESET_S
 
     assert reset_s == 0.0 or reset_s > POOL_RESET_S
-    envs = [_ThreadRecordingEnv(reset_s, lengths=(3,), tag=i) for i in range(4)]  # all end together
+    clock = _Clock()  # a timed decision, tested on a clock no other process can slow down
+    monkeypatch.setattr(collector_module, "time", clock)
+    envs = [_ThreadRecordingEnv(reset_s, clock, lengths=(3,), tag=i) for i in range(4)]  # all end together
     c = Collector(envs, mode="dpsa", termination_threshold=1.0)
     for _ in range(3):
         c.collect(obs_value_policy).validate()

@@ -189,7 +189,9 @@ def test_gpu_check_without_cuda_says_so_in_one_line_and_exits_2(tmp_path) -> Non
 
 
 def test_make_gpu_check_runs_the_script() -> None:
-    proc = subprocess.run(["make", "-n", "gpu-check"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    # --no-print-directory: under `make test` this make is nested and would print its directory.
+    cmd = ["make", "--no-print-directory", "-n", "gpu-check"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[-1].endswith("/bin/python -m benchmarks.gpu_check")  # $(BIN)/python
 
