@@ -4,8 +4,8 @@
 
 A two-node Ray cluster on this machine (``ray.cluster_utils.Cluster``: the head, where this process
 is the trainer, and a node 2 whose custom resource ``sim`` alone places the samplers), as in
-``tests/sampling/test_ray_fleet.py``. Each sampler actor holds a policy copy of the given size (an
-MLP of ``--layers`` square float32 layers) and fastlight's own actor-side weight source
+``tests/sampling/test_ray_fleet.py``. Each sampler actor holds a policy copy of the given size
+(``benchmarks.sync``'s square float32 ``nn.Linear`` stack) and fastlight's own actor-side weight source
 (:class:`fastlight.sampling.ray_actor.ActorWeights`). Per version, timed from the trainer's side:
 
 - **Ray object store** (what :meth:`RaySamplerFleet.publish` does): :func:`flat_weights`, one
@@ -34,14 +34,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from benchmarks.sync.worker import make_model
 from fastlight.sampling.ray_actor import ActorWeights, flat_weights
 from fastlight.weights.buckets import sync_entries
-
-
-def mlp(params: float, layers: int) -> nn.Module:
-    """``layers`` square Linear layers (with biases) holding about ``params`` parameters."""
-    width = max(1, round(math.sqrt(params / layers)))
-    return nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)])
 
 
 def checksum(policy: nn.Module) -> float:
@@ -70,7 +65,7 @@ class Receiver:
 
 
 def run(params: float, args: argparse.Namespace, ray: Any) -> dict[str, Any]:
-    policy = mlp(params, args.layers)
+    policy = make_model(int(params), torch.float32, "cpu", seed=0)  # benchmarks.sync's Linear stack
     n = sum(p.numel() for p in policy.parameters())
     actor = ray.remote(num_cpus=0, resources={"sim": 1})(Receiver)
     receivers = [actor.remote(policy) for _ in range(args.samplers)]
@@ -109,7 +104,6 @@ def run(params: float, args: argparse.Namespace, ray: Any) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--params", type=float, nargs="+", default=[1e6, 1e8])
-    p.add_argument("--layers", type=int, default=4)
     p.add_argument("--samplers", type=int, default=2)
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--out", default=None, help="write the results as JSON here")

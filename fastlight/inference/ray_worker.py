@@ -33,7 +33,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from fastlight.inference.server import serve_until
+from fastlight.inference.remote import ServedProxy
+from fastlight.inference.server import forward, pick_batch, serve_until
 from fastlight.models.base import ActionMapping, ActOutput
 from fastlight.weights.broadcast import SyncGroupConfig, WeightReceiver
 from fastlight.weights.checksum import weights_checksum
@@ -124,15 +125,7 @@ class InferenceActor:
         deadline = time.monotonic() + self.max_wait_s
         while sum(c.rows for c in self.pending) < self.max_batch and time.monotonic() < deadline:
             self._take(max(0.0, deadline - time.monotonic()))
-        self.pending.sort(key=lambda c: c.progress)  # stragglers first, as the local worker
-        batch, rows = [], 0
-        for c in list(self.pending):
-            if batch and rows + c.rows > self.max_batch:
-                break
-            batch.append(c)
-            rows += c.rows
-            self.pending.remove(c)
-        self._serve(batch)
+        self._serve(pick_batch(self.pending, self.max_batch))  # stragglers first, as the local worker
 
     @torch.no_grad()
     def _serve(self, batch: list[_Call]) -> None:
@@ -144,12 +137,7 @@ class InferenceActor:
                 obs: Any = {k: torch.cat([c.obs[k] for c in calls]).to(self.device) for k in calls[0].obs}
             else:
                 obs = torch.cat([c.obs for c in calls]).to(self.device)
-            step = torch.cat([c.step for c in calls]).to(self.device)
-            if kind == "act":
-                out = self.policy.act(obs, step=step)
-                parts = [out.actions.cpu(), out.logprobs.cpu(), out.values.float().cpu()]
-            else:
-                parts = [None, None, self.policy.value(obs, step=step).float().cpu()]
+            parts = forward(self.policy, kind, obs, torch.cat([c.step for c in calls]).to(self.device))
             self.forwards += 1
             offset = 0
             for c in calls:
@@ -202,18 +190,13 @@ class InferenceActor:
         self._stop.set()
 
 
-class RayServedPolicy(nn.Module):
-    """A Ray sampler's policy when an :class:`InferenceActor` serves it: the sampler-side proxy
-    (:class:`~fastlight.models.base.ServedPolicy`, as the local
-    :class:`~fastlight.inference.remote.RemotePolicy`). ``action_mapping`` is the served policy's
-    own, so env actions are the same as with a policy copy."""
+class RayServedPolicy(ServedProxy):
+    """A Ray sampler's policy when an :class:`InferenceActor` serves it: each ``act`` / ``value`` is
+    one call on the actor (the local worker's proxy is :class:`~fastlight.inference.remote.RemotePolicy`)."""
 
     def __init__(self, actor: Any, action_mapping: ActionMapping) -> None:
-        super().__init__()
+        super().__init__(action_mapping)
         self.actor = actor
-        self.last_version = -1
-        self.progress = 0
-        self._action_mapping = action_mapping
 
     def _request(self, kind: str, obs: Tensor | dict[str, Tensor], step: Tensor | None) -> tuple:
         import ray
@@ -233,20 +216,6 @@ class RayServedPolicy(nn.Module):
 
     def value(self, obs, *, step=None) -> Tensor:
         return self._request("value", obs, step)[2]
-
-    def new_round(self) -> None:
-        self.progress = 0
-
-    def action_mapping(self) -> ActionMapping:
-        return self._action_mapping
-
-    def env_action(self, actions: Tensor) -> Tensor:
-        return self._action_mapping(actions)
-
-    def evaluate(self, obs, actions, *, step=None):
-        raise NotImplementedError(
-            "RayServedPolicy only acts: log-probs with gradients are computed by the trainer's policy"
-        )
 
 
 class RayServedVersion:

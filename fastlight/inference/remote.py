@@ -17,21 +17,43 @@ from fastlight.inference.server import Slot
 from fastlight.models.base import ActionMapping, ActOutput
 
 
-class RemotePolicy(nn.Module):
-    """The sampler-side proxy: ``act`` / ``value`` are served by the inference worker.
+class ServedProxy(nn.Module):
+    """What every sampler-side proxy of an inference worker shares (a
+    :class:`~fastlight.models.base.ServedPolicy`): ``last_version`` is the version of the weights
+    behind the latest reply, which the Collector stamps on the transitions it records; ``progress``
+    (env rows asked for this round) lets the worker serve stragglers first; ``action_mapping`` is the
+    served policy's own (:meth:`Policy.action_mapping`), so env actions are the same as with a local
+    policy copy. Subclasses implement ``act`` and ``value`` over their transport."""
 
-    ``last_version`` is the version of the weights behind the latest reply; the Collector
-    stamps it on the transitions it records. ``action_mapping`` is the served policy's own
-    (:meth:`Policy.action_mapping`), so env actions are the same as with a local policy copy.
-    """
-
-    def __init__(self, slot: Slot, conn: Connection, action_mapping: ActionMapping) -> None:
+    def __init__(self, action_mapping: ActionMapping) -> None:
         super().__init__()
-        self.slot = slot
-        self.conn = conn
         self.last_version = -1
         self.progress = 0
         self._action_mapping = action_mapping
+
+    def new_round(self) -> None:
+        self.progress = 0
+
+    def action_mapping(self) -> ActionMapping:
+        return self._action_mapping
+
+    def env_action(self, actions: Tensor) -> Tensor:
+        return self._action_mapping(actions)
+
+    def evaluate(self, obs, actions, *, step=None):
+        raise NotImplementedError(
+            f"{type(self).__name__} only acts: log-probs with gradients are computed by the trainer's policy"
+        )
+
+
+class RemotePolicy(ServedProxy):
+    """The local inference worker's proxy: observation rows go through the sampler's shared-memory
+    slot, a tiny request and the reply's version over its pipe."""
+
+    def __init__(self, slot: Slot, conn: Connection, action_mapping: ActionMapping) -> None:
+        super().__init__(action_mapping)
+        self.slot = slot
+        self.conn = conn
 
     def _request(self, kind: str, obs: Tensor | dict[str, Tensor], step: Tensor | None) -> int:
         items = obs.items() if isinstance(obs, dict) else [("", obs)]
@@ -56,22 +78,6 @@ class RemotePolicy(nn.Module):
     def value(self, obs, *, step=None) -> Tensor:
         n = self._request("value", obs, step)
         return self.slot.values[:n].clone()
-
-    def new_round(self) -> None:
-        self.progress = 0
-
-    def action_mapping(self) -> ActionMapping:
-        return self._action_mapping
-
-    def env_action(self, actions: Tensor) -> Tensor:
-        return self._action_mapping(actions)
-
-    def evaluate(self, obs, actions, *, step=None):
-        raise NotImplementedError(
-            "RemotePolicy only acts: log-probs with gradients are computed by the trainer's policy"
-        )
-
-
 
 
 class ServerVersion:

@@ -83,6 +83,30 @@ class Request:
     progress: int
 
 
+def pick_batch(pending: list[Any], max_batch: int) -> list[Any]:
+    """The next forward pass's requests (anything with ``rows`` and ``progress``): stragglers first
+    (least progress this round), up to ``max_batch`` rows (at least one request); taken out of
+    ``pending``, which is left sorted."""
+    pending.sort(key=lambda r: r.progress)
+    batch, rows = [], 0
+    for r in list(pending):
+        if batch and rows + r.rows > max_batch:
+            break
+        batch.append(r)
+        rows += r.rows
+        pending.remove(r)
+    return batch
+
+
+def forward(policy: nn.Module, kind: str, obs: Tensor | dict[str, Tensor], step: Tensor) -> tuple:
+    """One batched forward pass, its results on the CPU: ``(actions, logprobs, values)`` for ``act``,
+    ``(None, None, values)`` for ``value``."""
+    if kind == "act":
+        out = policy.act(obs, step=step)
+        return out.actions.cpu(), out.logprobs.cpu(), out.values.float().cpu()
+    return None, None, policy.value(obs, step=step).float().cpu()
+
+
 class InferenceServer:
     """The worker's serving loop over the samplers' slots and pipes (runs in its own process)."""
 
@@ -116,15 +140,7 @@ class InferenceServer:
         deadline = time.monotonic() + self.max_wait_s
         while sum(r.rows for r in self.pending) < self.max_batch and time.monotonic() < deadline:
             self.poll(max(0.0, deadline - time.monotonic()))
-        self.pending.sort(key=lambda r: r.progress)
-        batch, rows = [], 0
-        for r in list(self.pending):
-            if batch and rows + r.rows > self.max_batch:
-                break
-            batch.append(r)
-            rows += r.rows
-            self.pending.remove(r)
-        return batch
+        return pick_batch(self.pending, self.max_batch)
 
     @torch.no_grad()
     def serve(self, batch: list[Request]) -> None:
@@ -138,12 +154,7 @@ class InferenceServer:
                 for k in self.slots[reqs[0].index].obs
             }
             step = torch.cat([self.slots[r.index].step[: r.rows] for r in reqs]).to(self.device)
-            x = obs[""] if set(obs) == {""} else obs
-            if kind == "act":
-                out = self.policy.act(x, step=step)
-                parts = (out.actions.cpu(), out.logprobs.cpu(), out.values.float().cpu())
-            else:
-                parts = (None, None, self.policy.value(x, step=step).float().cpu())
+            parts = forward(self.policy, kind, obs[""] if set(obs) == {""} else obs, step)
             self.forwards += 1
             offset = 0
             for r in reqs:
