@@ -43,6 +43,7 @@ from fastlight.sampling.faults import FaultSettings
 from fastlight.sampling.fleet import Fleet, SamplerFleet
 from fastlight.sampling.obs import obs_to_tensor, stack_obs
 from fastlight.sampling.pool import LocalFleet
+from fastlight.sampling.shared_cut import TruncationScope
 from fastlight.sampling.start import StartMethod, resolve_start_method
 from fastlight.sampling.worker import SamplerConfig
 from fastlight.weights.publisher import SyncStats
@@ -97,6 +98,13 @@ class RolloutDataModule(L.LightningDataModule):
             comparison: FAST §Experiments compares modes at equal data per update).
         max_staleness: 0 = strictly on-policy; k = accept data up to k versions old (older
             data is dropped and counted as ``rollout/dropped_stale``).
+        truncation_scope: whose clips DPSA's termination rate counts. ``sampler`` (default):
+            each sampler's own, so the same seeds give the same cycles. ``rank``: every clip of the
+            rank's local samplers, as FAST §DPSA counts "terminated clips among all clips": the
+            samplers truncate together, so a strictly on-policy trainer no longer waits for the
+            slowest one while the others idle (:mod:`fastlight.sampling.shared_cut`). Needs
+            ``dpsa``/``sgr``, ``max_staleness: 0``, a fixed threshold and the local fleet; the cut
+            then depends on the processes' relative speed (not reproducible bit for bit).
         prefetch: super-batches the background prefetcher keeps ready (AcceRL §prefetch).
         inference: an :class:`~fastlight.inference.InferenceSettings` serves every sampler from
             one inference worker process that holds the policy (AcceRL §inference); ``None``
@@ -138,6 +146,7 @@ class RolloutDataModule(L.LightningDataModule):
         cycles_per_step: int = 1,
         valid_steps_per_step: int | None = None,
         max_staleness: int = 0,
+        truncation_scope: TruncationScope = "sampler",
         prefetch: int = 2,
         inference: InferenceSettings | None = None,
         faults: FaultSettings = DEFAULT_FAULTS,
@@ -243,6 +252,7 @@ class RolloutDataModule(L.LightningDataModule):
                 env_wrappers=self.env_wrappers,
                 seed=seed + 10_000 * rank + 1_000 * w,
                 nonfinite=h.nonfinite,
+                truncation_scope=h.truncation_scope,
             )
             for w in range(h.num_workers)
         ]

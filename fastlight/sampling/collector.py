@@ -51,6 +51,7 @@ from fastlight.sampling.obs import (
     stack_obs,
 )
 from fastlight.sampling.rows import Row, RowBuffer, Step
+from fastlight.sampling.shared_cut import SharedCutView
 
 #: How a fleet of envs resets (FAST §DPSA); the CLI refuses any other value.
 ResetMode = Literal["dpsa", "sgr", "autoreset", "sequential"]
@@ -170,6 +171,9 @@ class Collector:
             dropped the same way and the env reset again, up to ``RESET_RETRIES`` times in a row.
         heartbeat: called after every env step and reset (a sampler's progress signal, which the
             trainer watches to restart a sampler stuck in an env).
+        shared_cut: this sampler's handle on its rank's :class:`~fastlight.sampling.shared_cut.SharedCut`
+            (``--data.truncation_scope rank``): a ``collect`` given a ``cut_key`` truncates on the
+            rate over every clip of the rank; ``None``: on this Collector's clips only.
     """
 
     def __init__(
@@ -183,7 +187,13 @@ class Collector:
         seed: int = 0,
         nonfinite: str = "raise",
         heartbeat: Callable[[], None] | None = None,
+        shared_cut: SharedCutView | None = None,
     ) -> None:
+        if shared_cut is not None and (mode not in ("dpsa", "sgr") or termination_threshold == AUTO):
+            raise ValueError(
+                "a rank-wide truncation (--data.truncation_scope rank) needs --data.reset_mode dpsa or "
+                f"sgr and a fixed --data.termination_threshold, got {mode} / {termination_threshold}"
+            )
         check_collector_settings(
             mode=mode,
             num_envs=len(envs),
@@ -193,6 +203,7 @@ class Collector:
             nonfinite=nonfinite,
         )
         self.nonfinite = nonfinite
+        self.shared_cut = shared_cut
         self.heartbeat = heartbeat if heartbeat is not None else _no_beat
         self.envs = list(envs)
         self.mode = mode
@@ -216,6 +227,9 @@ class Collector:
         # Running mean of one env.reset() in seconds; None until the first reset was timed (the
         # first global reset uses the pool: a scenario load may be slow).
         self.reset_cost: float | None = None
+        # The next dpsa/sgr cycle's global reset, done ahead by reset_ahead(): its counters and
+        # wall seconds, charged to that cycle.
+        self._ahead: tuple[RolloutStats, float] | None = None
 
     @property
     def num_envs(self) -> int:
@@ -227,6 +241,34 @@ class Collector:
             env.close()
 
     # ------------------------------------------------------------------ resets
+    def reset_ahead(self) -> None:
+        """Do the next ``dpsa``/``sgr`` cycle's global reset now, while the sampler has nothing else
+        to do (a strictly on-policy sampler waiting for the trainer's next weights).
+
+        The reset does not depend on the policy, so the cycle that follows is the same as with the
+        reset at its start (same seeds, same observations); its time still counts in that cycle's
+        ``reset_time`` and ``wall_time``. A second call before that cycle is a no-op; in
+        ``autoreset`` mode, which has no global reset between rounds, it does nothing.
+        """
+        if self.mode not in ("dpsa", "sgr") or self._ahead is not None:
+            return
+        stats = RolloutStats()
+        t0 = time.perf_counter()
+        self._reset(range(self.num_envs), stats)
+        self._ahead = (stats, time.perf_counter() - t0)
+
+    def _global_reset(self, stats: RolloutStats) -> float:
+        """A cycle's global reset: now, or the one reset_ahead() did; returns the seconds that one
+        took (0.0 for a reset done now, whose time the cycle's own clock covers)."""
+        if self._ahead is None:
+            self._reset(range(self.num_envs), stats)
+            return 0.0
+        ahead, seconds = self._ahead
+        self._ahead = None
+        stats.reset_time += ahead.reset_time
+        stats.dropped_nonfinite += ahead.dropped_nonfinite
+        return seconds
+
     def _reset(self, indices: Sequence[int], stats: RolloutStats) -> None:
         """Reset the given envs concurrently (I/O-bound scenario loads overlap)."""
         if self._obs is None:
@@ -416,8 +458,13 @@ class Collector:
 
     # ------------------------------------------------------------------ public API
     @torch.no_grad()
-    def collect(self, policy: Policy, *, policy_version: int = 0) -> Rollout:
-        """One sampling cycle (``dpsa``/``sgr``) or ``rollout_steps`` steps (``autoreset``)."""
+    def collect(self, policy: Policy, *, policy_version: int = 0, cut_key: int | None = None) -> Rollout:
+        """One sampling cycle (``dpsa``/``sgr``) or ``rollout_steps`` steps (``autoreset``).
+
+        ``cut_key``: with a ``shared_cut``, this cycle's key
+        (:func:`~fastlight.sampling.shared_cut.cycle_key`): it is truncated on the termination rate
+        over the whole rank's clips. ``None``: on this Collector's own clips.
+        """
         stats = RolloutStats()
         t0 = time.perf_counter()
         # Checked once per round, not per step (a Protocol isinstance walks its members).
@@ -426,7 +473,8 @@ class Collector:
             policy.new_round()
         self._chunk = action_chunk(policy.action_mapping())
         if self.mode in ("dpsa", "sgr"):
-            rows = self._collect_cycle(policy, stats)
+            shared = self.shared_cut if cut_key is not None else None
+            rows = self._collect_cycle(policy, stats, shared, cut_key or 0)
         else:
             rows = self._collect_autoreset(policy, stats)
         rollout = RowBuffer.to_rollout(rows, policy_version=policy_version, stats=stats)
@@ -436,22 +484,42 @@ class Collector:
         else:  # env steps, not chunks
             stats.raw_steps = rows.raw_env_steps()
             stats.valid_steps = rollout.num_env_steps
-        stats.wall_time = time.perf_counter() - t0
+        # += : a global reset done ahead (reset_ahead) already put its seconds here.
+        stats.wall_time += time.perf_counter() - t0
         return rollout
 
-    def _should_truncate(self, n_ended: int, t: int, threshold: float) -> bool:
-        if t >= self.max_horizon:
+    def _should_truncate(
+        self, n_ended: int, t: int, threshold: float, shared: SharedCutView | None = None, key: int = 0
+    ) -> bool:
+        if shared is None:
+            if t >= self.max_horizon:
+                return True
+            if self.mode == "sgr":
+                return n_ended >= 1
+            # A small epsilon: k / E computed by the chooser must cut at k ended envs, not k + 1.
+            return n_ended / self.num_envs >= threshold - 1e-9
+        # FAST §DPSA's rate over all clips: this rank's samplers cut together.
+        fraction = shared.ended_fraction(key, n_ended)
+        if shared.was_cut(key):
             return True
-        if self.mode == "sgr":
-            return n_ended >= 1
-        # A small epsilon: k / E computed by the chooser must cut at k ended envs, not k + 1.
-        return n_ended / self.num_envs >= threshold - 1e-9
+        hit = t >= self.max_horizon or (fraction > 0 if self.mode == "sgr" else fraction >= threshold - 1e-9)
+        if hit:
+            shared.mark(key)
+            return True
+        # Every clip of this sampler has ended: nothing left here to truncate (the others go on).
+        return n_ended == self.num_envs
 
-    def _collect_cycle(self, policy: Policy, stats: RolloutStats) -> RowBuffer:
+    def _collect_cycle(
+        self, policy: Policy, stats: RolloutStats, shared: SharedCutView | None = None, key: int = 0
+    ) -> RowBuffer:
         start = time.perf_counter()
         before = (stats.reset_time, stats.step_time)
-        self._reset(range(self.num_envs), stats)
+        ahead_s = self._global_reset(stats)
+        start -= ahead_s  # a reset done ahead still belongs to this cycle's costs
+        stats.wall_time += ahead_s
         stats.global_resets += 1
+        if shared is not None:
+            shared.begin(key)
         threshold = self.chooser.threshold() if self.chooser is not None else self.termination_threshold
         stats.threshold_sum += float(threshold) if self.mode == "dpsa" else 0.0
         rows = RowBuffer(self.num_envs, self._chunk)
@@ -468,7 +536,7 @@ class Collector:
                 if self._advance(row, i, out.results[j], rows, stats):
                     alive[i] = False
             t += span
-            cut = self._should_truncate(self.num_envs - sum(alive), t, threshold)
+            cut = self._should_truncate(self.num_envs - sum(alive), t, threshold, shared, key)
             if cut:
                 # Unified truncation: every env still running is cut here and bootstrapped.
                 for i in range(self.num_envs):

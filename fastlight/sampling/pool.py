@@ -71,6 +71,7 @@ from fastlight.rollout import Rollout
 from fastlight.sampling.faults import FLAG, FaultSettings
 from fastlight.sampling.fleet import Fleet, SamplerFleet
 from fastlight.sampling.restarts import SamplerError, broken_pipe, crashed, signal_name, spend_restart
+from fastlight.sampling.shared_cut import SharedCut
 from fastlight.sampling.start import (
     forkserver_exit_code,
     forkserver_pid,
@@ -157,6 +158,11 @@ class SamplerPool(SamplerFleet):
         else:
             self.publisher, self.weights = self.client, self.client.weights_source()
         self.task_weights = SharedTaskWeights(self.ctx)
+        # --data.truncation_scope rank: DPSA's termination rate over all these samplers' clips.
+        rank_wide = [c.truncation_scope == "rank" for c in configs]
+        if any(rank_wide) and not all(rank_wide):
+            raise ValueError("truncation_scope must be the same for every sampler of a rank")
+        self.shared_cut = SharedCut(self.ctx, [c.num_envs for c in configs]) if all(rank_wide) else None
         # Every sampler's reader thread feeds this one queue; bounded, so samplers cannot run ahead.
         self.items: queue.Queue[tuple[str, int, Any]] = queue.Queue(maxsize=2 * len(configs))
         self.stop_event = StopFlag(self.ctx)
@@ -204,8 +210,18 @@ class SamplerPool(SamplerFleet):
         liveness = Liveness(self.ctx, self.heartbeat_limits)
         p = self.ctx.Process(
             target=sampler_main,
-            args=(i, cfg, policy, self.weights, send, liveness, self.stop_event, os.getpid(),
-                  self.task_weights),
+            args=(
+                i,
+                cfg,
+                policy,
+                self.weights,
+                send,
+                liveness,
+                self.stop_event,
+                os.getpid(),
+                self.task_weights,
+                self.shared_cut.view(i) if self.shared_cut is not None else None,
+            ),
             name=f"fastlight-sampler-{i}",
             daemon=True,
         )

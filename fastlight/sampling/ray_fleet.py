@@ -169,6 +169,12 @@ class RayFleet(Fleet):
         faults: FaultSettings,
         start_method: str,
     ) -> RaySamplerFleet:
+        if any(c.truncation_scope == "rank" for c in configs):
+            raise ValueError(
+                "--data.truncation_scope rank shares the termination rate in the trainer machine's "
+                "memory, which Ray actors on other nodes cannot read: use --data.truncation_scope "
+                "sampler with --data.fleet RayFleet"
+            )
         if inference is not None:
             device = inference.worker_device(trainer_device)
             if device.type == "cuda" and not (self.inference_resources or {}).get("GPU"):

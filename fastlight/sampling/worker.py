@@ -3,7 +3,9 @@
 A sampler loops: take the newest published weights, run ``cycles_per_step`` collection cycles,
 push them as one Rollout (a super-batch along E) into the output queue. With
 ``max_staleness = 0`` (strictly on-policy) it then waits until the trainer publishes newer
-weights, so no round starts on weights older than the current version.
+weights, so no round starts on weights older than the current version. While it waits it does
+the next cycle's global reset (:meth:`Collector.reset_ahead`: a reset needs no policy), so in
+``dpsa``/``sgr`` mode the reset overlaps the trainer's update instead of following it.
 
 Errors never hang the trainer: a Python exception is sent back with its traceback, and a
 hard crash (segfault, kill) is seen by the trainer through the process's exit code. A sampler
@@ -32,6 +34,7 @@ from fastlight.envs.wrappers import EnvWrapper
 from fastlight.procs import Liveness, start_child
 from fastlight.rollout import Rollout
 from fastlight.sampling.collector import Collector
+from fastlight.sampling.shared_cut import SharedCutView, cycle_key
 from fastlight.sampling.task_weights import SharedTaskWeights
 from fastlight.weights.publisher import WeightSource
 
@@ -55,6 +58,9 @@ class SamplerConfig:
     env_wrappers: tuple[EnvWrapper, ...] = ()
     seed: int = 0
     nonfinite: str = "raise"
+    #: ``sampler``: DPSA's termination rate over this sampler's clips; ``rank``: over every clip of
+    #: the rank's local samplers (:mod:`fastlight.sampling.shared_cut`).
+    truncation_scope: str = "sampler"
 
 
 def build_envs(cfg: SamplerConfig) -> list:
@@ -67,9 +73,18 @@ def build_envs(cfg: SamplerConfig) -> list:
 
 
 def build_collector(
-    cfg: SamplerConfig, worker_index: int, heartbeat: Callable[[], None] | None = None
+    cfg: SamplerConfig,
+    worker_index: int,
+    heartbeat: Callable[[], None] | None = None,
+    shared_cut: SharedCutView | None = None,
 ) -> Collector:
-    """The Collector sampler ``worker_index`` runs, over its envs."""
+    """The Collector sampler ``worker_index`` runs, over its envs (``shared_cut``: its handle on the
+    rank's :class:`~fastlight.sampling.shared_cut.SharedCut`, with ``truncation_scope: rank``)."""
+    if (cfg.truncation_scope == "rank") != (shared_cut is not None):
+        raise ValueError(
+            f"sampler {worker_index}: truncation_scope {cfg.truncation_scope!r} "
+            f"{'needs' if shared_cut is None else 'takes no'} shared cut"
+        )
     return Collector(
         build_envs(cfg),
         mode=cfg.reset_mode,
@@ -79,6 +94,7 @@ def build_collector(
         seed=cfg.seed,
         nonfinite=cfg.nonfinite,
         heartbeat=heartbeat,
+        shared_cut=shared_cut,
     )
 
 
@@ -135,6 +151,7 @@ def sampler_main(
     stop: Any,
     parent_pid: int,
     task_weights: SharedTaskWeights | None = None,
+    shared_cut: SharedCutView | None = None,
 ) -> None:
     """Entry point of sampler process ``index`` (spawned). ``conn`` is the write end of its pipe to
     the trainer, ``heartbeat`` its :class:`~fastlight.procs.Liveness`, ``stop`` the pool's StopFlag."""
@@ -145,7 +162,7 @@ def sampler_main(
     collector = None
     failed = False
     try:
-        collector = build_collector(cfg, index, heartbeat=beat)
+        collector = build_collector(cfg, index, heartbeat=beat, shared_cut=shared_cut)
         policy.eval()
         _loop(cfg, collector, policy, weights, outbox, beat, stop, task_weights)
     except Exception:
@@ -176,13 +193,20 @@ def _loop(
         latest = weights.version
         if latest < 0 or (cfg.max_staleness == 0 and latest == version):
             beat()  # waiting for the trainer's next update is not a hang
+            if task_weights is None:  # DWR may change the next tasks: reset only once they are known
+                collector.reset_ahead()  # the next cycle's global reset needs no policy: do it now
             time.sleep(0.002)  # wait for the first / a newer policy (strictly on-policy)
             continue
         if latest != version:
             version = weights.load_into(policy)
         if task_weights is not None:  # DWR: newest task weights before the round starts
             task_version = task_weights.apply(collector.envs, task_version)
-        parts = [collector.collect(policy, policy_version=version) for _ in range(cfg.cycles_per_step)]
+        # The step's own cycles carry a key the rank's samplers share (truncation_scope rank);
+        # extra cycles for the valid-step budget are this sampler's alone.
+        parts = [
+            collector.collect(policy, policy_version=version, cut_key=cycle_key(version, k))
+            for k in range(cfg.cycles_per_step)
+        ]
         valid = sum(p.stats.valid_steps for p in parts)
         while valid < cfg.min_valid_steps and not stop.is_set():  # the valid-step budget of one step
             parts.append(collector.collect(policy, policy_version=version))

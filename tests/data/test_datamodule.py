@@ -36,6 +36,18 @@ class RecordingModule(RLModule):
         return super().training_step(batch, batch_idx)
 
 
+def _default_stop_signals() -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+
+
+def _ignored_signals(pid: int) -> list[str]:
+    """The signals process ``pid`` ignores (``SigIgn`` in ``/proc/<pid>/status``)."""
+    with open(f"/proc/{pid}/status") as f:
+        mask = next(int(line.split()[1], 16) for line in f if line.startswith("SigIgn:"))
+    return [s.name for s in signal.Signals if s < 32 and mask & (1 << (s - 1))]
+
+
 def assert_no_children(pids: list[int] | None = None) -> None:
     wait_no_children()
     for pid in pids or []:
@@ -109,6 +121,19 @@ def test_sampler_hard_crash_is_restarted_then_reported_with_exit_code():
         ({"prefetch": 0}, "--data.prefetch must be > 0, got 0"),
         ({"nonfinite": "nan"}, "--data.nonfinite must be one of raise | drop, got 'nan'"),
         ({"start_method": "fork"}, "--data.start_method must be null, spawn or forkserver, got 'fork'"),
+        ({"truncation_scope": "node"}, "--data.truncation_scope must be one of sampler, rank, got 'node'"),
+        (
+            {"truncation_scope": "rank", "max_staleness": 1},
+            r"--data.truncation_scope rank needs --data.max_staleness 0 \(.*\), got 1",
+        ),
+        (
+            {"truncation_scope": "rank", "reset_mode": "autoreset"},
+            "--data.truncation_scope rank needs --data.reset_mode dpsa or sgr",
+        ),
+        (
+            {"truncation_scope": "rank", "termination_threshold": "auto"},
+            "--data.truncation_scope rank needs --data.termination_threshold a number, not auto",
+        ),
     ],
 )
 def test_bad_data_settings_are_refused(kwargs, match):
@@ -164,6 +189,9 @@ def test_no_orphans_when_trainer_is_interrupted_or_killed(sig, start):
         stdout=subprocess.PIPE,
         text=True,
         cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
+        # A trainer as a terminal starts it: a suite run in the background of a non-interactive
+        # shell ignores SIGINT, and a child would inherit that (and never see the Ctrl-C).
+        preexec_fn=_default_stop_signals,
     )
     pids: list[int] = []
     deadline = time.monotonic() + 90
@@ -181,8 +209,16 @@ def test_no_orphans_when_trainer_is_interrupted_or_killed(sig, start):
     else:  # forked by the forkserver, a child of the trainer
         assert parents != {proc.pid} and len(parents) == 1 and parent_pid(parents.pop()) == proc.pid
     time.sleep(1.0)
+    ignored = _ignored_signals(proc.pid)
     proc.send_signal(sig)
-    proc.wait(timeout=30)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError(
+            f"trainer still alive 30 s after {sig.name}; signals it ignored: {ignored}, this test "
+            f"process ignores: {_ignored_signals(os.getpid())}"
+        ) from None
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline and any(alive(p) for p in family):
         time.sleep(0.2)

@@ -233,3 +233,47 @@ def test_several_resets_use_the_pool_only_while_resets_are_slow(
     assert all(name.startswith("fastlight-reset") for name in first)
     assert all(name.startswith("fastlight-reset") == pooled for name in later), later
     assert (c.reset_cost > POOL_RESET_S) == pooled
+
+
+@pytest.mark.parametrize("mode", ["dpsa", "sgr"])
+def test_reset_ahead_gives_the_same_cycles_and_charges_them_its_time(mode, obs_value_policy, monkeypatch):
+    """A global reset done ahead (while a sampler waits for weights) changes nothing the cycle
+    collects, and its seconds still count in that cycle's reset_time and wall_time."""
+    from fastlight.sampling import collector as collector_module
+
+    clock = _Clock()  # resets cost 5 ms on this clock, steps nothing: the times are exact
+    monkeypatch.setattr(collector_module, "time", clock)
+
+    def collector() -> Collector:
+        envs = [_ThreadRecordingEnv(0.005, clock, lengths=(2, 5, 3), tag=i) for i in range(3)]
+        return Collector(envs, mode=mode, termination_threshold=0.5, max_horizon=6, seed=3)
+
+    plain, ahead = collector(), collector()
+    for cycle in range(4):
+        a = plain.collect(obs_value_policy).validate()
+        ahead.reset_ahead()
+        ahead.reset_ahead()  # a second call before the cycle resets nothing more
+        assert [e.reset_calls for e in ahead.envs] == [cycle + 1] * 3
+        b = ahead.collect(obs_value_policy).validate()
+        for field in ("obs", "actions", "rewards", "valid", "terminated", "truncated"):
+            assert torch.equal(getattr(a, field), getattr(b, field)), (cycle, field)
+        assert b.stats.global_resets == a.stats.global_resets == 1
+        # three envs, pooled or inline: at least one 5 ms reset, all inside the cycle's wall time
+        # (sums of the same clock readings in another order: equal up to rounding)
+        assert b.stats.reset_time == pytest.approx(a.stats.reset_time, abs=1e-12)
+        assert b.stats.wall_time == pytest.approx(a.stats.wall_time, abs=1e-12)
+        assert b.stats.wall_time >= b.stats.reset_time - 1e-12 >= 0.005 - 2e-12
+    assert [e.reset_calls for e in ahead.envs] == [e.reset_calls for e in plain.envs] == [4] * 3
+
+
+def test_reset_ahead_does_nothing_in_autoreset_mode(obs_value_policy):
+    c = Collector(make_envs([2, 3]), mode="autoreset", rollout_steps=4)
+    plain = Collector(make_envs([2, 3]), mode="autoreset", rollout_steps=4)
+    c.reset_ahead()
+    assert [e.reset_calls for e in c.envs] == [0, 0]
+    for _ in range(2):
+        a, b = plain.collect(obs_value_policy), c.collect(obs_value_policy)
+        c.reset_ahead()
+        assert torch.equal(a.obs, b.obs)
+    # autoreset's own resets only: at the start, then at each end in 8 steps (2, 4, 6, 8 / 3, 6)
+    assert [e.reset_calls for e in c.envs] == [e.reset_calls for e in plain.envs] == [5, 3]
