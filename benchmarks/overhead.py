@@ -5,7 +5,8 @@
     python -m benchmarks.overhead --variants 'sampler=' 'rank=--data.truncation_scope=rank'
 
 The raw ceiling is what the machine can do with the env alone: ``num_workers`` processes (the
-run's sampler count), each stepping the run's ``num_envs`` envs one after the other with random
+run's sampler count), each stepping its share of the run's ``num_envs`` envs (split as the
+DataModule splits them) one after the other with random
 actions (autoreset), nothing else. The training figure is a real ``fastlight fit --config <config>``
 launch with :class:`TrainClock` attached: valid env steps the learner consumed per second between
 its ``--warmup``-th and last Rollout batch (start-up and the first rounds left out), updates,
@@ -168,16 +169,18 @@ def raw_worker(conn: Connection, env_id: str, env_kwargs: dict[str, Any], num_en
 
 
 class RawCeiling:
-    """``workers`` processes stepping the env alone, started once, driven block by block."""
+    """``workers`` processes stepping the env alone, started once, driven block by block;
+    ``num_envs`` in all, split over them."""
 
     def __init__(self, *, env_id: str, env_kwargs: dict[str, Any], workers: int, num_envs: int) -> None:
         ctx = mp.get_context("spawn")
         self.conns: list[Connection] = []
         self.procs = []
+        base, extra = divmod(num_envs, workers)  # as RolloutDataModule.sampler_configs splits them
         for i in range(workers):
             parent, child = ctx.Pipe()
             p = ctx.Process(
-                target=raw_worker, args=(child, env_id, env_kwargs, num_envs, 1000 * i), daemon=True
+                target=raw_worker, args=(child, env_id, env_kwargs, base + (i < extra), 1000 * i), daemon=True
             )
             p.start()
             self.conns.append(parent)
@@ -211,7 +214,14 @@ class RawCeiling:
 
 
 def run_fit(
-    command: list[str], config: str, root: str, *, batches: int, warmup: int, extra: list[str]
+    command: list[str],
+    config: str,
+    root: str,
+    *,
+    batches: int,
+    warmup: int,
+    extra: list[str],
+    cwd: str | None = None,
 ) -> dict:
     out = os.path.join(root, "overhead.json")
     args = [
@@ -229,7 +239,7 @@ def run_fit(
         *extra,
     ]
     proc = subprocess.run(
-        args, env=dict(os.environ, **{_OUT: out}), capture_output=True, text=True, timeout=900
+        args, env=dict(os.environ, **{_OUT: out}), capture_output=True, text=True, timeout=900, cwd=cwd
     )
     if proc.returncode != 0 or not os.path.exists(out):
         raise RuntimeError(f"{shlex.join(args)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -290,6 +300,13 @@ def markdown(summary: dict[str, Any]) -> str:
     ]
     rows = summary["variants"][names[0]]["breakdown"]
     for key in rows:
+        if "share" in key:
+            lines.append(
+                f"| {key} | "
+                + " | ".join(f"{summary['variants'][n]['breakdown'][key]:.1%}" for n in names)
+                + " |"
+            )
+            continue
         lines.append(
             f"| {key} | "
             + " | ".join(f"{summary['variants'][n]['breakdown'][key]:.2f}" for n in names)
@@ -317,17 +334,26 @@ def breakdown(fits: list[dict[str, Any]]) -> dict[str, float]:
         "samplers: rest of the cycles (policy forward, bookkeeping)": wall
         - tot("step_time")
         - tot("reset_time"),
+        # the share of the samplers' cores they computed on (the rest they waited, e.g. for weights)
+        "samplers: busy share (cycle time / (samplers x wall clock))": wall
+        / sum(f["elapsed_s"] * sum(k != "trainer" for k in f["cpu_s"]) for f in fits),
     }
 
 
-def parse_variant(text: str) -> tuple[str, list[str]]:
-    """``name=--flag=value --flag2=value`` -> (name, overrides); ``name=`` is the config as is."""
-    name, sep, args = text.partition("=")
+def parse_variant(text: str) -> tuple[str, str | None, list[str]]:
+    """``name=--flag=value --flag2=value`` -> (name, None, overrides); ``name@DIR=...`` launches the
+    fit from ``DIR`` (another checkout: ``python -m fastlight`` imports the package from there, so
+    code versions compare side by side); ``name=`` is the config as is."""
+    head, sep, args = text.partition("=")
+    name, _, tree = head.partition("@")
     if not sep or not name or name.startswith("-"):
         raise ValueError(
-            f"--variants entries are NAME=OVERRIDES (e.g. rank=--data.truncation_scope=rank), got {text!r}"
+            "--variants entries are NAME[@DIR]=OVERRIDES (e.g. rank=--data.truncation_scope=rank), "
+            f"got {text!r}"
         )
-    return name, shlex.split(args)
+    if tree and not os.path.isfile(os.path.join(tree, "benchmarks", "overhead.py")):
+        raise ValueError(f"variant {name}: {tree} has no benchmarks/overhead.py (copy this file there)")
+    return name, tree or None, shlex.split(args)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -360,9 +386,11 @@ def main(argv: list[str] | None = None) -> int:
     if a.batches <= a.warmup:
         p.error(f"--batches must be > --warmup ({a.warmup}), got {a.batches}")
     try:
-        variants = dict(parse_variant(v) for v in a.variants)
+        parsed = [parse_variant(v) for v in a.variants]
     except ValueError as e:
         p.error(str(e))
+    variants = {name: args for name, _, args in parsed}
+    trees = {name: tree for name, tree, _ in parsed}
     command = "python -m benchmarks.overhead " + shlex.join(argv if argv is not None else sys.argv[1:])
     settings = data_settings(a.config, extra)
     for name, args in variants.items():
@@ -383,11 +411,12 @@ def main(argv: list[str] | None = None) -> int:
                 with tempfile.TemporaryDirectory() as root:
                     f = run_fit(
                         shlex.split(a.command),
-                        a.config,
+                        os.path.abspath(a.config),  # the same file for a variant run from another tree
                         root,
                         batches=a.batches,
                         warmup=a.warmup,
                         extra=[*extra, *variants[name]],
+                        cwd=trees[name],
                     )
                 fits[name].append(f)
                 print(
@@ -412,6 +441,7 @@ def main(argv: list[str] | None = None) -> int:
         fit_tps = sum(f["valid_steps"] for f in runs) / sum(f["elapsed_s"] for f in runs)
         summary["variants"][name] = {
             "overrides": variants[name],
+            "tree": trees[name],
             "fits": runs,
             "fit_tps": fit_tps,
             "ratio": fit_tps / raw_tps,

@@ -18,11 +18,15 @@ def test_settings_come_from_the_config_then_overrides_then_defaults(tmp_path):
 def test_variants_parse_and_bad_ones_say_the_form():
     assert parse_variant("rank=--data.truncation_scope=rank --seed_everything=1") == (
         "rank",
+        None,
         ["--data.truncation_scope=rank", "--seed_everything=1"],
     )
-    assert parse_variant("config=") == ("config", [])
-    with pytest.raises(ValueError, match="--variants entries are NAME=OVERRIDES"):
+    assert parse_variant("config=") == ("config", None, [])
+    assert parse_variant("here@.=--seed_everything=2") == ("here", ".", ["--seed_everything=2"])
+    with pytest.raises(ValueError, match=r"--variants entries are NAME\[@DIR\]=OVERRIDES"):
         parse_variant("--data.truncation_scope=rank")
+    with pytest.raises(ValueError, match="variant old: /nonexistent has no benchmarks/overhead.py"):
+        parse_variant("old@/nonexistent=")
 
 
 @pytest.mark.parametrize("kw", [{"warmup": 0}, {"batches": 4, "warmup": 4}])
@@ -45,6 +49,8 @@ def test_breakdown_sums_the_windows_and_the_report_gives_each_variants_ratio():
     assert b["window wall clock"] == 30.0
     assert b["samplers: CPU"] == 37.0 and b["trainer: CPU"] == 4.0
     assert b["samplers: rest of the cycles (policy forward, bookkeeping)"] == pytest.approx(1.0)
+    # 2 x 9.5 s of cycles on 2 samplers over 10 + 20 s
+    assert b["samplers: busy share (cycle time / (samplers x wall clock))"] == pytest.approx(19 / 60)
     summary = {
         "command": "x", "loadavg_start": 1.0, "loadavg_end": 2.0,
         "raw": [{"tps": 20.0}, {"tps": 15.0}], "raw_tps": 16.0,
