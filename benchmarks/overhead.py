@@ -6,22 +6,23 @@
 
 The raw ceiling is what the machine can do with the env alone: ``num_workers`` processes (the
 run's sampler count), each stepping its share of the run's ``num_envs`` envs (split as the
-DataModule splits them) one after the other with random
-actions (autoreset), nothing else. The training figure is a real ``fastlight fit --config <config>``
-launch with :class:`TrainClock` attached: valid env steps the learner consumed per second between
-its ``--warmup``-th and last Rollout batch (start-up and the first rounds left out), updates,
-weight publishes, pipes and collation all inside. Blocks alternate (raw, fit, raw, fit, ...), the
-raw workers idle on a pipe while a fit runs, so both see the same machine; the ratio is the fits'
-summed steps over their summed seconds, over the same for the raw blocks (issue target >= 95 %).
-With ``--variants``, each pair runs one fit per variant after its raw block, in an order that
-alternates between pairs, so settings are compared side by side against the same ceiling.
+DataModule splits them) one after the other with random actions (autoreset), nothing else. The
+training figure is a real ``fastlight fit --config <config>`` launch with :class:`TrainClock`
+attached: valid env steps the learner consumed per second between its ``--warmup``-th and last
+Rollout batch (start-up and the first rounds left out), updates, weight publishes, pipes and
+collation all inside. Blocks alternate (raw, fit, raw, fit, ...), the raw workers idle on a pipe
+while a fit runs, so both see the same machine; the ratio is the fits' summed steps over their
+summed seconds, over the same for the raw blocks (issue target >= 95 %). With ``--variants``,
+each pair runs one fit per variant after its raw block, in an order that alternates between
+pairs, so settings (or, with ``NAME@DIR``, code versions) are compared against the same ceiling.
 
 Where the time goes: :class:`TrainClock` also splits the trainer's wall clock over the window
 into the training step (``on_train_batch_start`` to ``_end``: the update) and the rest (waiting
 for the next Rollout, collation, callbacks), reads each process's CPU seconds from ``/proc`` at
 both ends of the window, and sums the samplers' own counters (``step_time``: inside
 ``env.step``; ``reset_time``; ``wall_time``: the whole cycle, policy forward included), so one
-launch says how much of each sampler's time is the env, the policy and the rest.
+launch says how much of each sampler's time is the env, the policy and the rest, and how much of
+their cores the samplers computed on at all (``busy share``: the rest they waited).
 """
 
 from __future__ import annotations

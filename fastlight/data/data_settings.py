@@ -9,10 +9,9 @@ from typing import Any
 from fastlight.class_paths import class_path as import_path
 from fastlight.envs.wrappers import check_env_wrappers
 from fastlight.inference.settings import InferenceSettings
-from fastlight.sampling.auto_threshold import AUTO
 from fastlight.sampling.collector import check_collector_settings
 from fastlight.sampling.faults import FaultSettings
-from fastlight.sampling.shared_cut import CYCLES, TRUNCATION_SCOPES
+from fastlight.sampling.shared_cut import TRUNCATION_SCOPES, rank_scope_blockers
 from fastlight.sampling.start import check_start_method
 
 
@@ -52,34 +51,29 @@ def check_data_settings(args: dict[str, Any]) -> None:
 
 def check_truncation_scope(args: dict[str, Any]) -> None:
     """``--data.truncation_scope rank`` shares one DPSA termination rate between the samplers of a
-    strictly on-policy rank (:mod:`fastlight.sampling.shared_cut`); refuse what it cannot mean."""
+    strictly on-policy rank (:mod:`fastlight.sampling.shared_cut`); refuse what it cannot mean
+    (``auto`` falls back to ``sampler`` there instead)."""
     scope = args["truncation_scope"]
     if scope not in TRUNCATION_SCOPES:
-        raise ValueError(
-            f"--data.truncation_scope must be one of {', '.join(TRUNCATION_SCOPES)}, got {scope!r}"
-        )
-    if scope == "sampler":
+        allowed = ", ".join(TRUNCATION_SCOPES)
+        raise ValueError(f"--data.truncation_scope must be one of {allowed}, got {scope!r}")
+    if scope != "rank":
         return
-    wrong = {
-        "--data.reset_mode": (args["reset_mode"], args["reset_mode"] in ("dpsa", "sgr"), "dpsa or sgr"),
-        "--data.max_staleness": (args["max_staleness"], args["max_staleness"] == 0, "0"),
-        "--data.termination_threshold": (
-            args["termination_threshold"],
-            args["termination_threshold"] != AUTO,
-            "a number, not auto",
-        ),
-        "--data.cycles_per_step": (
-            args["cycles_per_step"],
-            args["cycles_per_step"] <= CYCLES,
-            f"<= {CYCLES}",
-        ),
-    }
-    for flag, (value, ok, allowed) in wrong.items():
-        if not ok:
-            raise ValueError(
-                f"--data.truncation_scope rank needs {flag} {allowed} (the rank's samplers must sample "
-                f"the same cycles on the same weights), got {value!r}"
-            )
+    for flag, (value, allowed) in truncation_blockers(args).items():
+        raise ValueError(
+            f"--data.truncation_scope rank needs {flag} {allowed} (the rank's samplers must sample "
+            f"the same cycles on the same weights), got {value!r}; --data.truncation_scope auto uses "
+            "rank only where it can"
+        )
+
+
+def truncation_blockers(args: dict[str, Any]) -> dict[str, tuple[object, str]]:
+    return rank_scope_blockers(
+        reset_mode=args["reset_mode"],
+        max_staleness=args["max_staleness"],
+        termination_threshold=args["termination_threshold"],
+        cycles_per_step=args["cycles_per_step"],
+    )
 
 
 def check_type(name: str, value: object, cls: type, *, optional: bool = False) -> None:

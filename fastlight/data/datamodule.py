@@ -30,7 +30,7 @@ from typing_extensions import override
 
 from fastlight.data.advice import SamplingAdvice
 from fastlight.data.cpu_copy import cpu_copy
-from fastlight.data.data_settings import check_data_settings, check_type, plain_settings
+from fastlight.data.data_settings import check_data_settings, check_type, plain_settings, truncation_blockers
 from fastlight.data.env_spec import EnvSpec, task_names_of
 from fastlight.data.prefetch import Prefetcher
 from fastlight.data.protocols import ChecksEnvSpec, RolloutPolicyModule, require
@@ -43,7 +43,7 @@ from fastlight.sampling.faults import FaultSettings
 from fastlight.sampling.fleet import Fleet, SamplerFleet
 from fastlight.sampling.obs import obs_to_tensor, stack_obs
 from fastlight.sampling.pool import LocalFleet
-from fastlight.sampling.shared_cut import TruncationScope
+from fastlight.sampling.shared_cut import TruncationScope, resolve_scope
 from fastlight.sampling.start import StartMethod, resolve_start_method
 from fastlight.sampling.worker import SamplerConfig
 from fastlight.weights.publisher import SyncStats
@@ -105,6 +105,8 @@ class RolloutDataModule(L.LightningDataModule):
             slowest one while the others idle (:mod:`fastlight.sampling.shared_cut`). Needs
             ``dpsa``/``sgr``, ``max_staleness: 0``, a fixed threshold and the local fleet; the cut
             then depends on the processes' relative speed (not reproducible bit for bit).
+            ``auto``: ``rank`` where those hold, ``sampler`` elsewhere (what ``highway_dpsa.yaml``
+            sets, so its ``--data.max_staleness 1`` or ``autoreset`` variants still run).
         prefetch: super-batches the background prefetcher keeps ready (AcceRL §prefetch).
         inference: an :class:`~fastlight.inference.InferenceSettings` serves every sampler from
             one inference worker process that holds the policy (AcceRL §inference); ``None``
@@ -162,6 +164,11 @@ class RolloutDataModule(L.LightningDataModule):
         self.env_wrappers: tuple[EnvWrapper, ...] = tuple(env_wrappers or ())
         self.inference, self.faults = inference, faults
         check_data_settings(locals())
+        if truncation_scope == "rank" and not fleet.shared_memory:
+            raise ValueError(
+                f"--data.truncation_scope rank shares the termination rate in the trainer machine's memory, "
+                f"which {type(fleet).__name__}'s samplers cannot read: use sampler or auto"
+            )
         self.save_hyperparameters()
         self._plain_settings()
         probe = make_env(env_id, env_kwargs=env_kwargs)
@@ -224,6 +231,15 @@ class RolloutDataModule(L.LightningDataModule):
         return self.env_spec.continuous
 
     @property
+    def truncation_scope(self) -> str:
+        """``sampler`` or ``rank``: ``--data.truncation_scope``, with ``auto`` resolved for this
+        run's settings and fleet (:func:`~fastlight.sampling.shared_cut.resolve_scope`)."""
+        h = self.hparams
+        return resolve_scope(
+            h.truncation_scope, blockers=truncation_blockers(h), shared_memory=self.fleet.shared_memory
+        )
+
+    @property
     def env_seed(self) -> int:
         """The base env seed: ``--data.seed`` if set, else the global seed Lightning's
         ``seed_everything`` exported (``PL_GLOBAL_SEED``), else 0. Read when the samplers start, so a
@@ -252,7 +268,7 @@ class RolloutDataModule(L.LightningDataModule):
                 env_wrappers=self.env_wrappers,
                 seed=seed + 10_000 * rank + 1_000 * w,
                 nonfinite=h.nonfinite,
-                truncation_scope=h.truncation_scope,
+                truncation_scope=self.truncation_scope,
             )
             for w in range(h.num_workers)
         ]

@@ -69,7 +69,13 @@ class SamplerFleet(ABC):
 
 
 class Fleet(ABC):
-    """The ``--data.fleet`` setting: where a rank's samplers run."""
+    """The ``--data.fleet`` setting: where a rank's samplers run.
+
+    ``shared_memory``: whether its samplers run on the trainer's machine and can share memory with
+    it and each other (``--data.truncation_scope auto`` then shares DPSA's termination rate).
+    """
+
+    shared_memory: bool = False
 
     @abstractmethod
     def build(

@@ -580,6 +580,8 @@ class LocalFleet(Fleet):
     """The default ``--data.fleet``: each rank's samplers are processes on the trainer's machine
     (a :class:`SamplerPool`)."""
 
+    shared_memory = True
+
     def build(
         self,
         configs: list[SamplerConfig],

@@ -26,14 +26,41 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal, get_args
 
-#: ``--data.truncation_scope``: whose clips DPSA's termination rate counts.
-TruncationScope = Literal["sampler", "rank"]
+#: ``--data.truncation_scope``: whose clips DPSA's termination rate counts (``auto``: see
+#: :func:`resolve_scope`).
+TruncationScope = Literal["sampler", "rank", "auto"]
 TRUNCATION_SCOPES: tuple[str, ...] = get_args(TruncationScope)
 
 #: Cycle index bits of a key (``version * CYCLES + k``): at most this many cycles per version.
 CYCLES = 64
 _ENDED_BITS = 16
 _ENDED_MASK = (1 << _ENDED_BITS) - 1
+
+
+def rank_scope_blockers(
+    *, reset_mode: str, max_staleness: int, termination_threshold: float | str, cycles_per_step: int
+) -> dict[str, tuple[object, str]]:
+    """The settings that keep a rank's samplers from sharing one termination rate: flag -> (value,
+    what it must be). A shared rate needs the samplers to sample the same cycles on the same
+    weights: DPSA/SGR cycles, strictly on-policy, one fixed threshold."""
+    wrong: dict[str, tuple[object, str]] = {}
+    if reset_mode not in ("dpsa", "sgr"):
+        wrong["--data.reset_mode"] = (reset_mode, "dpsa or sgr")
+    if max_staleness != 0:
+        wrong["--data.max_staleness"] = (max_staleness, "0")
+    if termination_threshold == "auto":
+        wrong["--data.termination_threshold"] = (termination_threshold, "a number, not auto")
+    if cycles_per_step > CYCLES:
+        wrong["--data.cycles_per_step"] = (cycles_per_step, f"<= {CYCLES}")
+    return wrong
+
+
+def resolve_scope(scope: str, *, blockers: dict[str, tuple[object, str]], shared_memory: bool) -> str:
+    """``sampler`` or ``rank``: ``auto`` is ``rank`` where it can work (no blockers, samplers on the
+    trainer's machine) and ``sampler`` elsewhere; the other two are themselves."""
+    if scope != "auto":
+        return scope
+    return "rank" if not blockers and shared_memory else "sampler"
 
 
 def cycle_key(version: int, k: int) -> int:

@@ -163,3 +163,37 @@ def test_the_ray_fleet_refuses_a_rank_wide_cut():
             configs, nn.Linear(1, 1), rank=0, inference=None, trainer_device="cpu", example_obs=None,
             faults=FaultSettings(), start_method="spawn",
         )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fleet", "scope"),
+    [
+        ({}, None, "rank"),
+        ({"max_staleness": 1}, None, "sampler"),
+        ({"reset_mode": "autoreset"}, None, "sampler"),
+        ({"termination_threshold": "auto"}, None, "sampler"),
+        ({}, "ray", "sampler"),
+    ],
+)
+def test_auto_scope_is_rank_only_where_it_can_work(overrides, fleet, scope):
+    from fastlight.data.datamodule import RolloutDataModule
+    from fastlight.sampling.ray_fleet import RayFleet
+
+    kw = {"fleet": RayFleet()} if fleet == "ray" else {}
+    dm = RolloutDataModule(
+        env_id="tests.fake_envs:FixedLength-v0", num_envs=4, num_workers=2, truncation_scope="auto",
+        **overrides, **kw,
+    )  # fmt: skip
+    assert dm.truncation_scope == scope
+    assert {c.truncation_scope for c in dm.sampler_configs(0)} == {scope}
+    assert dm.hparams.truncation_scope == "auto"  # what the run was asked for stays recorded
+
+
+def test_an_explicit_rank_scope_on_ray_is_refused_before_anything_starts():
+    from fastlight.data.datamodule import RolloutDataModule
+    from fastlight.sampling.ray_fleet import RayFleet
+
+    with pytest.raises(ValueError, match="truncation_scope rank shares the termination rate.*RayFleet"):
+        RolloutDataModule(
+            env_id="CartPole-v1", num_envs=2, num_workers=2, truncation_scope="rank", fleet=RayFleet()
+        )
