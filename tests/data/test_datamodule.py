@@ -121,7 +121,10 @@ def test_sampler_hard_crash_is_restarted_then_reported_with_exit_code():
         ({"prefetch": 0}, "--data.prefetch must be > 0, got 0"),
         ({"nonfinite": "nan"}, "--data.nonfinite must be one of raise | drop, got 'nan'"),
         ({"start_method": "fork"}, "--data.start_method must be null, spawn or forkserver, got 'fork'"),
-        ({"truncation_scope": "node"}, "--data.truncation_scope must be one of sampler, rank, auto, got 'node'"),
+        (
+            {"truncation_scope": "node"},
+            "--data.truncation_scope must be one of sampler, rank, auto, got 'node'",
+        ),
         (
             {"truncation_scope": "rank", "max_staleness": 1},
             r"--data.truncation_scope rank needs --data.max_staleness 0 \(.*\), got 1",
