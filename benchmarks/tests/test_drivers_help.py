@@ -32,6 +32,7 @@ DRIVERS = (
     "benchmarks.objectives",
     "benchmarks.objectives.run",
     "benchmarks.objectives.throughput",
+    "benchmarks.overhead",
     "benchmarks.pruning",
     "benchmarks.rollback_cost",
     "benchmarks.sampling",

@@ -61,6 +61,7 @@ def test_breakdown_sums_the_windows_and_the_report_gives_each_variants_ratio():
     assert "**83.3%**, missed by 11.7 points" in text
 
 
+@pytest.mark.slow  # two spawned processes (~14 s); every benchmarks.overhead run exercises them too
 @pytest.mark.multiproc
 def test_the_raw_ceiling_counts_every_workers_steps():
     ceiling = RawCeiling(env_id="CartPole-v1", env_kwargs={}, workers=2, num_envs=3)
