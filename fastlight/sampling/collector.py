@@ -257,6 +257,11 @@ class Collector:
         self._reset(range(self.num_envs), stats)
         self._ahead = (stats, time.perf_counter() - t0)
 
+    def discard_ahead(self) -> None:
+        """Forget a reset done ahead (its tasks were drawn from task weights since replaced): the
+        next cycle resets again at its start."""
+        self._ahead = None
+
     def _global_reset(self, stats: RolloutStats) -> float:
         """A cycle's global reset: now, or the one reset_ahead() did; returns the seconds that one
         took (0.0 for a reset done now, whose time the cycle's own clock covers)."""

@@ -193,14 +193,18 @@ def _loop(
         latest = weights.version
         if latest < 0 or (cfg.max_staleness == 0 and latest == version):
             beat()  # waiting for the trainer's next update is not a hang
-            if task_weights is None:  # DWR may change the next tasks: reset only once they are known
-                collector.reset_ahead()  # the next cycle's global reset needs no policy: do it now
+            if task_weights is not None:  # DWR: the newest task weights before resetting ahead
+                task_version = task_weights.apply(collector.envs, task_version)
+            collector.reset_ahead()  # the next cycle's global reset needs no policy: do it now
             time.sleep(0.002)  # wait for the first / a newer policy (strictly on-policy)
             continue
         if latest != version:
             version = weights.load_into(policy)
         if task_weights is not None:  # DWR: newest task weights before the round starts
-            task_version = task_weights.apply(collector.envs, task_version)
+            applied = task_weights.apply(collector.envs, task_version)
+            if applied != task_version:  # a reset done ahead drew its tasks from older weights
+                collector.discard_ahead()
+            task_version = applied
         # The step's own cycles carry a key the rank's samplers share (truncation_scope rank);
         # extra cycles for the valid-step budget are this sampler's alone.
         parts = [

@@ -277,3 +277,11 @@ def test_reset_ahead_does_nothing_in_autoreset_mode(obs_value_policy):
         assert torch.equal(a.obs, b.obs)
     # autoreset's own resets only: at the start, then at each end in 8 steps (2, 4, 6, 8 / 3, 6)
     assert [e.reset_calls for e in c.envs] == [e.reset_calls for e in plain.envs] == [5, 3]
+
+
+def test_a_discarded_reset_ahead_is_done_again_at_the_cycle_start(obs_value_policy):
+    c = Collector(make_envs([2, 3]), mode="dpsa", termination_threshold=1.0)
+    c.reset_ahead()
+    c.discard_ahead()  # e.g. DWR weights arrived after it
+    c.collect(obs_value_policy).validate()
+    assert [e.reset_calls for e in c.envs] == [2, 2]  # the discarded one, then the cycle's own
