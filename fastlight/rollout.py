@@ -156,6 +156,9 @@ class RolloutStats:
     #: Sum of the DPSA termination thresholds of the cycles (one per ``global_resets`` in dpsa
     #: mode): their mean is what ``termination_threshold: auto`` chose.
     threshold_sum: float = 0.0
+    #: Rounds the trainer cut at their next step for the batch they would have missed
+    #: (``--data.cut_in_flight``, :mod:`fastlight.sampling.cut_requests`).
+    cut_in_flight: int = 0
 
     def merge(self, other: RolloutStats) -> RolloutStats:
         """Counters of two cycles taken one after the other (times add up)."""
@@ -171,6 +174,7 @@ class RolloutStats:
             dropped_stale=self.dropped_stale + other.dropped_stale,
             dropped_nonfinite=self.dropped_nonfinite + other.dropped_nonfinite,
             threshold_sum=self.threshold_sum + other.threshold_sum,
+            cut_in_flight=self.cut_in_flight + other.cut_in_flight,
         )
 
 

@@ -39,6 +39,7 @@ DRIVERS = (
     "benchmarks.sampling.auto_threshold",
     "benchmarks.startup",
     "benchmarks.sync",
+    "benchmarks.sync.lag",
     "benchmarks.sync.lora",
     "benchmarks.vla.bc_baseline",
     "benchmarks.vla.eval",

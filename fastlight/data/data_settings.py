@@ -44,6 +44,11 @@ def check_data_settings(args: dict[str, Any]) -> None:
     if args["max_staleness"] < 0:
         raise ValueError(f"--data.max_staleness must be >= 0, got {args['max_staleness']}")
     check_truncation_scope(args)
+    if args["cut_in_flight"] and args["max_staleness"] == 0:
+        raise ValueError(
+            "--data.cut_in_flight true needs --data.max_staleness >= 1 (a strictly on-policy sampler "
+            "waits for new weights after each round: no round is in flight to cut), got 0; use null or false"
+        )
     check_type("inference", args["inference"], InferenceSettings, optional=True)
     check_type("faults", args["faults"], FaultSettings)
     check_env_wrappers(args["env_wrappers"] or ())

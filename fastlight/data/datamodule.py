@@ -107,6 +107,13 @@ class RolloutDataModule(L.LightningDataModule):
             then depends on the processes' relative speed (not reproducible bit for bit).
             ``auto``: ``rank`` where those hold, ``sampler`` elsewhere (what ``highway_dpsa.yaml``
             sets, so its ``--data.max_staleness 1`` or ``autoreset`` variants still run).
+        cut_in_flight: with ``max_staleness`` above 0, when a training step's super-batch is
+            complete the other samplers end the round they are sampling at their next step
+            (unified truncation: clips still running are truncated and bootstrapped) and the
+            batch takes those rounds too, so their steps are not a version old when the next
+            batch is trained on (:mod:`fastlight.sampling.cut_requests`; ``rollout/cut_in_flight``
+            counts them). ``None`` (default): on where it can work (``max_staleness`` above 0,
+            the local fleet); ``false``: those rounds go into the next batch, as before.
         prefetch: super-batches the background prefetcher keeps ready (AcceRL §prefetch).
         inference: an :class:`~fastlight.inference.InferenceSettings` serves every sampler from
             one inference worker process that holds the policy (AcceRL §inference); ``None``
@@ -149,6 +156,7 @@ class RolloutDataModule(L.LightningDataModule):
         valid_steps_per_step: int | None = None,
         max_staleness: int = 0,
         truncation_scope: TruncationScope = "sampler",
+        cut_in_flight: bool | None = None,
         prefetch: int = 2,
         inference: InferenceSettings | None = None,
         faults: FaultSettings = DEFAULT_FAULTS,
@@ -168,6 +176,11 @@ class RolloutDataModule(L.LightningDataModule):
             raise ValueError(
                 f"--data.truncation_scope rank shares the termination rate in the trainer machine's memory, "
                 f"which {type(fleet).__name__}'s samplers cannot read: use sampler or auto"
+            )
+        if cut_in_flight and not fleet.shared_memory:
+            raise ValueError(
+                f"--data.cut_in_flight true asks the samplers through the trainer machine's memory, which "
+                f"{type(fleet).__name__}'s samplers cannot read: use null or false"
             )
         self.save_hyperparameters()
         self._plain_settings()
@@ -231,6 +244,15 @@ class RolloutDataModule(L.LightningDataModule):
         return self.env_spec.continuous
 
     @property
+    def cut_in_flight(self) -> bool:
+        """``--data.cut_in_flight``, with ``None`` resolved: on for an asynchronous run
+        (``max_staleness`` above 0) of the local fleet."""
+        h = self.hparams
+        if h.cut_in_flight is not None:
+            return bool(h.cut_in_flight)
+        return h.max_staleness > 0 and self.fleet.shared_memory
+
+    @property
     def truncation_scope(self) -> str:
         """``sampler`` or ``rank``: ``--data.truncation_scope``, with ``auto`` resolved for this
         run's settings and fleet (:func:`~fastlight.sampling.shared_cut.resolve_scope`)."""
@@ -269,6 +291,7 @@ class RolloutDataModule(L.LightningDataModule):
                 seed=seed + 10_000 * rank + 1_000 * w,
                 nonfinite=h.nonfinite,
                 truncation_scope=self.truncation_scope,
+                cut_in_flight=self.cut_in_flight,
             )
             for w in range(h.num_workers)
         ]
@@ -308,6 +331,7 @@ class RolloutDataModule(L.LightningDataModule):
             items_per_batch=self.pool.num_workers,
             max_staleness=self.hparams.max_staleness,
             depth=self.hparams.prefetch,
+            cut_in_flight=self.pool.cut_in_flight if self.cut_in_flight else None,
         ).start()
 
     def max_valid_per_rollout(self) -> int:

@@ -5,6 +5,10 @@ stacks ``rollouts_per_step`` of them into a super-batch, keeping up to ``depth``
 training step only takes a ready batch; the time it waits is reported as
 ``perf/data_wait_ms`` and should be near zero when sampling keeps up.
 
+With ``cut_in_flight`` (an asynchronous run's ``--data.cut_in_flight``) a completed batch also
+takes the rounds the other samplers were sampling, cut at their next step, for at most
+``CUT_WAIT_S`` (:mod:`fastlight.sampling.cut_requests`).
+
 Staleness is checked twice: items older than the bound are dropped when they arrive, and a
 ready batch that went stale while it waited (the trainer updated meanwhile) is dropped when
 it is taken. Both are counted.
@@ -20,6 +24,11 @@ from collections.abc import Callable
 from fastlight.rollout import Rollout
 
 NextItem = Callable[[float], Rollout | None]
+#: ``cut_in_flight(timeout)``: the rounds in flight, cut for the batch just completed.
+CutInFlight = Callable[[float], list[Rollout]]
+#: How long a completed batch waits for the rounds it asked to be cut (each ends at its sampler's
+#: next env step; one that takes longer is not lost, it goes into the next batch).
+CUT_WAIT_S = 2.0
 
 
 class Prefetcher:
@@ -32,6 +41,9 @@ class Prefetcher:
         items_per_batch: sampler items per super-batch (``rollouts_per_step``).
         max_staleness: drop data more than this many versions old.
         depth: ready super-batches kept (``prefetch``).
+        cut_in_flight: called once a batch has its ``items_per_batch`` items; what it returns
+            (the other samplers' rounds, cut) joins the batch. ``None``: batches of
+            ``items_per_batch`` items.
     """
 
     def __init__(
@@ -42,8 +54,10 @@ class Prefetcher:
         items_per_batch: int,
         max_staleness: int,
         depth: int = 2,
+        cut_in_flight: CutInFlight | None = None,
     ) -> None:
         self.next_item = next_item
+        self.cut_in_flight = cut_in_flight
         self.version = version
         self.items_per_batch = items_per_batch
         self.max_staleness = max_staleness
@@ -73,6 +87,12 @@ class Prefetcher:
                     continue
                 items.append(item)
                 if len(items) == self.items_per_batch:
+                    if self.cut_in_flight is not None:
+                        for extra in self.cut_in_flight(CUT_WAIT_S):
+                            if self._stale(extra):
+                                self.dropped += 1
+                            else:
+                                items.append(extra)
                     batch = Rollout.cat(items)
                     items = []
                     while not self._stop.is_set():

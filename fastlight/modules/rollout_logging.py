@@ -24,8 +24,9 @@ def rollout_metrics(rollout: Rollout, *, current_version: int) -> dict[str, Tens
     ``policy_lag`` = current version - behaviour version (AcceRL §staleness); 0 when on-policy.
     ``rollout/valid_steps`` counts env steps (episode lengths too); with action chunks the valid
     transitions, one per chunk, are ``rollout/policy_steps``.
-    ``perf/termination_threshold`` is the mean DPSA threshold of the Rollout's cycles (what
-    ``--data.termination_threshold auto`` chose; the setting itself otherwise).
+    ``rollout/cut_in_flight`` counts the rounds the trainer cut for this batch
+    (``--data.cut_in_flight``). ``perf/termination_threshold`` is the mean DPSA threshold of the
+    Rollout's cycles (what ``--data.termination_threshold auto`` chose; the setting itself otherwise).
     """
     out: dict[str, Tensor] = {}
     done = [e for e in rollout.stats.episodes if not e.cut]
@@ -52,6 +53,7 @@ def rollout_metrics(rollout: Rollout, *, current_version: int) -> dict[str, Tens
         out["rollout/policy_steps"] = valid.sum().float()
     out["rollout/dropped_stale"] = torch.tensor(float(rollout.stats.dropped_stale))
     out["rollout/dropped_nonfinite"] = torch.tensor(float(rollout.stats.dropped_nonfinite))
+    out["rollout/cut_in_flight"] = torch.tensor(float(rollout.stats.cut_in_flight))
     out["perf/data_wait_ms"] = torch.tensor(1000.0 * rollout.stats.data_wait_s)
     stats = rollout.stats
     if stats.threshold_sum > 0 and stats.global_resets:  # dpsa: the (mean) threshold its cycles used

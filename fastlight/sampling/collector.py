@@ -43,6 +43,7 @@ from fastlight.models.action_mapping import action_chunk
 from fastlight.models.base import Policy, ServedPolicy
 from fastlight.rollout import EpisodeRecord, Rollout, RolloutStats, crashed_at_end, success_after
 from fastlight.sampling.auto_threshold import AUTO, CycleCosts, ThresholdChooser
+from fastlight.sampling.cut_requests import CutRequestView
 from fastlight.sampling.obs import (
     ObservationShapeError,
     action_to_env,
@@ -174,6 +175,9 @@ class Collector:
         shared_cut: this sampler's handle on its rank's :class:`~fastlight.sampling.shared_cut.SharedCut`
             (``--data.truncation_scope rank``): a ``collect`` given a ``cut_key`` truncates on the
             rate over every clip of the rank; ``None``: on this Collector's clips only.
+        cut_requests: this sampler's side of its rank's
+            :class:`~fastlight.sampling.cut_requests.CutRequests` (``--data.cut_in_flight``): a
+            ``collect`` given ``cut_since`` ends at the first step after the count passes it.
     """
 
     def __init__(
@@ -188,6 +192,7 @@ class Collector:
         nonfinite: str = "raise",
         heartbeat: Callable[[], None] | None = None,
         shared_cut: SharedCutView | None = None,
+        cut_requests: CutRequestView | None = None,
     ) -> None:
         if shared_cut is not None and (mode not in ("dpsa", "sgr") or termination_threshold == AUTO):
             raise ValueError(
@@ -204,6 +209,8 @@ class Collector:
         )
         self.nonfinite = nonfinite
         self.shared_cut = shared_cut
+        self.cut_requests = cut_requests
+        self._cut_since: int | None = None  # the current collect's cut_since
         self.heartbeat = heartbeat if heartbeat is not None else _no_beat
         self.envs = list(envs)
         self.mode = mode
@@ -463,13 +470,28 @@ class Collector:
 
     # ------------------------------------------------------------------ public API
     @torch.no_grad()
-    def collect(self, policy: Policy, *, policy_version: int = 0, cut_key: int | None = None) -> Rollout:
+    def collect(
+        self,
+        policy: Policy,
+        *,
+        policy_version: int = 0,
+        cut_key: int | None = None,
+        cut_since: int | None = None,
+    ) -> Rollout:
         """One sampling cycle (``dpsa``/``sgr``) or ``rollout_steps`` steps (``autoreset``).
 
         ``cut_key``: with a ``shared_cut``, this cycle's key
         (:func:`~fastlight.sampling.shared_cut.cycle_key`): it is truncated on the termination rate
         over the whole rank's clips. ``None``: on this Collector's own clips.
+
+        ``cut_since``: with ``cut_requests``, their count when the sampler's round began: once the
+        trainer has asked for more, the cycle ends after the step under way (every clip still
+        running truncated and bootstrapped; in ``autoreset`` the segment ends there and its
+        episodes go on) and ``stats.cut_in_flight`` is 1. ``None``: never cut on request.
         """
+        if cut_since is not None and self.cut_requests is None:
+            raise ValueError("collect(cut_since=...) needs a Collector built with cut_requests")
+        self._cut_since = cut_since
         stats = RolloutStats()
         t0 = time.perf_counter()
         # Checked once per round, not per step (a Protocol isinstance walks its members).
@@ -514,6 +536,14 @@ class Collector:
         # Every clip of this sampler has ended: nothing left here to truncate (the others go on).
         return n_ended == self.num_envs
 
+    def _cut_requested(self) -> bool:
+        """Whether the trainer asked, since this round began, for the round under way."""
+        return (
+            self._cut_since is not None
+            and self.cut_requests is not None
+            and self.cut_requests.count() > self._cut_since
+        )
+
     def _collect_cycle(
         self, policy: Policy, stats: RolloutStats, shared: SharedCutView | None = None, key: int = 0
     ) -> RowBuffer:
@@ -542,6 +572,8 @@ class Collector:
                     alive[i] = False
             t += span
             cut = self._should_truncate(self.num_envs - sum(alive), t, threshold, shared, key)
+            requested = not cut and any(alive) and self._cut_requested()
+            cut = cut or requested
             if cut:
                 # Unified truncation: every env still running is cut here and bootstrapped.
                 for i in range(self.num_envs):
@@ -552,7 +584,9 @@ class Collector:
                         )
             self._bootstrap(policy, row)
             if cut:
-                if self.chooser is not None:
+                stats.cut_in_flight += requested
+                # A cut the trainer asked for says nothing about the threshold's costs.
+                if self.chooser is not None and not requested:
                     reset_s, step_s = stats.reset_time - before[0], stats.step_time - before[1]
                     other_s = time.perf_counter() - start - reset_s - step_s
                     # rounds in env-step time: the chooser models a cycle's overhead per env step of
@@ -576,16 +610,20 @@ class Collector:
             span = min(chunk, self.rollout_steps - t * chunk)
             out = self._step_envs(policy, everyone, stats, span)
             row = rows.new_row(out, self._eps, everyone, span)
+            requested = t < policy_steps - 1 and self._cut_requested()
             ended = []
             for i in everyone:
                 if self._advance(row, i, out.results[i], rows, stats):
                     ended.append(i)
-                elif t == policy_steps - 1:
+                elif t == policy_steps - 1 or requested:
                     # Rollout boundary: bootstrap, but the episode goes on in the next call.
                     row.set_truncated(i)
             self._bootstrap(policy, row)
             if ended:
                 self._reset(ended, stats)
+            if requested:
+                stats.cut_in_flight += 1
+                break
         return rows
 
     def _bootstrap(self, policy: Policy, row: Row) -> None:

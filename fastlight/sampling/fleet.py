@@ -59,6 +59,13 @@ class SamplerFleet(ABC):
         """The next Rollout any sampler finished, or None after ``timeout`` seconds without one.
         Restarts failed samplers within the budget; raises naming the sampler past it."""
 
+    def cut_in_flight(self, timeout: float) -> list[Rollout]:
+        """A training step's batch just completed: ask every sampler but the one whose item completed
+        it to end its round at its next step, and return the Rollouts that arrive within ``timeout``
+        seconds (``--data.cut_in_flight``, :mod:`fastlight.sampling.cut_requests`). A fleet that
+        cannot ask returns none; the DataModule refuses the setting for it."""
+        return []
+
     @abstractmethod
     def set_task_weights(self, weights: list[float]) -> None:
         """Task-sampling weights for every sampler's envs, applied before their next round (DWR)."""

@@ -68,6 +68,7 @@ from fastlight.procs import (
     sample_memory,
 )
 from fastlight.rollout import Rollout
+from fastlight.sampling.cut_requests import CutRequests, rounds_to_cut
 from fastlight.sampling.faults import FLAG, FaultSettings
 from fastlight.sampling.fleet import Fleet, SamplerFleet
 from fastlight.sampling.restarts import SamplerError, broken_pipe, crashed, signal_name, spend_restart
@@ -163,7 +164,18 @@ class SamplerPool(SamplerFleet):
         if any(rank_wide) and not all(rank_wide):
             raise ValueError("truncation_scope must be the same for every sampler of a rank")
         self.shared_cut = SharedCut(self.ctx, [c.num_envs for c in configs]) if all(rank_wide) else None
-        # Every sampler's reader thread feeds this one queue; bounded, so samplers cannot run ahead.
+        # --data.cut_in_flight: the trainer asks for rounds in flight when a batch completes.
+        cutting = [c.cut_in_flight for c in configs]
+        if any(cutting) and not all(cutting):
+            raise ValueError("cut_in_flight must be the same for every sampler of a rank")
+        self.cut_requests = CutRequests(self.ctx, len(configs)) if all(cutting) else None
+        self._last_sender: int | None = None  # the sampler whose item next_item handed out last
+        # When each sampler's last item arrived (its next round began then) and its usual round
+        # length (a running mean of the gaps), for cut_in_flight.
+        self._arrived: dict[int, float] = {}
+        self._round_s: dict[int, float] = {}
+        # Every sampler's reader thread feeds this one queue, (kind, sampler index, payload);
+        # bounded, so samplers cannot run ahead.
         self.items: queue.Queue[tuple[str, int, Any]] = queue.Queue(maxsize=2 * len(configs))
         self.stop_event = StopFlag(self.ctx)
         self.samplers: list[_Sampler] = []
@@ -221,6 +233,7 @@ class SamplerPool(SamplerFleet):
                 os.getpid(),
                 self.task_weights,
                 self.shared_cut.view(i) if self.shared_cut is not None else None,
+                self.cut_requests.view(i) if self.cut_requests is not None else None,
             ),
             name=f"fastlight-sampler-{i}",
             daemon=True,
@@ -244,9 +257,10 @@ class SamplerPool(SamplerFleet):
                 if kind == "error":
                     self.errors[index] = payload
                     return
+                self._arrival(index, time.monotonic())
                 while not self._closing.is_set():
                     try:
-                        self.items.put((kind, tag, payload), timeout=0.2)
+                        self.items.put((kind, index, payload), timeout=0.2)
                         break
                     except queue.Full:
                         continue
@@ -254,6 +268,14 @@ class SamplerPool(SamplerFleet):
             pass
         finally:
             conn.close()
+
+    def _arrival(self, index: int, now: float) -> None:
+        last = self._arrived.get(index)
+        if last is not None:
+            gap = now - last
+            mean = self._round_s.get(index)
+            self._round_s[index] = gap if mean is None else 0.7 * mean + 0.3 * gap
+        self._arrived[index] = now
 
     def publish(self, policy: nn.Module, version: int) -> SyncStats:
         """New weights for the samplers through the pool's one publisher.
@@ -301,7 +323,7 @@ class SamplerPool(SamplerFleet):
         """
         self.watch()
         try:
-            _, _, payload = self.items.get(timeout=timeout)
+            _, self._last_sender, payload = self.items.get(timeout=timeout)
         except queue.Empty:
             self.watch(force=True)
             if time.monotonic() - self._last_item > self.timeout_s:
@@ -313,6 +335,35 @@ class SamplerPool(SamplerFleet):
             return None
         self._last_item = time.monotonic()
         return rollout_from_numpy(payload)
+
+    def cut_in_flight(self, timeout: float) -> list[Rollout]:
+        """Ask every sampler but the last item's sender to end its round at its next step and take
+        one item from each of them (or what arrives within ``timeout`` seconds; a round that comes
+        later goes into the next batch). Which samplers: :func:`rounds_to_cut`; see
+        :mod:`fastlight.sampling.cut_requests`."""
+        if self.cut_requests is None:
+            return []
+        asked = rounds_to_cut(
+            [s.index for s in self.samplers],
+            last_sender=self._last_sender,
+            arrived=self._arrived,
+            round_s=self._round_s,
+            now=time.monotonic(),
+        )
+        self.cut_requests.request(asked)
+        waiting = set(asked)
+        out: list[Rollout] = []
+        deadline = time.monotonic() + timeout
+        while waiting and not self.stop_event.is_set() and (left := deadline - time.monotonic()) > 0:
+            self.watch()
+            try:
+                _, index, payload = self.items.get(timeout=min(left, WATCH_EVERY_S))
+            except queue.Empty:
+                continue
+            self._last_item = time.monotonic()
+            waiting.discard(index)  # a round it finished just before the request is its answer too
+            out.append(rollout_from_numpy(payload))
+        return out
 
     def watch(self, force: bool = False) -> None:
         """Check the inference worker, and every sampler's traceback, exit code and heartbeat."""

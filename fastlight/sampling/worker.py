@@ -1,7 +1,8 @@
 """Sampler processes: each owns a Collector over its envs and a CPU copy of the policy.
 
 A sampler loops: take the newest published weights, run ``cycles_per_step`` collection cycles,
-push them as one Rollout (a super-batch along E) into the output queue. With
+push them as one Rollout (a super-batch along E) into the output queue (with ``cut_in_flight``,
+sooner: when the trainer asks for the round under way, :mod:`fastlight.sampling.cut_requests`). With
 ``max_staleness = 0`` (strictly on-policy) it then waits until the trainer publishes newer
 weights, so no round starts on weights older than the current version. While it waits it does
 the next cycle's global reset (:meth:`Collector.reset_ahead`: a reset needs no policy), so in
@@ -34,6 +35,7 @@ from fastlight.envs.wrappers import EnvWrapper
 from fastlight.procs import Liveness, start_child
 from fastlight.rollout import Rollout
 from fastlight.sampling.collector import Collector
+from fastlight.sampling.cut_requests import CutRequestView
 from fastlight.sampling.shared_cut import SharedCutView, cycle_key
 from fastlight.sampling.task_weights import SharedTaskWeights
 from fastlight.weights.publisher import WeightSource
@@ -61,6 +63,9 @@ class SamplerConfig:
     #: ``sampler``: DPSA's termination rate over this sampler's clips; ``rank``: over every clip of
     #: the rank's local samplers (:mod:`fastlight.sampling.shared_cut`).
     truncation_scope: str = "sampler"
+    #: Whether the trainer may cut this sampler's round for the batch it would miss
+    #: (``--data.cut_in_flight``, asynchronous runs: :mod:`fastlight.sampling.cut_requests`).
+    cut_in_flight: bool = False
 
 
 def build_envs(cfg: SamplerConfig) -> list:
@@ -77,13 +82,21 @@ def build_collector(
     worker_index: int,
     heartbeat: Callable[[], None] | None = None,
     shared_cut: SharedCutView | None = None,
+    cut_requests: CutRequestView | None = None,
 ) -> Collector:
     """The Collector sampler ``worker_index`` runs, over its envs (``shared_cut``: its handle on the
-    rank's :class:`~fastlight.sampling.shared_cut.SharedCut`, with ``truncation_scope: rank``)."""
+    rank's :class:`~fastlight.sampling.shared_cut.SharedCut`, with ``truncation_scope: rank``;
+    ``cut_requests``: its side of the rank's :class:`~fastlight.sampling.cut_requests.CutRequests`,
+    with ``cut_in_flight``)."""
     if (cfg.truncation_scope == "rank") != (shared_cut is not None):
         raise ValueError(
             f"sampler {worker_index}: truncation_scope {cfg.truncation_scope!r} "
             f"{'needs' if shared_cut is None else 'takes no'} shared cut"
+        )
+    if cfg.cut_in_flight != (cut_requests is not None):
+        raise ValueError(
+            f"sampler {worker_index}: cut_in_flight {cfg.cut_in_flight} "
+            f"{'needs' if cut_requests is None else 'takes no'} cut requests"
         )
     return Collector(
         build_envs(cfg),
@@ -95,6 +108,7 @@ def build_collector(
         nonfinite=cfg.nonfinite,
         heartbeat=heartbeat,
         shared_cut=shared_cut,
+        cut_requests=cut_requests,
     )
 
 
@@ -152,6 +166,7 @@ def sampler_main(
     parent_pid: int,
     task_weights: SharedTaskWeights | None = None,
     shared_cut: SharedCutView | None = None,
+    cut_requests: CutRequestView | None = None,
 ) -> None:
     """Entry point of sampler process ``index`` (spawned). ``conn`` is the write end of its pipe to
     the trainer, ``heartbeat`` its :class:`~fastlight.procs.Liveness`, ``stop`` the pool's StopFlag."""
@@ -162,7 +177,9 @@ def sampler_main(
     collector = None
     failed = False
     try:
-        collector = build_collector(cfg, index, heartbeat=beat, shared_cut=shared_cut)
+        collector = build_collector(
+            cfg, index, heartbeat=beat, shared_cut=shared_cut, cut_requests=cut_requests
+        )
         policy.eval()
         _loop(cfg, collector, policy, weights, outbox, beat, stop, task_weights)
     except Exception:
@@ -205,15 +222,24 @@ def _loop(
             if applied != task_version:  # a reset done ahead drew its tasks from older weights
                 collector.discard_ahead()
             task_version = applied
+        # cut_in_flight: a request from here on ends the round at its next step (for the batch
+        # the trainer is completing); a request before it was for the round already sent.
+        since = collector.cut_requests.count() if collector.cut_requests is not None else None
         # The step's own cycles carry a key the rank's samplers share (truncation_scope rank);
         # extra cycles for the valid-step budget are this sampler's alone.
-        parts = [
-            collector.collect(policy, policy_version=version, cut_key=cycle_key(version, k))
-            for k in range(cfg.cycles_per_step)
-        ]
+        parts: list[Rollout] = []
+        for k in range(cfg.cycles_per_step):
+            parts.append(
+                collector.collect(
+                    policy, policy_version=version, cut_key=cycle_key(version, k), cut_since=since
+                )
+            )
+            if parts[-1].stats.cut_in_flight:
+                break
         valid = sum(p.stats.valid_steps for p in parts)
-        while valid < cfg.min_valid_steps and not stop.is_set():  # the valid-step budget of one step
-            parts.append(collector.collect(policy, policy_version=version))
+        # the valid-step budget of one step
+        while valid < cfg.min_valid_steps and not stop.is_set() and not parts[-1].stats.cut_in_flight:
+            parts.append(collector.collect(policy, policy_version=version, cut_since=since))
             valid += parts[-1].stats.valid_steps
         item = rollout_to_numpy(Rollout.cat_time(parts))
         outbox.put(("rollout", version, item), stop, beat)
