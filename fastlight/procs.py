@@ -53,6 +53,23 @@ def start_child(parent_pid: int, *, seed: int | None = None, threads: int | None
         seed_everything(seed)
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on: its affinity mask (a container's, ``taskset``'s or
+    SLURM's limit), not the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def spare_threads(*, cores: int, ranks: int, busy: int) -> int:
+    """Intra-op threads for a process that shares ``cores`` with ``ranks - 1`` other trainer ranks
+    and, per rank, ``busy`` single-threaded processes that compute all the time (samplers): the
+    cores left over, at least 1. More threads than free cores make OpenMP's workers wait on
+    preempted peers at every parallel region."""
+    return max(1, cores // max(1, ranks) - busy)
+
+
 def ignore_stop_signals() -> None:
     if threading.current_thread() is threading.main_thread():
         for sig in STOP_SIGNALS:

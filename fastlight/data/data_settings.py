@@ -41,6 +41,9 @@ def check_data_settings(args: dict[str, Any]) -> None:
     valid = args["valid_steps_per_step"]
     if valid is not None and valid < 1:
         raise ValueError(f"--data.valid_steps_per_step must be null or >= 1, got {valid}")
+    threads = args["trainer_threads"]
+    if threads is not None and threads < 1:
+        raise ValueError(f"--data.trainer_threads must be null (auto) or >= 1, got {threads}")
     if args["max_staleness"] < 0:
         raise ValueError(f"--data.max_staleness must be >= 0, got {args['max_staleness']}")
     check_truncation_scope(args)

@@ -17,6 +17,7 @@ into the Rollout sampled with them.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Iterator
@@ -24,7 +25,7 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import AttributeDict, rank_zero_warn
+from lightning.pytorch.utilities import AttributeDict, rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader, IterableDataset
 from typing_extensions import override
 
@@ -37,6 +38,7 @@ from fastlight.data.protocols import ChecksEnvSpec, RolloutPolicyModule, require
 from fastlight.envs.registry import make_env
 from fastlight.envs.wrappers import EnvWrapper, wrap_env
 from fastlight.inference.settings import InferenceSettings
+from fastlight.procs import spare_threads, usable_cores
 from fastlight.rank_state import PER_RANK_KEY, counters_for_rank, gather_per_rank, per_rank_entries, world
 from fastlight.sampling.collector import Nonfinite, ResetMode
 from fastlight.sampling.faults import FaultSettings
@@ -115,6 +117,14 @@ class RolloutDataModule(L.LightningDataModule):
             counts them). ``None`` (default): on where it can work (``max_staleness`` above 0,
             the local fleet); ``false``: those rounds go into the next batch, as before.
         prefetch: super-batches the background prefetcher keeps ready (AcceRL §prefetch).
+        trainer_threads: torch intra-op threads of the trainer process once its samplers start.
+            ``None`` (default): the cores its local samplers leave it
+            (:func:`~fastlight.procs.spare_threads` of the usable cores shared by this machine's
+            ranks; half of them with a CPU inference worker, ``--data.inference.threads``), at
+            least 1; unchanged when ``OMP_NUM_THREADS`` is set or the fleet is remote.
+            torch's own default, one thread per core, competes with the busy samplers for the same
+            cores: an asynchronous highway update took 6x longer on 2 cores
+            (``benchmarks/results/sync.md``, Run 6).
         inference: an :class:`~fastlight.inference.InferenceSettings` serves every sampler from
             one inference worker process that holds the policy (AcceRL §inference); ``None``
             (default): each sampler acts with its own CPU copy of the policy.
@@ -158,6 +168,7 @@ class RolloutDataModule(L.LightningDataModule):
         truncation_scope: TruncationScope = "sampler",
         cut_in_flight: bool | None = None,
         prefetch: int = 2,
+        trainer_threads: int | None = None,
         inference: InferenceSettings | None = None,
         faults: FaultSettings = DEFAULT_FAULTS,
         steps_per_epoch: int = 50,
@@ -195,6 +206,8 @@ class RolloutDataModule(L.LightningDataModule):
         self.pool: SamplerFleet | None = None
         self.prefetcher: Prefetcher | None = None
         self._published = -1
+        self._root_device = torch.device("cpu")  # the trainer's device, known in start()
+        self._threads_before: int | None = None  # torch's thread count before trainer_threads
         self._handed: int | None = None  # the policy version of the last Rollout handed out
         self._warned_stalled = False
         h = self.hparams
@@ -242,6 +255,23 @@ class RolloutDataModule(L.LightningDataModule):
     @property
     def continuous(self) -> bool:
         return self.env_spec.continuous
+
+    def thread_plan(self, ranks_here: int) -> tuple[int | None, InferenceSettings | None]:
+        """The trainer's torch threads (None: leave them) and the inference settings to start the
+        worker with, with ``ranks_here`` ranks on this machine: the cores the samplers leave
+        (:func:`~fastlight.procs.spare_threads`), split between the trainer and a CPU inference
+        worker; ``--data.trainer_threads`` and ``--data.inference.threads`` where set; nothing
+        changed when ``OMP_NUM_THREADS`` is set or the fleet is remote."""
+        h, inference = self.hparams, self.inference
+        if not self.fleet.shared_memory or os.environ.get("OMP_NUM_THREADS"):
+            return h.trainer_threads, inference
+        spare = spare_threads(cores=usable_cores(), ranks=ranks_here, busy=h.num_workers)
+        cpu_worker = inference is not None and inference.worker_device(self._root_device).type == "cpu"
+        if cpu_worker and inference.threads is None:
+            inference = dataclasses.replace(inference, threads=max(1, spare // 2))
+        worker = inference.threads if cpu_worker else 0
+        trainer = h.trainer_threads if h.trainer_threads is not None else max(1, spare - worker)
+        return trainer, inference
 
     @property
     def cut_in_flight(self) -> bool:
@@ -313,17 +343,28 @@ class RolloutDataModule(L.LightningDataModule):
         policy = cpu_copy(module.policy).eval()
         # The strategy's device, known before the model is moved there.
         root = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
+        self._root_device = root
         rank = self.trainer.global_rank if self.trainer is not None else 0
+        threads, inference = self.thread_plan(self.trainer.num_devices if self.trainer is not None else 1)
         self.pool = self.fleet.build(
             self.sampler_configs(rank),
             policy,
             rank=rank,
-            inference=self.inference,
+            inference=inference,
             trainer_device=root,
             example_obs=self.example_obs,
             faults=self.faults,
             start_method=resolve_start_method(self.hparams.start_method),
         )
+        if threads is not None and threads != torch.get_num_threads():
+            self._threads_before = torch.get_num_threads()  # restored when the samplers stop
+            torch.set_num_threads(threads)
+            served = inference is not None and inference.threads is not None
+            worker = f", the inference worker on {inference.threads}" if served else ""
+            rank_zero_info(
+                f"fastlight: the trainer computes on {threads} torch thread(s){worker}: the cores its "
+                f"{self.hparams.num_workers} samplers leave (--data.trainer_threads sets it)"
+            )
         self.pool.start()
         self.prefetcher = Prefetcher(
             self.pool.next_item,
@@ -454,6 +495,9 @@ class RolloutDataModule(L.LightningDataModule):
             self.pool = None
             self._published = -1
             self._handed = None
+        if self._threads_before is not None:
+            torch.set_num_threads(self._threads_before)
+            self._threads_before = None
 
     @override
     def state_dict(self) -> dict[str, Any]:

@@ -104,13 +104,19 @@ class InferenceClient:
             # cuda_ipc: the slots on the worker's (= the trainer's) GPU; their IPC handles go to the
             # worker once, with its start-up arguments (vLLM ipc weight transfer).
             slots_on = self.worker_device if self.transport == "cuda_ipc" else "cpu"
-            self.shared = SharedDoubleBuffer(policy, ctx, timeout_s=sync_timeout_s, device=slots_on,
-                                             worker_name=f"inference worker ({WORKER_NAME})")
+            self.shared = SharedDoubleBuffer(
+                policy,
+                ctx,
+                timeout_s=sync_timeout_s,
+                device=slots_on,
+                worker_name=f"inference worker ({WORKER_NAME})",
+            )
         else:  # NCCL between two CUDA devices, gloo otherwise (a CPU trainer's CUDA worker).
             backend = choose_backend(self.trainer_device, self.worker_device)
             self.sync_config = SyncGroupConfig.local(backend=backend, timeout_s=sync_timeout_s)
         self.max_batch, self.max_wait_ms = settings.max_batch, settings.max_wait_ms
         self.bucket_mb = settings.sync_bucket_mb
+        self.threads = settings.threads
         self.proc: Any = None
         self.broadcaster: WeightBroadcaster | None = None
 
@@ -136,6 +142,7 @@ class InferenceClient:
                 parent_pid,
                 str(self.worker_device),
                 self.liveness,
+                self.threads,
             ),
             name=WORKER_NAME,
             daemon=True,

@@ -185,8 +185,14 @@ class SyncReceiver(Protocol):
     def receive(self, module: nn.Module) -> int: ...
 
 
-def make_receiver(policy: nn.Module, sync: SyncGroupConfig | SharedDoubleBuffer, *, bucket_mb: float,
-                  stopped: Callable[[], bool], name: str = "inference worker") -> Any:
+def make_receiver(
+    policy: nn.Module,
+    sync: SyncGroupConfig | SharedDoubleBuffer,
+    *,
+    bucket_mb: float,
+    stopped: Callable[[], bool],
+    name: str = "inference worker",
+) -> Any:
     """The worker end matching the trainer's choice: a shared double buffer or a broadcast group."""
     if isinstance(sync, SharedDoubleBuffer):
         return sync.attach(policy, name=name, stopped=stopped)
@@ -228,8 +234,10 @@ def inference_main(
     parent_pid: int,
     device: str = "cpu",
     liveness: Liveness | None = None,
+    threads: int | None = None,
 ) -> None:
-    """Entry point of the inference worker process (spawned).
+    """Entry point of the inference worker process (spawned); ``threads``: its torch threads
+    (``None``: torch's default).
 
     Serves batches until ``stop``; between two forward passes it checks the trainer's drain
     signal and, when set, takes the new weights (nothing is in flight at that point):
@@ -237,10 +245,11 @@ def inference_main(
     ``liveness`` (its heartbeat) beats at every turn of the loop and of a wait for weights:
     the trainer's pool restarts a worker whose counter stands still for ``--data.faults.heartbeat_s``.
     """
-    start_child(parent_pid)
+    start_child(parent_pid, threads=threads)
     server = InferenceServer(
         policy, slots, conns, max_batch=max_batch, max_wait_ms=max_wait_ms, device=torch.device(device)
     )
+
     def stopped() -> bool:  # polled by every loop and wait of this worker: the heartbeat's place
         if liveness is not None:
             liveness.beat()

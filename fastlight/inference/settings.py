@@ -30,6 +30,10 @@ class InferenceSettings:
         max_wait_ms: ... and waits at most this long for more requests (stragglers first).
         sync_bucket_mb: trainer -> CUDA worker broadcast in flat buckets of this size.
         sync_timeout_s: a weight sync whose peer is silent for this long is an error.
+        threads: torch intra-op threads of a CPU worker. ``None`` (default): half the cores the
+            rank's samplers leave on this machine, at least 1 (the trainer has the other half:
+            ``--data.trainer_threads``); torch's default, one per core, when ``OMP_NUM_THREADS``
+            is set.
     """
 
     device: str | None = None
@@ -37,8 +41,11 @@ class InferenceSettings:
     max_wait_ms: float = 2.0
     sync_bucket_mb: float = 64.0
     sync_timeout_s: float = 60.0
+    threads: int | None = None
 
     def __post_init__(self) -> None:
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"{FLAG}.threads must be null (auto) or >= 1, got {self.threads}")
         for name in ("max_batch", "max_wait_ms", "sync_bucket_mb", "sync_timeout_s"):
             value = getattr(self, name)
             if value <= 0:
