@@ -140,10 +140,11 @@ def test_an_asynchronous_batch_takes_the_other_samplers_round_cut_short():
     from fastlight.modules.rl_module import RLModule
     from tests.lightning_helpers import quiet_trainer, wait_no_children
 
-    episodes, cut_counts, lags = [], [], []
+    episodes, cut_counts, lags, threads = [], [], [], []
 
     class Record(L.Callback):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            threads.append(torch.get_num_threads())
             episodes.extend(batch.stats.episodes)
             cut_counts.append(batch.stats.cut_in_flight)
             lags.append(int(pl_module.policy_version) - int(batch.policy_version[batch.valid].min()))
@@ -154,8 +155,13 @@ def test_an_asynchronous_batch_takes_the_other_samplers_round_cut_short():
     )  # fmt: skip
     assert dm.cut_in_flight  # on by default in an asynchronous run of the local fleet
     model = RLModule(obs_dim=3, action_dim=2, update_epochs=1, num_minibatches=1)
+    before = torch.get_num_threads()
+    planned, _ = dm.thread_plan(1)
     quiet_trainer(max_steps=4, callbacks=[Record()]).fit(model, datamodule=dm)
     wait_no_children()
+    # the trainer computed on the cores its 2 samplers leave, and has its threads back after
+    assert set(threads) == {planned if planned is not None else before}
+    assert torch.get_num_threads() == before
     long = [e for e in episodes if e.length > 2 or e.cut]  # sampler 1's (sampler 0's end at 2)
     assert long, "sampler 1's cut rounds never reached a batch"
     assert all(e.cut and e.length < 150 for e in long), sorted(e.length for e in long)
