@@ -18,7 +18,6 @@ into the Rollout sampled with them.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from collections.abc import Iterator
 from typing import Any, Literal
@@ -29,12 +28,14 @@ from lightning.pytorch.utilities import AttributeDict, rank_zero_info, rank_zero
 from torch.utils.data import DataLoader, IterableDataset
 from typing_extensions import override
 
+from fastlight.data import head_start
 from fastlight.data.advice import SamplingAdvice
 from fastlight.data.cpu_copy import cpu_copy
-from fastlight.data.data_settings import check_data_settings, check_type, plain_settings, truncation_blockers
+from fastlight.data.data_settings import check_data_settings, check_type, plain_settings
 from fastlight.data.env_spec import EnvSpec, task_names_of
 from fastlight.data.prefetch import Prefetcher
 from fastlight.data.protocols import ChecksEnvSpec, RolloutPolicyModule, require
+from fastlight.data.sampler_plan import resolve_cut_in_flight, resolve_truncation_scope, sampler_configs
 from fastlight.envs.registry import make_env
 from fastlight.envs.wrappers import EnvWrapper, wrap_env
 from fastlight.inference.settings import InferenceSettings
@@ -45,7 +46,7 @@ from fastlight.sampling.faults import FaultSettings
 from fastlight.sampling.fleet import Fleet, SamplerFleet
 from fastlight.sampling.obs import obs_to_tensor, stack_obs
 from fastlight.sampling.pool import LocalFleet
-from fastlight.sampling.shared_cut import TruncationScope, resolve_scope
+from fastlight.sampling.shared_cut import TruncationScope
 from fastlight.sampling.start import StartMethod, resolve_start_method
 from fastlight.sampling.worker import SamplerConfig
 from fastlight.weights.publisher import SyncStats
@@ -143,6 +144,11 @@ class RolloutDataModule(L.LightningDataModule):
             the env package). ``None`` (default): ``forkserver`` when the ``fastlight`` command
             warmed one at start-up (it does for ``fit``, in parallel with the trainer's own
             imports), else ``spawn``. See :mod:`fastlight.sampling.start`.
+        head_start: let the ``fastlight`` command start the samplers with the version-0 policy
+            before Lightning is imported, so their first rounds overlap the trainer's start-up
+            (:mod:`fastlight.data.head_start`: for ``RLModule``'s own policy, local samplers, no
+            inference worker; taken over only if the samplers and the weights are equal to what
+            this DataModule would start). ``false``: the samplers start when training does.
         fleet: where the samplers run (:class:`~fastlight.sampling.fleet.Fleet`): the local
             processes above (:class:`~fastlight.sampling.pool.LocalFleet`, the default), or Ray actors
             on any node of a cluster (:class:`~fastlight.sampling.ray_fleet.RayFleet`, ``--data.fleet
@@ -175,6 +181,7 @@ class RolloutDataModule(L.LightningDataModule):
         seed: int | None = None,
         nonfinite: Nonfinite = "raise",
         start_method: StartMethod | None = None,
+        head_start: bool = True,
         fleet: Fleet = DEFAULT_FLEET,
     ) -> None:
         super().__init__()
@@ -277,19 +284,13 @@ class RolloutDataModule(L.LightningDataModule):
     def cut_in_flight(self) -> bool:
         """``--data.cut_in_flight``, with ``None`` resolved: on for an asynchronous run
         (``max_staleness`` above 0) of the local fleet."""
-        h = self.hparams
-        if h.cut_in_flight is not None:
-            return bool(h.cut_in_flight)
-        return h.max_staleness > 0 and self.fleet.shared_memory
+        return resolve_cut_in_flight(self.hparams, shared_memory=self.fleet.shared_memory)
 
     @property
     def truncation_scope(self) -> str:
         """``sampler`` or ``rank``: ``--data.truncation_scope``, with ``auto`` resolved for this
         run's settings and fleet (:func:`~fastlight.sampling.shared_cut.resolve_scope`)."""
-        h = self.hparams
-        return resolve_scope(
-            h.truncation_scope, blockers=truncation_blockers(h), shared_memory=self.fleet.shared_memory
-        )
+        return resolve_truncation_scope(self.hparams, shared_memory=self.fleet.shared_memory)
 
     @property
     def env_seed(self) -> int:
@@ -302,29 +303,13 @@ class RolloutDataModule(L.LightningDataModule):
         return int(os.environ.get("PL_GLOBAL_SEED", 0))
 
     def sampler_configs(self, rank: int) -> list[SamplerConfig]:
-        h = self.hparams
-        seed = self.env_seed
-        base, extra = divmod(h.num_envs, h.num_workers)
-        return [
-            SamplerConfig(
-                env_id=h.env_id,
-                num_envs=base + (w < extra),
-                env_kwargs=dict(h.env_kwargs or {}),
-                reset_mode=h.reset_mode,
-                termination_threshold=h.termination_threshold,
-                max_horizon=h.max_horizon,
-                rollout_steps=h.rollout_steps,
-                cycles_per_step=h.cycles_per_step,
-                min_valid_steps=_share(h.valid_steps_per_step, base + (w < extra), h.num_envs),
-                max_staleness=h.max_staleness,
-                env_wrappers=self.env_wrappers,
-                seed=seed + 10_000 * rank + 1_000 * w,
-                nonfinite=h.nonfinite,
-                truncation_scope=self.truncation_scope,
-                cut_in_flight=self.cut_in_flight,
-            )
-            for w in range(h.num_workers)
-        ]
+        return sampler_configs(
+            self.hparams,
+            rank=rank,
+            seed=self.env_seed,
+            env_wrappers=self.env_wrappers,
+            shared_memory=self.fleet.shared_memory,
+        )
 
     def start(self, module: RolloutPolicyModule | None = None) -> None:
         """Spawn the samplers (and the inference worker) for the trainer's module. Idempotent.
@@ -346,15 +331,20 @@ class RolloutDataModule(L.LightningDataModule):
         self._root_device = root
         rank = self.trainer.global_rank if self.trainer is not None else 0
         threads, inference = self.thread_plan(self.trainer.num_devices if self.trainer is not None else 1)
-        self.pool = self.fleet.build(
-            self.sampler_configs(rank),
+        configs, start_method = self.sampler_configs(rank), resolve_start_method(self.hparams.start_method)
+        # Samplers the fastlight command started before Lightning loaded, if they are these ones.
+        head = head_start.claim(
+            configs, policy, start_method=start_method, blocker=self._head_start_blocker(module, inference)
+        )
+        self.pool = head or self.fleet.build(
+            configs,
             policy,
             rank=rank,
             inference=inference,
             trainer_device=root,
             example_obs=self.example_obs,
             faults=self.faults,
-            start_method=resolve_start_method(self.hparams.start_method),
+            start_method=start_method,
         )
         if threads is not None and threads != torch.get_num_threads():
             self._threads_before = torch.get_num_threads()  # restored when the samplers stop
@@ -365,7 +355,11 @@ class RolloutDataModule(L.LightningDataModule):
                 f"fastlight: the trainer computes on {threads} torch thread(s){worker}: the cores its "
                 f"{self.hparams.num_workers} samplers leave (--data.trainer_threads sets it)"
             )
-        self.pool.start()
+        if head is None:
+            self.pool.start()
+        else:
+            self._published = 0  # the head start published version 0 (checked equal to the module's)
+            rank_zero_info("fastlight: sampling since start-up (head start): version 0 checked equal")
         self.prefetcher = Prefetcher(
             self.pool.next_item,
             lambda: int(module.policy_version),
@@ -374,6 +368,20 @@ class RolloutDataModule(L.LightningDataModule):
             depth=self.hparams.prefetch,
             cut_in_flight=self.pool.cut_in_flight if self.cut_in_flight else None,
         ).start()
+
+    def _head_start_blocker(
+        self, module: RolloutPolicyModule, inference: InferenceSettings | None
+    ) -> str | None:
+        """Why this DataModule cannot take over a head start's samplers (None: it can, if they match)."""
+        if not self.hparams.head_start:
+            return "--data.head_start false"
+        if inference is not None:
+            return "an inference worker serves the samplers"
+        if not isinstance(self.fleet, LocalFleet) or self.faults != DEFAULT_FAULTS or self.env_wrappers:
+            return "the fleet, fault settings or env wrappers are not the defaults"
+        if int(module.policy_version) != 0:
+            return f"the policy is at version {int(module.policy_version)}"
+        return None
 
     def max_valid_per_rollout(self) -> int:
         """The most valid transitions one training step's Rollout can hold on this rank: every env
@@ -518,9 +526,3 @@ class RolloutDataModule(L.LightningDataModule):
         self.dropped_stale = int(counters.get("dropped_stale", 0))
         self._restarts_before = int(counters.get("worker_restarts", 0))
         self._dropped_rollouts_before = int(counters.get("dropped_rollouts", 0))
-
-
-def _share(total: int | None, envs: int, all_envs: int) -> int:
-    """A sampler's part of a valid-step budget, by its share of the envs (rounded up, so the
-    parts add up to at least ``total``); 0 = no budget."""
-    return 0 if total is None else math.ceil(total * envs / all_envs)

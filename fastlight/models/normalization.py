@@ -101,6 +101,18 @@ class RunningMeanStd(nn.Module):
         return torch.sqrt(self.var + self.eps)
 
 
+def resolve_normalization(
+    *, continuous: bool, obs_dim: int, normalize_obs: bool | None, normalize_returns: bool | None
+) -> tuple[bool, bool]:
+    """Whether observations and returns are normalised, ``None`` settings resolved: on for
+    continuous actions over flat vector observations (``obs_dim`` above 0), where PPO users expect
+    them (continuous control); off for discrete actions and dict observations."""
+    auto = bool(continuous) and int(obs_dim or 0) > 0
+    obs = auto if normalize_obs is None else bool(normalize_obs)
+    ret = auto if normalize_returns is None else bool(normalize_returns)
+    return obs, ret
+
+
 class NormalizedPolicy(PolicyBase):
     """``policy`` behind observation and/or return normalisation (see the module docstring).
 

@@ -40,7 +40,7 @@ from fastlight.losses.ratios import GRANULARITIES, Granularity
 from fastlight.models.action_mapping import action_chunk
 from fastlight.models.base import EvalOutput, Policy, PolicyBase
 from fastlight.models.mlp import MLPActorCritic
-from fastlight.models.normalization import NormalizedPolicy
+from fastlight.models.normalization import NormalizedPolicy, resolve_normalization
 from fastlight.modules.init_from import load_policy_weights
 from fastlight.modules.minibatch import Minibatch, recompute_values
 from fastlight.modules.objective_hparams import as_objective, legacy_load_kwargs
@@ -287,7 +287,8 @@ class RLModule(L.LightningModule):
             self._initialised_from = True
             rank_zero_info(
                 f"fastlight: policy initialised from {self.hparams.init_from} ({info['tensors']} tensors"
-                + ("" if info["value_loaded"] else "; value head left at its initialisation") + ")"
+                + ("" if info["value_loaded"] else "; value head left at its initialisation")
+                + ")"
             )
         norm_obs, norm_ret = self.normalization()
         if (norm_obs or norm_ret) and not isinstance(self.policy, NormalizedPolicy):
@@ -302,9 +303,12 @@ class RLModule(L.LightningModule):
         """Whether observations and returns are normalised (``None`` settings resolved: on for
         continuous actions over flat vector observations)."""
         h = self.hparams
-        auto = bool(h.get("continuous")) and int(h.get("obs_dim") or 0) > 0
-        obs, ret = h.get("normalize_obs"), h.get("normalize_returns")
-        return (auto if obs is None else bool(obs)), (auto if ret is None else bool(ret))
+        return resolve_normalization(
+            continuous=bool(h.get("continuous")),
+            obs_dim=int(h.get("obs_dim") or 0),
+            normalize_obs=h.get("normalize_obs"),
+            normalize_returns=h.get("normalize_returns"),
+        )
 
     @property
     def core_policy(self) -> nn.Module:

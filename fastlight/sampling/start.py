@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 #: How sampler and inference processes start (``None`` picks one, see :func:`resolve_start_method`).
 StartMethod = Literal["spawn", "forkserver"]
@@ -205,31 +205,55 @@ def check_start_method(value: str | None) -> None:
 
 
 def peek_data(argv: Sequence[str], key: str) -> str | None:
-    """``data.<key>`` as the command line gives it, without parsing it the CLI's way: the last
-    ``--data.<key>`` flag, else the last ``--config`` file that sets it (plain or ``init_args``
-    form). ``None`` when neither does. Used before Lightning is imported, to warm the forkserver
-    for the run's env (:func:`peek_env_id`) or not at all (``--data.start_method spawn``); the CLI
-    parses and checks the real value later."""
-    flag = f"--data.{key}"
-    value = None
+    """``data.<key>`` as the command line gives it, if it is a string (:func:`peek_value`); ``None``
+    otherwise. Used before Lightning is imported, to warm the forkserver for the run's env
+    (:func:`peek_env_id`) or not at all (``--data.start_method spawn``); the CLI parses and checks
+    the real value later."""
+    value = peek_value(argv, "data", key)[1]
+    return value if isinstance(value, str) else None
+
+
+def peek_value(argv: Sequence[str], section: str | None, key: str) -> tuple[bool, Any]:
+    """``(found, value)`` of the setting ``<section>.<key>`` (``section`` None: a top-level one, such
+    as ``seed_everything``) as the command line gives it, without parsing it the CLI's way: the
+    last ``--<section>.<key>`` or ``--<section>.init_args.<key>`` flag (its value read as YAML, as
+    the CLI reads it), else the last ``--config`` file that sets it (plain or ``init_args`` form).
+    ``key`` ``class_path`` also reads ``--<section> <class>`` and a config's ``<section>: <class>``.
+
+    A best guess, for what runs before Lightning is imported: the CLI parses the real values later,
+    and whatever is planned from a peeked one is checked against them."""
+    names = [f"--{key}"] if section is None else [f"--{section}.{key}", f"--{section}.init_args.{key}"]
+    if section is not None and key == "class_path":
+        names.append(f"--{section}")
+    found, value = False, None
     configs = []
     for i, arg in enumerate(argv):
         following = argv[i + 1] if i + 1 < len(argv) else None
-        if arg.startswith(f"{flag}="):
-            value = arg.split("=", 1)[1]
-        elif arg == flag and following is not None:
-            value = following
-        elif arg.startswith("--config="):
+        for name in names:
+            if arg.startswith(f"{name}="):
+                found, value = True, _yaml_value(arg.split("=", 1)[1])
+            elif arg == name and following is not None:
+                found, value = True, _yaml_value(following)
+        if arg.startswith("--config="):
             configs.append(arg.split("=", 1)[1])
         elif arg in ("--config", "-c") and following is not None:
             configs.append(following)
-    if value is not None:
-        return value
+    if found:
+        return True, value
     for path in reversed(configs):
-        found = _data_in_config(path, key)
-        if found is not None:
-            return found
-    return None
+        hit = _in_config(path, section, key)
+        if hit[0]:
+            return hit
+    return False, None
+
+
+def _yaml_value(text: str) -> Any:
+    try:
+        import yaml
+
+        return yaml.safe_load(text)
+    except Exception:  # noqa: BLE001  (not YAML: the CLI reads it as the string it is)
+        return text
 
 
 def peek_env_id(argv: Sequence[str]) -> str | None:
@@ -238,17 +262,24 @@ def peek_env_id(argv: Sequence[str]) -> str | None:
     return peek_data(argv, "env_id")
 
 
-def _data_in_config(path: str, key: str) -> str | None:
+def _in_config(path: str, section: str | None, key: str) -> tuple[bool, Any]:
     try:
         import yaml
 
         with open(path) as f:
             config = yaml.safe_load(f)
-    except Exception:  # the CLI reports an unreadable config with its own message later
-        return None
-    data = config.get("data") if isinstance(config, dict) else None
-    if not isinstance(data, dict):
-        return None
-    args = data.get("init_args") if isinstance(data.get("init_args"), dict) else data
-    value = args.get(key)
-    return value if isinstance(value, str) else None
+    except Exception:  # noqa: BLE001  (the CLI reports an unreadable config with its own message later)
+        return False, None
+    if not isinstance(config, dict):
+        return False, None
+    if section is None:
+        return (key in config), config.get(key)
+    node = config.get(section)
+    if isinstance(node, str) and key == "class_path":
+        return True, node
+    if not isinstance(node, dict):
+        return False, None
+    if key == "class_path":
+        return ("class_path" in node), node.get("class_path")
+    args = node.get("init_args") if isinstance(node.get("init_args"), dict) else node
+    return (key in args), args.get(key)
