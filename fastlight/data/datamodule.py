@@ -213,7 +213,6 @@ class RolloutDataModule(L.LightningDataModule):
         self.pool: SamplerFleet | None = None
         self.prefetcher: Prefetcher | None = None
         self._published = -1
-        self._root_device = torch.device("cpu")  # the trainer's device, known in start()
         self._threads_before: int | None = None  # torch's thread count before trainer_threads
         self._handed: int | None = None  # the policy version of the last Rollout handed out
         self._warned_stalled = False
@@ -263,9 +262,12 @@ class RolloutDataModule(L.LightningDataModule):
     def continuous(self) -> bool:
         return self.env_spec.continuous
 
-    def thread_plan(self, ranks_here: int) -> tuple[int | None, InferenceSettings | None]:
+    def thread_plan(
+        self, ranks_here: int, device: torch.device | str = "cpu"
+    ) -> tuple[int | None, InferenceSettings | None]:
         """The trainer's torch threads (None: leave them) and the inference settings to start the
-        worker with, with ``ranks_here`` ranks on this machine: the cores the samplers leave
+        worker with, with ``ranks_here`` ranks on this machine and the trainer on ``device`` (an
+        inference worker's own device defaults to it): the cores the samplers leave
         (:func:`~fastlight.procs.spare_threads`), split between the trainer and a CPU inference
         worker; ``--data.trainer_threads`` and ``--data.inference.threads`` where set; nothing
         changed when ``OMP_NUM_THREADS`` is set or the fleet is remote."""
@@ -273,7 +275,7 @@ class RolloutDataModule(L.LightningDataModule):
         if not self.fleet.shared_memory or os.environ.get("OMP_NUM_THREADS"):
             return h.trainer_threads, inference
         spare = spare_threads(cores=usable_cores(), ranks=ranks_here, busy=h.num_workers)
-        cpu_worker = inference is not None and inference.worker_device(self._root_device).type == "cpu"
+        cpu_worker = inference is not None and inference.worker_device(device).type == "cpu"
         if cpu_worker and inference.threads is None:
             inference = dataclasses.replace(inference, threads=max(1, spare // 2))
         worker = inference.threads if cpu_worker else 0
@@ -328,9 +330,9 @@ class RolloutDataModule(L.LightningDataModule):
         policy = cpu_copy(module.policy).eval()
         # The strategy's device, known before the model is moved there.
         root = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
-        self._root_device = root
         rank = self.trainer.global_rank if self.trainer is not None else 0
-        threads, inference = self.thread_plan(self.trainer.num_devices if self.trainer is not None else 1)
+        ranks_here = self.trainer.num_devices if self.trainer is not None else 1
+        threads, inference = self.thread_plan(ranks_here, root)
         configs, start_method = self.sampler_configs(rank), resolve_start_method(self.hparams.start_method)
         # Samplers the fastlight command started before Lightning loaded, if they are these ones.
         head = head_start.claim(
@@ -351,10 +353,13 @@ class RolloutDataModule(L.LightningDataModule):
             torch.set_num_threads(threads)
             served = inference is not None and inference.threads is not None
             worker = f", the inference worker on {inference.threads}" if served else ""
-            rank_zero_info(
-                f"fastlight: the trainer computes on {threads} torch thread(s){worker}: the cores its "
-                f"{self.hparams.num_workers} samplers leave (--data.trainer_threads sets it)"
+            n = self.hparams.num_workers
+            why = (
+                "--data.trainer_threads"
+                if self.hparams.trainer_threads is not None
+                else f"the cores its {n} samplers leave (--data.trainer_threads sets it)"
             )
+            rank_zero_info(f"fastlight: the trainer computes on {threads} torch thread(s){worker}: {why}")
         if head is None:
             self.pool.start()
         else:

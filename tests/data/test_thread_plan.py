@@ -39,6 +39,11 @@ def test_the_trainer_takes_the_cores_the_samplers_leave_and_shares_them_with_a_c
     assert (trainer, served.threads) == (12, 2)
     trainer, served = data(trainer_threads=3, inference=InferenceSettings(device="cpu")).thread_plan(1)
     assert (trainer, served.threads) == (3, 7)
+    # A worker on the trainer's device (device null) is a CPU worker only beside a CPU trainer.
+    trainer, served = data(inference=InferenceSettings()).thread_plan(1, "cpu")
+    assert (trainer, served.threads) == (7, 7)
+    trainer, served = data(inference=InferenceSettings()).thread_plan(1, "cuda:0")
+    assert (trainer, served.threads) == (14, None)  # a GPU worker: the trainer keeps the spare cores
 
 
 def test_omp_num_threads_or_a_remote_fleet_leave_the_threads_alone(monkeypatch):
