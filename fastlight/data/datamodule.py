@@ -382,8 +382,9 @@ class RolloutDataModule(L.LightningDataModule):
             return "--data.head_start false"
         if inference is not None:
             return "an inference worker serves the samplers"
-        if not isinstance(self.fleet, LocalFleet) or self.faults != DEFAULT_FAULTS or self.env_wrappers:
-            return "the fleet, fault settings or env wrappers are not the defaults"
+        # (env wrappers are in the sampler configs the claim compares)
+        if not isinstance(self.fleet, LocalFleet) or self.faults != DEFAULT_FAULTS:
+            return "the fleet or the fault settings are not the defaults"
         if int(module.policy_version) != 0:
             return f"the policy is at version {int(module.policy_version)}"
         return None

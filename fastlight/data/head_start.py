@@ -127,7 +127,7 @@ def plan(argv: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any], int] | st
     if data["env_kwargs"] is not None and not isinstance(data["env_kwargs"], dict):
         return "--data.env_kwargs is not a mapping"
     accelerator = peek_value(argv, "trainer", "accelerator")[1]
-    if accelerator not in ("cpu",) and _cuda_available():
+    if accelerator != "cpu" and _cuda_available():
         # Lightning builds the module's policy on the GPU then, from the CUDA generator.
         return f"--trainer.accelerator {accelerator!r} with a GPU"
     return data, model, seed
@@ -150,16 +150,11 @@ def launch(argv: Sequence[str]) -> HeadStart | None:
         start_method = resolve_start_method(data["start_method"])
         if start_method != "forkserver":
             return None  # the samplers would import everything themselves: no time to win
-        from fastlight.data.env_spec import EnvSpec
-        from fastlight.envs.registry import make_env
+        from fastlight.data.env_spec import env_spec_of
         from fastlight.models.mlp import MLPActorCritic
-        from fastlight.models.normalization import NormalizedPolicy, resolve_normalization
+        from fastlight.models.normalization import resolve_normalization, with_normalization
 
-        probe = make_env(data["env_id"], env_kwargs=data["env_kwargs"])
-        try:
-            spec = EnvSpec.from_env(probe)
-        finally:
-            probe.close()
+        spec = env_spec_of(data["env_id"], data["env_kwargs"])
         # As LightningCLI's seed_everything, then RLModule.build_policy and configure_model.
         torch.manual_seed(seed)
         policy: nn.Module = MLPActorCritic(
@@ -174,11 +169,9 @@ def launch(argv: Sequence[str]) -> HeadStart | None:
             normalize_obs=model["normalize_obs"],
             normalize_returns=model["normalize_returns"],
         )
-        if norm_obs or norm_ret:
-            policy = NormalizedPolicy(
-                policy, obs_shape=(spec.obs_dim,), normalize_obs=norm_obs, normalize_returns=norm_ret
-            )
-        policy.eval()
+        policy = with_normalization(
+            policy, obs_dim=spec.obs_dim, normalize_obs=norm_obs, normalize_returns=norm_ret
+        ).eval()
         configs = sampler_configs(data, rank=0, seed=seed, env_wrappers=(), shared_memory=True)
         pool = SamplerPool(configs, policy, start_method=start_method)
         pool.start()
@@ -273,11 +266,6 @@ def set_cores(pids: list[int], cores: set[int]) -> None:
                 os.sched_setaffinity(tid, cores)
             except OSError:
                 pass
-
-
-def running() -> HeadStart | None:
-    """The head start waiting to be claimed, if any."""
-    return _head
 
 
 def _cuda_available() -> bool:

@@ -182,3 +182,15 @@ class NormalizedPolicy(PolicyBase):
         """Add a Rollout's valid value targets (``returns``, ``valid`` of one shape)."""
         if self.ret_rms is not None:
             self.ret_rms.update(returns, valid, reduce=reduce)
+
+
+def with_normalization(
+    policy: PolicyBase, *, obs_dim: int, normalize_obs: bool, normalize_returns: bool
+) -> PolicyBase:
+    """``policy`` behind a :class:`NormalizedPolicy` over flat ``obs_dim`` observations where either
+    statistic is on and it has none yet; ``policy`` itself otherwise."""
+    if not (normalize_obs or normalize_returns) or isinstance(policy, NormalizedPolicy):
+        return policy
+    return NormalizedPolicy(
+        policy, obs_shape=(obs_dim,), normalize_obs=normalize_obs, normalize_returns=normalize_returns
+    )

@@ -40,7 +40,7 @@ from fastlight.losses.ratios import GRANULARITIES, Granularity
 from fastlight.models.action_mapping import action_chunk
 from fastlight.models.base import EvalOutput, Policy, PolicyBase
 from fastlight.models.mlp import MLPActorCritic
-from fastlight.models.normalization import NormalizedPolicy, resolve_normalization
+from fastlight.models.normalization import NormalizedPolicy, resolve_normalization, with_normalization
 from fastlight.modules.init_from import load_policy_weights
 from fastlight.modules.minibatch import Minibatch, recompute_values
 from fastlight.modules.objective_hparams import as_objective, legacy_load_kwargs
@@ -291,13 +291,11 @@ class RLModule(L.LightningModule):
                 + ")"
             )
         norm_obs, norm_ret = self.normalization()
-        if (norm_obs or norm_ret) and not isinstance(self.policy, NormalizedPolicy):
-            self.policy = NormalizedPolicy(
-                self.policy,
-                obs_shape=(self.hparams.obs_dim,),
-                normalize_obs=norm_obs,
-                normalize_returns=norm_ret,
-            )
+        wrapped = with_normalization(
+            self.policy, obs_dim=self.hparams.obs_dim, normalize_obs=norm_obs, normalize_returns=norm_ret
+        )
+        if wrapped is not self.policy:
+            self.policy = wrapped
 
     def normalization(self) -> tuple[bool, bool]:
         """Whether observations and returns are normalised (``None`` settings resolved: on for

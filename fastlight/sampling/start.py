@@ -19,6 +19,7 @@ This module imports nothing heavy: it runs before Lightning is imported.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from collections.abc import Sequence
@@ -262,14 +263,20 @@ def peek_env_id(argv: Sequence[str]) -> str | None:
     return peek_data(argv, "env_id")
 
 
-def _in_config(path: str, section: str | None, key: str) -> tuple[bool, Any]:
+@functools.lru_cache(maxsize=32)
+def _load_config(path: str) -> Any:
+    """A config file, parsed once per process (a head start peeks at some 30 settings; only read)."""
     try:
         import yaml
 
         with open(path) as f:
-            config = yaml.safe_load(f)
+            return yaml.safe_load(f)
     except Exception:  # noqa: BLE001  (the CLI reports an unreadable config with its own message later)
-        return False, None
+        return None
+
+
+def _in_config(path: str, section: str | None, key: str) -> tuple[bool, Any]:
+    config = _load_config(path)
     if not isinstance(config, dict):
         return False, None
     if section is None:
