@@ -28,7 +28,7 @@ test: install
 # The numeric tests (losses, advantages, models, modules) under every CPU kernel family PyTorch can
 # pick: `default` (no SIMD), `avx2`, and the machine's own. A test that only passes on one of them
 # compares floats bitwise where the kernels differ.
-NUMERIC := tests/losses tests/test_advantages.py tests/test_rollout.py tests/models tests/modules
+NUMERIC := tests/losses tests/test_advantages.py tests/test_rollout.py tests/models tests/modules tests/vla
 test-numeric: install
 	for cap in default avx2; do \
 	  echo "== ATEN_CPU_CAPABILITY=$$cap"; \

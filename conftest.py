@@ -1,7 +1,7 @@
 """Shared by the library's tests (tests/) and the benchmarks' tests (benchmarks/tests/).
 
 Sampler processes start from a forkserver warmed once per session, as the ``fastlight`` command
-does for every ``fit`` (:mod:`fastlight.sampling.start`): a spawned sampler re-imports torch,
+does for every ``fit`` (:mod:`fastlight.fleet.start`): a spawned sampler re-imports torch,
 gymnasium and highway-env (3-4 s of CPU each on 2 cores), a forked one does not. Tests that pin
 ``start_method="spawn"`` (the start-up, import and orphan tests) keep spawn.
 """
@@ -20,7 +20,7 @@ torch.set_num_threads(1)
 
 @pytest.fixture(scope="session", autouse=True)
 def warm_forkserver() -> None:
-    from fastlight.sampling.start import warm_forkserver
+    from fastlight.fleet.start import warm_forkserver
 
     warm_forkserver("highway-fast-v0")
 

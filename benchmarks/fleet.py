@@ -35,10 +35,10 @@ from typing import Any
 
 from fastlight.data.datamodule import RolloutDataModule
 from fastlight.data.prefetch import Prefetcher
+from fastlight.fleet.pool import LocalFleet
+from fastlight.fleet.ray.fleet import RayFleet
 from fastlight.models.mlp import MLPActorCritic
 from fastlight.rollout import Rollout
-from fastlight.sampling.pool import LocalFleet
-from fastlight.sampling.ray_fleet import RayFleet
 
 
 def trial(fleet: Any, args: argparse.Namespace, workers: int) -> dict[str, float]:

@@ -4,9 +4,9 @@
 
 A two-node Ray cluster on this machine (``ray.cluster_utils.Cluster``: the head, where this process
 is the trainer, and a node 2 whose custom resource ``sim`` alone places the samplers), as in
-``tests/sampling/test_ray_fleet.py``. Each sampler actor holds a policy copy of the given size
+``tests/fleet/ray/test_ray_fleet.py``. Each sampler actor holds a policy copy of the given size
 (``benchmarks.sync``'s square float32 ``nn.Linear`` stack) and fastlight's own actor-side weight source
-(:class:`fastlight.sampling.ray_actor.ActorWeights`). Per version, timed from the trainer's side:
+(:class:`fastlight.fleet.ray.sampler_actor.ActorWeights`). Per version, timed from the trainer's side:
 
 - **Ray object store** (what :meth:`RaySamplerFleet.publish` does): :func:`flat_weights`, one
   ``ray.put``, every actor sent the ref; then each actor loads it into its copy, as a sampler does
@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from benchmarks.sync.worker import make_model
-from fastlight.sampling.ray_actor import ActorWeights, flat_weights
+from fastlight.fleet.ray.sampler_actor import ActorWeights, flat_weights
 from fastlight.weights.buckets import sync_entries
 
 

@@ -1,8 +1,8 @@
 """``make gpu-check`` (``python -m benchmarks.gpu_check``): the checks that need a CUDA device, in one
 run of a few minutes, written to ``benchmarks/results/gpu.md``.
 
-1. **VLA update**: one bf16 (``bf16-true``) GIPO update of a :class:`~fastlight.models.vla.VLAPolicy`
-   over a tiny Hugging Face VLM (``fastlight.models.tiny_vlm``) on the GPU: finite loss, an
+1. **VLA update**: one bf16 (``bf16-true``) GIPO update of a :class:`~fastlight.vla.policy.VLAPolicy`
+   over a tiny Hugging Face VLM (``benchmarks.tiny_vlm``) on the GPU: finite loss, an
    on-policy ratio of 1 up to bf16 rounding, every trainable tensor moved.
 2. **Inference worker end to end**: a short ``fit`` whose inference worker shares the trainer's GPU,
    so its weights travel over CUDA IPC (:func:`fastlight.inference.client.weight_path`
@@ -65,11 +65,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 # ------------------------------------------------------------------------------------- 1. VLA update
 def vla_bf16_update(device: str) -> dict[str, Any]:
     """One GIPO step of a tiny-VLM VLAPolicy cast to bf16 (Lightning's ``bf16-true``) on ``device``."""
+    from benchmarks.tiny_vlm import save_tiny_vlm
+    from fastlight.envs.instruction_tokens import encode_instructions
     from fastlight.envs.instructions import INSTRUCTIONS, instruction_tokenizer
     from fastlight.losses import gipo_loss
-    from fastlight.models.text import encode_instructions
-    from fastlight.models.tiny_vlm import save_tiny_vlm
-    from fastlight.models.vla import VLAPolicy
+    from fastlight.vla.policy import VLAPolicy
 
     n, side = 6, 48
     sentences = tuple(INSTRUCTIONS.values())[:3]

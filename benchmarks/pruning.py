@@ -7,7 +7,7 @@ Run::
     python -m benchmarks.pruning --device cuda --dtype bf16      # on a GPU
 
 One random Llama (``vocab`` x ``hidden-size``, ``layers`` layers) is deep-copied; the copy gets
-its ``lm_head`` pruned to the last ``n-bins`` rows (:func:`fastlight.models.pruning.prune_lm_head`).
+its ``lm_head`` pruned to the last ``n-bins`` rows (:func:`fastlight.vla.pruning.prune_lm_head`).
 Both start from the same weights and train side by side in one process on the same batches:
 one training step = forward + cross-entropy of the ``action-tokens`` last positions over the
 action bins (the full head's logits are sliced to the same rows, so both optimise the same
@@ -44,8 +44,8 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from fastlight.models.pruning import prune_lm_head
-from fastlight.models.vla import build_llama
+from fastlight.vla.policy import build_llama
+from fastlight.vla.pruning import prune_lm_head
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 LOGITS_MODES = ("all", "action", "both")

@@ -11,7 +11,7 @@ every import, the config parse, the env probe, the sampler spawn and the first s
 it is the time until the first Rollout is in the trainer (``on_train_batch_start`` of batch 0).
 The callback also reads every sampler process's ``VmRSS`` / ``RssAnon`` from ``/proc`` once
 ``rss_after`` Rollouts have arrived (steady state: envs built, policy run), then stops the run.
-With a forkserver (``--data.start_method``, :mod:`fastlight.sampling.start`) it also reads the
+With a forkserver (``--data.start_method``, :mod:`fastlight.fleet.start`) it also reads the
 forkserver's CPU seconds (its preload imports, which a forked sampler does not repeat).
 With several ``--start-methods`` the launches alternate between them, so both see the same
 machine state.

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS: dict[str, str] = {
     # LightningModules
     "RLModule": "fastlight.modules.rl_module",
-    "VLAModule": "fastlight.modules.vla_module",
-    "VLASFTModule": "fastlight.modules.sft_module",
+    "VLAModule": "fastlight.vla.module",
+    "VLASFTModule": "fastlight.vla.sft",
     # objectives (--model.objective)
     "Objective": "fastlight.modules.objectives",
     "PPOClip": "fastlight.modules.objectives",
@@ -25,11 +25,11 @@ _EXPORTS: dict[str, str] = {
     # data, and its settings by concern (--data.inference, --data.faults, --data.env_wrappers)
     "RolloutDataModule": "fastlight.data.datamodule",
     "InferenceSettings": "fastlight.inference.settings",
-    "FaultSettings": "fastlight.sampling.faults",
+    "FaultSettings": "fastlight.fleet.faults",
     "EnvWrapper": "fastlight.envs.wrappers",
     "ScenarioLoadCost": "fastlight.envs.scenario_cost",
     "EnvSpec": "fastlight.data.env_spec",
-    "DemoDataModule": "fastlight.data.demos",
+    "DemoDataModule": "fastlight.vla.demos",
     "Rollout": "fastlight.rollout",
     # policies
     "Policy": "fastlight.models.base",
@@ -38,8 +38,8 @@ _EXPORTS: dict[str, str] = {
     "ActOutput": "fastlight.models.base",
     "EvalOutput": "fastlight.models.base",
     "MLPActorCritic": "fastlight.models.mlp",
-    "VLAPolicy": "fastlight.models.vla",
-    "LoRASettings": "fastlight.models.lora",
+    "VLAPolicy": "fastlight.vla.policy",
+    "LoRASettings": "fastlight.vla.lora",
     # callbacks
     "DynamicWeightedResampling": "fastlight.callbacks.dwr",
     "EnvStepBudget": "fastlight.callbacks.env_steps",
@@ -107,18 +107,18 @@ if TYPE_CHECKING:  # static checkers and IDEs see the real classes
     from fastlight.callbacks.timed_checkpoint import TimedCheckpoint
     from fastlight.callbacks.weight_sync import WeightSync
     from fastlight.data.datamodule import RolloutDataModule
-    from fastlight.data.demos import DemoDataModule
     from fastlight.data.env_spec import EnvSpec
     from fastlight.envs.scenario_cost import ScenarioLoadCost
     from fastlight.envs.wrappers import EnvWrapper
+    from fastlight.fleet.faults import FaultSettings
     from fastlight.inference.settings import InferenceSettings
     from fastlight.models.base import ActOutput, EvalOutput, Policy, PolicyBase, TokenPolicy
-    from fastlight.models.lora import LoRASettings
     from fastlight.models.mlp import MLPActorCritic
-    from fastlight.models.vla import VLAPolicy
     from fastlight.modules.objectives import GIPO, SAPO, Objective, PPOClip
     from fastlight.modules.rl_module import RLModule
-    from fastlight.modules.sft_module import VLASFTModule
-    from fastlight.modules.vla_module import VLAModule
     from fastlight.rollout import Rollout
-    from fastlight.sampling.faults import FaultSettings
+    from fastlight.vla.demos import DemoDataModule
+    from fastlight.vla.lora import LoRASettings
+    from fastlight.vla.module import VLAModule
+    from fastlight.vla.policy import VLAPolicy
+    from fastlight.vla.sft import VLASFTModule

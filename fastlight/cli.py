@@ -27,9 +27,9 @@ from lightning.pytorch.plugins.io import CheckpointIO
 # line (--model.help VLAModule, --data.help RolloutDataModule, --data DemoDataModule): jsonargparse
 # resolves a bare class name among the subclasses already imported.
 import fastlight.data.datamodule  # noqa: F401
-import fastlight.data.demos  # noqa: F401
-import fastlight.modules.sft_module  # noqa: F401
-import fastlight.modules.vla_module  # noqa: F401
+import fastlight.vla.demos  # noqa: F401
+import fastlight.vla.module  # noqa: F401
+import fastlight.vla.sft  # noqa: F401
 from fastlight.callbacks import peer_watch
 from fastlight.callbacks.preemption import Preempted, PreemptionCheckpoint
 from fastlight.checkpoints import AtomicCheckpointIO, check_writable_dir

@@ -27,7 +27,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "vla": ("transformers", "tokenizers", "safetensors", "peft"),
     # The distribution stable-baselines3 imports as stable_baselines3.
     "bench": ("matplotlib", "pandas", "scipy", "rliable", "imageio", "stable_baselines3"),
-    # The Ray fleet (samplers as actors on other machines: fastlight.sampling.ray_fleet).
+    # The Ray fleet (samplers as actors on other machines: fastlight.fleet.ray.fleet).
     "ray": ("ray",),
 }
 

@@ -3,7 +3,7 @@ ignore the stop signals, seed, limit threads), the shared stop flag and lock, th
 (:class:`Liveness`), and the readers of Linux's ``/proc``.
 
 Used by the sampler processes (:mod:`fastlight.sampling.worker`), their pool
-(:mod:`fastlight.sampling.pool`), the inference worker and its client (:mod:`fastlight.inference`),
+(:mod:`fastlight.fleet.pool`), the inference worker and its client (:mod:`fastlight.inference`),
 the shared weights (:mod:`fastlight.weights.shared_memory`) and the tests and benchmarks that look
 for orphans. Processes start with the spawn context (or the forkserver the CLI warms) and get their
 seed from the trainer (DESIGN: processes), so a run is reproducible and no child outlives it.
@@ -109,7 +109,7 @@ def die_with_parent(parent: int) -> None:
     a watchdog thread. ``parent`` is passed in rather than read here, because the trainer may
     die while this process is still importing, before this function runs.
 
-    A child forked by the trainer's forkserver (:mod:`fastlight.sampling.start`) has the
+    A child forked by the trainer's forkserver (:mod:`fastlight.fleet.start`) has the
     forkserver as its parent, itself the trainer's child. The forkserver does not exit with the
     trainer on its own: it waits until every process holding its "alive" pipe is gone, and its
     children hold that pipe too. So such a child also watches the forkserver's parent, and exits

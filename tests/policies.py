@@ -13,7 +13,7 @@ import torch
 from fastlight.models.action_mapping import IdentityActions
 from fastlight.models.base import ActOutput, EvalOutput
 from fastlight.models.mlp import MLPActorCritic
-from fastlight.models.vla import VLAPolicy
+from fastlight.vla.policy import VLAPolicy
 from fastlight.weights.checksum import weights_checksum
 
 

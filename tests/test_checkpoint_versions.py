@@ -118,7 +118,7 @@ def test_two_cli_runs_with_one_root_dir(tmp_path, capsys):
     "data, counted",
     [
         ("fastlight.RolloutDataModule", True),
-        ("fastlight.data.demos.DemoDataModule", False),  # a supervised stage: no env steps to count
+        ("fastlight.vla.demos.DemoDataModule", False),  # a supervised stage: no env steps to count
     ],
 )
 def test_env_steps_are_counted_for_rollout_data_only(tmp_path, data, counted):

@@ -437,9 +437,9 @@ def test_vla_sft_then_rl_chain(tmp_path):
     import torch
     import yaml
 
-    from fastlight.data.demos import DemoDataModule
-    from fastlight.modules.sft_module import VLASFTModule
-    from fastlight.modules.vla_module import VLAModule
+    from fastlight.vla.demos import DemoDataModule
+    from fastlight.vla.module import VLAModule
+    from fastlight.vla.sft import VLASFTModule
 
     sft_config, rl_config = SFT_CONFIGS[0], os.path.join(ROOT, "configs", "vla_metaworld_mt10.yaml")
     sft_spec, rl_spec = (yaml.safe_load(open(c)) for c in (sft_config, rl_config))

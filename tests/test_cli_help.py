@@ -23,14 +23,14 @@ from lightning.pytorch.callbacks import Callback
 
 import fastlight.callbacks
 from fastlight.data.datamodule import RolloutDataModule
-from fastlight.data.demos import DemoDataModule
 from fastlight.envs.scenario_cost import ScenarioLoadCost
+from fastlight.fleet.faults import FaultSettings
 from fastlight.inference.settings import InferenceSettings
 from fastlight.modules.objectives import GIPO, SAPO, PPOClip
 from fastlight.modules.rl_module import RLModule
-from fastlight.modules.sft_module import VLASFTModule
-from fastlight.modules.vla_module import VLAModule
-from fastlight.sampling.faults import FaultSettings
+from fastlight.vla.demos import DemoDataModule
+from fastlight.vla.module import VLAModule
+from fastlight.vla.sft import VLASFTModule
 
 ROOT = Path(__file__).resolve().parents[1]
 FASTLIGHT = ROOT / ".venv" / "bin" / "fastlight"  # the console script users run

@@ -46,8 +46,8 @@ def test_missing_mujoco_names_the_metaworld_extra(monkeypatch):
 
 
 def test_missing_transformers_names_the_vla_extra(monkeypatch, tmp_path):
-    from fastlight.models.text import build_instruction_tokenizer
-    from fastlight.models.vla import build_llama
+    from fastlight.envs.instruction_tokens import build_instruction_tokenizer
+    from fastlight.vla.policy import build_llama
 
     monkeypatch.setitem(sys.modules, "transformers", None)
     want = (

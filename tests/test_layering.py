@@ -16,13 +16,17 @@ A module may import from its own floor and the floors below; same-floor edges ar
    its shared lock is in procs), ``metrics`` (over rollout).
 2. ``envs`` (instructions use the models' text encoders) and ``inference`` (serves a model, takes its
    weights, starts its process through procs). Neither knows about samplers.
-3. ``sampling``: the collector steps envs, the pool owns the inference client (so sampling sits above
-   inference, and inference never imports sampling).
-4. ``data`` (the RolloutDataModule over the sampler fleet) and ``evaluation`` (plays envs, reuses the
+3. ``sampling``: what runs inside a sampler (the collector steps envs, the sampler loop); it may use the
+   inference worker's sampler-side proxy, and never imports the trainer's side (``fleet``).
+4. ``fleet``: the trainer's side of the samplers (the local pool owns the inference client; ``fleet.ray``
+   is the Ray fleet, the only place Ray is imported).
+5. ``data`` (the RolloutDataModule over the sampler fleet) and ``evaluation`` (plays envs, reuses the
    sampler's observation helpers).
-5. ``modules`` (LightningModules; they read data's protocols; ``modules.loading`` rebuilds one from a
+6. ``modules`` (LightningModules; they read data's protocols; ``modules.loading`` rebuilds one from a
    checkpoint) and ``callbacks`` (over data's protocols and metrics).
-6. The commands and public names: ``cli`` (with ``cli_callbacks``, ``cli_output``, ``cli_parser``),
+7. ``vla``: VLA policies over Hugging Face models and their modules (the only place ``transformers`` and
+   ``peft`` are imported).
+8. The commands and public names: ``cli`` (with ``cli_callbacks``, ``cli_output``, ``cli_parser``),
    ``evaluate``, ``plot``, ``__main__`` and the package ``__init__``.
 
 A module missing from the floors fails the test until it is placed. The checker itself is tested on a
@@ -46,8 +50,10 @@ FLOORS: list[tuple[str, ...]] = [
     ("advantages", "models", "weights", "metrics"),
     ("envs", "inference"),
     ("sampling",),
+    ("fleet",),
     ("data", "evaluation"),
     ("modules", "callbacks"),
+    ("vla",),
     ("cli", "cli_callbacks", "cli_defaults", "cli_output", "cli_parser", "evaluate", "plot", "__main__", ""),
 ]
 

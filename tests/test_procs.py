@@ -201,7 +201,7 @@ def test_children_and_the_forkserver_ignore_the_stop_signals():
     script = (
         "import sys, time\n"
         "from multiprocessing import forkserver\n"
-        "from fastlight.sampling.start import warm_forkserver\n"
+        "from fastlight.fleet.start import warm_forkserver\n"
         "assert warm_forkserver()\n"
         "print(forkserver._forkserver._forkserver_pid, flush=True)\n"
         "sys.stdin.readline()\n"

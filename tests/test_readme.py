@@ -314,7 +314,7 @@ RUN: dict[str, Run] = {
         ("--time", "1", "--max-steps", "1"), bc_model, slow=True
     ),
     f"{REACH}": Run(TINY, fitted(1), slow=True),
-    'python -c "from fastlight.envs.instructions import INSTRUCTIONS; from fastlight.models.tiny_vlm import '
+    'python -c "from fastlight.envs.instructions import INSTRUCTIONS; from benchmarks.tiny_vlm import '
     "save_tiny_vlm; save_tiny_vlm('llava', 'runs/tiny_llava', sentences=list(INSTRUCTIONS.values()))\"": Run(
         (), tiny_llava, slow=True
     ),
@@ -347,11 +347,11 @@ NOT_RUN: dict[str, str] = {
     f"{MT10} --trainer.strategy fsdp --trainer.accelerator gpu --trainer.devices 8 "
     "--trainer.precision bf16-mixed": "FSDP runs on CUDA only: 8 GPUs",
     "ray start --head --port 6379 --num-cpus 0": "a Ray cluster of several machines (the Ray fleet's "
-    "tests run a two-node cluster on localhost: tests/sampling/test_ray_fleet.py)",
+    "tests run a two-node cluster on localhost: tests/fleet/ray/test_ray_fleet.py)",
     "ray start --address $HEAD_ADDR:6379 --num-cpus 32 --resources '{\"sim\": 32}'": "a simulator node of "
     "that cluster",
     "fastlight fit --config configs/highway_dpsa.yaml --data.num_workers 64 --data.num_envs 256 "
-    "--data.fleet.class_path fastlight.sampling.ray_fleet.RayFleet --data.fleet.init_args.address auto "
+    "--data.fleet.class_path fastlight.fleet.ray.fleet.RayFleet --data.fleet.init_args.address auto "
     "--data.fleet.init_args.sampler_resources '{sim: 1}'": "64 samplers on that cluster's `sim` nodes",
 }
 

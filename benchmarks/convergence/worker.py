@@ -47,7 +47,7 @@ class RunConfig:
         the budget (``valid_steps_per_step``); autoreset / sequential collect ``rollout_steps`` per
         env, sized so that one round of every env is the budget."""
         from fastlight.envs.scenario_cost import ScenarioLoadCost
-        from fastlight.sampling.faults import FaultSettings
+        from fastlight.fleet.faults import FaultSettings
 
         load = self.scenario_load_cost_s
         num_envs = 1 if self.mode == "sequential" else self.clips

@@ -22,9 +22,9 @@ from torch import Tensor, nn
 from benchmarks.sampling.runs import MAX_HORIZON, BenchEnv, RunSpec, RunTotals
 from fastlight.data.datamodule import RolloutDataModule
 from fastlight.envs.scenario_cost import ScenarioLoadCost
+from fastlight.fleet.faults import FaultSettings
 from fastlight.models.action_mapping import IdentityActions
 from fastlight.models.base import ActionMapping, ActOutput, EvalOutput, Obs
-from fastlight.sampling.faults import FaultSettings
 
 #: Steps per round in autoreset / sequential, per env: one round of 10 envs is then as many
 #: transitions as a few DPSA cycles, so no mode waits much longer than another between batches.

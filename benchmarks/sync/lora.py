@@ -38,8 +38,8 @@ import torch.multiprocessing as mp
 
 from fastlight.data.cpu_copy import cpu_copy
 from fastlight.inference.server import serve_until
-from fastlight.models.lora import DEFAULT_TARGETS
-from fastlight.models.vla import VLAPolicy
+from fastlight.vla.lora import DEFAULT_TARGETS
+from fastlight.vla.policy import VLAPolicy
 from fastlight.weights.buckets import sync_entries
 from fastlight.weights.double_buffer import SharedDoubleBuffer
 from fastlight.weights.shared_memory import SharedWeights

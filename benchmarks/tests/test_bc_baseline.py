@@ -17,7 +17,7 @@ from benchmarks.vla.bc_baseline import (
     save_bc,
     train_bc,
 )
-from fastlight.data.demos import Demos
+from fastlight.vla.demos import Demos
 
 ENV_KWARGS = {"tasks": "reach-v3", "image": False, "max_path_length": 50}
 
@@ -141,7 +141,7 @@ def test_config_defaults(tmp_path):
 def test_cli_end_to_end_on_reach(tmp_path, capsys):
     cfg = tmp_path / "sft.yaml"
     cfg.write_text(
-        "data:\n  class_path: fastlight.data.demos.DemoDataModule\n  init_args:\n"
+        "data:\n  class_path: fastlight.vla.demos.DemoDataModule\n  init_args:\n"
         f"    env_kwargs: {ENV_KWARGS}\n    num_workers: 0\n".replace("'", "")
     )
     out = tmp_path / "bc.pt"

@@ -16,7 +16,7 @@ from benchmarks.convergence.__main__ import SB3_LABEL, main, parse_args, summari
 from benchmarks.convergence.race import race_to_peer_final, time_to_target
 from benchmarks.sampling.procs import FixedPolicy, SpaceRandomPolicy
 from fastlight.data.datamodule import RolloutDataModule
-from fastlight.sampling.faults import FaultSettings
+from fastlight.fleet.faults import FaultSettings
 
 
 def _naive_ttt(times: list[float], returns: list[float], target: float) -> float:

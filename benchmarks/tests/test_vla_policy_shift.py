@@ -7,7 +7,7 @@ import copy
 import torch
 
 from benchmarks.vla.policy_shift import shift
-from fastlight.models.vla import VLAPolicy
+from fastlight.vla.policy import VLAPolicy
 
 TINY = {
     "vocab_size": 300, "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2, "n_bins": 16,

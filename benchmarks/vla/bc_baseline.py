@@ -31,8 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fastlight.data.demos import Demos
 from fastlight.evaluation import BatchActFn
+from fastlight.vla.demos import Demos
 
 #: Bump when the saved dict changes meaning.
 SAVE_FORMAT = 1
@@ -373,7 +373,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, dict[
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Train, save and (optionally) evaluate; returns the stats written with the model."""
     args, init_args = parse_args(argv)
-    from fastlight.data.demos import DemoDataModule
+    from fastlight.vla.demos import DemoDataModule
 
     torch.set_num_threads(args.threads)
 

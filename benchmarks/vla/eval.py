@@ -128,7 +128,7 @@ def _ckpt_policy(label: str, path: str) -> Policy:
 def _demo_expert_stats(data: dict[str, Any]) -> dict[str, Any] | None:
     """The scripted expert's per-task record from the demo cache's JSON sidecar, if it is still there."""
     try:
-        from fastlight.data.demos import DemoSettings, cache_path
+        from fastlight.vla.demos import DemoSettings, cache_path
 
         fields = (
             "env_id",

@@ -15,7 +15,7 @@ machine state (a shared 2-core machine drifts 2x between runs):
 
 Every variant samples through :class:`~fastlight.sampling.collector.Collector` exactly as a sampler
 process does (DPSA cycles, the policy acting under ``inference_mode``), in this one process with the
-policy on the CPU. The backbone is :func:`fastlight.models.tiny_vlm.save_tiny_vlm`'s random Llava
+policy on the CPU. The backbone is :func:`benchmarks.tiny_vlm.save_tiny_vlm`'s random Llava
 (CLIP tower + Llama, hidden ``--hidden``): the numbers are the framework's and the simulator's costs
 at a tiny model size, not a real VLA's compute.
 """
@@ -71,9 +71,9 @@ def make_variant(folder: Path, *, image: bool, chunk: int, num_envs: int, horizo
     """Envs, a Collector and a bound VLAPolicy for one variant."""
     from fastlight.data.env_spec import EnvSpec
     from fastlight.envs.registry import make_env
-    from fastlight.models.vla import VLAPolicy
-    from fastlight.modules.vla_module import _check_obs_space
     from fastlight.sampling.collector import Collector
+    from fastlight.vla.module import _check_obs_space
+    from fastlight.vla.policy import VLAPolicy
 
     kwargs = {"tasks": "MT10", "image": image, "max_path_length": horizon}
     envs = [make_env("fastlight/MetaWorld-v0", env_kwargs=kwargs) for _ in range(num_envs)]
@@ -133,8 +133,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default="benchmarks/results/vla_hf_throughput")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)  # a sampler process's setting: one core each
+    from benchmarks.tiny_vlm import save_tiny_vlm
     from fastlight.envs.instructions import INSTRUCTIONS
-    from fastlight.models.tiny_vlm import save_tiny_vlm
 
     common = {"num_envs": args.num_envs, "horizon": args.horizon, "seed": args.seed}
     with tempfile.TemporaryDirectory(prefix="fastlight-tiny-llava-") as tmp:

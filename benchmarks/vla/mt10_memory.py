@@ -182,7 +182,7 @@ def breakdown(config: str = CONFIG, num_envs: int = 8) -> list[tuple[str, float]
 
     out.append(("the sampler's imports (torch, fastlight.sampling)", vmrss()))
     from fastlight.envs.registry import make_env
-    from fastlight.models.vla import VLAPolicy
+    from fastlight.vla.policy import VLAPolicy
 
     with open(config) as f:
         cfg = yaml.safe_load(f)

@@ -21,10 +21,10 @@ import torch
 
 from benchmarks.vla.eval import default_label, split_spec
 from fastlight.checkpoints import read_checkpoint
-from fastlight.models.vla import VLAPolicy
 from fastlight.modules.loading import load_module
-from fastlight.modules.self_imitation import SuccessBuffer
-from fastlight.modules.vla_module import SIL_CHECKPOINT_KEY
+from fastlight.vla.module import SIL_CHECKPOINT_KEY
+from fastlight.vla.policy import VLAPolicy
+from fastlight.vla.self_imitation import SuccessBuffer
 
 
 def load_policy(path: str, flag: str) -> VLAPolicy:

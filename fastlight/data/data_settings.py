@@ -8,11 +8,11 @@ from typing import Any
 
 from fastlight.class_paths import class_path as import_path
 from fastlight.envs.wrappers import check_env_wrappers
+from fastlight.fleet.faults import FaultSettings
+from fastlight.fleet.start import check_start_method
 from fastlight.inference.settings import InferenceSettings
 from fastlight.sampling.collector import check_collector_settings
-from fastlight.sampling.faults import FaultSettings
 from fastlight.sampling.shared_cut import TRUNCATION_SCOPES, rank_scope_blockers
-from fastlight.sampling.start import check_start_method
 
 
 def check_data_settings(args: dict[str, Any]) -> None:

@@ -38,16 +38,16 @@ from fastlight.data.protocols import ChecksEnvSpec, RolloutPolicyModule, require
 from fastlight.data.sampler_plan import resolve_cut_in_flight, resolve_truncation_scope, sampler_configs
 from fastlight.envs.registry import make_env
 from fastlight.envs.wrappers import EnvWrapper, wrap_env
+from fastlight.fleet.base import Fleet, SamplerFleet
+from fastlight.fleet.faults import FaultSettings
+from fastlight.fleet.pool import LocalFleet
+from fastlight.fleet.start import StartMethod, resolve_start_method
 from fastlight.inference.settings import InferenceSettings
 from fastlight.procs import spare_threads, usable_cores
 from fastlight.rank_state import PER_RANK_KEY, counters_for_rank, gather_per_rank, per_rank_entries, world
 from fastlight.sampling.collector import Nonfinite, ResetMode
-from fastlight.sampling.faults import FaultSettings
-from fastlight.sampling.fleet import Fleet, SamplerFleet
 from fastlight.sampling.obs import obs_to_tensor, stack_obs
-from fastlight.sampling.pool import LocalFleet
 from fastlight.sampling.shared_cut import TruncationScope
-from fastlight.sampling.start import StartMethod, resolve_start_method
 from fastlight.sampling.worker import SamplerConfig
 from fastlight.weights.publisher import SyncStats
 
@@ -143,16 +143,16 @@ class RolloutDataModule(L.LightningDataModule):
             ``forkserver`` (forked from a server that has already imported torch, gymnasium and
             the env package). ``None`` (default): ``forkserver`` when the ``fastlight`` command
             warmed one at start-up (it does for ``fit``, in parallel with the trainer's own
-            imports), else ``spawn``. See :mod:`fastlight.sampling.start`.
+            imports), else ``spawn``. See :mod:`fastlight.fleet.start`.
         head_start: let the ``fastlight`` command start the samplers with the version-0 policy
             before Lightning is imported, so their first rounds overlap the trainer's start-up
             (:mod:`fastlight.data.head_start`: for ``RLModule``'s own policy, local samplers, no
             inference worker; taken over only if the samplers and the weights are equal to what
             this DataModule would start). ``false``: the samplers start when training does.
-        fleet: where the samplers run (:class:`~fastlight.sampling.fleet.Fleet`): the local
-            processes above (:class:`~fastlight.sampling.pool.LocalFleet`, the default), or Ray actors
-            on any node of a cluster (:class:`~fastlight.sampling.ray_fleet.RayFleet`, ``--data.fleet
-            fastlight.sampling.ray_fleet.RayFleet --data.fleet.init_args.address auto``). Sampling,
+        fleet: where the samplers run (:class:`~fastlight.fleet.base.Fleet`): the local
+            processes above (:class:`~fastlight.fleet.pool.LocalFleet`, the default), or Ray actors
+            on any node of a cluster (:class:`~fastlight.fleet.ray.fleet.RayFleet`, ``--data.fleet
+            fastlight.fleet.ray.fleet.RayFleet --data.fleet.init_args.address auto``). Sampling,
             staleness, seeds and the restart budget are the same with either.
     """
 

@@ -8,9 +8,9 @@ built the module and published the version-0 weights; their first rounds then fo
 so the ``fastlight`` command (:mod:`fastlight.__main__`) plans the samplers and builds that policy
 itself, right after it warms the forkserver and before it imports Lightning (:func:`launch`):
 it reads the settings the samplers need from the command line and its config files
-(:func:`~fastlight.sampling.start.peek_value`), probes the env, builds the
+(:func:`~fastlight.fleet.start.peek_value`), probes the env, builds the
 :class:`~fastlight.models.mlp.MLPActorCritic` under the run's seed as ``RLModule.build_policy``
-would, starts a :class:`~fastlight.sampling.pool.SamplerPool` and publishes the policy as version 0.
+would, starts a :class:`~fastlight.fleet.pool.SamplerPool` and publishes the policy as version 0.
 
 Nothing is trusted: when the DataModule starts its samplers it hands what it would start to
 :func:`claim`, which gives the pool over only if the sampler configs, the start method and every
@@ -37,8 +37,8 @@ import torch
 from torch import nn
 
 from fastlight.data.sampler_plan import sampler_configs
-from fastlight.sampling.pool import SamplerPool
-from fastlight.sampling.start import peek_value, resolve_start_method, shadowing_entry
+from fastlight.fleet.pool import SamplerPool
+from fastlight.fleet.start import peek_value, resolve_start_method, shadowing_entry
 from fastlight.sampling.worker import SamplerConfig
 
 log = logging.getLogger(__name__)

@@ -3,7 +3,7 @@
 AcceRL's VLA reads a natural-language instruction next to the camera frame (§experiments, MT10).
 :data:`INSTRUCTIONS` holds one sentence per MT10 task; other task names get their name as the
 sentence (:func:`instruction_for`). :func:`instruction_tokenizer` builds the local WordLevel
-tokenizer of :mod:`fastlight.models.text` (which owns tokenisation and encoding) over every known
+tokenizer of :mod:`fastlight.envs.instruction_tokens` (which owns tokenisation and encoding) over every known
 sentence, once per process, so ids agree across envs and processes whatever tasks they run.
 
 An env that emits its instructions as token ids declares them with an ``instruction_table``
@@ -63,7 +63,7 @@ def instruction_for(name: str) -> str:
 @functools.cache
 def instruction_tokenizer(extra: tuple[str, ...] = ()):
     """WordLevel tokenizer over every MT10 sentence plus ``extra`` (built once per process)."""
-    from fastlight.models.text import build_instruction_tokenizer
+    from fastlight.envs.instruction_tokens import build_instruction_tokenizer
 
     sentences = sorted(set(INSTRUCTIONS.values()) | set(extra))
     with tempfile.TemporaryDirectory(prefix="fastlight-instr-") as folder:

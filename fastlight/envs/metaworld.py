@@ -20,7 +20,7 @@ Meta-World tasks behind a single gymnasium env:
 
   The sentences (:data:`INSTRUCTIONS`, one per MT10 task; other task names get their name as
   the sentence) are tokenized by the local WordLevel tokenizer of
-  :mod:`fastlight.models.text`, built in memory over every known sentence, so ids agree across
+  :mod:`fastlight.envs.instruction_tokens`, built in memory over every known sentence, so ids agree across
   envs and processes whatever ``tasks`` they run; ``env.unwrapped.tokenizer`` decodes them;
 - actions ``Box(-1, 1, (4,))``: hand xyz displacement and gripper effort;
 - the episode *terminates* on ``info["success"]`` (``terminate_on_success``) and is
@@ -171,7 +171,7 @@ class MetaWorldEnv(gym.Env):
 
     # ------------------------------------------------------------------ construction
     def _encode(self, max_text_len: int) -> tuple[np.ndarray, np.ndarray]:
-        from fastlight.models.text import encode_instructions
+        from fastlight.envs.instruction_tokens import encode_instructions
 
         longest = max(len(self.tokenizer(s)["input_ids"]) for s in self.instructions)
         if max_text_len < longest:

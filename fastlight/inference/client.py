@@ -1,6 +1,6 @@
 """Trainer-side handle on a rank's inference worker: start it, wire samplers to it, sync weights.
 
-Used by :class:`~fastlight.sampling.pool.SamplerPool` when ``--data.inference`` is set.
+Used by :class:`~fastlight.fleet.pool.SamplerPool` when ``--data.inference`` is set.
 Each sampler gets a :class:`~fastlight.inference.remote.RemotePolicy` (its shared-memory slot
 and pipe end) instead of a policy copy; the worker gets the other pipe ends and the real policy.
 The client is the pool's :class:`~fastlight.weights.publisher.WeightPublisher` on this path;

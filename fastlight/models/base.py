@@ -17,7 +17,7 @@ A policy is an ``nn.Module`` with three methods over a flat batch ``[N, ...]`` o
 token policies (one entry per action token), which is what token-level ratios need.
 
 A *token* policy (:class:`TokenPolicy`: ``VLAPolicy``, or a user's own VLA class) is what
-:class:`~fastlight.modules.vla_module.VLAModule` trains: actions are ``K`` integer bins per call,
+:class:`~fastlight.vla.module.VLAModule` trains: actions are ``K`` integer bins per call,
 it splits its parameters into actor and critic (the critic gets its own learning rate), gives the
 action-bin logits for cross-entropy (SFT on demonstrations, self-imitation) and tokenises the
 continuous actions of demonstrations into its bins.
@@ -133,8 +133,8 @@ class ActionBins(Protocol):
 
 @runtime_checkable
 class TokenPolicy(Policy, Protocol):
-    """A :class:`Policy` over action tokens, what :class:`~fastlight.modules.vla_module.VLAModule`
-    and :class:`~fastlight.modules.sft_module.VLASFTModule` train (an ``nn.Module``).
+    """A :class:`Policy` over action tokens, what :class:`~fastlight.vla.module.VLAModule`
+    and :class:`~fastlight.vla.sft.VLASFTModule` train (an ``nn.Module``).
 
     - ``act`` / ``evaluate``: ``actions`` are bins ``[N, K]`` (long) and ``logprobs`` / ``entropy``
       per token ``[N, K]``; ``values`` ``[N]``;

@@ -79,7 +79,7 @@ class RLModule(L.LightningModule):
             every objective (:mod:`fastlight.losses.ratios`).
         tokens_per_action: consecutive tokens per ratio for ``action`` granularity. ``None`` (the
             default): the tokens of one env action, ``K / H`` of a policy's ``K`` tokens per call in
-            chunks of ``H`` env actions (``action_dim`` for a :class:`~fastlight.models.vla.VLAPolicy`),
+            chunks of ``H`` env actions (``action_dim`` for a :class:`~fastlight.vla.policy.VLAPolicy`),
             so ``action`` is one ratio per env action, ``chunk`` one per policy call.
         vf_coef: weight of the value loss.
         ent_coef: weight of the entropy bonus.

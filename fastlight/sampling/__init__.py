@@ -1,5 +1,2 @@
-"""Sampling: the collector, sampler processes, the pool of a rank, and its fault settings."""
-
-from fastlight.sampling.faults import FaultSettings
-
-__all__ = ["FaultSettings"]
+"""What runs inside a sampler: the collector, rows, observations, the sampler loop, the auto threshold,
+task weights and the rank's round signal. Nothing here imports the trainer's side (``fastlight.fleet``)."""

@@ -12,7 +12,7 @@ copies; one shared-memory buffer) and :class:`~fastlight.inference.client.Infere
 shared slots; one copy in, a pointer swap in the worker; ``mode == "shared_memory"``), the same
 with its slots on the GPU for a CUDA worker on the trainer's GPU (CUDA IPC, ``mode == "cuda_ipc"``),
 and through a two-rank broadcast group, :mod:`fastlight.weights.broadcast`, for a CUDA worker on
-another GPU (``mode == "bucketed"``). A :class:`~fastlight.sampling.pool.SamplerPool` holds exactly
+another GPU (``mode == "bucketed"``). A :class:`~fastlight.fleet.pool.SamplerPool` holds exactly
 one publisher, and ``RolloutDataModule.publish`` is the one place that calls it.
 """
 

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from fastlight.data.datamodule import RolloutDataModule
+from fastlight.fleet.faults import FaultSettings
+from fastlight.fleet.pool import SamplerError
 from fastlight.modules.rl_module import RLModule
 from fastlight.procs import alive, descendants, parent_pid
-from fastlight.sampling.faults import FaultSettings
-from fastlight.sampling.pool import SamplerError
 from tests.lightning_helpers import quiet_trainer, wait_no_children
 
 pytestmark = pytest.mark.multiproc
@@ -157,7 +157,7 @@ KILL_SCRIPT = textwrap.dedent(
     import sys
     START = sys.argv[1]
     if START == "forkserver":  # as the fastlight command does first, before Lightning is imported
-        from fastlight.sampling.start import warm_forkserver
+        from fastlight.fleet.start import warm_forkserver
         assert warm_forkserver("tests.fake_envs:FixedLength-v0")
     import lightning as L
     from fastlight.data.datamodule import RolloutDataModule

@@ -12,10 +12,10 @@ import yaml
 from lightning.pytorch.loggers import CSVLogger
 
 from fastlight.data.datamodule import RolloutDataModule
+from fastlight.fleet.faults import FaultSettings
 from fastlight.losses import masked_mean
 from fastlight.models.mlp import MLPActorCritic
 from fastlight.rollout import Rollout
-from fastlight.sampling.faults import FaultSettings
 from tests.lightning_helpers import quiet_trainer, wait_no_children
 
 pytestmark = pytest.mark.multiproc

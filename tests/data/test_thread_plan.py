@@ -47,7 +47,7 @@ def test_the_trainer_takes_the_cores_the_samplers_leave_and_shares_them_with_a_c
 
 
 def test_omp_num_threads_or_a_remote_fleet_leave_the_threads_alone(monkeypatch):
-    from fastlight.sampling.ray_fleet import RayFleet
+    from fastlight.fleet.ray.fleet import RayFleet
 
     monkeypatch.setattr(dm_module, "usable_cores", lambda: 16)
     monkeypatch.setenv("OMP_NUM_THREADS", "4")

@@ -15,10 +15,10 @@ from fastlight.data.datamodule import RolloutDataModule
 from fastlight.data.legacy import MOVED, upgrade_hparams
 from fastlight.envs import EnvWrapper, ScenarioLoadCost
 from fastlight.evaluate import env_settings
+from fastlight.fleet import FaultSettings
+from fastlight.fleet.pool import SamplerPool
 from fastlight.inference import InferenceSettings
 from fastlight.models.mlp import MLPActorCritic
-from fastlight.sampling import FaultSettings
-from fastlight.sampling.pool import SamplerPool
 from tests.data.test_settings import sample
 
 FIXED = "tests.fake_envs:FixedLength-v0"

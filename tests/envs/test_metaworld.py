@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from fastlight.envs import instructions, metaworld, metaworld_sims, metaworld_tasks, registry, rendering
+from fastlight.envs.instruction_tokens import decode_instructions
 from fastlight.envs.metaworld import INSTRUCTIONS, MT10_TASKS, STATE_DIM, MetaWorldEnv
 from fastlight.envs.registry import make_env
-from fastlight.models.text import decode_instructions
 
 ZERO = np.zeros(4, dtype=np.float32)
 

@@ -24,12 +24,12 @@ from pathlib import Path
 
 import pytest
 
+from fastlight.fleet.faults import FaultSettings
+from fastlight.fleet.pool import SamplerError, SamplerPool
+from fastlight.fleet.start import PRELOAD, forkserver_pid
 from fastlight.modules.rl_module import RLModule
 from fastlight.procs import STOP_SIGNALS, alive, descendants, parent_pid
 from fastlight.rollout import Rollout
-from fastlight.sampling.faults import FaultSettings
-from fastlight.sampling.pool import SamplerError, SamplerPool
-from fastlight.sampling.start import PRELOAD, forkserver_pid
 from fastlight.sampling.worker import SamplerConfig
 from tests.faults.test_cli_faults import assert_no_orphans, child_env, command, last_line, wait_for_training
 

@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from fastlight.envs.registry import make_env
+from fastlight.fleet.faults import FaultSettings
+from fastlight.fleet.pool import SamplerError, SamplerPool
 from fastlight.inference.settings import InferenceSettings
-from fastlight.sampling.faults import FaultSettings
 from fastlight.sampling.obs import obs_to_tensor, stack_obs
-from fastlight.sampling.pool import SamplerError, SamplerPool
 from fastlight.sampling.worker import SamplerConfig
 from tests.faults.test_worker_restarts import items_of, policy, until_restarted
 from tests.lightning_helpers import wait_no_children

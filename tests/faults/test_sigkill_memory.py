@@ -11,10 +11,10 @@ import time
 
 import pytest
 
+from fastlight.fleet.faults import FaultSettings
+from fastlight.fleet.pool import SamplerError, SamplerPool
 from fastlight.models.mlp import MLPActorCritic
 from fastlight.procs import exit_note, sample_memory
-from fastlight.sampling.faults import FaultSettings
-from fastlight.sampling.pool import SamplerError, SamplerPool
 from fastlight.sampling.worker import SamplerConfig
 from tests.lightning_helpers import wait_no_children
 

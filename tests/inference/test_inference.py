@@ -10,11 +10,11 @@ import pytest
 
 from fastlight.callbacks.weight_sync import WeightSync
 from fastlight.data.datamodule import RolloutDataModule
+from fastlight.fleet.faults import FaultSettings
+from fastlight.fleet.pool import SamplerError
 from fastlight.inference import client as client_module
 from fastlight.inference.settings import InferenceSettings
 from fastlight.modules.rl_module import RLModule
-from fastlight.sampling.faults import FaultSettings
-from fastlight.sampling.pool import SamplerError
 from fastlight.weights.checksum import weights_checksum
 from tests.lightning_helpers import quiet_trainer, wait_no_children
 from tests.policies import AuditedMLP

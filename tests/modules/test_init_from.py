@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from fastlight.models.mlp import MLPActorCritic
-from fastlight.models.vla import VLAPolicy
 from fastlight.modules.init_from import load_policy_weights
+from fastlight.vla.policy import VLAPolicy
 
 
 def vla(**kw) -> VLAPolicy:

@@ -10,7 +10,7 @@ from fastlight.losses import gipo_loss, sapo_loss
 from fastlight.modules.objective_hparams import as_objective, legacy_objective, legacy_setting_hint
 from fastlight.modules.objectives import GIPO, SAPO, Objective, PPOClip
 from fastlight.modules.rl_module import RLModule
-from fastlight.modules.vla_module import VLAModule
+from fastlight.vla.module import VLAModule
 
 
 @pytest.mark.parametrize(

@@ -9,11 +9,11 @@ import sys
 
 import pytest
 import torch
+from tests.vla.test_self_imitation import one_success_rollout, sil_module
 
 from fastlight.callbacks.throughput import RolloutThroughput
-from fastlight.modules.self_imitation import SuccessBuffer, buffers_for_world_size
 from fastlight.rank_state import PER_RANK_KEY, counters_for_rank, old_ranks_for, per_rank_entries
-from tests.modules.test_self_imitation import one_success_rollout, sil_module
+from fastlight.vla.self_imitation import SuccessBuffer, buffers_for_world_size
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -100,7 +100,7 @@ def test_buffers_with_different_fields_are_refused_in_one_line():
 
 def test_vla_checkpoint_carries_every_ranks_buffer_merged_on_one_split_on_two(monkeypatch):
     """VLAModule's hooks: the file holds each rank's buffer; one rank merges them, two split one."""
-    import fastlight.modules.vla_module as vla
+    import fastlight.vla.module as vla
 
     r = one_success_rollout()  # 12 successful steps of task 0
     rank0, rank1 = sil_module(sil_steps=2), sil_module(sil_steps=2)

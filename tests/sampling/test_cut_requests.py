@@ -182,7 +182,7 @@ def test_cut_in_flight_is_on_for_asynchronous_local_runs(overrides, expected):
 
 def test_cut_in_flight_refusals():
     from fastlight.data.datamodule import RolloutDataModule
-    from fastlight.sampling.ray_fleet import RayFleet
+    from fastlight.fleet.ray.fleet import RayFleet
 
     kw = {"env_id": "tests.fake_envs:FixedLength-v0", "num_envs": 2, "num_workers": 2}
     with pytest.raises(ValueError, match=r"--data.cut_in_flight true needs --data.max_staleness >= 1"):

@@ -11,11 +11,11 @@ import pytest
 
 import fastlight.sampling.obs as obs_module
 from fastlight.envs.registry import make_env
+from fastlight.fleet.faults import FaultSettings
+from fastlight.fleet.pool import SamplerError, SamplerPool
 from fastlight.models.mlp import MLPActorCritic
 from fastlight.sampling.collector import Collector
-from fastlight.sampling.faults import FaultSettings
 from fastlight.sampling.obs import ObservationShapeError, stack_obs
-from fastlight.sampling.pool import SamplerError, SamplerPool
 from fastlight.sampling.worker import SamplerConfig
 from tests.lightning_helpers import wait_no_children
 from tests.sampling import error_envs

@@ -37,13 +37,13 @@ if __name__ == "__main__":
     import glob, json, os, time
     start_method = sys.argv[2]
     if start_method == "forkserver":  # as the fastlight command does, before Lightning is imported
-        from fastlight.sampling.start import warm_forkserver
+        from fastlight.fleet.start import warm_forkserver
         assert warm_forkserver("tests.probe_env:ModulesProbe-v0")
     import lightning  # noqa: F401 - the trainer holds it; its children must not
     from fastlight.data.datamodule import RolloutDataModule, cpu_copy
     from fastlight.models.mlp import MLPActorCritic
-    from fastlight.sampling.faults import FaultSettings
-    from fastlight.sampling.pool import SamplerPool
+    from fastlight.fleet.faults import FaultSettings
+    from fastlight.fleet.pool import SamplerPool
 
     report_dir = sys.argv[1]
     dm = RolloutDataModule(

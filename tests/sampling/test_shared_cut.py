@@ -153,8 +153,8 @@ def test_two_sampler_processes_cut_their_cycles_together(scope):
 def test_the_ray_fleet_refuses_a_rank_wide_cut():
     from torch import nn
 
-    from fastlight.sampling.faults import FaultSettings
-    from fastlight.sampling.ray_fleet import RayFleet
+    from fastlight.fleet.faults import FaultSettings
+    from fastlight.fleet.ray.fleet import RayFleet
     from fastlight.sampling.worker import SamplerConfig
 
     configs = [SamplerConfig(env_id="CartPole-v1", num_envs=2, truncation_scope="rank") for _ in range(2)]
@@ -177,7 +177,7 @@ def test_the_ray_fleet_refuses_a_rank_wide_cut():
 )
 def test_auto_scope_is_rank_only_where_it_can_work(overrides, fleet, scope):
     from fastlight.data.datamodule import RolloutDataModule
-    from fastlight.sampling.ray_fleet import RayFleet
+    from fastlight.fleet.ray.fleet import RayFleet
 
     kw = {"fleet": RayFleet()} if fleet == "ray" else {}
     dm = RolloutDataModule(
@@ -191,7 +191,7 @@ def test_auto_scope_is_rank_only_where_it_can_work(overrides, fleet, scope):
 
 def test_an_explicit_rank_scope_on_ray_is_refused_before_anything_starts():
     from fastlight.data.datamodule import RolloutDataModule
-    from fastlight.sampling.ray_fleet import RayFleet
+    from fastlight.fleet.ray.fleet import RayFleet
 
     with pytest.raises(ValueError, match="truncation_scope rank shares the termination rate.*RayFleet"):
         RolloutDataModule(

@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from fastlight.data.cpu_copy import cpu_copy
-from fastlight.models.vla import VLAPolicy
+from fastlight.vla.policy import VLAPolicy
 from fastlight.weights.broadcast import SyncGroupConfig, WeightBroadcaster, WeightReceiver
 from fastlight.weights.buckets import plan_buckets, sync_entries
 from fastlight.weights.double_buffer import SharedDoubleBuffer

@@ -1,0 +1,151 @@
+"""The trainer's end of a Ray fleet's inference worker.
+
+The worker is an :class:`~fastlight.fleet.ray.inference_actor.InferenceActor`.
+
+:class:`RayInference` places the rank's inference actor (``RayFleet.inference_resources`` and
+``num_cpus_inference``; ``{GPU: 1}`` gives it a GPU of its own), hosts the two-rank weight group at
+the trainer's node address, publishes every version over it
+(:class:`~fastlight.weights.broadcast.WeightBroadcaster`: the drain, the header, the buckets, the
+worker's ack) and watches the actor: an actor that dies or whose serving loop fails stops the run,
+naming it and its node, within one watch (a quarter of a second) or the publish that finds it gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import sys
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+from fastlight.fleet.ray.inference_actor import InferenceActor, RayServedPolicy
+from fastlight.fleet.restarts import SamplerError
+from fastlight.inference.settings import FLAG as INFERENCE_FLAG
+from fastlight.inference.settings import InferenceSettings
+from fastlight.weights.broadcast import SyncGroupConfig, WeightBroadcaster, WeightSyncError, free_port
+from fastlight.weights.publisher import SyncStats
+
+
+def _backend(trainer_device: torch.device, worker_device: torch.device) -> str:
+    """NCCL when both ends hold CUDA weights (the actor has a GPU of its own: Ray gives each actor the
+    GPUs it asked for, and the trainer is no Ray actor), gloo otherwise."""
+    return "nccl" if trainer_device.type == worker_device.type == "cuda" else "gloo"
+
+
+class RayInference:
+    """One rank's inference actor, seen from its trainer (see the module docstring)."""
+
+    def __init__(
+        self,
+        ray: Any,
+        policy: nn.Module,
+        settings: InferenceSettings,
+        *,
+        trainer_device: torch.device | str,
+        resources: dict[str, float],
+        num_cpus: float,
+        samplers: int,
+        rank: int,
+    ) -> None:
+        self.ray, self.rank = ray, rank
+        self.trainer_device = torch.device(trainer_device)
+        self.worker_device = settings.worker_device(self.trainer_device)
+        self.bucket_mb = settings.sync_bucket_mb
+        host = ray.util.get_node_ip_address()  # the trainer's address, as the actor's node sees it
+        backend = _backend(self.trainer_device, self.worker_device)
+        self.sync = SyncGroupConfig(host, free_port(host), backend, timeout_s=settings.sync_timeout_s)
+        extra = dict(resources)
+        gpus = extra.pop("GPU", 0.0)
+        self.handle = (
+            ray.remote(InferenceActor)
+            .options(
+                num_cpus=num_cpus,
+                num_gpus=gpus,
+                resources=extra,
+                max_restarts=0,
+                # one thread per sampler's call, plus wait_ended, info, checksum and stop
+                max_concurrency=samplers + 4,
+                name=None,
+            )  # fmt: skip
+            .remote(
+                policy,
+                self.sync,
+                device=str(self.worker_device),
+                max_batch=settings.max_batch,
+                max_wait_ms=settings.max_wait_ms,
+                bucket_mb=settings.sync_bucket_mb,
+            )  # fmt: skip
+        )
+        self.info_ref = self.handle.info.remote()
+        self.ended_ref = self.handle.wait_ended.remote()
+        self.where: tuple[str, str, int] | None = None
+        self.broadcaster: WeightBroadcaster | None = None
+        self.action_mapping = policy.action_mapping()
+
+    def served_policy(self) -> RayServedPolicy:
+        """What each sampler actor acts with: calls on this actor."""
+        return RayServedPolicy(self.handle, self.action_mapping)
+
+    # ------------------------------------------------------------ weights
+    def publish(self, policy: nn.Module, version: int) -> SyncStats:
+        """Broadcast ``policy``'s weights as ``version``; returns once the actor acked them."""
+        t0 = time.perf_counter()
+        try:
+            if self.broadcaster is None:  # the rendezvous: the actor joined at its start-up
+                self.broadcaster = WeightBroadcaster(policy, self.sync, bucket_mb=self.bucket_mb)
+            self.broadcaster.signal_drain()  # a no-op if the WeightSync callback already drained
+            stats = self.broadcaster.broadcast(version, policy)
+        except WeightSyncError as e:
+            self.check(wait_s=2.0)  # a dead actor is the better message
+            raise SamplerError(f"weight sync with the {self.name()} failed: {e}") from e
+        return dataclasses.replace(stats, trainer_wait_ms=1000.0 * (time.perf_counter() - t0))
+
+    def request_drain(self) -> None:
+        """AcceRL §inference drain: announce the sync before the update ends."""
+        if self.broadcaster is not None:  # before the first publish there is nothing to drain
+            self.broadcaster.signal_drain()
+
+    # ------------------------------------------------------------ faults
+    def check(self, wait_s: float = 0.0) -> None:
+        """Raise :class:`SamplerError` naming the actor if it died or its serving loop failed."""
+        ray = self.ray
+        if self.where is None:
+            ready, _ = ray.wait([self.info_ref], timeout=0)
+            if ready:
+                with contextlib.suppress(ray.exceptions.RayActorError):
+                    self.where = ray.get(self.info_ref)
+                    node, ip, pid = self.where
+                    line = f"inference worker (rank {self.rank}) runs on Ray node {node} ({ip}), pid {pid}"
+                    print(f"fastlight: {line}", file=sys.stderr, flush=True)
+        ended, _ = ray.wait([self.ended_ref], timeout=wait_s)
+        if not ended:
+            return
+        try:
+            error = ray.get(self.ended_ref)
+            why = f"failed:\n{error}" if error else "stopped"
+        except ray.exceptions.RayActorError as e:
+            lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+            why = f"died: {lines[0] if lines else type(e).__name__}"
+        raise SamplerError(
+            f"{self.name()} {why}; the Ray fleet does not restart it (its weights come over a "
+            f"broadcast group that would need a new rendezvous); {INFERENCE_FLAG} null keeps a policy "
+            "copy in every sampler instead"
+        )
+
+    def name(self) -> str:
+        where = (
+            "" if self.where is None else f", pid {self.where[2]}, Ray node {self.where[0]} ({self.where[1]})"
+        )
+        return f"inference worker (Ray actor{where}, rank {self.rank})"
+
+    def stop(self) -> None:
+        """Kill the actor and close the group (idempotent)."""
+        with contextlib.suppress(Exception):
+            self.ray.kill(self.handle, no_restart=True)
+        if self.broadcaster is not None:
+            with contextlib.suppress(Exception):
+                self.broadcaster.close()
+            self.broadcaster = None

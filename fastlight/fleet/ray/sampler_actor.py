@@ -1,0 +1,165 @@
+"""The sampler actor of :class:`~fastlight.fleet.ray.fleet.RayFleet`: one sampler inside a Ray actor.
+
+It runs the sampler process's own code (:func:`~fastlight.sampling.worker.build_collector`, the loop
+:func:`fastlight.sampling.worker._loop`); what differs from a local sampler is where its weights and
+its Rollouts go: :class:`ActorWeights` is its :class:`~fastlight.weights.publisher.WeightSource` (the
+newest object ref the trainer sent, fetched when a round starts on it), :class:`Handoff` its outbox
+(one finished item, taken by the trainer's ``next_rollout`` call). Ray itself is imported only inside
+the actor's methods: this module imports without it.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import threading
+import time
+import traceback
+import warnings
+from typing import Any
+
+import torch
+from torch import nn
+
+from fastlight.fleet.ray.inference_actor import RayServedVersion
+from fastlight.procs import seed_everything
+from fastlight.sampling.task_weights import SharedTaskWeights
+from fastlight.sampling.worker import SamplerConfig, _loop, build_collector
+from fastlight.weights.buckets import sync_entries
+from fastlight.weights.publisher import WeightSource
+
+
+def flat_weights(policy: nn.Module) -> Any:
+    """What one publish puts in the object store: every published tensor
+    (:func:`~fastlight.weights.buckets.sync_entries`) as one flat float32 numpy array, read back by
+    :meth:`ActorWeights.load_into` in the same order."""
+    with torch.no_grad():
+        parts = [v.detach().reshape(-1).to("cpu", torch.float32) for _, v in sync_entries(policy)]
+        return torch.cat(parts).numpy()
+
+
+class ActorWeights:
+    """A sampler actor's :class:`~fastlight.weights.publisher.WeightSource`: the newest version the
+    trainer sent (its object ref, fetched only when a round starts on it)."""
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.names = names
+        self._lock = threading.Lock()
+        self._version = -1
+        self._ref: Any = None
+
+    def offer(self, version: int, ref: Any) -> None:
+        with self._lock:  # calls may arrive out of order on a threaded actor: keep the newest
+            if version > self._version:
+                self._version, self._ref = version, ref
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def load_into(self, policy: nn.Module) -> int:
+        import ray
+
+        with self._lock:
+            version, ref = self._version, self._ref
+        with warnings.catch_warnings():  # object-store memory is read-only, and only read here
+            warnings.simplefilter("ignore", UserWarning)
+            flat = torch.from_numpy(ray.get(ref))
+        entries = sync_entries(policy)
+        if tuple(k for k, _ in entries) != self.names:
+            raise ValueError("RayFleet: the published tensors differ from the sampler's policy copy")
+        offset = 0
+        with torch.no_grad():
+            for _, v in entries:
+                n = v.numel()
+                v.copy_(flat[offset : offset + n].view_as(v).to(v.dtype))
+                offset += n
+        return version
+
+
+class Handoff:
+    """The actor's outbox: one finished item, taken by the trainer's ``next_rollout`` call."""
+
+    def __init__(self) -> None:
+        self.items: queue.Queue[Any] = queue.Queue(maxsize=1)
+
+    def put(self, item: Any, stop: threading.Event, beat: Any) -> None:
+        while not stop.is_set():
+            try:
+                self.items.put(item, timeout=0.5)
+                return
+            except queue.Full:
+                beat()  # waiting on the trainer is not a hang
+
+
+class SamplerActor:
+    """One sampler inside a Ray actor: its envs, its Collector and its policy copy, stepped by the
+    sampler process's loop in a thread; the trainer calls the methods below (a threaded actor)."""
+
+    def __init__(
+        self,
+        index: int,
+        cfg: SamplerConfig,
+        policy: nn.Module,
+        names: tuple[str, ...],
+        weights: tuple[int, list] | None,
+        task_weights: list[float] | None,
+        served: Any = None,
+    ) -> None:
+        seed_everything(cfg.seed)
+        torch.set_num_threads(1)
+        self.index, self.cfg = index, cfg
+        self.policy = policy.eval()
+        # With an inference actor (``served``, its handle) ``policy`` is a RayServedPolicy: the actor
+        # holds the weights, and the version is the actor's.
+        self.weights: WeightSource = RayServedVersion(served) if served is not None else ActorWeights(names)
+        if weights is not None and isinstance(self.weights, ActorWeights):
+            self.weights.offer(weights[0], weights[1][0])
+        self.task_weights = SharedTaskWeights(mp.get_context("spawn"))  # in-process here: no child shares it
+        if task_weights:
+            self.task_weights.set(task_weights)
+        self.stop_event = threading.Event()
+        self.outbox = Handoff()
+        self.started = False
+        self.last_beat = time.monotonic()
+        threading.Thread(target=self._run, daemon=True, name="fastlight-sampler").start()
+
+    def _beat(self) -> None:
+        self.last_beat = time.monotonic()
+        self.started = True
+
+    def _run(self) -> None:
+        self._beat()
+        collector = None
+        try:
+            collector = build_collector(self.cfg, self.index, heartbeat=self._beat)
+            _loop(self.cfg, collector, self.policy, self.weights, self.outbox, self._beat, self.stop_event,
+                  self.task_weights)  # fmt: skip
+        except Exception:
+            self.outbox.put(("error", self.index, traceback.format_exc()), self.stop_event, self._beat)
+        finally:
+            if collector is not None:
+                collector.close()
+
+    def info(self) -> tuple[str, str, int]:
+        """Where it runs: (node id, node IP, pid)."""
+        import ray
+
+        ctx = ray.get_runtime_context()
+        return ctx.get_node_id(), ray.util.get_node_ip_address(), os.getpid()
+
+    def next_rollout(self, timeout: float) -> tuple[str, Any, Any]:
+        """``("rollout", version, Rollout)`` or ``("error", index, traceback)``; after ``timeout``
+        seconds without one, ``("wait", seconds since the last beat, started)``."""
+        try:
+            return self.outbox.items.get(timeout=timeout)
+        except queue.Empty:
+            return "wait", time.monotonic() - self.last_beat, self.started
+
+    def set_weights(self, version: int, ref: list) -> None:
+        if isinstance(self.weights, ActorWeights):
+            self.weights.offer(version, ref[0])
+
+    def set_task_weights(self, weights: list[float]) -> None:
+        self.task_weights.set(weights)

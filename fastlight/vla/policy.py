@@ -1,0 +1,554 @@
+"""``VLAPolicy``: a Vision-Language-Action token policy over a transformers causal LM (AcceRL).
+
+The policy reads an observation dict (batch ``N``)::
+
+    image             [N, H, W, 3] uint8 (or float [N, 3, H, W] in [0, 1])   optional
+    proprio           [N, P] float                                           iff proprio_dim > 0
+    instruction_ids   [N, L] long, right-padded, L <= max_text_len
+    instruction_mask  [N, L] (1 = real token)                                optional (all ones)
+
+and builds the input sequence ``[image patches][proprio token][instruction][K action slots]``
+(``K = action_chunk x action_dim``) as ``inputs_embeds`` for the backbone; the attention mask hides padded
+instruction tokens and position ids skip them, so the amount of padding does not matter.
+
+Backbones (:mod:`fastlight.vla.hf_vlm`): a folder holding a vision-language model (Llava,
+PaliGemma, Idefics3, ...) puts the image through the model's own vision tower and projector
+(prepared as its saved image processor does, on the whole batch), and a folder with a tokenizer
+re-tokenizes the env's instructions with it (the env's rows are mapped through a table bound
+before sampling, :meth:`VLAPolicy.bind_instructions`). ``image_size=None`` is a state-only policy:
+no image encoder. :mod:`benchmarks.tiny_vlm` builds tiny random VLM folders offline.
+
+Decoding (``decoding``):
+
+- ``"parallel"`` (OpenVLA-OFT): the K slots are learned placeholder embeddings; one forward
+  gives all K action-token distributions at once, each conditioned on the observation only.
+- ``"autoregressive"``: slot 0 is the first placeholder and slot ``k >= 1`` is the input
+  embedding of the previous action token ``a_{k-1}``; ``evaluate`` teacher-forces the given
+  actions in one forward, ``act`` samples token by token (``K`` forwards, no KV cache).
+
+Logits at the K slots are restricted to the action vocabulary (the last ``n_bins`` ids, see
+:class:`~fastlight.models.action_tokenizer.ActionTokenizer`): with ``prune_head=True`` the
+``lm_head`` is pruned to those rows (AcceRL §lm_head pruning) and its logits are the bins
+directly; otherwise the full-vocabulary logits are sliced to the same rows, so both agree.
+``actions`` are bins ``[N, K]`` long; ``logprobs`` and ``entropy`` are per token ``[N, K]``
+(AcceRL's token-level ratios). :meth:`VLAPolicy.bins_to_env_action` maps bins to ``[-1, 1]``.
+
+Values come from :class:`~fastlight.vla.value_heads.ActionAwareValueHead` on the detached
+last-layer hidden states at the K slots of the *placeholder* sequence, plus the episode step.
+In parallel mode that is the same forward as the policy's; in autoregressive mode the
+teacher-forced slots would leak the chosen action into ``V``, so ``evaluate`` runs one extra
+placeholder forward under ``no_grad`` for the critic (the same one ``act`` starts with).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal, get_args
+
+import torch
+from torch import Tensor, nn
+from torch.distributions import Categorical
+
+from fastlight.extras import import_extra
+from fastlight.models.action_mapping import BinsToActions, ChunkActions
+from fastlight.models.action_tokenizer import ActionTokenizer
+from fastlight.models.base import ActionMapping, ActOutput, EvalOutput, PolicyBase
+from fastlight.vla.hf_vlm import (
+    ImagePreprocessor,
+    has_tokenizer,
+    image_features,
+    image_steps,
+    is_vision_language,
+    load_backbone,
+    load_image_processor,
+    load_tokenizer,
+    match_rows,
+    own_tokens,
+    projector,
+    reset_output_capture,
+    table_keys,
+    vision_tower,
+)
+from fastlight.vla.lora import LoRASettings, apply_lora, as_lora_settings
+from fastlight.vla.pruning import prune_lm_head, pruned_range
+from fastlight.vla.value_heads import ActionAwareValueHead
+from fastlight.vla.vision import PatchEncoder
+
+#: How the action tokens of one policy call are decoded (see the module docstring).
+Decoding = Literal["parallel", "autoregressive"]
+DECODING_MODES: tuple[str, ...] = get_args(Decoding)
+
+
+def build_llama(
+    vocab_size: int,
+    hidden_size: int,
+    num_hidden_layers: int,
+    num_attention_heads: int,
+    intermediate_size: int,
+    tie_word_embeddings: bool = False,
+) -> nn.Module:
+    """A randomly initialised ``LlamaForCausalLM`` from a ``LlamaConfig`` (nothing downloaded)."""
+    transformers = import_extra("transformers", extra="vla", what="the VLA policy")
+    LlamaConfig, LlamaForCausalLM = transformers.LlamaConfig, transformers.LlamaForCausalLM
+
+    if hidden_size % num_attention_heads:
+        raise ValueError(
+            "hidden_size must be divisible by num_attention_heads, "
+            f"got {hidden_size} and {num_attention_heads}"
+        )
+    cfg = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_attention_heads,
+        intermediate_size=intermediate_size,
+        tie_word_embeddings=tie_word_embeddings,
+    )
+    return LlamaForCausalLM(cfg)
+
+
+class VLAPolicy(PolicyBase):
+    """Token-level VLA actor-critic implementing the fastlight policy interface (AcceRL).
+
+    Args:
+        backbone: a local model folder (:func:`~fastlight.vla.hf_vlm.load_backbone`): a
+            vision-language model (``AutoModelForImageTextToText``: images go through its own vision
+            tower and projector, prepared as its saved image processor does), else a causal LM
+            (``AutoModelForCausalLM``; a folder saved after pruning included). When the folder holds a
+            tokenizer, instructions are re-tokenized with it (:meth:`bind_instructions`). ``None``
+            builds a random Llama from the size settings below, which are ignored otherwise.
+        action_dim: the env's action dimensions, one action token each (``K = action_chunk x
+            action_dim`` tokens per call).
+        n_bins: bins per action dimension = action vocabulary size.
+        image_size, patch_size: square image side and patch side of the patch encoder; with a
+            vision-language backbone ``image_size`` is the env's image side (the image processor
+            resizes from it) and ``patch_size`` is unused. ``None``: no images (a state-only env):
+            no patch encoder is built (a VLM's tower and projector are frozen and unused), and an
+            observation with ``'image'`` is refused.
+        proprio_dim: proprioceptive state size (0: no proprio token).
+        max_text_len: longest instruction ``L`` accepted.
+        max_episode_steps: size of the value head's step embedding (longer steps are clamped).
+        decoding: ``"parallel"`` or ``"autoregressive"`` (see the module docstring).
+        prune_head: prune the ``lm_head`` to the ``n_bins`` action rows (AcceRL).
+        vocab_size, hidden_size, num_hidden_layers, num_attention_heads, intermediate_size,
+            tie_word_embeddings: the Llama built when ``backbone is None``.
+        value_mlp_hidden: hidden width of the value head's MLP.
+        temperature: sampling temperature of the acting policy: ``act`` samples from, and
+            ``act`` / ``evaluate`` score actions under, ``softmax(logits / temperature)``, so the
+            behaviour log-probs and the RL ratios are of the same tempered policy (as LLM RL
+            frameworks apply their rollout temperature in the learner too). ``forward`` (SFT and
+            self-imitation cross-entropy) and argmax actions do not depend on it. Below 1 the policy
+            explores closer to its greedy actions, which is what the evaluation plays.
+        action_chunk: env actions per policy call (OpenVLA-OFT's chunks): the policy emits
+            ``K = action_chunk x action_dim`` tokens, step-major (chunk step 0's ``action_dim`` tokens
+            first), and its action mapping (:class:`~fastlight.models.action_mapping.ChunkActions`)
+            turns them into env actions ``[N, action_chunk, action_dim]``, which the sampler executes
+            open-loop. 1: one env action ``[N, action_dim]`` per call.
+        lora: LoRA adapters on the backbone's language model (:class:`~fastlight.vla.lora.LoRASettings`
+            or a mapping of ``r``, ``alpha``, ``target_modules``, ``dropout``), applied through peft
+            after loading; its other weights are frozen, the ``lm_head``, proprio projection, action
+            queries and value head stay trainable (:mod:`fastlight.vla.lora`). ``None``: full
+            fine-tuning.
+        freeze_vision: a vision-language backbone's vision tower is frozen (no gradients) and kept
+            in eval mode when the policy trains; its projector and the rest train.
+        action_token_ids: ``[first, last)``, the half-open id range of the action tokens, with
+            ``last - first == n_bins`` (``None``: the last ``n_bins`` ids of the vocabulary, OpenVLA's
+            convention). The ``lm_head`` is pruned to these rows.
+    """
+
+    def __init__(
+        self,
+        backbone: str | None = None,
+        action_dim: int = 4,
+        n_bins: int = 256,
+        image_size: int | None = 64,
+        patch_size: int = 16,
+        proprio_dim: int = 0,
+        max_text_len: int = 16,
+        max_episode_steps: int = 500,
+        decoding: Decoding = "parallel",
+        prune_head: bool = True,
+        vocab_size: int = 32000,
+        hidden_size: int = 64,
+        num_hidden_layers: int = 2,
+        num_attention_heads: int = 4,
+        intermediate_size: int = 128,
+        tie_word_embeddings: bool = False,
+        value_mlp_hidden: int = 256,
+        temperature: float = 1.0,
+        action_chunk: int = 1,
+        lora: LoRASettings | None = None,
+        freeze_vision: bool = True,
+        action_token_ids: list[int] | None = None,
+    ) -> None:
+        super().__init__()
+        if not temperature > 0:
+            raise ValueError(f"--model.policy.init_args.temperature must be > 0, got {temperature}")
+        if not (isinstance(action_chunk, int) and action_chunk >= 1):
+            raise ValueError(
+                f"--model.policy.init_args.action_chunk must be an int >= 1, got {action_chunk!r}"
+            )
+        if decoding not in DECODING_MODES:
+            raise ValueError(f"decoding must be one of {DECODING_MODES}, got {decoding!r}")
+        for name, val, low in (("action_dim", action_dim, 1), ("proprio_dim", proprio_dim, 0)):
+            if val < low:
+                raise ValueError(f"{name} must be >= {low}, got {val}")
+        if max_text_len < 1:
+            raise ValueError(f"max_text_len must be >= 1, got {max_text_len}")
+        self.action_dim, self.n_bins, self.proprio_dim = action_dim, n_bins, proprio_dim
+        self.max_text_len, self.decoding, self.prune_head = max_text_len, decoding, prune_head
+        self.temperature = float(temperature)
+        self.lora = as_lora_settings(lora)  # checked before the backbone is loaded
+        #: env actions per call, and ``K = action_chunk x action_dim`` action tokens per call.
+        self.action_chunk, self.num_action_tokens = action_chunk, action_chunk * action_dim
+        self.backbone = self._load_backbone(
+            backbone, vocab_size, hidden_size, num_hidden_layers, num_attention_heads, intermediate_size,
+            tie_word_embeddings,
+        )  # fmt: skip
+        self.is_vlm = backbone is not None and is_vision_language(self.backbone.config)
+        text_cfg = self.backbone.config.get_text_config()
+        hidden = int(text_cfg.hidden_size)
+        self.action_tokenizer = _action_tokenizer(int(text_cfg.vocab_size), n_bins, action_token_ids)
+        self._setup_head(prune_head)
+        if self.lora is not None:  # after the head is pruned: the adapters never touch it
+            apply_lora(self.backbone, self.lora)
+        self._setup_vision(backbone, image_size, patch_size, hidden, freeze_vision)
+        self.proprio_proj = nn.Linear(proprio_dim, hidden) if proprio_dim > 0 else None
+        self._setup_text(backbone)
+        self.train()  # from_pretrained returns eval mode; train() keeps a frozen tower in eval
+        self.action_queries = nn.Parameter(torch.randn(self.num_action_tokens, hidden) * 0.02)
+        self.value_head = ActionAwareValueHead(hidden, max_episode_steps, value_mlp_hidden)
+
+    # ------------------------------------------------------------------ construction
+    @staticmethod
+    def _load_backbone(path: str | None, *llama_sizes) -> nn.Module:
+        if path is None:
+            return build_llama(*llama_sizes)
+        return load_backbone(path)[0]
+
+    def _setup_vision(
+        self, path: str | None, image_size: int | None, patch_size: int, hidden: int, freeze: bool
+    ) -> None:
+        """The image encoder: a VLM's own tower + projector (behind an :class:`ImagePreprocessor`),
+        else a :class:`PatchEncoder`; none at all with ``image_size=None``. Frozen submodules are
+        listed in ``_frozen_modules`` (kept in eval mode by :meth:`train`)."""
+        if image_size is not None and (isinstance(image_size, bool) or image_size < 1):
+            raise ValueError(f"--model.policy.init_args.image_size must be >= 1 or null, got {image_size!r}")
+        self.image_size, self.freeze_vision = image_size, bool(freeze)
+        self.vision: PatchEncoder | None = None
+        self.image_preprocessor: ImagePreprocessor | None = None
+        frozen: list[nn.Module] = []
+        if self.is_vlm:
+            tower, proj = vision_tower(self.backbone), projector(self.backbone)
+            if image_size is None:  # unused: frozen, so that DDP finds no unused trainable parameters
+                frozen = [tower] + ([proj] if proj is not None else [])
+            else:
+                steps = image_steps(load_image_processor(str(path)), (image_size, image_size))
+                self.image_preprocessor = ImagePreprocessor(steps, image_size)
+                frozen = [tower] if freeze else []
+        elif image_size is not None:
+            self.vision = PatchEncoder(image_size, patch_size, channels=3, dim=hidden, out_dim=hidden)
+        for module in frozen:
+            module.requires_grad_(False)
+        names = {id(m): n for n, m in self.named_modules()}
+        self._frozen_modules: tuple[str, ...] = tuple(names[id(m)] for m in frozen)
+
+    def _setup_text(self, path: str | None) -> None:
+        """Instruction re-tokenization: the folder's tokenizer, if it has one, and an empty table
+        (non-persistent buffers, filled by :meth:`bind_instructions`; they travel with the policy)."""
+        self._tokenizer_path = path if has_tokenizer(path) else None
+        for name in ("_table_keys", "_table_ids", "_table_mask"):
+            self.register_buffer(name, None, persistent=False)
+
+    def __setstate__(self, state: dict) -> None:
+        # A copy (the samplers' cpu_copy) or an unpickled policy (a spawned sampler's): see
+        # reset_output_capture for why transformers' hidden-state capture needs resetting.
+        super().__setstate__(state)
+        reset_output_capture(self)
+
+    def train(self, mode: bool = True) -> VLAPolicy:
+        """Train / eval mode of every submodule, except that frozen ones (``freeze_vision``) stay in eval."""
+        super().train(mode)
+        for name in getattr(self, "_frozen_modules", ()):
+            self.get_submodule(name).eval()
+        return self
+
+    @property
+    def frozen_modules(self) -> tuple[str, ...]:
+        """Names of the frozen submodules that :meth:`train` keeps in eval mode: a vision-language
+        backbone's vision tower with ``freeze_vision`` (and its projector too with ``image_size=None``,
+        where neither is used); empty otherwise."""
+        return self._frozen_modules
+
+    # ------------------------------------------------------------------ instructions
+    @property
+    def retokenizes(self) -> bool:
+        """True when instructions are re-tokenized with the backbone folder's own tokenizer."""
+        return self._tokenizer_path is not None
+
+    def bind_instructions(self, sentences: Sequence[str], ids: Tensor, mask: Tensor) -> bool:
+        """Learn the env's instructions: its distinct rows ``ids`` / ``mask`` ``[T, L]`` (its own
+        vocabulary) and their ``sentences`` (T). With a tokenizer in the backbone folder the sentences
+        are tokenized with it once, and :meth:`_prefix` maps every env row to those tokens by lookup;
+        without one (``backbone=None`` or a folder with no tokenizer) nothing changes: the env's ids
+        are the model's. Returns whether a table was bound."""
+        if self._tokenizer_path is None:
+            return False
+        ids, mask = torch.as_tensor(ids).long(), torch.as_tensor(mask).long()
+        if ids.dim() != 2 or ids.shape != mask.shape or ids.shape[0] != len(sentences):
+            raise ValueError(
+                f"instruction table: {len(sentences)} sentences need ids and mask [{len(sentences)}, L], "
+                f"got {tuple(ids.shape)} and {tuple(mask.shape)}"
+            )
+        rows = self.backbone.get_input_embeddings().weight.shape[0]
+        own_ids, own_mask = own_tokens(load_tokenizer(self._tokenizer_path), list(sentences), rows)
+        device = self.action_queries.device
+        self._table_keys = table_keys(ids, mask).to(device)
+        self._table_ids, self._table_mask = own_ids.to(device), own_mask.to(device)
+        return True
+
+    def _own_instruction(self, ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+        """Env rows ``[N, L]`` -> the model's own tokens ``[N, L']`` (table lookup), or unchanged."""
+        if self._table_keys is None:
+            return ids, mask
+        idx = match_rows(ids, mask, self._table_keys)
+        return self._table_ids[idx], self._table_mask[idx]
+
+    def _setup_head(self, prune_head: bool) -> None:
+        """Prune the head to the action rows, or check that an already pruned one matches."""
+        tok = self.action_tokenizer
+        rng = pruned_range(self.backbone)
+        if rng is not None:
+            if not prune_head or rng != (tok.first_id, tok.last_id):
+                raise ValueError(
+                    f"backbone head is pruned to {list(rng)}; it needs prune_head=True and action ids "
+                    f"[{tok.first_id}, {tok.last_id}) (n_bins={self.n_bins}), got prune_head={prune_head}"
+                )
+            return
+        out = self.backbone.get_output_embeddings().out_features
+        if out < tok.last_id:
+            raise ValueError(f"lm_head has {out} rows, fewer than the vocab_size {tok.last_id}")
+        if prune_head:
+            prune_lm_head(self.backbone, tok.first_id, tok.last_id)
+
+    # ------------------------------------------------------------------ parameter groups
+    def policy_parameters(self) -> list[nn.Parameter]:
+        """Every parameter except the value head's (backbone, vision, proprio, placeholders), frozen
+        ones included (a LoRA run's base weights, a frozen vision tower): the optimizers skip those."""
+        return [p for n, p in self.named_parameters() if not n.startswith("value_head.")]
+
+    def value_parameters(self) -> list[nn.Parameter]:
+        """The value head's parameters (their own optimizer param group / learning rate)."""
+        return list(self.value_head.parameters())
+
+    # ------------------------------------------------------------------ sequence building
+    def _embed_dtype(self) -> torch.dtype:
+        return self.backbone.get_input_embeddings().weight.dtype
+
+    def _prefix(self, obs: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """Observation dict -> prefix embeddings ``[N, S0, H]`` and mask ``[N, S0]`` (long)."""
+        if not isinstance(obs, dict) or "instruction_ids" not in obs:
+            raise ValueError("VLAPolicy obs must be a dict with 'instruction_ids' [N, L] (and optional keys)")
+        ids = obs["instruction_ids"]
+        if ids.dim() != 2 or ids.shape[1] > self.max_text_len or ids.is_floating_point():
+            raise ValueError(
+                f"instruction_ids must be integer [N, L<=max_text_len={self.max_text_len}], "
+                f"got {tuple(ids.shape)} {ids.dtype}"
+            )
+        n, dev, dtype = ids.shape[0], ids.device, self._embed_dtype()
+        mask = obs.get("instruction_mask")
+        mask = torch.ones_like(ids) if mask is None else mask
+        if mask.shape != ids.shape:
+            raise ValueError(
+                f"instruction_mask shape {tuple(mask.shape)} != instruction_ids {tuple(ids.shape)}"
+            )
+        parts, masks = [], []
+        if "image" in obs:
+            img = self._image_tokens(obs["image"]).to(dtype)
+            if img.shape[0] != n:
+                raise ValueError(
+                    f"image batch {tuple(obs['image'].shape)} != instruction_ids {tuple(ids.shape)}"
+                )
+            parts.append(img)
+            masks.append(torch.ones(n, img.shape[1], dtype=torch.long, device=dev))
+        parts_p, masks_p = self._proprio_token(obs, n)
+        parts += parts_p
+        masks += masks_p
+        ids, mask = self._own_instruction(ids.long(), mask.long())
+        parts.append(self.backbone.get_input_embeddings()(ids))
+        masks.append(mask)
+        return torch.cat(parts, dim=1), torch.cat(masks, dim=1)
+
+    def _image_tokens(self, images: Tensor) -> Tensor:
+        """Images -> tokens ``[N, P, H]``: the VLM's tower + projector, or the patch encoder."""
+        if self.image_preprocessor is not None:
+            return image_features(self.backbone, self.image_preprocessor(images))
+        if self.vision is not None:
+            return self.vision(images)
+        raise ValueError(
+            f"obs has 'image' {tuple(images.shape)} but the policy has no image encoder "
+            "(--model.policy.init_args.image_size=null): set --model.policy.init_args.image_size to the "
+            "env's image side"
+        )
+
+    def _proprio_token(self, obs: dict[str, Tensor], n: int) -> tuple[list[Tensor], list[Tensor]]:
+        """``proprio [N, P]`` -> one token ``[N, 1, H]`` (empty lists when ``proprio_dim == 0``)."""
+        if self.proprio_proj is None:
+            if "proprio" in obs:
+                raise ValueError(f"obs has 'proprio' {tuple(obs['proprio'].shape)} but proprio_dim=0")
+            return [], []
+        prop = obs.get("proprio")
+        if prop is None or prop.shape != (n, self.proprio_dim):
+            got = None if prop is None else tuple(prop.shape)
+            raise ValueError(f"proprio must be [N={n}, proprio_dim={self.proprio_dim}], got {got}")
+        tok = self.proprio_proj(prop.to(self.proprio_proj.weight.dtype)).unsqueeze(1).to(self._embed_dtype())
+        return [tok], [torch.ones(n, 1, dtype=torch.long, device=prop.device)]
+
+    def _slots(self, n: int, actions: Tensor | None) -> Tensor:
+        """The K action-slot embeddings ``[N, K, H]``: placeholders, or (autoregressive, ``actions``
+        ``[N, k]`` bins given) slot 0 = placeholder and slot ``j >= 1`` = embedding of ``a_{j-1}``.
+        With ``k < K`` actions only the first ``k + 1`` slots are returned."""
+        q = self.action_queries.to(self._embed_dtype()).unsqueeze(0).expand(n, -1, -1)
+        if actions is None:
+            return q
+        prev = self.backbone.get_input_embeddings()(
+            actions[:, : self.num_action_tokens - 1] + self.action_tokenizer.first_id
+        )
+        return torch.cat([q[:, :1], prev], dim=1)
+
+    # ------------------------------------------------------------------ forward passes
+    def _hidden(self, prefix: tuple[Tensor, Tensor], slots: Tensor) -> Tensor:
+        """Last-layer hidden states at the slots: ``[N, S0, H] + [N, k, H] -> [N, k, H]``."""
+        emb, mask = prefix
+        emb = torch.cat([emb, slots], dim=1)
+        mask = torch.cat([mask, mask.new_ones(slots.shape[:2])], dim=1)
+        position_ids = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        # The language model itself (a VLM's decoder; a causal LM's base model), fed embeddings.
+        out = self.backbone.get_decoder()(inputs_embeds=emb, attention_mask=mask, position_ids=position_ids)
+        return out.last_hidden_state[:, -slots.shape[1] :]
+
+    def _logits(self, hidden: Tensor) -> Tensor:
+        """Hidden ``[N, k, H]`` -> action logits ``[N, k, n_bins]`` (float32)."""
+        logits = self.backbone.get_output_embeddings()(hidden)
+        if logits.shape[-1] != self.n_bins:
+            logits = logits[..., self.action_tokenizer.first_id : self.action_tokenizer.last_id]
+        return logits.float()
+
+    def _tempered(self, logits: Tensor) -> Tensor:
+        """The acting policy's logits: ``logits / temperature`` (the same argmax)."""
+        return logits if self.temperature == 1.0 else logits / self.temperature
+
+    def forward(self, obs: dict[str, Tensor], actions: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Action logits ``[N, K, n_bins]`` and slot hidden states ``[N, K, H]``.
+
+        Parallel decoding ignores ``actions``; autoregressive decoding teacher-forces the bins
+        ``actions [N, K]`` (``None``: all-placeholder slots, only slot 0's logits are then a policy).
+        """
+        prefix = self._prefix(obs)
+        n = prefix[0].shape[0]
+        use = actions if self.decoding == "autoregressive" else None
+        hidden = self._hidden(prefix, self._slots(n, use))
+        return self._logits(hidden), hidden
+
+    def _check_step(self, step: Tensor | None, n: int, device: torch.device) -> Tensor:
+        if step is None:
+            return torch.zeros(n, dtype=torch.long, device=device)
+        if step.shape != (n,):
+            raise ValueError(f"step must be [N={n}], got shape {tuple(step.shape)}")
+        return step
+
+    # ------------------------------------------------------------------ policy interface
+    def act(
+        self, obs: dict[str, Tensor], *, step: Tensor | None = None, deterministic: bool = False
+    ) -> ActOutput:
+        """Sample bins ``[N, K]`` (argmax if ``deterministic``), token logprobs ``[N, K]``, values ``[N]``."""
+        prefix = self._prefix(obs)
+        n = prefix[0].shape[0]
+        step = self._check_step(step, n, prefix[0].device)
+        hidden = self._hidden(prefix, self._slots(n, None))
+        values = self.value_head(hidden, step)
+        logits = self._tempered(self._logits(hidden))
+        if self.decoding == "parallel":
+            actions = _choose(logits, deterministic)
+            return ActOutput(actions, _token_logprobs(logits, actions), values)
+        chosen, logps = [], []
+        step_logits = logits[:, :1]  # slot 0 is the placeholder in both modes
+        for k in range(self.num_action_tokens):
+            if k > 0:  # slots 0..k: the placeholder, then the k tokens chosen so far
+                slots = self._slots(n, torch.stack(chosen, 1))
+                step_logits = self._tempered(self._logits(self._hidden(prefix, slots)[:, -1:]))
+            a_k = _choose(step_logits, deterministic)  # [N, 1]
+            chosen.append(a_k[:, 0])
+            logps.append(_token_logprobs(step_logits, a_k)[:, 0])
+        return ActOutput(torch.stack(chosen, 1), torch.stack(logps, 1), values)
+
+    def evaluate(self, obs: dict[str, Tensor], actions: Tensor, *, step: Tensor | None = None) -> EvalOutput:
+        """Token logprobs ``[N, K]``, entropies ``[N, K]`` and values ``[N]`` of bins ``actions [N, K]``."""
+        prefix = self._prefix(obs)
+        n = prefix[0].shape[0]
+        k = self.num_action_tokens
+        if actions.shape != (n, k) or actions.is_floating_point():
+            raise ValueError(
+                f"actions must be integer bins [N={n}, K={k}] (action_chunk {self.action_chunk} x "
+                f"action_dim {self.action_dim}), got {tuple(actions.shape)}"
+            )
+        step = self._check_step(step, n, prefix[0].device)
+        actions = actions.long()
+        if self.decoding == "parallel":
+            hidden = self._hidden(prefix, self._slots(n, None))
+            logits, value_hidden = self._logits(hidden), hidden
+        else:
+            logits = self._logits(self._hidden(prefix, self._slots(n, actions)))
+            with torch.no_grad():
+                value_hidden = self._hidden(prefix, self._slots(n, None))
+        logits = self._tempered(logits)
+        entropy = Categorical(logits=logits).entropy()
+        return EvalOutput(_token_logprobs(logits, actions), entropy, self.value_head(value_hidden, step))
+
+    def value(self, obs: dict[str, Tensor], *, step: Tensor | None = None) -> Tensor:
+        """Critic only: values ``[N]`` from the placeholder slots' detached hidden states and ``step``.
+
+        The backbone runs under ``no_grad`` (its states are detached anyway); the value head keeps
+        its gradients, for value recomputation / critic updates with the latest weights (AcceRL).
+        """
+        with torch.no_grad():
+            prefix = self._prefix(obs)
+            n = prefix[0].shape[0]
+            hidden = self._hidden(prefix, self._slots(n, None))
+        return self.value_head(hidden, self._check_step(step, n, hidden.device))
+
+    # ------------------------------------------------------------------ actions for the env
+    def bins_to_env_action(self, bins: Tensor) -> Tensor:
+        """Bins ``[N, K]`` -> float actions in ``[-1, 1]`` (bin centres): ``[N, action_dim]``, or
+        ``[N, action_chunk, action_dim]`` with ``action_chunk > 1``."""
+        return self.action_mapping()(bins)
+
+    def action_mapping(self) -> ActionMapping:
+        """Bins -> bin centres in ``[-1, 1]``, without the backbone (for inference-served samplers);
+        with ``action_chunk > 1`` a :class:`~fastlight.models.action_mapping.ChunkActions` of it."""
+        bins = BinsToActions(self.action_tokenizer)
+        return bins if self.action_chunk == 1 else ChunkActions(bins, self.action_chunk)
+
+
+def _action_tokenizer(vocab_size: int, n_bins: int, token_ids: Sequence[int] | None) -> ActionTokenizer:
+    """The action tokens: the last ``n_bins`` ids, or ``token_ids = [first, last)``."""
+    if token_ids is None:
+        return ActionTokenizer(vocab_size, n_bins)
+    first, last = (int(i) for i in token_ids) if len(token_ids) == 2 else (None, None)
+    if first is None or last - first != n_bins:
+        raise ValueError(
+            f"--model.policy.init_args.action_token_ids must be [first, last) with last - first = "
+            f"--model.policy.init_args.n_bins ({n_bins}), got {list(token_ids)}"
+        )
+    return ActionTokenizer(vocab_size, n_bins, first_id=first)
+
+
+def _choose(logits: Tensor, deterministic: bool) -> Tensor:
+    """Logits ``[N, k, B]`` -> bins ``[N, k]``: argmax, or one Categorical sample per token."""
+    return logits.argmax(-1) if deterministic else Categorical(logits=logits).sample()
+
+
+def _token_logprobs(logits: Tensor, actions: Tensor) -> Tensor:
+    """``log softmax(logits)[actions]``: ``[N, k, B]`` and ``[N, k]`` -> ``[N, k]``."""
+    return torch.log_softmax(logits, dim=-1).gather(-1, actions.unsqueeze(-1)).squeeze(-1)

@@ -1,0 +1,95 @@
+"""Samplers import the fastlight the trainer runs, not a ``fastlight/`` folder in the working
+directory (a checkout next to the run): ``cli_main`` puts the working directory first on
+``sys.path``, spawned children inherit that order, and a forkserver's ``python -c`` starts with it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fastlight.fleet import start
+
+ROOT = Path(__file__).resolve().parents[2]
+
+DRIVER = """\
+import json, os, sys
+from fastlight.fleet.start import warm_forkserver
+
+if __name__ == "__main__":
+    report_dir = sys.argv[1]
+    assert warm_forkserver("tests.sampling.error_envs:WhichFastlight-v0")  # as the fastlight command does
+    sys.path.insert(0, os.getcwd())  # as cli_main does, for the user's own modules
+    import fastlight
+    from fastlight.models.mlp import MLPActorCritic
+    from fastlight.fleet.faults import FaultSettings
+    from fastlight.fleet.pool import SamplerPool
+    from fastlight.sampling.worker import SamplerConfig
+
+    net = MLPActorCritic(3, 2)
+    out = {"trainer": fastlight.__file__}
+    for method in ("spawn", "forkserver"):
+        config = SamplerConfig(env_id="tests.sampling.error_envs:WhichFastlight-v0", num_envs=1,
+                               max_horizon=4, env_kwargs={"report_dir": report_dir})
+        pool = SamplerPool([config], net, faults=FaultSettings(worker_timeout_s=60, max_worker_restarts=0),
+                           start_method=method)
+        pool.start()
+        try:
+            pool.publish(net, 0)
+            while pool.next_item(0.5) is None:
+                pass
+            out[method] = pool.procs[0].pid
+        finally:
+            pool.stop()
+    print(json.dumps(out))
+"""
+
+
+@pytest.mark.multiproc
+def test_samplers_do_not_import_a_fastlight_folder_in_the_working_directory(tmp_path):
+    work = tmp_path / "work"
+    (work / "fastlight").mkdir(parents=True)
+    (work / "fastlight" / "__init__.py").write_text(
+        "raise RuntimeError('the fastlight/ of the working directory')\n"
+    )
+    (tmp_path / "bin").mkdir()
+    script = (
+        tmp_path / "bin" / "driver.py"
+    )  # run by path, like a console script: its own folder is sys.path[0]
+    script.write_text(DRIVER)
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    done = subprocess.run(
+        [sys.executable, str(script), str(reports)],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "the fastlight/ of the working directory" not in done.stderr
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["trainer"] == str(ROOT / "fastlight" / "__init__.py")
+    for method in ("spawn", "forkserver"):
+        assert (reports / str(out[method])).read_text() == out["trainer"], method
+
+
+def test_the_running_fastlight_goes_in_front_of_the_folder_that_shadows_it(tmp_path, monkeypatch):
+    (tmp_path / "fastlight").mkdir()
+    (tmp_path / "fastlight" / "__init__.py").write_text("")
+    monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
+    assert start.shadowing_entry(sys.path) == 0
+    assert start.pin_fastlight_path() == str(tmp_path)
+    assert sys.path[:2] == [start.PACKAGE_ROOT, str(tmp_path)]
+    assert start.shadowing_entry(sys.path) is None
+    assert start.pin_fastlight_path() is None  # pinned once; nothing shadows it now
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != start.PACKAGE_ROOT])
+    before = list(sys.path[1:])
+    monkeypatch.setattr(sys, "path", before)  # without the folder: nothing to change
+    assert start.pin_fastlight_path() is None and sys.path == before
