@@ -8,10 +8,11 @@ is the trainer, and a node 2 whose custom resource ``sim`` alone places the samp
 (``benchmarks.sync``'s square float32 ``nn.Linear`` stack) and fastlight's own actor-side weight source
 (:class:`fastlight.fleet.ray.sampler_actor.ActorWeights`). Per version, timed from the trainer's side:
 
-- **Ray object store** (what :meth:`RaySamplerFleet.publish` does): :func:`flat_weights`, one
-  ``ray.put``, every actor sent the ref; then each actor loads it into its copy, as a sampler does
-  when its next round starts (``ActorWeights.load_into``: ``ray.get``, the object moved to node 2
-  once, then copied into the parameters). The figure runs to the last actor's copy done.
+- **Ray object store** (what :meth:`RaySamplerFleet.publish` does): :meth:`StoreWeights.put` (the
+  weights packed into flat per-dtype buckets, one ``ray.put``), every actor sent the ref; then each
+  actor loads it into its copy, as a sampler does when its next round starts
+  (``ActorWeights.load_into``: ``ray.get``, the object moved to node 2 once, then unpacked into the
+  parameters). The figure runs to the last actor's copy done.
 - **Checkpoint**: ``torch.save`` of the state dict to a file, each actor ``torch.load`` +
   ``load_state_dict`` (a shared file system standing in for the way weights reach other machines
   without an object store).
@@ -35,8 +36,7 @@ import torch
 from torch import nn
 
 from benchmarks.sync.worker import make_model
-from fastlight.fleet.ray.sampler_actor import ActorWeights, flat_weights
-from fastlight.weights.buckets import sync_entries
+from fastlight.fleet.ray.sampler_actor import ActorWeights, StoreWeights
 
 
 def checksum(policy: nn.Module) -> float:
@@ -50,7 +50,7 @@ class Receiver:
     def __init__(self, policy: nn.Module) -> None:
         torch.set_num_threads(1)
         self.policy = policy
-        self.weights = ActorWeights(tuple(k for k, _ in sync_entries(policy)))
+        self.weights = ActorWeights()
 
     def load_ref(self, version: int, ref: list) -> int:
         self.weights.offer(version, ref[0])
@@ -71,6 +71,7 @@ def run(params: float, args: argparse.Namespace, ray: Any) -> dict[str, Any]:
     receivers = [actor.remote(policy) for _ in range(args.samplers)]
     ray.get([r.checksum.remote() for r in receivers])  # placed and built
     times: dict[str, list[float]] = {"ray_object_store": [], "ray_put": [], "checkpoint": []}
+    store = StoreWeights(policy)
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "weights.pt")
         for version in range(args.reps + 1):
@@ -78,7 +79,7 @@ def run(params: float, args: argparse.Namespace, ray: Any) -> dict[str, Any]:
                 for p in policy.parameters():
                     p.add_(1e-3)
             t0 = time.perf_counter()
-            ref = ray.put(flat_weights(policy))
+            ref = store.put(ray, policy)
             t_put = time.perf_counter()
             ray.get([r.load_ref.remote(version, [ref]) for r in receivers])
             t1 = time.perf_counter()

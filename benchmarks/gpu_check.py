@@ -126,8 +126,7 @@ def vla_bf16_update(device: str) -> dict[str, Any]:
 # ------------------------------------------------------------------ 2. inference worker end to end
 def _checked_module_class() -> type:
     from fastlight.modules.rl_module import RLModule
-    from fastlight.weights.buckets import bucket_views
-    from fastlight.weights.double_buffer import live_tensors
+    from fastlight.weights.buckets import layout_tensors
 
     class Checked(RLModule):
         """Records, at every step, what the samplers acted with and what the worker serves from."""
@@ -142,8 +141,8 @@ def _checked_module_class() -> type:
             shared = dm.pool.client.shared
             exact = None
             if shared is not None:  # the slot the worker claimed holds the weights this step starts from
-                views = bucket_views(shared.layout, shared.slots[shared.claimed_slot])
-                mine = live_tensors(self.policy, shared.layout)
+                views = shared.slots[shared.claimed_slot].views
+                mine = layout_tensors(self.policy, shared.layout)
                 exact = all(
                     v is not None and torch.equal(v, t.detach()) for v, t in zip(views, mine, strict=True)
                 )
@@ -220,11 +219,10 @@ def _perturb(model: torch.nn.Module, version: int) -> None:
 
 
 def _slot_matches(shared: Any, model: torch.nn.Module) -> bool:
-    from fastlight.weights.buckets import bucket_views
-    from fastlight.weights.double_buffer import live_tensors
+    from fastlight.weights.buckets import layout_tensors
 
-    views = bucket_views(shared.layout, shared.slots[shared.claimed_slot])
-    mine = live_tensors(model, shared.layout)
+    views = shared.slots[shared.claimed_slot].views
+    mine = layout_tensors(model, shared.layout)
     return all(v is not None and torch.equal(v, t.detach()) for v, t in zip(views, mine, strict=True))
 
 

@@ -1,4 +1,4 @@
-"""The per-update cost of PreemptionCheckpoint's rollback point (fastlight.callbacks.rollback_point):
+"""The per-update cost of LostRankCheckpoint's rollback point (fastlight.ranks.rollback, rollback=True):
 one host copy of the trainable weights and the optimizer state, reusing its buffers.
 
     python -m benchmarks.rollback_cost                 # the MT10 VLA's size: 49.6 MiB + Adam's moments
@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from fastlight.callbacks.rollback_point import _host_copy, _nbytes
+from fastlight.ranks.rollback import _host_copy, _nbytes
 
 
 def main() -> None:

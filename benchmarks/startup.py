@@ -99,7 +99,6 @@ def run_once(
     config: str,
     root: str,
     start_method: str | None = None,
-    head_start: bool | None = None,
 ) -> dict[str, Any]:
     """One launch of ``command fit --config config`` with the clock attached; its result."""
     out = os.path.join(root, "startup.json")
@@ -114,8 +113,6 @@ def run_once(
     ]
     if start_method is not None:
         args.append(f"--data.start_method={start_method}")
-    if head_start is not None:
-        args.append(f"--data.head_start={str(head_start).lower()}")
     env = dict(os.environ, **{_OUT: out, _T0: repr(time.time())})
     proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0 or not os.path.exists(out):
@@ -144,30 +141,23 @@ def main(argv: list[str] | None = None) -> None:
         choices=["spawn", "forkserver"],
         help="launch with each --data.start_method in turn (default: the command's own choice)",
     )
-    parser.add_argument(
-        "--head-start",
-        nargs="+",
-        choices=["on", "off"],
-        help="launch with --data.head_start true / false in turn (default: the command's own choice)",
-    )
     a = parser.parse_args(argv)
     if a.runs < 1:
         parser.error(f"--runs must be >= 1, got {a.runs}")
-    heads = [h == "on" for h in a.head_start] if a.head_start else [None]
-    variants = [(m, h) for m in (a.start_methods or [None]) for h in heads]
-    results: dict[str, list[dict[str, Any]]] = {_name(m, h): [] for m, h in variants}
+    variants = a.start_methods or [None]
+    results: dict[str, list[dict[str, Any]]] = {_name(m): [] for m in variants}
     imports: list[float] = []
     for _ in range(a.runs):
-        for method, head in variants:
+        for method in variants:
             imports.append(import_lightning_s(sys.executable))
             print(f"[import lightning] {imports[-1]:.2f} s, load {os.getloadavg()[0]:.1f}", flush=True)
             with tempfile.TemporaryDirectory() as root:
-                r = run_once(shlex.split(a.command), a.config, root, method, head)
-            results[_name(method, head)].append(r)
+                r = run_once(shlex.split(a.command), a.config, root, method)
+            results[_name(method)].append(r)
             rss = [round(s["VmRSS"]) for s in r["samplers"]]
             cpu = [round(c, 1) for c in r["sampler_cpu_s"]]
             print(
-                f"[{_name(method, head)}] first rollout {r['first_rollout_s']:.2f} s (CPU: trainer "
+                f"[{_name(method)}] first rollout {r['first_rollout_s']:.2f} s (CPU: trainer "
                 f"{r['trainer_cpu_s']:.1f} s, samplers {cpu} s, forkserver {r['forkserver_cpu_s']:.1f} s), "
                 f"sampler VmRSS {rss} MB, load {os.getloadavg()[0]:.1f}",
                 flush=True,
@@ -182,9 +172,8 @@ def main(argv: list[str] | None = None) -> None:
     print(json.dumps(summary, indent=1))
 
 
-def _name(method: str | None, head_start: bool | None) -> str:
-    parts = [method or ""] + ([] if head_start is None else [f"head_start={'on' if head_start else 'off'}"])
-    return " ".join(p for p in parts if p) or "default"
+def _name(method: str | None) -> str:
+    return method or "default"
 
 
 def _summary(results: list[dict[str, Any]]) -> dict[str, Any]:

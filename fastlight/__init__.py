@@ -43,6 +43,7 @@ _EXPORTS: dict[str, str] = {
     # callbacks
     "DynamicWeightedResampling": "fastlight.callbacks.dwr",
     "EnvStepBudget": "fastlight.callbacks.env_steps",
+    "LostRankCheckpoint": "fastlight.callbacks.lost_rank",
     "PreemptionCheckpoint": "fastlight.callbacks.preemption",
     "RolloutProgressBar": "fastlight.callbacks.progress",
     "RolloutThroughput": "fastlight.callbacks.throughput",
@@ -62,6 +63,7 @@ __all__ = [
     "GIPO",
     "InferenceSettings",
     "LoRASettings",
+    "LostRankCheckpoint",
     "MLPActorCritic",
     "Objective",
     "PPOClip",
@@ -101,6 +103,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # static checkers and IDEs see the real classes
     from fastlight.callbacks.dwr import DynamicWeightedResampling
     from fastlight.callbacks.env_steps import EnvStepBudget
+    from fastlight.callbacks.lost_rank import LostRankCheckpoint
     from fastlight.callbacks.preemption import PreemptionCheckpoint
     from fastlight.callbacks.progress import RolloutProgressBar
     from fastlight.callbacks.throughput import RolloutThroughput

@@ -10,10 +10,7 @@ console script's ``__name__ == "__main__"`` guard keeps from happening in a chil
 
 For ``fit``, the first thing ``main`` does is start a forkserver that imports the samplers'
 modules and the run's env package on the other core while this process imports Lightning
-(:mod:`fastlight.fleet.start`); the samplers are then forked from it, warm. Where the run's
-version-0 policy follows from the config and the seed alone, it then starts them at once, before
-Lightning is imported, and the DataModule takes them over once it has checked they are the ones it
-would start (:mod:`fastlight.data.head_start`).
+(:mod:`fastlight.fleet.start`); the samplers are then forked from it, warm.
 """
 
 from __future__ import annotations
@@ -29,10 +26,8 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "fit" and "--help" not in sys.argv and "-h" not in sys.argv:
         from fastlight.fleet.start import peek_data, peek_env_id, warm_forkserver
 
-        if peek_data(sys.argv[2:], "start_method") != "spawn" and warm_forkserver(peek_env_id(sys.argv[2:])):
-            from fastlight.data.head_start import launch
-
-            launch(sys.argv[2:])  # the samplers sample version 0 while Lightning loads, where it can
+        if peek_data(sys.argv[2:], "start_method") != "spawn":
+            warm_forkserver(peek_env_id(sys.argv[2:]))
     from fastlight.cli import main as cli
 
     cli()

@@ -38,8 +38,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.fabric.utilities.cloud_io import _load as pl_load
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from fastlight import lightning_compat
 
 #: The zip comment of a checksummed checkpoint: this prefix, then 64 hex digits.
 CHECKSUM_PREFIX = b"fastlight-sha256:"
@@ -172,7 +173,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             raise FileNotFoundError(f"--ckpt_path: no checkpoint file at {path}")
         verify_checksum(path, flag="--ckpt_path")
         try:
-            ckpt = pl_load(path, map_location=map_location, weights_only=weights_only)
+            ckpt = lightning_compat.load(path, map_location=map_location, weights_only=weights_only)
         except Exception as e:  # noqa: BLE001 - any unpickling error means "not a checkpoint"
             raise ValueError(
                 f"--ckpt_path: {path} is not a readable checkpoint, truncated or not written by torch.save "

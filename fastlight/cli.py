@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import sys
 import warnings
-from argparse import ArgumentError
 from typing import Any
 
 import lightning as L
@@ -30,22 +29,16 @@ import fastlight.data.datamodule  # noqa: F401
 import fastlight.vla.demos  # noqa: F401
 import fastlight.vla.module  # noqa: F401
 import fastlight.vla.sft  # noqa: F401
-from fastlight.callbacks import peer_watch
 from fastlight.callbacks.preemption import Preempted, PreemptionCheckpoint
 from fastlight.checkpoints import AtomicCheckpointIO, check_writable_dir
 from fastlight.class_paths import same_class
 from fastlight.cli_defaults import complete_run_config, resume_last, root_dir
-from fastlight.cli_output import SettingError, debug_enabled, one_line_errors, quiet_third_party
-from fastlight.cli_parser import (
-    FastlightArgumentParser,
-    argument_error_line,
-    check_config_files,
-    check_init_from,
-)
-from fastlight.modules.objective_hparams import legacy_setting_hint
+from fastlight.cli_output import debug_enabled, one_line_errors, quiet_third_party
+from fastlight.cli_parser import FastlightArgumentParser, check_command_line, check_init_from
 from fastlight.modules.rl_module import RLModule
 from fastlight.modules.weights_fit import plain_setting
 from fastlight.procs import ignore_stop_signals
+from fastlight.ranks import peer_watch
 
 #: Model arguments the CLI links from the data module: not the user's to set, never a difference.
 _LINKED = ("obs_dim", "action_dim", "continuous")
@@ -71,32 +64,13 @@ class FastlightCLI(LightningCLI):
         warnings.filterwarnings("ignore", message="The dirpath has changed from .* won't be reloaded")
 
     def parse_arguments(self, parser, args) -> None:  # noqa: ANN001 - jsonargparse parser and args
-        """LightningCLI's parsing, with every refusal one line naming the flag (a ``SettingError``,
-        :mod:`fastlight.cli_parser`): a setting of the old objective interface (``--model.objective
-        gipo``, ``gipo_sigma: 0.2`` ...) says what to write instead; a missing or malformed
-        ``--config`` file is named before jsonargparse reads it; a missing ``--model.init_from``
-        file is refused here, before the data module and the Trainer start."""
+        """LightningCLI's parsing, every refusal one line (:mod:`fastlight.cli_parser`): an optimizer
+        flag, a missing or malformed ``--config`` file are named before jsonargparse reads them; a
+        missing ``--model.init_from`` file is refused here, before the data module and the Trainer start."""
         argv = sys.argv[1:] if args is None else args
         if isinstance(argv, list | tuple):
-            check_config_files(argv)
-        subcommands = parser._subcommands_action
-        named = subcommands._name_parser_map if subcommands else {}
-        parsers = [parser, *named.values()]
-        exits = [p.exit_on_error for p in parsers]
-        for p in parsers:
-            p.exit_on_error = False
-        try:
-            super().parse_arguments(parser, args)
-        except ArgumentError as error:
-            hint = legacy_setting_hint(str(error))
-            if hint is not None:
-                raise SettingError(hint) from None
-            # A typo is matched against the subcommand's keys (fit's --trainer.*), not the top parser's.
-            sub = next((named[a] for a in argv if isinstance(a, str) and a in named), parser)
-            raise SettingError(argument_error_line(error, sub)) from error
-        finally:
-            for p, exit_on_error in zip(parsers, exits, strict=True):
-                p.exit_on_error = exit_on_error
+            check_command_line(argv)
+        super().parse_arguments(parser, args)
         check_init_from(self.config)
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
@@ -210,8 +184,9 @@ def cli_main(args: list[str] | None = None, *, run: bool = True) -> FastlightCLI
     quiet_third_party()  # Lightning's tips and known-harmless warnings
     # Like `python -m`, resolve class paths of the project being run (e.g. examples.*, a
     # user's own module) from the working directory; console scripts do not add it.
+    # Appended: a user's env package there still imports, and a fastlight/ there never shadows this one.
     if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+        sys.path.append(os.getcwd())
     # The step-ticket stream has a length on purpose (epochs for checkpointing); it is read in
     # the main process only, so Lightning's multi-worker caveat does not apply.
     warnings.filterwarnings("ignore", message=".*`IterableDataset` has `__len__` defined.*")
@@ -220,7 +195,7 @@ def cli_main(args: list[str] | None = None, *, run: bool = True) -> FastlightCLI
         L.LightningDataModule,  # RolloutDataModule, DemoDataModule, or a user's own
         subclass_mode_model=True,
         subclass_mode_data=True,
-        parser_class=FastlightArgumentParser,  # a bad Literal value or a moved setting: one line
+        parser_class=FastlightArgumentParser,  # a refused command line: one line
         parser_kwargs={"parser_mode": "omegaconf"},
         save_config_kwargs={"overwrite": True},
         # No --optimizer / --lr_scheduler: the module makes its optimizer (Adam at --model.lr over its

@@ -9,8 +9,8 @@ idempotent: a completed config stays as it is (the ``config.yaml`` a run saves i
 Added, unless the config has its own:
 
 - ``PreemptionCheckpoint`` (a checkpoint on SIGTERM / SIGINT / SIGUSR1, on a fault, every 30 minutes
-  and when training ends) and, for a ``RolloutDataModule``, ``EnvStepBudget`` (``env_steps``
-  logged; no budget);
+  and when training ends), ``LostRankCheckpoint`` (a lost rank named, the survivors' checkpoint) and,
+  for a ``RolloutDataModule``, ``EnvStepBudget`` (``env_steps`` logged; no budget);
 - TensorBoard and CSV loggers under ``--trainer.default_root_dir`` (``<root>/tb``, ``<root>/csv``).
 
 Done here rather than in the YAML, so that overriding the root dir on the command line moves every
@@ -44,6 +44,7 @@ from typing import Any
 from jsonargparse import Namespace
 
 from fastlight.callbacks.env_steps import EnvStepBudget
+from fastlight.callbacks.lost_rank import LostRankCheckpoint
 from fastlight.callbacks.preemption import PreemptionCheckpoint
 from fastlight.callbacks.timed_checkpoint import TimedCheckpoint
 from fastlight.class_paths import class_path, resolve, same_class
@@ -53,6 +54,7 @@ from fastlight.data.datamodule import RolloutDataModule
 MODEL_CHECKPOINT = "lightning.pytorch.callbacks.ModelCheckpoint"
 PREEMPTION = class_path(PreemptionCheckpoint)
 ENV_STEPS = class_path(EnvStepBudget)
+LOST_RANK = class_path(LostRankCheckpoint)
 TIMED = class_path(TimedCheckpoint)
 #: The default loggers: class path and folder name under the root dir.
 LOGGERS = (
@@ -141,6 +143,8 @@ def run_defaults(cfg: Namespace, *, version: int, last_exists: bool) -> Namespac
             args["version"] = version
     if every_epoch:
         args["every_epoch"] = True
+    if not any(_is(cb, LOST_RANK) for cb in callbacks):  # it writes PreemptionCheckpoint's file
+        callbacks.append(Namespace(class_path=LOST_RANK, init_args=_defaults(LostRankCheckpoint)))
     if cfg.get("ckpt_path") == "last" and last_exists:  # see resume_last
         cfg["ckpt_path"] = os.path.join(checkpoints, "last.ckpt")
     # Every RL run logs env_steps (the unit an RL user plans in); one that lists EnvStepBudget itself

@@ -1,29 +1,28 @@
-"""What the ``fastlight`` command prints: no third-party noise, and a bad setting as one line.
+"""What the ``fastlight`` command prints: no third-party noise, and a mistake as one line.
 
 - :func:`quiet_third_party` drops Lightning's "💡 Tip" advertisements (litlogger, litmodels) and
   warnings known to be harmless here (listed in :data:`KNOWN_WARNINGS`, each with its reason), so
   a run's output is the run's; Lightning's "Seed set to N" waits for the Trainer's first line, so
   a mistake found before the Trainer exists is the only line (:class:`_HeldSeedLine`).
-- :func:`one_line_errors` turns an error that names a setting (``--data.reset_mode must be one of
-  dpsa | sgr | autoreset | sequential, got 'foo'``) into that one line on stderr and exit status 2,
-  instead of jsonargparse's and Lightning's chained tracebacks around it: a :class:`SettingError`
-  (the CLI's own refusals, :mod:`fastlight.cli_parser`), a ``ValueError`` / ``TypeError`` /
-  ``OSError`` whose message names a flag (``--ckpt_path: no checkpoint file at ...``), a Lightning
-  ``MisconfigurationException`` about a Trainer argument (:func:`trainer_setting_line`) and a
-  keyword the env does not take (:func:`env_kwargs_line`). ``FASTLIGHT_DEBUG=1`` keeps the full
-  traceback. Only the command line (``fastlight.cli.main``) uses it; ``cli_main`` called from
-  Python raises as usual. A checkpoint that could not be written (a full disk) exits 1 with its one
-  line (:class:`~fastlight.checkpoints.CheckpointWriteError`), printed once.
+- :func:`one_line_errors` prints a mistake as ``fastlight: error: <message>`` on stderr, exit status 2,
+  instead of the chained tracebacks around it. A mistake is told apart by who raised it, never by
+  its wording: a :class:`SettingError` (the CLI's own refusals, jsonargparse's report of a command
+  line it refused, :mod:`fastlight.cli_parser`), a ``ValueError`` / ``TypeError`` / ``OSError`` ...
+  that a ``raise`` statement in fastlight's code raised (settings are validated in the constructors,
+  and their messages name the flag: ``--data.termination_threshold must be in [0, 1] or auto, got
+  1.5``), or Lightning's ``MisconfigurationException`` (the Trainer's checks of its arguments). The
+  message printed is the innermost such exception's, as it was raised. ``FASTLIGHT_DEBUG=1`` keeps
+  the full traceback. Only the command line (``fastlight.cli.main``) uses it; ``cli_main`` called
+  from Python raises as usual. A checkpoint that could not be written (a full disk) exits 1 with its
+  one line (:class:`~fastlight.checkpoints.CheckpointWriteError`), printed once.
 """
 
 from __future__ import annotations
 
 import argparse
-import difflib
-import inspect
+import dis
 import logging
 import os
-import re
 import sys
 import warnings
 from collections.abc import Iterator
@@ -46,14 +45,9 @@ KNOWN_WARNINGS: tuple[tuple[str, type[Warning], str], ...] = (
     ),
 )
 
-#: A CLI flag inside an error message: ``--data.seed``, ``--model.policy.init_args.vocab_size``.
-_FLAG = re.compile(r"--[A-Za-z_]+\.[A-Za-z_.]+")
-#: A line that starts with a flag of the command itself: ``--ckpt_path: no checkpoint file at ...``.
-_LEADING_FLAG = re.compile(r"--[A-Za-z_]\w*\b")
-
 
 class SettingError(ValueError):
-    """A refused setting; the message is the one line to print, naming the flag."""
+    """A refused setting or command line; the message is the one line to print."""
 
 
 class _DropTips(logging.Filter):
@@ -130,142 +124,62 @@ def exception_chain(error: BaseException) -> list[BaseException]:
     return chain
 
 
-def setting_error_line(error: BaseException) -> str | None:
-    """The one line of ``error`` (or of an exception it was raised from) that names a CLI flag.
-
-    A :class:`SettingError` is that line already. Otherwise the innermost exception naming a flag
-    wins: it is the check that failed (jsonargparse wraps it in a "Does not validate against any of
-    the Union subtypes" error that repeats it among others).
-    """
-    chain = exception_chain(error)
-    for exc in chain:
-        if isinstance(exc, SettingError):
-            return str(exc)
-    for exc in chain:
-        line = trainer_setting_line(exc) or env_kwargs_line(exc)
-        if line is not None:
-            return line
-    for exc in reversed(chain):
-        for line in str(exc).splitlines():
-            line = line.strip().removeprefix("- ").strip()
-            if _FLAG.search(line) or _LEADING_FLAG.match(line):
-                return line
-    return None
+#: The kinds of exception a setting's check raises (AttributeError: a module's attribute used too early).
+_REFUSALS = (ValueError, TypeError, OSError, ImportError, AttributeError)
 
 
-def closest(name: str, candidates: list[str]) -> str | None:
-    """The one of ``candidates`` that ``name`` most likely meant: its initials (``learning_rate`` for
-    ``lr``, or the other way round) or a slip of spelling (difflib), else ``None``."""
-
-    def initials(s: str) -> str:
-        return "".join(part[0] for part in s.split("_") if part)
-
-    for c in candidates:
-        if ("_" in name and initials(name) == c) or ("_" in c and initials(c) == name):
-            return c
-    close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
-    return close[0] if close else None
-
-
-def _raised_in(error: BaseException, function: str) -> bool:
+def _raised_by_fastlight(error: BaseException) -> bool:
+    """``error`` was raised by a ``raise`` statement in fastlight's code: a refusal worded for the user,
+    not an interpreter error in a line of fastlight (``None.x``, ``1 + "a"``), whose traceback is due."""
     tb = error.__traceback__
-    while tb is not None:
-        if tb.tb_frame.f_code.co_name == function:
-            return True
+    while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
-    return False
+    if tb is None or str(tb.tb_frame.f_globals.get("__name__", "")).partition(".")[0] != "fastlight":
+        return False
+    at = next((i for i in dis.get_instructions(tb.tb_frame.f_code) if i.offset == tb.tb_lasti), None)
+    return at is not None and at.opname == "RAISE_VARARGS"
 
 
-#: A Trainer argument in a Lightning message: ```max_steps``` or ```Trainer(devices='x')```.
-_TRAINER_ARG = re.compile(r"`(?:Trainer\((\w+)=([^`]*)\)|(\w+))`")
-_TIMER = re.compile(r"`Timer\(duration=(.*)\)` is not a valid duration")
-
-
-def trainer_setting_line(error: BaseException) -> str | None:
-    """A Lightning ``MisconfigurationException`` about a Trainer argument, as the line naming its flag.
-
-    Lightning names the argument in backticks (```max_steps` must be a non-negative integer or -1
-    (infinite steps). You passed in -5.``): it becomes ``--trainer.max_steps``. ``--trainer.max_time``
-    reaches the user as the Timer callback Lightning makes of it, so that message is rewritten.
-    """
+def setting_error_line(error: BaseException) -> str | None:
+    """The one line to print for ``error``, or ``None`` when it is not a mistake in the settings (its
+    traceback is due). The innermost exception of ``error``'s chain that is a refusal wins (jsonargparse
+    wraps a constructor's refusal in a report of every type it tried): a :class:`SettingError`, a
+    ``MisconfigurationException``, or one of :data:`_REFUSALS` that fastlight raised. Its message is
+    printed as it is, its lines joined into one."""
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
-    if not isinstance(error, MisconfigurationException):
-        return None
-    message = " ".join(str(error).split())
-    timer = _TIMER.match(message)
-    if timer is not None and _raised_in(error, "_configure_timer_callback"):
-        return (
-            "--trainer.max_time must be DD:HH:MM:SS (e.g. 00:00:10:00) or a dict like {minutes: 10}, "
-            f"got {timer.group(1)}"
-        )
-    from lightning.pytorch import Trainer
-
-    arguments = inspect.signature(Trainer.__init__).parameters
-    for found in _TRAINER_ARG.finditer(message):
-        name = found.group(1) or found.group(3)
-        if name not in arguments or name == "self":
-            continue
-        flag = f"--trainer.{name}" + (f" {found.group(2)}" if found.group(1) else "")
-        line = message[: found.start()] + flag + message[found.end() :]
-        line = re.sub(r"\.\s*You passed in (.+?)\.?$", r", got \1", line)
-        return line if line.startswith("--trainer.") else f"--trainer.{name}: {line}"
+    for exc in reversed(exception_chain(error)):
+        if isinstance(exc, SettingError | MisconfigurationException) or (
+            isinstance(exc, _REFUSALS) and _raised_by_fastlight(exc)
+        ):
+            return " ".join(str(exc).split())
     return None
 
 
-#: How gymnasium re-raises a ``TypeError`` of an env's constructor (``gymnasium.make``).
-_ENV_CREATOR = " was raised from the environment creator for "
+def _first_line(error: BaseException | str) -> str:
+    return next((line.strip() for line in str(error).splitlines() if line.strip()), "")
 
 
-def env_kwargs_line(error: BaseException) -> str | None:
-    """gymnasium's "got an unexpected keyword argument" of an env, as a line naming ``--data.env_kwargs``,
-    the keyword and those the env takes (with highway-env's ``config`` keys, ``default_config()``)."""
-    cause, message = error.__cause__, str(error)
-    if not isinstance(error, TypeError) or cause is None or not message.startswith(f"{cause}{_ENV_CREATOR}"):
-        return None
-    env_id = message[len(f"{cause}{_ENV_CREATOR}") :].split(" with kwargs ", 1)[0]
-    bad = re.search(r"unexpected keyword argument '(\w+)'", str(cause))
-    takes = _env_keywords(env_id)
-    if bad is None or takes is None:
-        return f"--data.env_kwargs: {cause} (from {env_id}'s constructor)"
-    keyword, (names, config_keys) = bad.group(1), takes
-    if keyword in config_keys:
-        write = f"{{config: {{{keyword}: ...}}}}"
-        return f"--data.env_kwargs: {keyword} is a setting of {env_id}'s config: write {write}"
-    line = f"--data.env_kwargs: {env_id} takes no keyword {keyword!r}; it takes {', '.join(names) or 'none'}"
-    if config_keys:
-        line += f" (config keys, from its default_config(): {', '.join(config_keys)})"
-    close = closest(keyword, names + config_keys)
-    return line + (f"; did you mean {close}?" if close else "")
-
-
-def _env_keywords(env_id: str) -> tuple[list[str], list[str]] | None:
-    """The keyword arguments ``env_id``'s constructor takes and, where it has a ``config`` argument and
-    a ``default_config()`` (highway-env), that config's keys; ``None`` where they cannot be read."""
-    try:
-        import gymnasium as gym
-        from gymnasium.envs.registration import load_env_creator
-
-        entry = gym.spec(env_id).entry_point
-        creator = load_env_creator(entry) if isinstance(entry, str) else entry
-        parameters = inspect.signature(creator).parameters.values()
-    except Exception:  # noqa: BLE001 - an env we cannot inspect: its own message is the line
-        return None
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
-        return None
-    names = [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-    default_config = getattr(creator, "default_config", None)
-    config_keys = sorted(default_config()) if "config" in names and callable(default_config) else []
-    return names, config_keys
+def parse_error_line(message: str, error: BaseException | None) -> str:
+    """jsonargparse's report of a refused command line (``message``, raised from ``error``) in one line:
+    its own words, cut by the report's structure rather than its wording. Each level of a nested
+    setting is an ``ArgumentError`` whose first line names the key (``Parser key "data":``), and the
+    innermost exception is the check that failed, e.g. ``Parser key "data": Parser key "num_envs":
+    Expected a <class 'int'>. Got value: four``. A refusal of fastlight's own in the chain is its line."""
+    chain = exception_chain(error) if error is not None else []
+    own = setting_error_line(error) if error is not None else None
+    if own is not None:
+        return own
+    levels = [message, *(e for e in chain if isinstance(e, argparse.ArgumentError)), *chain[-1:]]
+    return " ".join(dict.fromkeys(line for line in map(_first_line, levels) if line))
 
 
 @contextmanager
 def one_line_errors() -> Iterator[None]:
-    """Print a setting error as ``fastlight: error: <message>`` and exit with status 2."""
+    """Print a mistake as ``fastlight: error: <message>`` and exit with status 2 (see the module)."""
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
     from fastlight.checkpoints import CheckpointWriteError
-    from fastlight.extras import MissingExtraError, missing_extra_line
 
     try:
         yield
@@ -275,9 +189,8 @@ def one_line_errors() -> Iterator[None]:
         if not error.reported:  # PreemptionCheckpoint's stop line already says it
             print(f"fastlight: error: {error.strerror}", file=sys.stderr)
         raise SystemExit(1) from None
-    # OSError: a file a flag names (--ckpt_path, --model.init_from) is missing or unreadable.
-    except (ValueError, TypeError, OSError, MisconfigurationException, MissingExtraError) as error:
-        line = None if debug_enabled() else missing_extra_line(error) or setting_error_line(error)
+    except (*_REFUSALS, MisconfigurationException) as error:
+        line = None if debug_enabled() else setting_error_line(error)
         if line is None:
             raise
         print(f"fastlight: error: {line}  (FASTLIGHT_DEBUG=1 shows the traceback)", file=sys.stderr)

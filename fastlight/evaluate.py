@@ -100,12 +100,8 @@ def load_checkpoint(path: str) -> tuple[Any, dict[str, Any]]:
 
 
 def env_settings(ckpt: dict[str, Any], env_id: str | None, override: dict[str, Any]) -> tuple[str, dict]:
-    """The checkpoint's ``(env_id, env_kwargs)`` with the command line's over them (a checkpoint
-    with the old flat data settings is read in today's shape, see
-    :func:`fastlight.data.legacy.upgrade_hparams`)."""
-    from fastlight.data.legacy import upgrade_hparams
-
-    data = upgrade_hparams(ckpt.get("datamodule_hyper_parameters") or {})
+    """The checkpoint's ``(env_id, env_kwargs)`` with the command line's over them."""
+    data = ckpt.get("datamodule_hyper_parameters") or {}
     env_id = env_id or data.get("env_id")
     if not env_id:
         raise ValueError("--env: the checkpoint records no env (no data.env_id); give one with --env ID")
@@ -240,7 +236,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse(list(sys.argv[2:] if argv is None else argv))
     # Like `fastlight fit`: class paths of the project being run (examples.*, a user's package).
     if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+        sys.path.append(os.getcwd())
     if args.video:
         from fastlight.extras import check_extra
 

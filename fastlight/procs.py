@@ -21,6 +21,7 @@ import signal
 import sys
 import threading
 import time
+import types
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -216,16 +217,24 @@ class Liveness:
     Timeout rule: :class:`HeartbeatLimits`. Silence is measured from the last time a watcher saw the
     counter move (or from :meth:`reset`, called right after the child starts), so a hang is detected
     one watch interval after the limit at the latest.
+
+    Where the child shares no memory with the watcher (a Ray actor on another node), ``ctx`` is None:
+    the counter is the watcher's own, set by :meth:`report` from the count the child sends, and the
+    same rule applies (a child that stops answering stops moving it too).
     """
 
-    def __init__(self, ctx: Any, limits: HeartbeatLimits | None = None) -> None:
-        self.counter = ctx.Value("Q", 0, lock=False)
+    def __init__(self, ctx: Any | None, limits: HeartbeatLimits | None = None) -> None:
+        self.counter = ctx.Value("Q", 0, lock=False) if ctx is not None else types.SimpleNamespace(value=0)
         self.limits = limits or HeartbeatLimits()
         self._seen, self._seen_at = 0, time.monotonic()
 
     def beat(self) -> None:
         """The child's side: one sign of progress."""
         self.counter.value += 1
+
+    def report(self, beats: int) -> None:
+        """The watcher's side without shared memory: the child's beat count as it last sent it."""
+        self.counter.value = beats
 
     def reset(self, *, restart: bool = False) -> None:
         """Start watching now (call right after starting the child); ``restart`` also zeroes the

@@ -13,7 +13,14 @@ from jsonargparse import Namespace
 from torch.utils.data import DataLoader
 
 from fastlight.callbacks.preemption import PreemptionCheckpoint
-from fastlight.cli_defaults import ENV_STEPS, MODEL_CHECKPOINT, PREEMPTION, next_version, run_defaults
+from fastlight.cli_defaults import (
+    ENV_STEPS,
+    LOST_RANK,
+    MODEL_CHECKPOINT,
+    PREEMPTION,
+    next_version,
+    run_defaults,
+)
 from tests.faults.test_preemption import STEPS_PER_UPDATE, Rollouts, SignalInUpdate, saved_step, trainer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,10 +72,11 @@ def test_run_defaults_place_every_file_of_the_run_and_are_idempotent(tmp_path):
     )
     done = run_defaults(cfg, version=3, last_exists=True)
     assert cfg.trainer.callbacks[0].init_args.dirpath is None and cfg.ckpt_path == "last"  # a copy
-    placed, mine, preemption, env_steps = done.trainer.callbacks
+    placed, mine, preemption, lost_rank, env_steps = done.trainer.callbacks
     assert placed.init_args == Namespace(dirpath=str(tmp_path / "checkpoints" / "version_3"), save_last=False)
     assert mine.init_args == Namespace(dirpath=own, save_last=True)  # a folder of the config's own: as it is
-    assert preemption.class_path == PREEMPTION and env_steps.class_path == ENV_STEPS
+    added = (preemption.class_path, lost_rank.class_path, env_steps.class_path)
+    assert added == (PREEMPTION, LOST_RANK, ENV_STEPS)
     assert preemption.init_args.dirpath == str(tmp_path / "checkpoints")
     assert preemption.init_args.version == 3
     assert preemption.init_args.every_epoch is True  # save_last's stand-in
@@ -124,4 +132,4 @@ def test_two_cli_runs_with_one_root_dir(tmp_path, capsys):
 def test_env_steps_are_counted_for_rollout_data_only(tmp_path, data, counted):
     cfg = fit_config(tmp_path, [], data=Namespace(class_path=data, init_args=Namespace()))
     paths = [cb.class_path for cb in run_defaults(cfg, version=0, last_exists=False).trainer.callbacks]
-    assert (ENV_STEPS in paths) == counted and PREEMPTION in paths
+    assert (ENV_STEPS in paths) == counted and PREEMPTION in paths and LOST_RANK in paths

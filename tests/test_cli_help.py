@@ -54,9 +54,6 @@ def test_every_callback_of_fastlight_is_checked():
         for info in pkgutil.iter_modules(fastlight.callbacks.__path__)
         for cls in vars(importlib.import_module(f"fastlight.callbacks.{info.name}")).values()
         if isinstance(cls, type) and issubclass(cls, Callback) and cls.__module__.startswith("fastlight.")
-        # The deprecated ThroughputMonitor alias is made on first use (module __getattr__) and
-        # lands in vars() once a test touched it; it is RolloutThroughput under its old name.
-        and cls.__name__ != "ThroughputMonitor"
     }
     assert len(defined) >= 7 and defined <= set(CALLBACKS), defined - set(CALLBACKS)
 
@@ -184,7 +181,7 @@ def test_print_config_shows_the_callbacks_loggers_and_folders_the_command_adds(t
         },
     ]
     callbacks = {cb["class_path"].rsplit(".", 1)[-1]: cb["init_args"] for cb in trainer["callbacks"]}
-    added = ["PreemptionCheckpoint", "EnvStepBudget"]
+    added = ["PreemptionCheckpoint", "LostRankCheckpoint", "EnvStepBudget"]
     assert list(callbacks) == ["ModelCheckpoint", "RolloutThroughput", *added]  # the config's, then the CLI's
     assert callbacks["ModelCheckpoint"]["dirpath"] == str(root / "checkpoints" / "version_0")
     assert callbacks["PreemptionCheckpoint"] == {
@@ -194,8 +191,7 @@ def test_print_config_shows_the_callbacks_loggers_and_folders_the_command_adds(t
         "handle_signals": True,
         "version": 0,
         "every_epoch": False,
-        "peer_timeout_minutes": 5.0,
-        "rollback_max_mb": 2048.0,
     }
+    assert callbacks["LostRankCheckpoint"] == {"peer_timeout_minutes": 5.0, "rollback": False}
     assert callbacks["EnvStepBudget"]["total_env_steps"] is None
     assert not root.exists()  # printing the config creates no folder

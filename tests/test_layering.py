@@ -10,10 +10,12 @@ The floors follow DESIGN.md's "Shape of the code" (data walks one way, top to bo
 A module may import from its own floor and the floors below; same-floor edges are allowed, cycles never:
 
 0. ``procs`` (process helpers), ``extras`` (optional dependencies), ``rollout`` (the batch contract),
-   ``losses`` and ``stats`` (pure functions), ``checkpoints`` (file I/O only), ``class_paths``
-   (import paths): they import nothing of fastlight but each other.
+   ``losses`` and ``stats`` (pure functions), ``checkpoints`` and ``checkpoint_link`` (file I/O only),
+   ``class_paths`` (import paths), ``lightning_compat`` (every private Lightning API): they import
+   nothing of fastlight but each other.
 1. ``advantages`` (over losses), ``models`` (policies; over extras), ``weights`` (publishing a version;
-   its shared lock is in procs), ``metrics`` (over rollout).
+   its shared lock is in procs), ``metrics`` (over rollout), ``ranks`` (what a multi-rank run needs
+   beyond Lightning: heartbeats, launchers, SLURM's requeue, the rollback point; over lightning_compat).
 2. ``envs`` (instructions use the models' text encoders) and ``inference`` (serves a model, takes its
    weights, starts its process through procs). Neither knows about samplers.
 3. ``sampling``: what runs inside a sampler (the collector steps envs, the sampler loop); it may use the
@@ -29,8 +31,11 @@ A module may import from its own floor and the floors below; same-floor edges ar
 8. The commands and public names: ``cli`` (with ``cli_callbacks``, ``cli_output``, ``cli_parser``),
    ``evaluate``, ``plot``, ``__main__`` and the package ``__init__``.
 
-A module missing from the floors fails the test until it is placed. The checker itself is tested on a
-tiny fake package with a cycle and an upward import, so a green run means something.
+A module missing from the floors fails the test until it is placed. Walls on top of the floors
+(:data:`WALLS`): ``ray`` is imported only under ``fleet/ray/``, ``transformers`` and ``peft`` only under
+``vla/`` (one named exception), and ``sampling`` never imports ``fleet``. No module is over
+:data:`MAX_LINES` lines. The checkers themselves are tested on tiny fake packages with a cycle, an
+upward import, a third-party import outside its folder and a long module, so a green run means something.
 """
 
 from __future__ import annotations
@@ -46,8 +51,9 @@ PACKAGE = "fastlight"
 
 #: Bottom to top; a name is the first component after ``fastlight.`` ("" is ``fastlight/__init__.py``).
 FLOORS: list[tuple[str, ...]] = [
-    ("procs", "extras", "rollout", "losses", "stats", "checkpoints", "class_paths", "rank_state"),
-    ("advantages", "models", "weights", "metrics"),
+    ("procs", "extras", "rollout", "losses", "stats", "checkpoints", "checkpoint_link", "class_paths",
+     "rank_state", "lightning_compat"),
+    ("advantages", "models", "weights", "metrics", "ranks"),
     ("envs", "inference"),
     ("sampling",),
     ("fleet",),
@@ -56,6 +62,21 @@ FLOORS: list[tuple[str, ...]] = [
     ("vla",),
     ("cli", "cli_callbacks", "cli_defaults", "cli_output", "cli_parser", "evaluate", "plot", "__main__", ""),
 ]
+
+
+#: Third-party packages and the only modules (a dotted name covers the modules under it) that import them.
+WALLS: dict[str, tuple[str, ...]] = {
+    "ray": ("fastlight.fleet.ray",),
+    # envs.instruction_tokens builds the env's own WordLevel instruction tokenizer (a
+    # PreTrainedTokenizerFast, so that a VLA folder's AutoTokenizer loads it); the env, not the VLA,
+    # owns it, and it imports transformers only when a tokenizer is built.
+    "transformers": ("fastlight.vla", "fastlight.envs.instruction_tokens"),
+    "peft": ("fastlight.vla",),
+}
+#: ``(importer, imported)`` package pairs that must have no edge, whatever the floors say.
+FORBIDDEN: list[tuple[str, str]] = [("fastlight.sampling", "fastlight.fleet")]
+#: The most lines a module of fastlight may have (DESIGN.md, Rules of the house).
+MAX_LINES = 450
 
 
 @dataclass(frozen=True)
@@ -117,6 +138,60 @@ def import_graph(root: Path, package: str) -> tuple[dict[str, list[Edge]], list[
                 if d != name:
                     edges[name].append(Edge(name, d, where))
     return edges, unknown, benchmarks
+
+
+def _literal_import(node: ast.AST) -> str | None:
+    """The module of ``import_extra("m", ...)`` or ``importlib.import_module("m")`` with a literal name:
+    optional dependencies are imported that way, so they count as imports too."""
+    if not (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)):
+        return None
+    func = node.func
+    name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+    arg = node.args[0].value
+    return arg if name in ("import_extra", "import_module") and isinstance(arg, str) else None
+
+
+def third_party_imports(root: Path, package: str) -> list[tuple[str, str, str]]:
+    """``(importer, top-level package, "path:line")`` of every import of a package other than ``package``
+    (statements at any depth, and literal :func:`_literal_import` calls)."""
+    out = []
+    for name, path in module_files(root, package).items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        found = [(t, line) for t, line, _ in _imported_names(tree, name, path.name == "__init__.py")]
+        found += [(m, n.lineno) for n in ast.walk(tree) if (m := _literal_import(n)) is not None]
+        for target, line in found:
+            top = target.split(".")[0]
+            if top and top != package:
+                out.append((name, top, f"{path.relative_to(root)}:{line}"))
+    return out
+
+
+def _under(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def walls_broken(
+    imports: list[tuple[str, str, str]], edges: dict[str, list[Edge]], walls: dict[str, tuple[str, ...]],
+    forbidden: list[tuple[str, str]],
+) -> list[str]:  # fmt: skip
+    """Every import through a wall, as ``"path:line: importer imports name"`` lines."""
+    out = [
+        f"{where}: {src} imports {top} (only {', '.join(walls[top])} may)"
+        for src, top, where in imports
+        if top in walls and not any(_under(src, ok) for ok in walls[top])
+    ]
+    for src, out_edges in sorted(edges.items()):
+        for e in out_edges:
+            for low, high in forbidden:
+                if _under(src, low) and _under(e.dst, high):
+                    out.append(f"{e.where}: {src} imports {e.dst} ({low} never imports {high})")
+    return out
+
+
+def long_modules(root: Path, package: str, limit: int) -> list[str]:
+    """``"path: n lines"`` of every module of ``package`` over ``limit`` lines, longest first."""
+    sizes = [(len(p.read_text().splitlines()), p) for p in module_files(root, package).values()]
+    return [f"{p.relative_to(root)}: {n} lines" for n, p in sorted(sizes, key=lambda x: -x[0]) if n > limit]
 
 
 def find_cycle(edges: dict[str, list[Edge]]) -> list[Edge] | None:
@@ -215,6 +290,19 @@ def test_procs_is_the_ground_floor(graph):
     assert expected <= users
 
 
+def test_ray_transformers_and_peft_stay_behind_their_walls(graph):
+    edges, _, _ = graph
+    imports = third_party_imports(ROOT, PACKAGE)
+    assert {"ray", "transformers", "peft"} <= {top for _, top, _ in imports}  # the walk sees them
+    broken = walls_broken(imports, edges, WALLS, FORBIDDEN)
+    assert not broken, "imports through a wall (DESIGN.md, Shape of the code):\n" + "\n".join(broken)
+
+
+def test_no_module_is_over_the_line_limit():
+    long = long_modules(ROOT, PACKAGE, MAX_LINES)
+    assert not long, f"modules over {MAX_LINES} lines (split them by concept):\n" + "\n".join(long)
+
+
 # --------------------------------------------------------------------------- the checker can fail
 def _fake_package(tmp_path: Path) -> Path:
     """``pkg``: low (floor 0) imports high (floor 1) inside a function, high imports low at the top,
@@ -266,3 +354,33 @@ def test_the_checker_counts_a_package_init_and_passes_a_clean_graph(tmp_path):
     assert upward_edges(edges, [("sub",), ("base",), ("top",)], "pkg") == [
         "pkg/sub/inner.py:1: pkg.sub.inner (floor 0) imports pkg.base (floor 1)"
     ]
+
+
+def test_the_wall_checker_names_each_import_through_a_wall_and_a_long_module(tmp_path):
+    """``pkg.lib`` imports ray inside a function and through ``import_extra``, ``pkg.io.a`` imports
+    ``pkg.net``; ``pkg.net.ray`` may import ray, and ``pkg.lib`` is one line over the limit."""
+    files = {
+        "pkg/__init__.py": "",
+        "pkg/net/__init__.py": "",
+        "pkg/net/ray/__init__.py": "import ray\n",
+        "pkg/net/ray/actor.py": "from ray.util import placement_group\n",
+        "pkg/io/__init__.py": "",
+        "pkg/io/a.py": "def f():\n    from pkg.net import ray\n    return ray\n",
+        "pkg/lib.py": "def f():\n    import ray.util\n    return import_extra('ray', extra='ray')\n"
+        + "x = 1\n" * 8,
+    }
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    edges, _, _ = import_graph(tmp_path, "pkg")
+    imports = third_party_imports(tmp_path, "pkg")
+    walls = {"ray": ("pkg.net.ray",)}
+    assert walls_broken(imports, edges, walls, [("pkg.io", "pkg.net")]) == [
+        "pkg/lib.py:2: pkg.lib imports ray (only pkg.net.ray may)",
+        "pkg/lib.py:3: pkg.lib imports ray (only pkg.net.ray may)",
+        "pkg/io/a.py:2: pkg.io.a imports pkg.net.ray (pkg.io never imports pkg.net)",
+        "pkg/io/a.py:2: pkg.io.a imports pkg.net (pkg.io never imports pkg.net)",
+    ]
+    assert walls_broken(imports, edges, {"ray": ("pkg",)}, []) == []
+    assert long_modules(tmp_path, "pkg", 10) == ["pkg/lib.py: 11 lines"]
+    assert long_modules(tmp_path, "pkg", 11) == []

@@ -66,6 +66,19 @@ def test_liveness_restart_goes_back_to_the_start_limit_and_a_long_heartbeat_wins
     assert Liveness(CTX).hang(time.monotonic() + 1e9) is None  # no limits set: never hung
 
 
+def test_liveness_without_shared_memory_follows_the_reported_count():
+    """A Ray actor's liveness: the watcher holds the counter and sets it from the actor's replies."""
+    live = Liveness(None, LIMITS)
+    t0 = time.monotonic()
+    live.reset()
+    live.report(0)  # an answer before its first beat: still starting
+    assert not live.started and live.hang(t0 + 4.9) is None
+    live.report(3)
+    assert live.hang(t0 + 5.0) is None and live.started
+    live.report(3)  # the same count again is no progress
+    assert live.hang(t0 + 6.2) == "made no progress for 1.2 s (--data.faults.heartbeat_s 1)"
+
+
 def test_proc_readers_follow_a_child_a_grandchild_and_a_zombie():
     me = os.getpid()
     assert parent_pid(me) == os.getppid() and state(me) == "R" and alive(me)

@@ -109,8 +109,7 @@ def test_normalisation_and_score_matrix() -> None:
 
 
 def test_variant_settings() -> None:
-    from fastlight.modules.objective_hparams import as_objective
-    from fastlight.modules.objectives import GIPO, SAPO, PPOClip
+    from fastlight.modules.objectives import GIPO, SAPO, PPOClip, as_objective
 
     gipo = {"class_path": f"{GIPO.__module__}.GIPO", "init_args": {"sigma": 0.2, "clip_frac_eps": 0.2}}
     assert variant_settings("gipo0.2") == {"objective": gipo}  # JSON, as the grid is

@@ -2,6 +2,7 @@
 
 from fastlight.callbacks.dwr import DynamicWeightedResampling
 from fastlight.callbacks.env_steps import EnvStepBudget
+from fastlight.callbacks.lost_rank import LostRankCheckpoint
 from fastlight.callbacks.preemption import PreemptionCheckpoint
 from fastlight.callbacks.progress import RolloutProgressBar
 from fastlight.callbacks.throughput import RolloutThroughput
@@ -11,6 +12,7 @@ from fastlight.callbacks.weight_sync import WeightSync
 __all__ = [
     "DynamicWeightedResampling",
     "EnvStepBudget",
+    "LostRankCheckpoint",
     "PreemptionCheckpoint",
     "RolloutProgressBar",
     "RolloutThroughput",

@@ -33,7 +33,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
-from fastlight.callbacks.batch_counts import BatchCounts
+from fastlight.data.batch_counts import BatchCounts
 from fastlight.data.protocols import BatchCountsFn
 
 #: Checkpoint key of this callback's state (fixed, whatever its arguments).

@@ -26,12 +26,6 @@ and prefetched data would distort it); it still counts in the totals.
 **DDP.** The underlying :class:`~fastlight.metrics.throughput.ThroughputMetrics` sums counts
 over ranks and takes the max of the clocks, so every rank logs the whole job's figures.
 
-**Name.** It was called ``ThroughputMonitor`` until fastlight 0.x, the name and checkpoint
-``state_key`` of Lightning's own ``lightning.pytorch.callbacks.ThroughputMonitor`` (a FLOPs
-monitor): ``--trainer.callbacks+=ThroughputMonitor`` resolved to Lightning's class, and the two
-could not share a run. ``ThroughputMonitor`` stays importable from here as a deprecated alias;
-checkpoints written under the old key still restore the totals.
-
 Logged keys: ``perf/raw_tps``, ``perf/effective_tps`` (progress bar), ``perf/sample_efficiency``,
 ``perf/time_efficiency``, ``perf/per_sampler_tps``, ``perf/mean_episode_length``,
 ``perf/resets_per_1k_valid``, ``perf/truncated_episode_share`` and the cumulative
@@ -43,14 +37,13 @@ from __future__ import annotations
 
 import math
 import time
-import warnings
 from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from fastlight.callbacks.batch_counts import BatchCounts
+from fastlight.data.batch_counts import BatchCounts
 from fastlight.data.protocols import BatchCountsFn
 from fastlight.metrics.throughput import ThroughputMetrics
 from fastlight.rank_state import PER_RANK_KEY, counters_for_rank, gather_per_rank, per_rank_entries, world
@@ -61,8 +54,9 @@ _now = time.perf_counter
 
 _TOTALS = ("raw_steps", "valid_steps", "episodes", "global_resets")
 
-#: Checkpoint key of this callback's state: fixed, so that the deprecated alias (a subclass) and
-#: any rename keep restoring it, and distinct from every Lightning callback's class-name key.
+#: Checkpoint key of this callback's state: fixed, so that a subclass or a rename keeps restoring it,
+#: and distinct from every Lightning callback's class-name key (Lightning's FLOPs monitor is keyed
+#: "ThroughputMonitor").
 STATE_KEY = "fastlight.RolloutThroughput"
 
 
@@ -140,12 +134,6 @@ class RolloutThroughput(Callback):
     def state_key(self) -> str:
         return STATE_KEY
 
-    @property
-    @override
-    def _legacy_state_key(self) -> str:
-        # Lightning falls back to this key when restoring: checkpoints from before the rename.
-        return "ThroughputMonitor"
-
     @override
     def state_dict(self) -> dict[str, Any]:
         # The totals count this rank's own samplers: every rank's go into the file rank 0 writes.
@@ -156,34 +144,3 @@ class RolloutThroughput(Callback):
         rank, size = world()
         totals = counters_for_rank(per_rank_entries(state_dict, state_dict["totals"]), rank, size)
         self.totals = dict.fromkeys(_TOTALS, 0) | totals
-
-
-def _deprecated_alias() -> type[RolloutThroughput]:
-    class ThroughputMonitor(RolloutThroughput):
-        """Deprecated alias of :class:`RolloutThroughput` (the old name, which is Lightning's own
-        ``ThroughputMonitor``'s); warns at every construction."""
-
-        def __init__(
-            self, window: int = 1, prog_bar: bool = True, batch_counts_fn: BatchCountsFn | None = None
-        ) -> None:
-            warnings.warn(
-                "fastlight.callbacks.throughput.ThroughputMonitor is renamed RolloutThroughput (the old "
-                "name is Lightning's own lightning.pytorch.callbacks.ThroughputMonitor); use "
-                "fastlight.callbacks.throughput.RolloutThroughput",
-                FutureWarning,
-                stacklevel=2,
-            )
-            super().__init__(window=window, prog_bar=prog_bar, batch_counts_fn=batch_counts_fn)
-
-    ThroughputMonitor.__module__, ThroughputMonitor.__qualname__ = __name__, "ThroughputMonitor"
-    return ThroughputMonitor
-
-
-def __getattr__(name: str) -> Any:
-    # The alias class is made on first use only: jsonargparse resolves a bare class name among the
-    # Callback subclasses that exist, and an eager alias would make `--trainer.callbacks+=
-    # ThroughputMonitor` ambiguous instead of Lightning's (the name's owner).
-    if name == "ThroughputMonitor":
-        alias = globals()["ThroughputMonitor"] = _deprecated_alias()
-        return alias
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

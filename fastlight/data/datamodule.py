@@ -1,7 +1,7 @@
 """``RolloutDataModule``: streams Rollouts from background sampler processes.
 
-``train_dataloader()`` spawns ``num_workers`` sampler processes (spawn context, seeds offset by
-DDP rank and worker index), each stepping its share of the ``num_envs`` clips with a CPU copy of
+``train_dataloader()`` starts ``num_workers`` sampler processes (seeds offset by DDP rank and
+worker index), each stepping its share of the ``num_envs`` clips with a CPU copy of
 the policy. It runs after the module's ``configure_model`` and after a checkpoint is restored,
 so the policy exists and holds its resumed weights by then. Weights reach the samplers through
 the pool's one :class:`~fastlight.weights.publisher.WeightPublisher`, tagged with the module's
@@ -28,7 +28,6 @@ from lightning.pytorch.utilities import AttributeDict, rank_zero_info, rank_zero
 from torch.utils.data import DataLoader, IterableDataset
 from typing_extensions import override
 
-from fastlight.data import head_start
 from fastlight.data.advice import SamplingAdvice
 from fastlight.data.cpu_copy import cpu_copy
 from fastlight.data.data_settings import check_data_settings, check_type, plain_settings
@@ -74,33 +73,29 @@ class StepTickets(IterableDataset):
 
 class RolloutDataModule(L.LightningDataModule):
     """Background sampling for on-policy RL. Every argument is keyword-only; the settings of one
-    concern are one typed object (``inference``, ``faults``, ``env_wrappers``).
+    concern are one typed object (``inference``, ``faults``, ``env_wrappers``, ``fleet``).
 
     Args:
         env_id: gymnasium id (highway-env ids import ``highway_env`` on demand).
         env_kwargs: keyword arguments for ``gym.make`` (e.g. ``{config: {...}}`` for highway-env).
         env_wrappers: :class:`~fastlight.envs.EnvWrapper` settings applied, in order, around every
-            env the samplers build (and the probe env that sizes the policy), e.g. the emulated
-            scenario-load latency ``[{class_path: fastlight.envs.ScenarioLoadCost, init_args:
-            {seconds: 0.2}}]`` (FAST §background).
+            env the samplers build and the probe env that sizes the policy, e.g. the emulated
+            scenario-load latency ``fastlight.envs.ScenarioLoadCost`` (FAST §background).
         num_envs: environment clips in total per trainer rank, spread over the samplers.
         num_workers: sampler processes per trainer rank.
         reset_mode: ``dpsa | sgr | autoreset | sequential`` (FAST §DPSA).
         termination_threshold: DPSA unified truncation when this fraction of clips has ended, or
-            ``auto``: each sampler chooses it every cycle from its measured step cost, reset cost
-            and episode lengths, for the most valid steps per second with at most 20 % of the
-            episodes cut (:mod:`fastlight.sampling.auto_threshold`; ``perf/termination_threshold``
-            logs the choice).
+            ``auto``: each sampler chooses it every cycle for the most valid steps per second with
+            at most 20 % of the episodes cut (:mod:`fastlight.sampling.auto_threshold`;
+            ``perf/termination_threshold`` logs the choice).
         max_horizon: DPSA/SGR cycle cap in steps (then truncate and bootstrap).
         rollout_steps: steps per round in ``autoreset`` / ``sequential`` mode.
         cycles_per_step: sampling cycles each sampler contributes to one training step.
         valid_steps_per_step: if set, every training step's Rollout holds at least this many valid
-            transitions: each sampler keeps collecting whole cycles (at least ``cycles_per_step``)
-            until it has its share (in proportion to its envs). Reset modes then differ only in
-            how the data is collected, not in how much one update sees (a fair convergence
-            comparison: FAST §Experiments compares modes at equal data per update).
-        max_staleness: 0 = strictly on-policy; k = accept data up to k versions old (older
-            data is dropped and counted as ``rollout/dropped_stale``).
+            transitions (each sampler collects whole cycles until it has its share), so reset modes
+            compare at equal data per update (FAST §Experiments).
+        max_staleness: 0 = strictly on-policy; k = accept data up to k versions old (older data is
+            dropped and counted as ``rollout/dropped_stale``).
         truncation_scope: whose clips DPSA's termination rate counts. ``sampler`` (default):
             each sampler's own, so the same seeds give the same cycles. ``rank``: every clip of the
             rank's local samplers, as FAST §DPSA counts "terminated clips among all clips": the
@@ -118,40 +113,29 @@ class RolloutDataModule(L.LightningDataModule):
             counts them). ``None`` (default): on where it can work (``max_staleness`` above 0,
             the local fleet); ``false``: those rounds go into the next batch, as before.
         prefetch: super-batches the background prefetcher keeps ready (AcceRL §prefetch).
-        trainer_threads: torch intra-op threads of the trainer process once its samplers start.
-            ``None`` (default): the cores its local samplers leave it
-            (:func:`~fastlight.procs.spare_threads` of the usable cores shared by this machine's
-            ranks; half of them with a CPU inference worker, ``--data.inference.threads``), at
-            least 1; unchanged when ``OMP_NUM_THREADS`` is set or the fleet is remote.
-            torch's own default, one thread per core, competes with the busy samplers for the same
-            cores: an asynchronous highway update took 6x longer on 2 cores
-            (``benchmarks/results/sync.md``, Run 6).
-        inference: an :class:`~fastlight.inference.InferenceSettings` serves every sampler from
-            one inference worker process that holds the policy (AcceRL §inference); ``None``
-            (default): each sampler acts with its own CPU copy of the policy.
-        faults: :class:`~fastlight.sampling.FaultSettings`: the rollout timeout, the heartbeat
+        trainer_threads: torch intra-op threads of the trainer once its samplers start. ``None``
+            (default): the cores its local samplers leave (:meth:`thread_plan`), at least 1;
+            unchanged when ``OMP_NUM_THREADS`` is set or the fleet is remote. torch's own default,
+            one thread per core, competes with the busy samplers: an asynchronous highway update
+            took 6x longer on 2 cores (``benchmarks/results/sync.md``, Run 6).
+        inference: :class:`~fastlight.inference.InferenceSettings`: one inference worker process
+            holds the policy and serves every sampler (AcceRL §inference); ``None`` (default): each
+            sampler acts with its own CPU copy of the policy.
+        faults: :class:`~fastlight.fleet.faults.FaultSettings`: the rollout timeout, the heartbeat
             and the restart budget of the samplers (and of a CPU inference worker).
         steps_per_epoch: training steps per Lightning epoch (the stream itself never ends).
         seed: base seed of the envs; rank ``r`` worker ``w`` uses ``seed + 10_000 r + 1_000 w``.
-            ``None`` (default) derives it from the global seed (``--seed_everything``, read from
-            ``PL_GLOBAL_SEED`` when the samplers start), so a seed sweep varies the envs too; 0
-            when no global seed is set. See :attr:`env_seed`.
-        nonfinite: a NaN / inf observation or reward from an env: ``raise`` stops the run naming
-            the env, its index, seed, episode step and the field; ``drop`` drops that episode (its
-            steps become padding) and counts it as ``rollout/dropped_nonfinite``.
-        start_method: how sampler (and inference worker) processes start: ``spawn``, or
-            ``forkserver`` (forked from a server that has already imported torch, gymnasium and
-            the env package). ``None`` (default): ``forkserver`` when the ``fastlight`` command
-            warmed one at start-up (it does for ``fit``, in parallel with the trainer's own
-            imports), else ``spawn``. See :mod:`fastlight.fleet.start`.
-        head_start: let the ``fastlight`` command start the samplers with the version-0 policy
-            before Lightning is imported, so their first rounds overlap the trainer's start-up
-            (:mod:`fastlight.data.head_start`: for ``RLModule``'s own policy, local samplers, no
-            inference worker; taken over only if the samplers and the weights are equal to what
-            this DataModule would start). ``false``: the samplers start when training does.
-        fleet: where the samplers run (:class:`~fastlight.fleet.base.Fleet`): the local
-            processes above (:class:`~fastlight.fleet.pool.LocalFleet`, the default), or Ray actors
-            on any node of a cluster (:class:`~fastlight.fleet.ray.fleet.RayFleet`, ``--data.fleet
+            ``None`` (default): the global seed (``--seed_everything``), else 0 (:attr:`env_seed`).
+        nonfinite: a NaN / inf observation or reward: ``raise`` stops the run naming the env, its
+            seed, episode step and field; ``drop`` pads that episode out and counts it as
+            ``rollout/dropped_nonfinite``.
+        start_method: ``spawn``, or ``forkserver`` (forked from a server that has already imported
+            torch, gymnasium and the env package). ``None`` (default): ``forkserver`` when the
+            ``fastlight`` command warmed one (it does for ``fit``), else ``spawn``
+            (:mod:`fastlight.fleet.start`).
+        fleet: where the samplers run: local processes (:class:`~fastlight.fleet.pool.LocalFleet`,
+            the default) or Ray actors on any node of a cluster
+            (:class:`~fastlight.fleet.ray.fleet.RayFleet`, ``--data.fleet
             fastlight.fleet.ray.fleet.RayFleet --data.fleet.init_args.address auto``). Sampling,
             staleness, seeds and the restart budget are the same with either.
     """
@@ -181,7 +165,6 @@ class RolloutDataModule(L.LightningDataModule):
         seed: int | None = None,
         nonfinite: Nonfinite = "raise",
         start_method: StartMethod | None = None,
-        head_start: bool = True,
         fleet: Fleet = DEFAULT_FLEET,
     ) -> None:
         super().__init__()
@@ -223,7 +206,7 @@ class RolloutDataModule(L.LightningDataModule):
             max_horizon=h.max_horizon,
             num_envs=h.num_envs,
         )
-        self._last_sync: SyncStats | None = None
+        self.last_sync: SyncStats | None = None  # the latest publish's (None before the first)
         self.dropped_stale = 0
         # Fault counters of earlier pools (a resumed run's, restored from the checkpoint).
         self._restarts_before = 0
@@ -266,11 +249,9 @@ class RolloutDataModule(L.LightningDataModule):
         self, ranks_here: int, device: torch.device | str = "cpu"
     ) -> tuple[int | None, InferenceSettings | None]:
         """The trainer's torch threads (None: leave them) and the inference settings to start the
-        worker with, with ``ranks_here`` ranks on this machine and the trainer on ``device`` (an
-        inference worker's own device defaults to it): the cores the samplers leave
-        (:func:`~fastlight.procs.spare_threads`), split between the trainer and a CPU inference
-        worker; ``--data.trainer_threads`` and ``--data.inference.threads`` where set; nothing
-        changed when ``OMP_NUM_THREADS`` is set or the fleet is remote."""
+        worker with (``ranks_here`` ranks on this machine, the trainer on ``device``): the cores the
+        samplers leave (:func:`~fastlight.procs.spare_threads`), split between the trainer and a CPU
+        inference worker, unless ``--data.trainer_threads`` / ``--data.inference.threads`` set them."""
         h, inference = self.hparams, self.inference
         if not self.fleet.shared_memory or os.environ.get("OMP_NUM_THREADS"):
             return h.trainer_threads, inference
@@ -333,20 +314,15 @@ class RolloutDataModule(L.LightningDataModule):
         rank = self.trainer.global_rank if self.trainer is not None else 0
         ranks_here = self.trainer.num_devices if self.trainer is not None else 1
         threads, inference = self.thread_plan(ranks_here, root)
-        configs, start_method = self.sampler_configs(rank), resolve_start_method(self.hparams.start_method)
-        # Samplers the fastlight command started before Lightning loaded, if they are these ones.
-        head = head_start.claim(
-            configs, policy, start_method=start_method, blocker=self._head_start_blocker(module, inference)
-        )
-        self.pool = head or self.fleet.build(
-            configs,
+        self.pool = self.fleet.build(
+            self.sampler_configs(rank),
             policy,
             rank=rank,
             inference=inference,
             trainer_device=root,
             example_obs=self.example_obs,
             faults=self.faults,
-            start_method=start_method,
+            start_method=resolve_start_method(self.hparams.start_method),
         )
         if threads is not None and threads != torch.get_num_threads():
             self._threads_before = torch.get_num_threads()  # restored when the samplers stop
@@ -360,11 +336,7 @@ class RolloutDataModule(L.LightningDataModule):
                 else f"the cores its {n} samplers leave (--data.trainer_threads sets it)"
             )
             rank_zero_info(f"fastlight: the trainer computes on {threads} torch thread(s){worker}: {why}")
-        if head is None:
-            self.pool.start()
-        else:
-            self._published = 0  # the head start published version 0 (checked equal to the module's)
-            rank_zero_info("fastlight: sampling since start-up (head start): version 0 checked equal")
+        self.pool.start()
         self.prefetcher = Prefetcher(
             self.pool.next_item,
             lambda: int(module.policy_version),
@@ -373,21 +345,6 @@ class RolloutDataModule(L.LightningDataModule):
             depth=self.hparams.prefetch,
             cut_in_flight=self.pool.cut_in_flight if self.cut_in_flight else None,
         ).start()
-
-    def _head_start_blocker(
-        self, module: RolloutPolicyModule, inference: InferenceSettings | None
-    ) -> str | None:
-        """Why this DataModule cannot take over a head start's samplers (None: it can, if they match)."""
-        if not self.hparams.head_start:
-            return "--data.head_start false"
-        if inference is not None:
-            return "an inference worker serves the samplers"
-        # (env wrappers are in the sampler configs the claim compares)
-        if not isinstance(self.fleet, LocalFleet) or self.faults != DEFAULT_FAULTS:
-            return "the fleet or the fault settings are not the defaults"
-        if int(module.policy_version) != 0:
-            return f"the policy is at version {int(module.policy_version)}"
-        return None
 
     def max_valid_per_rollout(self) -> int:
         """The most valid transitions one training step's Rollout can hold on this rank: every env
@@ -465,14 +422,9 @@ class RolloutDataModule(L.LightningDataModule):
         version = int(module.policy_version)
         if self.pool is None or version == self._published:
             return None
-        self._last_sync = self.pool.publish(module.policy, version)
+        self.last_sync = self.pool.publish(module.policy, version)
         self._published = version
-        return self._last_sync
-
-    @property
-    def last_sync(self) -> SyncStats | None:
-        """The latest publish's :class:`SyncStats` (None before the first)."""
-        return self._last_sync
+        return self.last_sync
 
     def request_drain(self) -> None:
         if self.pool is not None:

@@ -1,10 +1,6 @@
-"""The sampler processes one rank runs, as a pure function of ``RolloutDataModule``'s settings.
-
-Shared by :class:`~fastlight.data.datamodule.RolloutDataModule` and the head start
-(:mod:`fastlight.data.head_start`), which plans the same samplers from the command line before
-Lightning is imported; so both compute them one way, and the DataModule can check the head
-start's plan by equality. Imports nothing of Lightning.
-"""
+"""The sampler processes one rank runs, as a pure function of ``RolloutDataModule``'s settings
+(:meth:`~fastlight.data.datamodule.RolloutDataModule.sampler_configs`): how the envs, seeds and
+valid-step budget are split between them, and which round-ending rules they follow."""
 
 from __future__ import annotations
 

@@ -78,4 +78,10 @@ def make_env(
 ) -> gym.Env:
     """``gym.make(env_id, **env_kwargs)`` after checking the id (and importing its package)."""
     check_env_id(env_id, flag=flag)
-    return gym.make(env_id, **(env_kwargs or {}))
+    try:
+        return gym.make(env_id, **(env_kwargs or {}))
+    except TypeError as e:
+        if not env_kwargs:
+            raise
+        # A keyword the env's constructor does not take (gymnasium's message names it and the env).
+        raise ValueError(f"--data.env_kwargs: {' '.join(str(e).split())}") from e

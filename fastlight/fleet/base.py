@@ -1,4 +1,4 @@
-"""Where a rank's samplers run: the two typed sides of ``--data.fleet``.
+"""Where a rank's samplers run: the two typed sides of ``--data.fleet``, and the watch every fleet shares.
 
 - :class:`Fleet` is the setting (``RolloutDataModule(fleet=...)``, ``--data.fleet.class_path``):
   :class:`~fastlight.fleet.pool.LocalFleet` (the default: processes of the trainer's machine) or
@@ -8,43 +8,101 @@
   policy version, take the next Rollout (in completion order), push task weights, count faults,
   stop. :class:`~fastlight.fleet.pool.SamplerPool` and the Ray fleet implement it.
 
+:class:`SamplerFleet` also keeps the fault bookkeeping both fleets share (Sample Factory's habit: a
+sampler that dies without a word, or makes no progress for ``--data.faults.heartbeat_s``, is
+restarted on the current weights within a budget): how often the samplers are watched, the restart
+budget and its counters, the no-rollout timeout (``worker_timeout_s``), the heartbeat limits every
+sampler's :class:`~fastlight.procs.Liveness` is held to, and a stop after which nothing restarts
+(the stop waits for a restart under way, in the prefetch thread, then stops what it started). A fleet
+implements only its transport: how its samplers start, hand over Rollouts, are watched and stop.
+
 Both are abstract base classes, not duck types: a fleet that misspells or omits a method cannot be
 instantiated (``TypeError`` naming it), instead of failing on the first call in the middle of a run.
 """
 
 from __future__ import annotations
 
+import atexit
+import collections
+import threading
+import time
+import weakref
 from abc import ABC, abstractmethod
 from typing import Any
 
 import torch
 from torch import nn
 
-from fastlight.fleet.faults import FaultSettings
+from fastlight.fleet.faults import FLAG, FaultSettings
+from fastlight.fleet.restarts import SamplerError, spend_restart
 from fastlight.inference.settings import InferenceSettings
+from fastlight.procs import HeartbeatLimits
 from fastlight.rollout import Rollout
 from fastlight.sampling.worker import SamplerConfig
 from fastlight.weights.publisher import SyncStats
 
+#: How often (seconds) ``next_item`` looks for dead and silent samplers.
+WATCH_EVERY_S = 0.25
+#: How long ``stop`` waits for a restart under way (a spawn, an actor being placed) to finish.
+RESTART_WAIT_S = 30.0
+
 
 class SamplerFleet(ABC):
-    """The running samplers of one trainer rank, as the DataModule sees them.
+    """The running samplers of one trainer rank, as the DataModule sees them, and their faults.
 
     ``restarts`` and ``dropped_rollouts`` are the ``faults/worker_restarts`` and
-    ``faults/dropped_rollouts`` counts of this fleet so far.
+    ``faults/dropped_rollouts`` counts of this fleet so far; ``stopping`` is set once :meth:`stop`
+    has begun (nothing is restarted after it).
     """
 
-    restarts: int
-    dropped_rollouts: int
+    #: What the no-rollout error calls this fleet's samplers.
+    samplers_name = "samplers"
+
+    def __init__(self, configs: list[SamplerConfig], faults: FaultSettings | None) -> None:
+        self.configs = configs
+        self.faults = faults = faults or FaultSettings()
+        # Every process a fleet watches: until its first beat (spawn, imports, building its envs) it
+        # gets worker_timeout_s, then heartbeat_s.
+        self.heartbeat_limits = HeartbeatLimits(
+            faults.heartbeat_s, faults.worker_timeout_s, f"{FLAG}.heartbeat_s", f"{FLAG}.worker_timeout_s"
+        )
+        self.restarts = 0
+        self.dropped_rollouts = 0
+        self.stopping = False
+        self._restart_times: collections.deque[float] = collections.deque()
+        # Serialises a restart (the prefetch thread's watch) with a publish and with the stop (the
+        # trainer's thread): a stop waits for a restart under way, and none begins once it has.
+        self._lock = threading.RLock()
+        self._last_item = time.monotonic()
+        self._last_watch = 0.0
 
     @property
-    @abstractmethod
     def num_workers(self) -> int:
         """Samplers: one Rollout item of each makes a training step's super-batch."""
+        return len(self.configs)
 
-    @abstractmethod
+    @property
+    def timeout_s(self) -> float:
+        return self.faults.worker_timeout_s
+
+    @property
+    def heartbeat_s(self) -> float:
+        return self.faults.heartbeat_s
+
+    @property
+    def max_restarts(self) -> int:
+        return self.faults.max_worker_restarts
+
+    @property
+    def restart_window_s(self) -> float:
+        return self.faults.restart_window_s
+
+    # ---------------------------------------------------------------- what the DataModule calls
     def start(self) -> None:
         """Start every sampler (they wait for the first :meth:`publish`)."""
+        self._start()
+        self._last_item = time.monotonic()
+        atexit.register(_stop_ref, weakref.ref(self))  # last line of defence: an exit without teardown
 
     @abstractmethod
     def publish(self, policy: nn.Module, version: int) -> SyncStats:
@@ -54,10 +112,26 @@ class SamplerFleet(ABC):
     def request_drain(self) -> None:
         """Announce the next :meth:`publish` (a no-op where nothing is served)."""
 
-    @abstractmethod
     def next_item(self, timeout: float) -> Rollout | None:
         """The next Rollout any sampler finished, or None after ``timeout`` seconds without one.
-        Restarts failed samplers within the budget; raises naming the sampler past it."""
+
+        Restarts dead and silent samplers on the way, within the budget. Raises
+        :class:`~fastlight.fleet.restarts.SamplerError` naming the sampler past the budget or when it
+        raised, and when no Rollout at all arrived for ``--data.faults.worker_timeout_s``.
+        """
+        self.watch()
+        item = self._receive(timeout)
+        if item is not None:
+            self._last_item = time.monotonic()
+            return item
+        self.watch(force=True)
+        silent = time.monotonic() - self._last_item
+        if silent > self.timeout_s and not self.stopping:
+            raise SamplerError(
+                f"no rollout from the {self.samplers_name} for {self.timeout_s:.0f} s "
+                f"({FLAG}.worker_timeout_s); {self._describe()}"
+            )
+        return None
 
     def cut_in_flight(self, timeout: float) -> list[Rollout]:
         """A training step's batch just completed: ask every sampler but the one whose item completed
@@ -70,9 +144,65 @@ class SamplerFleet(ABC):
     def set_task_weights(self, weights: list[float]) -> None:
         """Task-sampling weights for every sampler's envs, applied before their next round (DWR)."""
 
-    @abstractmethod
     def stop(self) -> None:
-        """Stop every sampler; idempotent. Nothing is restarted once it has begun."""
+        """Stop every sampler; idempotent. No restart begins once it is called; one under way (in
+        the prefetch thread) is waited for, at most ``RESTART_WAIT_S``, and what it started stopped."""
+        self.stopping = True
+        # Bounded: a restart stuck starting its processes must not hang the stop (what it then starts
+        # still exits with the trainer).
+        locked = self._lock.acquire(timeout=RESTART_WAIT_S)
+        try:
+            self._stop()
+        finally:
+            if locked:
+                self._lock.release()
+
+    # ---------------------------------------------------------------- the shared watch
+    def watch(self, force: bool = False) -> None:
+        """Look for dead and silent samplers (at most every ``WATCH_EVERY_S`` unless ``force``), and
+        restart them within the budget; nothing once the stop has begun."""
+        now = time.monotonic()
+        if not force and now - self._last_watch < WATCH_EVERY_S:
+            return
+        self._last_watch = now
+        with self._lock:
+            if not self.stopping:
+                self._watch(now)
+
+    def _spend_restart(self, name: str, action: str, note: str | None = None, *, dropped: int) -> bool:
+        """One restart from the budget (:func:`~fastlight.fleet.restarts.spend_restart` prints the
+        line, or raises naming ``name`` past the budget) for a fault that loses ``dropped`` rounds in
+        flight. False, taking nothing, once the fleet is stopping: nothing is restarted then."""
+        if self.stopping:
+            return False
+        spend_restart(self._restart_times, max_restarts=self.max_restarts, window_s=self.restart_window_s,
+                      name=name, action=action, note=note)  # fmt: skip
+        self.restarts += 1
+        self.dropped_rollouts += dropped
+        return True
+
+    # ---------------------------------------------------------------- what a fleet implements
+    @abstractmethod
+    def _start(self) -> None:
+        """Start every sampler."""
+
+    @abstractmethod
+    def _receive(self, timeout: float) -> Rollout | None:
+        """A Rollout a sampler finished, or None: none within ``timeout`` seconds (or an answer that
+        holds none, such as a heartbeat)."""
+
+    @abstractmethod
+    def _watch(self, now: float) -> None:
+        """Restart (:meth:`_spend_restart`) or raise on every dead or silent sampler. Called under
+        the lock, never once stopping."""
+
+    @abstractmethod
+    def _describe(self) -> str:
+        """The samplers' state, for the no-rollout error."""
+
+    @abstractmethod
+    def _stop(self) -> None:
+        """Stop every sampler (under the lock, with ``stopping`` set)."""
 
 
 class Fleet(ABC):
@@ -99,3 +229,9 @@ class Fleet(ABC):
     ) -> SamplerFleet:
         """The (not yet started) fleet of trainer rank ``rank``: one sampler per config, each acting
         with a copy of ``policy`` (or, with ``inference``, served by one inference worker)."""
+
+
+def _stop_ref(ref: weakref.ref) -> None:
+    fleet = ref()
+    if fleet is not None:
+        fleet.stop()

@@ -1,8 +1,9 @@
 """``FaultSettings``: how a rank's pool watches, restarts and gives up on its worker processes.
 
-``--data.faults`` holds it; :class:`~fastlight.fleet.pool.SamplerPool` applies it to the
-samplers and to the inference worker alike (the restart policy is Sample Factory's habit: a
-process that dies without a word, or stops making progress, is restarted within a budget).
+``--data.faults`` holds it; every fleet (:class:`~fastlight.fleet.base.SamplerFleet`) applies it to
+its samplers, and the local pool to its inference worker alike (the restart policy is Sample
+Factory's habit: a process that dies without a word, or stops making progress, is restarted within
+a budget).
 """
 
 from __future__ import annotations

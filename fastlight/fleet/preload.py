@@ -12,12 +12,8 @@ import os
 try:
     import fastlight.sampling.worker  # noqa: F401  (torch, gymnasium, the Collector)
     from fastlight.envs.registry import check_env_id
-    from fastlight.fleet.start import PRELOAD_CWD_VAR, PRELOAD_ENV_VAR
+    from fastlight.fleet.start import PRELOAD_ENV_VAR
 
-    # Started where the trainer's fastlight is found (a fastlight/ in its working directory would
-    # shadow it): back to the trainer's directory now, for the env package (a user's own module).
-    if os.environ.get(PRELOAD_CWD_VAR):
-        os.chdir(os.environ.pop(PRELOAD_CWD_VAR))
     _env_id = os.environ.get(PRELOAD_ENV_VAR)
     if _env_id:
         check_env_id(_env_id)  # imports highway_env (or the module before ':') and checks the id

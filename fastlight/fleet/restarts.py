@@ -1,10 +1,9 @@
-"""What both fleets (the local :class:`~fastlight.fleet.pool.SamplerPool` and the Ray fleet) say and
-count when a sampler fails: the error, the restart budget, and how a crash is reported."""
+"""What every fleet (:class:`~fastlight.fleet.base.SamplerFleet`: the local pool, the Ray fleet) says and
+counts when a sampler fails: the error, the restart budget, and how a crash is reported."""
 
 from __future__ import annotations
 
 import collections
-import signal
 import sys
 import time
 
@@ -39,13 +38,6 @@ def spend_restart(
         file=sys.stderr,
         flush=True,
     )
-
-
-def signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
 
 
 def crashed(index: int, payload: str) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
 from fastlight.checkpoints import read_checkpoint
@@ -62,3 +63,13 @@ def load_policy_weights(policy: nn.Module, path: str | Path, *, flag: str = "--m
         )
     policy.load_state_dict({k: v for k, v in theirs.items()}, strict=False)
     return {"tensors": len(theirs), "value_loaded": bool(optional) and optional <= theirs.keys()}
+
+
+def init_policy_from(policy: nn.Module, path: str | Path) -> None:
+    """``--model.init_from``: :func:`load_policy_weights`, then one line (rank zero) saying what loaded."""
+    info = load_policy_weights(policy, path)
+    rank_zero_info(
+        f"fastlight: policy initialised from {path} ({info['tensors']} tensors"
+        + ("" if info["value_loaded"] else "; value head left at its initialisation")
+        + ")"
+    )

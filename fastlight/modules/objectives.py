@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import inspect
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from typing import Any
 
 from torch import Tensor
 
-from fastlight.class_paths import class_path
+from fastlight.class_paths import class_path, resolve
 from fastlight.losses import gipo_loss, ppo_clip_loss, sapo_loss
 
-__all__ = ["GIPO", "SAPO", "Objective", "PPOClip"]
+__all__ = ["GIPO", "SAPO", "Objective", "PPOClip", "as_objective"]
 
 _FLAG = "--model.objective.init_args"
 
@@ -136,3 +137,20 @@ class SAPO(Objective):
 
     def loss(self, **inputs: Any) -> tuple[Tensor, dict[str, Tensor]]:
         return sapo_loss(**inputs, tau_pos=self.tau_pos, tau_neg=self.tau_neg, clip_eps=self.clip_frac_eps)
+
+
+def as_objective(value: Any, default: type[Objective]) -> Objective:
+    """``value`` as an Objective: an object, ``None`` (``default()``) or the ``{"class_path",
+    "init_args"}`` mapping that hparams and checkpoints hold (:meth:`Objective.config`)."""
+    if value is None:
+        return default()
+    if isinstance(value, Objective):
+        return value
+    if isinstance(value, Mapping) and isinstance(value.get("class_path"), str):
+        cls = resolve(value["class_path"])
+        if isinstance(cls, type) and issubclass(cls, Objective):
+            return cls(**dict(value.get("init_args") or {}))
+    raise TypeError(
+        f"--model.objective must be an Objective, e.g. --model.objective GIPO --model.objective.sigma 0.5 "
+        f"(one of PPOClip | GIPO | SAPO or your subclass), got {value!r}"
+    )

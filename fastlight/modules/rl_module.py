@@ -2,8 +2,8 @@
 
 Manual optimisation: each Rollout is one Lightning training step, inside which the module runs
 ``update_epochs`` epochs x ``num_minibatches`` minibatches over the valid transitions. Every
-loss term is a masked sum over valid transitions divided by their count (FAST §SMPO), and under
-DDP the count is all-reduced so the global mean is exact.
+loss term is a masked sum over valid transitions divided by their count (FAST §SMPO, see
+:meth:`RLModule._update`), and under DDP the count is all-reduced so the global mean is exact.
 
 The policy is either injected (``policy=``; from the CLI, ``--model.policy`` with ``class_path`` /
 ``init_args``) or built by :meth:`build_policy` in Lightning's ``configure_model`` hook, i.e. after
@@ -17,40 +17,40 @@ Subclass hooks, in the order a step uses them:
 - :meth:`evaluate_actions` - log-probs, entropy, values of a minibatch;
 - :meth:`compute_loss` - objective + value + entropy terms, returns ``(loss, info)``;
 - :meth:`param_groups` - optimizer parameter groups (e.g. a value-head learning rate).
+
+Where the policy comes from, what wraps it (``init_from``, the normalisers) and what a loading
+checkpoint is checked for is the base class, :class:`~fastlight.modules.policy_module.PolicyModule`.
 """
 
 from __future__ import annotations
 
-import copy
 import inspect
 from typing import Any
 
-import lightning as L
 import torch
 import torch.distributed as dist
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor, nn
 from typing_extensions import override
 
 from fastlight.advantages import chunk_rewards, masked_gae, normalize_advantages
-from fastlight.class_paths import class_path, same_class
 from fastlight.data.protocols import ReportsFaults
 from fastlight.losses import entropy_bonus, explained_variance, value_loss
-from fastlight.losses.ratios import GRANULARITIES, Granularity
+from fastlight.losses.ratios import Granularity
 from fastlight.models.action_mapping import action_chunk
 from fastlight.models.base import EvalOutput, Policy, PolicyBase
 from fastlight.models.mlp import MLPActorCritic
-from fastlight.models.normalization import NormalizedPolicy, resolve_normalization, with_normalization
-from fastlight.modules.init_from import load_policy_weights
+from fastlight.models.normalization import NormalizedPolicy
+from fastlight.modules.checkpointing import save_hparams
+from fastlight.modules.checks import check_mlp_sizes, check_settings
 from fastlight.modules.minibatch import Minibatch, recompute_values
-from fastlight.modules.objective_hparams import as_objective, legacy_load_kwargs
-from fastlight.modules.objectives import Objective, PPOClip
+from fastlight.modules.nonfinite import NonfiniteSteps
+from fastlight.modules.objectives import Objective, PPOClip, as_objective
+from fastlight.modules.policy_module import PolicyModule
 from fastlight.modules.rollout_logging import rollout_metrics
-from fastlight.modules.weights_fit import first_misfit, setting_differences
 from fastlight.rollout import Rollout
 
 
-class RLModule(L.LightningModule):
+class RLModule(PolicyModule):
     """PPO / GIPO / SAPO on Rollouts.
 
     Args:
@@ -136,183 +136,21 @@ class RLModule(L.LightningModule):
         max_nonfinite_updates: int = 3,
     ) -> None:
         super().__init__()
-        _validate(locals())
-        if policy is None and type(self).build_policy is RLModule.build_policy:
-            _check_mlp_sizes(obs_dim, action_dim)  # refuse now rather than when fit starts
+        check_settings(locals(), default_policy=type(self).build_policy is RLModule.build_policy)
         #: The policy objective compute_loss uses (hparams hold its class_path / init_args).
         self.objective = as_objective(objective, default=self.default_objective)
-        self._save_hparams_without_policy_object(policy)
-        if "_instantiator" not in self.hparams:  # built from Python: hparams hold plain data, as the CLI's
-            self._record_policy_hparams({"objective": self.objective.config()})
+        save_hparams(self, policy, self.objective, frame=inspect.currentframe())
         self.automatic_optimization = False
         if policy is not None:
             self.policy = policy
         # Number of updates so far; tags the weights the samplers act with. A buffer, so it is
         # saved in checkpoints and a resumed run keeps counting.
         self.register_buffer("_policy_version", torch.zeros((), dtype=torch.long))
-        self._initialised_from = False
-        self.skipped_updates = 0  # optimizer steps skipped for a non-finite loss or gradient
-        self._nonfinite_in_a_row = 0
+        #: Skips optimizer steps with a NaN / inf loss or gradient (``--model.max_nonfinite_updates``).
+        self.nonfinite = NonfiniteSteps(max_nonfinite_updates)
 
-    policy: nn.Module  # set by __init__ (injected) or configure_model (build_policy)
     #: The objective ``objective=None`` means (a subclass may choose another, e.g. VLAModule GIPO).
     default_objective: type[Objective] = PPOClip
-
-    @classmethod
-    def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
-        """Lightning's, plus checkpoints saved before objectives were objects (``objective: gipo``,
-        ``gipo_sigma`` ...): they load with the objective they trained with
-        (:func:`~fastlight.modules.objective_hparams.legacy_load_kwargs`)."""
-        kwargs = {**kwargs, **legacy_load_kwargs(checkpoint_path, kwargs)}
-        return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
-
-    def _save_hparams_without_policy_object(self, policy: nn.Module | None) -> None:
-        """``save_hyperparameters`` of the whole ``__init__`` chain, minus a policy *object*.
-
-        Built by LightningCLI (hparams carry its ``_instantiator``), the hparams hold ``policy`` as
-        the CLI config's ``class_path`` / ``init_args``, which ``load_from_checkpoint`` rebuilds. A
-        policy passed as a Python object is neither copied nor pickled into every checkpoint: only
-        its class path is kept, and loading asks for the object again.
-        """
-        frame = inspect.currentframe().f_back  # RLModule.__init__
-        self.save_hyperparameters(ignore=["policy"], frame=frame)
-        if "_instantiator" in self.hparams:
-            self.save_hyperparameters(frame=frame)  # the CLI's config: policy is plain data there
-        else:
-            self._record_policy_hparams({"policy": None if policy is None else class_path(type(policy))})
-
-    def _record_policy_hparams(self, values: dict[str, Any]) -> None:
-        self._hparams.update(values)
-        self._hparams_initial.update(copy.deepcopy(values))  # what loggers record
-
-    @override
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Rebuilt from a CLI checkpoint, keep its policy config (not just the class path), so that
-        a checkpoint saved from this module rebuilds the policy too. Weights that cannot be loaded
-        into this module are refused first, naming the settings that differ (:meth:`_check_weights_fit`)."""
-        self._check_weights_fit(checkpoint)
-        saved = checkpoint.get(self.CHECKPOINT_HYPER_PARAMS_KEY) or {}
-        config = saved.get("policy")
-        if isinstance(config, dict) and same_class(self.hparams.get("policy"), config.get("class_path")):
-            values = {"policy": config}
-            if same_class(saved.get("_class_path"), class_path(type(self))) and "_instantiator" in saved:
-                values.update(_class_path=saved["_class_path"], _instantiator=saved["_instantiator"])
-            self._record_policy_hparams(values)
-        self._use_typed_learning_rates(checkpoint)
-
-    def _check_weights_fit(self, checkpoint: dict[str, Any]) -> None:
-        """Refuse, in one line, a checkpoint whose weights this module cannot load (resuming with
-        another ``--model.hidden_sizes``, another env): the settings that differ from the checkpoint's
-        and the first tensor that does not fit, where ``load_state_dict`` would list every tensor in a
-        long ``size mismatch`` traceback. Runs before anything is loaded (and before any sampler starts).
-
-        Not checked under a strategy that restores after wrapping the model (FSDP, DeepSpeed): its
-        module holds shards here, and it loads the checkpoint its own way.
-        """
-        theirs = checkpoint.get("state_dict")
-        trainer = self._trainer
-        if not isinstance(theirs, dict) or not theirs or "policy" not in self._modules:
-            return  # no weights to load (a hook called on its own), or no policy to load them into
-        if trainer is not None and trainer.strategy.restore_checkpoint_after_setup:
-            return
-        misfit = first_misfit(self.state_dict(), theirs, strict=self.strict_loading)
-        if misfit is None:
-            return
-        datamodule = trainer.datamodule if trainer is not None else None
-        diffs = setting_differences(
-            checkpoint.get(self.CHECKPOINT_HYPER_PARAMS_KEY) or {},
-            dict(self.hparams),
-            checkpoint.get("datamodule_hyper_parameters") or {},
-            dict(getattr(datamodule, "hparams", None) or {}),
-        )
-        path = trainer.ckpt_path if trainer is not None else None
-        where = f"--ckpt_path {path}: " if path else ""
-        if diffs:
-            why = f"{'; '.join(diffs)}: the checkpoint's weights cannot be loaded into this model"
-        else:  # same settings, other shapes: the class itself (or its code) changed
-            why = (
-                f"the checkpoint's weights cannot be loaded into this model (--model.class_path "
-                f"{class_path(type(self))}, with the checkpoint's settings)"
-            )
-        raise ValueError(
-            f"{where}{why} ({misfit}); resume with the checkpoint's settings, or start a new run without "
-            "--ckpt_path"
-        )
-
-    def _use_typed_learning_rates(self, checkpoint: dict[str, Any]) -> None:
-        """Resuming with a changed ``lr`` (or ``*_lr``) means the new one: the optimizer state
-        restored from the checkpoint would otherwise bring back the old rates silently. Edits the
-        checkpoint's optimizer param groups, restored after this hook, to this module's rates."""
-        saved = checkpoint.get(self.CHECKPOINT_HYPER_PARAMS_KEY) or {}
-        rates = [k for k in self.hparams if k == "lr" or k.endswith("_lr")]
-        changed = [k for k in rates if k in saved and saved[k] != self.hparams[k]]
-        states = checkpoint.get("optimizer_states")
-        if not changed or not states or "policy" not in self._modules:
-            return
-        fresh = self.configure_optimizers()
-        opts = list(fresh) if isinstance(fresh, (list, tuple)) else [fresh]
-        if len(opts) != len(states) or not all(isinstance(o, torch.optim.Optimizer) for o in opts):
-            return
-        for opt, state in zip(opts, states, strict=True):
-            for group, saved_group in zip(opt.param_groups, state["param_groups"], strict=False):
-                saved_group["lr"] = group["lr"]
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "policy" and "policy" not in self.__dict__.get("_modules", {}):
-            raise AttributeError(
-                f"{type(self).__name__}.policy does not exist yet: it is built by configure_model(), "
-                "which the Trainer calls at the start of fit/validate/predict (and load_from_checkpoint "
-                "calls too), after __init__; use the policy in configure_model() after "
-                "super().configure_model(), outside a Trainer call module.configure_model() first, or "
-                "inject one (--model.policy, or policy=...)"
-            )
-        return super().__getattr__(name)
-
-    @override
-    def configure_model(self) -> None:
-        """Build the policy with :meth:`build_policy` unless it exists (injected, or built before).
-
-        Lightning calls this inside the strategy's init context (device, sharding, precision), after
-        ``setup`` and before a checkpoint is restored. Idempotent: it may run more than once.
-        """
-        if "policy" not in self._modules:
-            try:
-                policy = self.build_policy()
-            except AttributeError as e:  # e.g. an attribute the subclass never set: say where to set it
-                raise TypeError(_build_policy_hint(self, e)) from e
-            self.policy = policy
-        # Only under a Trainer: a module rebuilt by load_from_checkpoint gets its weights from there.
-        if self.hparams.get("init_from") and self._trainer is not None and not self._initialised_from:
-            info = load_policy_weights(self.core_policy, self.hparams.init_from)
-            self._initialised_from = True
-            rank_zero_info(
-                f"fastlight: policy initialised from {self.hparams.init_from} ({info['tensors']} tensors"
-                + ("" if info["value_loaded"] else "; value head left at its initialisation")
-                + ")"
-            )
-        norm_obs, norm_ret = self.normalization()
-        wrapped = with_normalization(
-            self.policy, obs_dim=self.hparams.obs_dim, normalize_obs=norm_obs, normalize_returns=norm_ret
-        )
-        if wrapped is not self.policy:
-            self.policy = wrapped
-
-    def normalization(self) -> tuple[bool, bool]:
-        """Whether observations and returns are normalised (``None`` settings resolved: on for
-        continuous actions over flat vector observations)."""
-        h = self.hparams
-        return resolve_normalization(
-            continuous=bool(h.get("continuous")),
-            obs_dim=int(h.get("obs_dim") or 0),
-            normalize_obs=h.get("normalize_obs"),
-            normalize_returns=h.get("normalize_returns"),
-        )
-
-    @property
-    def core_policy(self) -> nn.Module:
-        """The actor-critic itself, inside the normalisation wrapper when there is one."""
-        policy = self.policy
-        return policy.policy if isinstance(policy, NormalizedPolicy) else policy
 
     # ------------------------------------------------------------------ hooks for subclasses
     def build_policy(self) -> nn.Module:
@@ -322,28 +160,10 @@ class RLModule(L.LightningModule):
         by now). Override for a new observation / action type.
         """
         h = self.hparams
-        _check_mlp_sizes(h.obs_dim, h.action_dim)
+        check_mlp_sizes(h.obs_dim, h.action_dim)
         return MLPActorCritic(
             h.obs_dim, h.action_dim, continuous=h.continuous, hidden_sizes=tuple(h.hidden_sizes)
         )
-
-    def policy_flag(self, name: str) -> str:
-        """The CLI flag that sets the policy's ``name``: ``--model.policy.init_args.<name>`` for an
-        injected policy, else ``--model.<name>`` (the default policy is built from those)."""
-        injected = self.hparams.get("policy") is not None
-        return f"--model.policy.init_args.{name}" if injected else f"--model.{name}"
-
-    def check_env_spec(self, spec: Any) -> None:
-        """Refuse a policy whose sizes do not match the env (called by the DataModule before it
-        starts the samplers, after ``configure_model``)."""
-        mine = {k: getattr(self.core_policy, k, None) for k in ("obs_dim", "action_dim", "continuous")}
-        theirs = {"obs_dim": spec.obs_dim, "action_dim": spec.action_dim, "continuous": spec.continuous}
-        for key, value in mine.items():
-            if value is not None and value != theirs[key]:
-                raise ValueError(
-                    f"{self.policy_flag(key)}={value} does not match the env's {key}={theirs[key]} "
-                    f"(observation/action space of --data.env_id)"
-                )
 
     def compute_advantages(self, rollout: Rollout) -> tuple[Tensor, Tensor, Tensor]:
         """Masked GAE over ``[T, E]``; returns (advantages, returns, values used)."""
@@ -369,16 +189,8 @@ class RLModule(L.LightningModule):
         if isinstance(self.policy, NormalizedPolicy):
             # This update's value targets set the critic's units before it learns them (Sample
             # Factory's order); GAE above used the values in return units as sampled.
-            self.policy.update_returns(ret, rollout.valid, reduce=self._sum_over_ranks)
+            self.policy.update_returns(ret, rollout.valid, reduce=self.sum_over_ranks)
         return adv, ret, values
-
-    def _sum_over_ranks(self, x: Tensor) -> Tensor:
-        """A statistic summed over the DDP ranks (identity on one process): every rank then holds the
-        same normalisation statistics."""
-        trainer = self._trainer
-        if trainer is None or trainer.world_size <= 1:
-            return x
-        return trainer.strategy.reduce(x, reduce_op="sum")
 
     def evaluate_actions(self, mb: Minibatch) -> EvalOutput:
         return self.policy.evaluate(mb.obs, mb.actions, step=mb.step)
@@ -418,14 +230,8 @@ class RLModule(L.LightningModule):
                 loss = loss + 0.0 * (pg - h.ent_coef * ent)
         else:
             loss = pg + h.vf_coef * vl - h.ent_coef * ent
-        info = {
-            **info,
-            "policy": pg.detach(),
-            "value": vl.detach(),
-            "entropy": ent.detach(),
-            "total": loss.detach(),
-        }
-        return loss, info
+        terms = {"policy": pg, "value": vl, "entropy": ent, "total": loss}
+        return loss, {**info, **{k: v.detach() for k, v in terms.items()}}
 
     def tokens_per_action(self, logprobs: Tensor) -> int:
         """``--model.tokens_per_action``, or (``None``) the tokens of one env action: the ``K``
@@ -471,7 +277,7 @@ class RLModule(L.LightningModule):
         if isinstance(self.policy, NormalizedPolicy):
             # After the update: this Rollout was sampled, and its update evaluated, with the
             # statistics published before it; the next version carries the new ones.
-            self.policy.update_obs(rollout.obs, rollout.valid, reduce=self._sum_over_ranks)
+            self.policy.update_obs(rollout.obs, rollout.valid, reduce=self.sum_over_ranks)
         self._policy_version += 1
         self._log_step(rollout, infos, values, ret)
 
@@ -479,8 +285,12 @@ class RLModule(L.LightningModule):
         h = self.hparams
         opt = self.optimizers()
         opt = opt[0] if isinstance(opt, list) else opt  # the RL optimizer first (a subclass may add more)
-        flat_valid = rollout.valid.reshape(-1)
-        idx = flat_valid.nonzero().squeeze(-1)  # minibatches hold valid transitions only
+        # FAST §SMPO, L = Σ valid·ℓ / max(Σ valid, 1): keeping only the valid transitions here IS that
+        # normalisation. Every minibatch is drawn from them, so each loss term's mean is a mean over
+        # valid transitions only, and the losses' masks find no padding left on this path. Under DDP
+        # the denominator is the valid count all-reduced over the ranks (_global_count), so that the
+        # global mean is exact however unevenly the ranks' valid transitions are spread.
+        idx = rollout.valid.reshape(-1).nonzero().squeeze(-1)
         data = Minibatch.from_rollout(rollout, adv, ret, values)
         infos: list[dict[str, Tensor]] = []
         # A rollout with fewer valid transitions than minibatches (DPSA cycles vary) splits into
@@ -496,11 +306,8 @@ class RLModule(L.LightningModule):
                 opt.zero_grad(set_to_none=True)
                 self.manual_backward(loss)
                 if h.max_grad_norm is not None:
-                    self.clip_gradients(
-                        opt, gradient_clip_val=h.max_grad_norm, gradient_clip_algorithm="norm"
-                    )
-                if h.get("max_nonfinite_updates", 3):
-                    self._skip_if_nonfinite(opt, loss, epoch, minibatch)
+                    self.clip_gradients(opt, h.max_grad_norm, gradient_clip_algorithm="norm")
+                self._skip_if_nonfinite(opt, loss, epoch, minibatch)
                 opt.step()  # with every grad None (a skipped step) the optimizer changes nothing
                 infos.append(info)
         # One stack + mean at the end: no host sync inside the minibatch loop.
@@ -509,38 +316,14 @@ class RLModule(L.LightningModule):
         return {k: torch.stack([i[k] for i in infos]).mean() for k in infos[0]}
 
     def _skip_if_nonfinite(self, opt: Any, loss: Tensor, epoch: int, minibatch: int) -> None:
-        """Drop this step's gradients if the loss or a gradient is NaN / inf, so that ``opt.step()``
-        leaves the weights and the optimizer state alone (optimizers skip parameters whose grad is
-        None) while Lightning still counts the step. Stops after ``max_nonfinite_updates`` in a row.
+        """Drop this step's gradients if the loss or a gradient is NaN / inf (:class:`NonfiniteSteps`)."""
+        at = (self.global_step, self.policy_version, epoch, minibatch)
+        self.nonfinite.check(opt, loss, self.policy.parameters(), world_size=self.trainer.world_size, at=at)
 
-        The check costs one host sync per optimizer step (as ``torch.amp.GradScaler``'s skip does):
-        whether to step must be known on the host. On CPU it is free. Under a sharded strategy each
-        rank holds part of the gradients, so the verdict is all-reduced: every rank skips together.
-        """
-        grads = [p.grad for p in self.policy.parameters() if p.grad is not None]
-        bad = torch.stack([~torch.isfinite(loss).all()] + [~torch.isfinite(g).all() for g in grads])
-        flags = bad.to(torch.float32)
-        if dist.is_available() and dist.is_initialized() and self.trainer.world_size > 1:
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        flags = flags.tolist()  # the one host sync
-        if not any(flags):
-            self._nonfinite_in_a_row = 0
-            return
-        opt.zero_grad(set_to_none=True)
-        self.skipped_updates += 1
-        self._nonfinite_in_a_row += 1
-        what = "loss" if flags[0] else "gradient"
-        where = (
-            f"optimizer step {self.global_step} (update {self.policy_version}, epoch {epoch}, "
-            f"minibatch {minibatch})"
-        )
-        limit = self.hparams.get("max_nonfinite_updates", 3)
-        if self._nonfinite_in_a_row >= limit:
-            raise FloatingPointError(
-                f"non-finite {what} at {where}: {self._nonfinite_in_a_row} optimizer steps in a row "
-                f"skipped (--model.max_nonfinite_updates {limit}); the weights are those before them"
-            )
-        rank_zero_warn(f"fastlight: non-finite {what} at {where}: step skipped")
+    @property
+    def skipped_updates(self) -> int:
+        """Optimizer steps skipped for a non-finite loss or gradient (``faults/skipped_updates``)."""
+        return self.nonfinite.skipped
 
     def _global_count(self, valid: Tensor) -> Tensor | None:
         """SMPO denominator under DDP: all-reduced valid count / world size, so that DDP's
@@ -565,66 +348,3 @@ class RLModule(L.LightningModule):
         self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=n)
         self.log_dict(shown, on_step=True, on_epoch=False, batch_size=n, prog_bar=True)
 
-
-def _build_policy_hint(module: RLModule, error: AttributeError) -> str:
-    """One line (with the flag naming the class, for the CLI's one-line errors) saying what to do."""
-    name, path = type(module).__name__, class_path(type(module))
-    return (
-        f"--model.class_path {path}: {name}.build_policy() raised AttributeError: {error}. "
-        f"build_policy() runs in configure_model(), after __init__: set every attribute it reads in "
-        f"{name}.__init__ (e.g. `super().__init__(**kwargs)` then `self.width = width`), or build the "
-        f"policy elsewhere and pass it as --model.policy"
-    )
-
-
-def _check_mlp_sizes(obs_dim: int, action_dim: int) -> None:
-    if obs_dim < 1 or action_dim < 1:
-        raise ValueError(
-            f"--model.obs_dim and --model.action_dim must be >= 1 (linked from the data module by "
-            f"`fastlight fit`), got {obs_dim} and {action_dim}"
-        )
-
-
-def _validate(args: dict[str, Any]) -> None:
-    """Refuse bad settings up front, naming the CLI flag and the allowed values."""
-    policy = args["policy"]
-    if isinstance(policy, str):  # hparams of a checkpoint whose policy was passed as an object
-        name = policy.rsplit(".", 1)[-1]
-        raise ValueError(
-            f"this module's policy ({policy}) was passed as a Python object, so a checkpoint cannot "
-            f"rebuild it: pass it again, e.g. load_from_checkpoint(path, policy={name}(...))"
-        )
-    if policy is not None and not isinstance(policy, nn.Module):
-        raise TypeError(
-            f"--model.policy must be an nn.Module (class_path + init_args), got {type(policy).__name__}"
-        )
-    if policy is not None and tuple(args["hidden_sizes"]) != (64, 64):
-        raise ValueError(
-            "--model.hidden_sizes sizes the default MLP policy and has no effect with --model.policy: "
-            "set the injected policy's own sizes in --model.policy.init_args"
-        )
-    if args["ratio_granularity"] not in GRANULARITIES:
-        raise ValueError(
-            f"--model.ratio_granularity must be one of {' | '.join(GRANULARITIES)}, "
-            f"got {args['ratio_granularity']!r}"
-        )
-    if args.get("max_nonfinite_updates", 3) < 0:
-        raise ValueError(f"--model.max_nonfinite_updates must be >= 0, got {args['max_nonfinite_updates']}")
-    if args.get("value_warmup_updates", 0) < 0:
-        raise ValueError(f"--model.value_warmup_updates must be >= 0, got {args['value_warmup_updates']}")
-    for name in ("update_epochs", "num_minibatches"):
-        if args[name] < 1:
-            raise ValueError(f"--model.{name} must be >= 1, got {args[name]}")
-    if args["tokens_per_action"] is not None and args["tokens_per_action"] < 1:
-        raise ValueError(
-            f"--model.tokens_per_action must be >= 1 or null (the tokens of one env action), "
-            f"got {args['tokens_per_action']}"
-        )
-    for name in ("gamma", "gae_lambda"):
-        if not 0.0 <= args[name] <= 1.0:
-            raise ValueError(f"--model.{name} must be in [0, 1], got {args[name]}")
-    if args["lr"] <= 0:
-        raise ValueError(f"--model.lr must be > 0, got {args['lr']}")
-    for name in ("value_clip_eps", "max_grad_norm"):
-        if args[name] is not None and args[name] <= 0:
-            raise ValueError(f"--model.{name} must be > 0 or null, got {args[name]}")

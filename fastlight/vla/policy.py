@@ -18,13 +18,9 @@ re-tokenizes the env's instructions with it (the env's rows are mapped through a
 before sampling, :meth:`VLAPolicy.bind_instructions`). ``image_size=None`` is a state-only policy:
 no image encoder. :mod:`benchmarks.tiny_vlm` builds tiny random VLM folders offline.
 
-Decoding (``decoding``):
-
-- ``"parallel"`` (OpenVLA-OFT): the K slots are learned placeholder embeddings; one forward
-  gives all K action-token distributions at once, each conditioned on the observation only.
-- ``"autoregressive"``: slot 0 is the first placeholder and slot ``k >= 1`` is the input
-  embedding of the previous action token ``a_{k-1}``; ``evaluate`` teacher-forces the given
-  actions in one forward, ``act`` samples token by token (``K`` forwards, no KV cache).
+Decoding (``decoding``, :mod:`fastlight.vla.decoding`): ``"parallel"`` (OpenVLA-OFT: K learned
+placeholder slots, one forward gives all K action-token distributions) or ``"autoregressive"`` (slot
+``k >= 1`` is the embedding of ``a_{k-1}``: ``evaluate`` teacher-forces, ``act`` samples token by token).
 
 Logits at the K slots are restricted to the action vocabulary (the last ``n_bins`` ids, see
 :class:`~fastlight.models.action_tokenizer.ActionTokenizer`): with ``prune_head=True`` the
@@ -43,69 +39,23 @@ placeholder forward under ``no_grad`` for the critic (the same one ``act`` start
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal, get_args
 
 import torch
 from torch import Tensor, nn
 from torch.distributions import Categorical
 
-from fastlight.extras import import_extra
 from fastlight.models.action_mapping import BinsToActions, ChunkActions
-from fastlight.models.action_tokenizer import ActionTokenizer
 from fastlight.models.base import ActionMapping, ActOutput, EvalOutput, PolicyBase
-from fastlight.vla.hf_vlm import (
-    ImagePreprocessor,
-    has_tokenizer,
-    image_features,
-    image_steps,
-    is_vision_language,
-    load_backbone,
-    load_image_processor,
-    load_tokenizer,
-    match_rows,
-    own_tokens,
-    projector,
-    reset_output_capture,
-    table_keys,
-    vision_tower,
-)
+from fastlight.vla.action_head import action_tokenizer, fit_head
+from fastlight.vla.decoding import DECODING_MODES, Decoding, choose, token_logprobs
+from fastlight.vla.hf_vlm import build_llama, is_vision_language, load_backbone, reset_output_capture
+from fastlight.vla.image_encoder import image_encoder, image_tokens
+from fastlight.vla.image_preprocessing import ImagePreprocessor
+from fastlight.vla.inputs import action_bins, episode_step, instruction_inputs, proprio_input
 from fastlight.vla.lora import LoRASettings, apply_lora, as_lora_settings
-from fastlight.vla.pruning import prune_lm_head, pruned_range
+from fastlight.vla.retokenize import Retokenizer
 from fastlight.vla.value_heads import ActionAwareValueHead
 from fastlight.vla.vision import PatchEncoder
-
-#: How the action tokens of one policy call are decoded (see the module docstring).
-Decoding = Literal["parallel", "autoregressive"]
-DECODING_MODES: tuple[str, ...] = get_args(Decoding)
-
-
-def build_llama(
-    vocab_size: int,
-    hidden_size: int,
-    num_hidden_layers: int,
-    num_attention_heads: int,
-    intermediate_size: int,
-    tie_word_embeddings: bool = False,
-) -> nn.Module:
-    """A randomly initialised ``LlamaForCausalLM`` from a ``LlamaConfig`` (nothing downloaded)."""
-    transformers = import_extra("transformers", extra="vla", what="the VLA policy")
-    LlamaConfig, LlamaForCausalLM = transformers.LlamaConfig, transformers.LlamaForCausalLM
-
-    if hidden_size % num_attention_heads:
-        raise ValueError(
-            "hidden_size must be divisible by num_attention_heads, "
-            f"got {hidden_size} and {num_attention_heads}"
-        )
-    cfg = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=hidden_size,
-        num_hidden_layers=num_hidden_layers,
-        num_attention_heads=num_attention_heads,
-        num_key_value_heads=num_attention_heads,
-        intermediate_size=intermediate_size,
-        tie_word_embeddings=tie_word_embeddings,
-    )
-    return LlamaForCausalLM(cfg)
 
 
 class VLAPolicy(PolicyBase):
@@ -129,7 +79,7 @@ class VLAPolicy(PolicyBase):
         proprio_dim: proprioceptive state size (0: no proprio token).
         max_text_len: longest instruction ``L`` accepted.
         max_episode_steps: size of the value head's step embedding (longer steps are clamped).
-        decoding: ``"parallel"`` or ``"autoregressive"`` (see the module docstring).
+        decoding: ``"parallel"`` or ``"autoregressive"`` (:mod:`fastlight.vla.decoding`).
         prune_head: prune the ``lm_head`` to the ``n_bins`` action rows (AcceRL).
         vocab_size, hidden_size, num_hidden_layers, num_attention_heads, intermediate_size,
             tie_word_embeddings: the Llama built when ``backbone is None``.
@@ -209,13 +159,14 @@ class VLAPolicy(PolicyBase):
         self.is_vlm = backbone is not None and is_vision_language(self.backbone.config)
         text_cfg = self.backbone.config.get_text_config()
         hidden = int(text_cfg.hidden_size)
-        self.action_tokenizer = _action_tokenizer(int(text_cfg.vocab_size), n_bins, action_token_ids)
-        self._setup_head(prune_head)
+        self.action_tokenizer = action_tokenizer(int(text_cfg.vocab_size), n_bins, action_token_ids)
+        fit_head(self.backbone, self.action_tokenizer, prune_head)
         if self.lora is not None:  # after the head is pruned: the adapters never touch it
             apply_lora(self.backbone, self.lora)
         self._setup_vision(backbone, image_size, patch_size, hidden, freeze_vision)
         self.proprio_proj = nn.Linear(proprio_dim, hidden) if proprio_dim > 0 else None
-        self._setup_text(backbone)
+        #: Instruction re-tokenization with the folder's tokenizer (a table bound by bind_instructions).
+        self.retokenizer = Retokenizer(backbone)
         self.train()  # from_pretrained returns eval mode; train() keeps a frozen tower in eval
         self.action_queries = nn.Parameter(torch.randn(self.num_action_tokens, hidden) * 0.02)
         self.value_head = ActionAwareValueHead(hidden, max_episode_steps, value_mlp_hidden)
@@ -230,36 +181,16 @@ class VLAPolicy(PolicyBase):
     def _setup_vision(
         self, path: str | None, image_size: int | None, patch_size: int, hidden: int, freeze: bool
     ) -> None:
-        """The image encoder: a VLM's own tower + projector (behind an :class:`ImagePreprocessor`),
-        else a :class:`PatchEncoder`; none at all with ``image_size=None``. Frozen submodules are
-        listed in ``_frozen_modules`` (kept in eval mode by :meth:`train`)."""
-        if image_size is not None and (isinstance(image_size, bool) or image_size < 1):
-            raise ValueError(f"--model.policy.init_args.image_size must be >= 1 or null, got {image_size!r}")
+        """The image encoder (:func:`~fastlight.vla.image_encoder.image_encoder`). Frozen submodules
+        are listed in ``_frozen_modules`` (kept in eval mode by :meth:`train`)."""
+        encoder = image_encoder(self.backbone, path, self.is_vlm, image_size, patch_size, hidden, freeze)
         self.image_size, self.freeze_vision = image_size, bool(freeze)
-        self.vision: PatchEncoder | None = None
-        self.image_preprocessor: ImagePreprocessor | None = None
-        frozen: list[nn.Module] = []
-        if self.is_vlm:
-            tower, proj = vision_tower(self.backbone), projector(self.backbone)
-            if image_size is None:  # unused: frozen, so that DDP finds no unused trainable parameters
-                frozen = [tower] + ([proj] if proj is not None else [])
-            else:
-                steps = image_steps(load_image_processor(str(path)), (image_size, image_size))
-                self.image_preprocessor = ImagePreprocessor(steps, image_size)
-                frozen = [tower] if freeze else []
-        elif image_size is not None:
-            self.vision = PatchEncoder(image_size, patch_size, channels=3, dim=hidden, out_dim=hidden)
-        for module in frozen:
+        self.vision: PatchEncoder | None = encoder.vision
+        self.image_preprocessor: ImagePreprocessor | None = encoder.preprocessor
+        for module in encoder.frozen:
             module.requires_grad_(False)
         names = {id(m): n for n, m in self.named_modules()}
-        self._frozen_modules: tuple[str, ...] = tuple(names[id(m)] for m in frozen)
-
-    def _setup_text(self, path: str | None) -> None:
-        """Instruction re-tokenization: the folder's tokenizer, if it has one, and an empty table
-        (non-persistent buffers, filled by :meth:`bind_instructions`; they travel with the policy)."""
-        self._tokenizer_path = path if has_tokenizer(path) else None
-        for name in ("_table_keys", "_table_ids", "_table_mask"):
-            self.register_buffer(name, None, persistent=False)
+        self._frozen_modules: tuple[str, ...] = tuple(names[id(m)] for m in encoder.frozen)
 
     def __setstate__(self, state: dict) -> None:
         # A copy (the samplers' cpu_copy) or an unpickled policy (a spawned sampler's): see
@@ -285,7 +216,7 @@ class VLAPolicy(PolicyBase):
     @property
     def retokenizes(self) -> bool:
         """True when instructions are re-tokenized with the backbone folder's own tokenizer."""
-        return self._tokenizer_path is not None
+        return self.retokenizer.active
 
     def bind_instructions(self, sentences: Sequence[str], ids: Tensor, mask: Tensor) -> bool:
         """Learn the env's instructions: its distinct rows ``ids`` / ``mask`` ``[T, L]`` (its own
@@ -293,44 +224,10 @@ class VLAPolicy(PolicyBase):
         are tokenized with it once, and :meth:`_prefix` maps every env row to those tokens by lookup;
         without one (``backbone=None`` or a folder with no tokenizer) nothing changes: the env's ids
         are the model's. Returns whether a table was bound."""
-        if self._tokenizer_path is None:
-            return False
-        ids, mask = torch.as_tensor(ids).long(), torch.as_tensor(mask).long()
-        if ids.dim() != 2 or ids.shape != mask.shape or ids.shape[0] != len(sentences):
-            raise ValueError(
-                f"instruction table: {len(sentences)} sentences need ids and mask [{len(sentences)}, L], "
-                f"got {tuple(ids.shape)} and {tuple(mask.shape)}"
-            )
-        rows = self.backbone.get_input_embeddings().weight.shape[0]
-        own_ids, own_mask = own_tokens(load_tokenizer(self._tokenizer_path), list(sentences), rows)
-        device = self.action_queries.device
-        self._table_keys = table_keys(ids, mask).to(device)
-        self._table_ids, self._table_mask = own_ids.to(device), own_mask.to(device)
-        return True
-
-    def _own_instruction(self, ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-        """Env rows ``[N, L]`` -> the model's own tokens ``[N, L']`` (table lookup), or unchanged."""
-        if self._table_keys is None:
-            return ids, mask
-        idx = match_rows(ids, mask, self._table_keys)
-        return self._table_ids[idx], self._table_mask[idx]
-
-    def _setup_head(self, prune_head: bool) -> None:
-        """Prune the head to the action rows, or check that an already pruned one matches."""
-        tok = self.action_tokenizer
-        rng = pruned_range(self.backbone)
-        if rng is not None:
-            if not prune_head or rng != (tok.first_id, tok.last_id):
-                raise ValueError(
-                    f"backbone head is pruned to {list(rng)}; it needs prune_head=True and action ids "
-                    f"[{tok.first_id}, {tok.last_id}) (n_bins={self.n_bins}), got prune_head={prune_head}"
-                )
-            return
-        out = self.backbone.get_output_embeddings().out_features
-        if out < tok.last_id:
-            raise ValueError(f"lm_head has {out} rows, fewer than the vocab_size {tok.last_id}")
-        if prune_head:
-            prune_lm_head(self.backbone, tok.first_id, tok.last_id)
+        return self.retokenizer.bind(
+            sentences, ids, mask, vocab_rows=self.backbone.get_input_embeddings().weight.shape[0],
+            device=self.action_queries.device,
+        )
 
     # ------------------------------------------------------------------ parameter groups
     def policy_parameters(self) -> list[nn.Parameter]:
@@ -348,62 +245,25 @@ class VLAPolicy(PolicyBase):
 
     def _prefix(self, obs: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         """Observation dict -> prefix embeddings ``[N, S0, H]`` and mask ``[N, S0]`` (long)."""
-        if not isinstance(obs, dict) or "instruction_ids" not in obs:
-            raise ValueError("VLAPolicy obs must be a dict with 'instruction_ids' [N, L] (and optional keys)")
-        ids = obs["instruction_ids"]
-        if ids.dim() != 2 or ids.shape[1] > self.max_text_len or ids.is_floating_point():
-            raise ValueError(
-                f"instruction_ids must be integer [N, L<=max_text_len={self.max_text_len}], "
-                f"got {tuple(ids.shape)} {ids.dtype}"
-            )
+        ids, mask = instruction_inputs(obs, self.max_text_len)
         n, dev, dtype = ids.shape[0], ids.device, self._embed_dtype()
-        mask = obs.get("instruction_mask")
-        mask = torch.ones_like(ids) if mask is None else mask
-        if mask.shape != ids.shape:
-            raise ValueError(
-                f"instruction_mask shape {tuple(mask.shape)} != instruction_ids {tuple(ids.shape)}"
-            )
         parts, masks = [], []
         if "image" in obs:
-            img = self._image_tokens(obs["image"]).to(dtype)
+            img = image_tokens(self.backbone, self.vision, self.image_preprocessor, obs["image"]).to(dtype)
             if img.shape[0] != n:
                 raise ValueError(
                     f"image batch {tuple(obs['image'].shape)} != instruction_ids {tuple(ids.shape)}"
                 )
             parts.append(img)
             masks.append(torch.ones(n, img.shape[1], dtype=torch.long, device=dev))
-        parts_p, masks_p = self._proprio_token(obs, n)
-        parts += parts_p
-        masks += masks_p
-        ids, mask = self._own_instruction(ids.long(), mask.long())
+        prop = proprio_input(obs, n, self.proprio_dim)
+        if prop is not None:  # one token [N, 1, H]
+            parts.append(self.proprio_proj(prop.to(self.proprio_proj.weight.dtype)).unsqueeze(1).to(dtype))
+            masks.append(torch.ones(n, 1, dtype=torch.long, device=prop.device))
+        ids, mask = self.retokenizer(ids.long(), mask.long())
         parts.append(self.backbone.get_input_embeddings()(ids))
         masks.append(mask)
         return torch.cat(parts, dim=1), torch.cat(masks, dim=1)
-
-    def _image_tokens(self, images: Tensor) -> Tensor:
-        """Images -> tokens ``[N, P, H]``: the VLM's tower + projector, or the patch encoder."""
-        if self.image_preprocessor is not None:
-            return image_features(self.backbone, self.image_preprocessor(images))
-        if self.vision is not None:
-            return self.vision(images)
-        raise ValueError(
-            f"obs has 'image' {tuple(images.shape)} but the policy has no image encoder "
-            "(--model.policy.init_args.image_size=null): set --model.policy.init_args.image_size to the "
-            "env's image side"
-        )
-
-    def _proprio_token(self, obs: dict[str, Tensor], n: int) -> tuple[list[Tensor], list[Tensor]]:
-        """``proprio [N, P]`` -> one token ``[N, 1, H]`` (empty lists when ``proprio_dim == 0``)."""
-        if self.proprio_proj is None:
-            if "proprio" in obs:
-                raise ValueError(f"obs has 'proprio' {tuple(obs['proprio'].shape)} but proprio_dim=0")
-            return [], []
-        prop = obs.get("proprio")
-        if prop is None or prop.shape != (n, self.proprio_dim):
-            got = None if prop is None else tuple(prop.shape)
-            raise ValueError(f"proprio must be [N={n}, proprio_dim={self.proprio_dim}], got {got}")
-        tok = self.proprio_proj(prop.to(self.proprio_proj.weight.dtype)).unsqueeze(1).to(self._embed_dtype())
-        return [tok], [torch.ones(n, 1, dtype=torch.long, device=prop.device)]
 
     def _slots(self, n: int, actions: Tensor | None) -> Tensor:
         """The K action-slot embeddings ``[N, K, H]``: placeholders, or (autoregressive, ``actions``
@@ -451,13 +311,6 @@ class VLAPolicy(PolicyBase):
         hidden = self._hidden(prefix, self._slots(n, use))
         return self._logits(hidden), hidden
 
-    def _check_step(self, step: Tensor | None, n: int, device: torch.device) -> Tensor:
-        if step is None:
-            return torch.zeros(n, dtype=torch.long, device=device)
-        if step.shape != (n,):
-            raise ValueError(f"step must be [N={n}], got shape {tuple(step.shape)}")
-        return step
-
     # ------------------------------------------------------------------ policy interface
     def act(
         self, obs: dict[str, Tensor], *, step: Tensor | None = None, deterministic: bool = False
@@ -465,36 +318,30 @@ class VLAPolicy(PolicyBase):
         """Sample bins ``[N, K]`` (argmax if ``deterministic``), token logprobs ``[N, K]``, values ``[N]``."""
         prefix = self._prefix(obs)
         n = prefix[0].shape[0]
-        step = self._check_step(step, n, prefix[0].device)
+        step = episode_step(step, n, prefix[0].device)
         hidden = self._hidden(prefix, self._slots(n, None))
         values = self.value_head(hidden, step)
         logits = self._tempered(self._logits(hidden))
         if self.decoding == "parallel":
-            actions = _choose(logits, deterministic)
-            return ActOutput(actions, _token_logprobs(logits, actions), values)
+            actions = choose(logits, deterministic)
+            return ActOutput(actions, token_logprobs(logits, actions), values)
         chosen, logps = [], []
         step_logits = logits[:, :1]  # slot 0 is the placeholder in both modes
         for k in range(self.num_action_tokens):
             if k > 0:  # slots 0..k: the placeholder, then the k tokens chosen so far
                 slots = self._slots(n, torch.stack(chosen, 1))
                 step_logits = self._tempered(self._logits(self._hidden(prefix, slots)[:, -1:]))
-            a_k = _choose(step_logits, deterministic)  # [N, 1]
+            a_k = choose(step_logits, deterministic)  # [N, 1]
             chosen.append(a_k[:, 0])
-            logps.append(_token_logprobs(step_logits, a_k)[:, 0])
+            logps.append(token_logprobs(step_logits, a_k)[:, 0])
         return ActOutput(torch.stack(chosen, 1), torch.stack(logps, 1), values)
 
     def evaluate(self, obs: dict[str, Tensor], actions: Tensor, *, step: Tensor | None = None) -> EvalOutput:
         """Token logprobs ``[N, K]``, entropies ``[N, K]`` and values ``[N]`` of bins ``actions [N, K]``."""
         prefix = self._prefix(obs)
         n = prefix[0].shape[0]
-        k = self.num_action_tokens
-        if actions.shape != (n, k) or actions.is_floating_point():
-            raise ValueError(
-                f"actions must be integer bins [N={n}, K={k}] (action_chunk {self.action_chunk} x "
-                f"action_dim {self.action_dim}), got {tuple(actions.shape)}"
-            )
-        step = self._check_step(step, n, prefix[0].device)
-        actions = actions.long()
+        actions = action_bins(actions, n, self.action_chunk, self.action_dim)
+        step = episode_step(step, n, prefix[0].device)
         if self.decoding == "parallel":
             hidden = self._hidden(prefix, self._slots(n, None))
             logits, value_hidden = self._logits(hidden), hidden
@@ -504,7 +351,7 @@ class VLAPolicy(PolicyBase):
                 value_hidden = self._hidden(prefix, self._slots(n, None))
         logits = self._tempered(logits)
         entropy = Categorical(logits=logits).entropy()
-        return EvalOutput(_token_logprobs(logits, actions), entropy, self.value_head(value_hidden, step))
+        return EvalOutput(token_logprobs(logits, actions), entropy, self.value_head(value_hidden, step))
 
     def value(self, obs: dict[str, Tensor], *, step: Tensor | None = None) -> Tensor:
         """Critic only: values ``[N]`` from the placeholder slots' detached hidden states and ``step``.
@@ -516,7 +363,7 @@ class VLAPolicy(PolicyBase):
             prefix = self._prefix(obs)
             n = prefix[0].shape[0]
             hidden = self._hidden(prefix, self._slots(n, None))
-        return self.value_head(hidden, self._check_step(step, n, hidden.device))
+        return self.value_head(hidden, episode_step(step, n, hidden.device))
 
     # ------------------------------------------------------------------ actions for the env
     def bins_to_env_action(self, bins: Tensor) -> Tensor:
@@ -529,26 +376,3 @@ class VLAPolicy(PolicyBase):
         with ``action_chunk > 1`` a :class:`~fastlight.models.action_mapping.ChunkActions` of it."""
         bins = BinsToActions(self.action_tokenizer)
         return bins if self.action_chunk == 1 else ChunkActions(bins, self.action_chunk)
-
-
-def _action_tokenizer(vocab_size: int, n_bins: int, token_ids: Sequence[int] | None) -> ActionTokenizer:
-    """The action tokens: the last ``n_bins`` ids, or ``token_ids = [first, last)``."""
-    if token_ids is None:
-        return ActionTokenizer(vocab_size, n_bins)
-    first, last = (int(i) for i in token_ids) if len(token_ids) == 2 else (None, None)
-    if first is None or last - first != n_bins:
-        raise ValueError(
-            f"--model.policy.init_args.action_token_ids must be [first, last) with last - first = "
-            f"--model.policy.init_args.n_bins ({n_bins}), got {list(token_ids)}"
-        )
-    return ActionTokenizer(vocab_size, n_bins, first_id=first)
-
-
-def _choose(logits: Tensor, deterministic: bool) -> Tensor:
-    """Logits ``[N, k, B]`` -> bins ``[N, k]``: argmax, or one Categorical sample per token."""
-    return logits.argmax(-1) if deterministic else Categorical(logits=logits).sample()
-
-
-def _token_logprobs(logits: Tensor, actions: Tensor) -> Tensor:
-    """``log softmax(logits)[actions]``: ``[N, k, B]`` and ``[N, k]`` -> ``[N, k]``."""
-    return torch.log_softmax(logits, dim=-1).gather(-1, actions.unsqueeze(-1)).squeeze(-1)

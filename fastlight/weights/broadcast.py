@@ -45,18 +45,17 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from fastlight.weights.buckets import BucketLayout, alloc_buckets, bucket_views, plan_buckets
+from fastlight.weights.buckets import PackedWeights, layout_tensors, plan_buckets
 from fastlight.weights.group import (
     _PREFIX,
     TRAINER_RANK,
     WORKER_RANK,
     SyncGroup,
     SyncGroupConfig,
-    WeightSyncError,
     choose_backend,
     free_port,
 )
-from fastlight.weights.publisher import SyncStats
+from fastlight.weights.publisher import SyncStats, WeightSyncError
 
 __all__ = [
     "BUCKETED", "TRAINER_RANK", "WORKER_RANK", "BucketTransport", "SyncEndpoint", "SyncGroupConfig",
@@ -66,33 +65,23 @@ __all__ = [
 DIRECT_FRACTION = 0.25  # default direct_mb = bucket_mb * DIRECT_FRACTION (see BucketTransport)
 
 
-def _tensors(module: nn.Module, layout: BucketLayout) -> list[torch.Tensor]:
-    found = dict(module.named_parameters())
-    found.update(module.named_buffers())
-    out = []
-    for slot in layout.slots:
-        t = found.get(slot.name)
-        if t is None or tuple(t.shape) != slot.shape or t.dtype != slot.dtype:
-            got = None if t is None else (tuple(t.shape), t.dtype)
-            raise WeightSyncError(f"weight sync: {slot.name} changed since the layout was planned: "
-                                  f"expected {(slot.shape, slot.dtype)}, got {got}")
-        out.append(t.detach())
-    return out
+def _tensors(module: nn.Module, endpoint: SyncEndpoint) -> list[torch.Tensor]:
+    """Detached: a direct slot is broadcast from and into the tensor itself."""
+    return [t.detach() for t in layout_tensors(module, endpoint.layout)]
 
 
 class SyncEndpoint:
-    """One end of the group: the module's fixed layout, its flat buckets and their views (``None``
-    for direct slots). ``direct_mb=None`` means ``bucket_mb * DIRECT_FRACTION``."""
+    """One end of the group: the module's fixed layout and its flat buckets (``packed``).
+    ``direct_mb=None`` means ``bucket_mb * DIRECT_FRACTION``."""
 
     def __init__(self, module: nn.Module, config: SyncGroupConfig, rank: int, name: str,
-                 bucket_mb: float, include_buffers: bool, direct_mb: float | None = None) -> None:
+                 bucket_mb: float, direct_mb: float | None = None) -> None:
         self.module = module
         direct_mb = bucket_mb * DIRECT_FRACTION if direct_mb is None else direct_mb
-        self.layout = plan_buckets(module, bucket_mb, include_buffers=include_buffers, direct_mb=direct_mb)
-        device = _tensors(module, self.layout)[0].device
+        self.layout = plan_buckets(module, bucket_mb, direct_mb=direct_mb)
+        device = layout_tensors(module, self.layout)[0].device
         self.group = SyncGroup(config, rank, name, device)
-        self.buckets = alloc_buckets(self.layout, device)
-        self.views = bucket_views(self.layout, self.buckets)
+        self.packed = PackedWeights.alloc(self.layout, device)
         self.version = -1
         self._handshake()
 
@@ -152,10 +141,9 @@ class BucketTransport:
         g, lay = endpoint.group, endpoint.layout
         sent = [tensors[i].contiguous() for i in lay.direct]  # kept alive until the waits
         works = [g.bcast(t, TRAINER_RANK) for t in sent]
-        for b, bucket in enumerate(lay.buckets):
-            idx = list(bucket.slot_ids)
-            torch._foreach_copy_([endpoint.views[i] for i in idx], [tensors[i] for i in idx])
-            works.append(g.bcast(endpoint.buckets[b], TRAINER_RANK))
+        for b, buf in enumerate(endpoint.packed.buckets):
+            endpoint.packed.pack(tensors, bucket=b)
+            works.append(g.bcast(buf, TRAINER_RANK))
         for w in works:
             w.wait()
 
@@ -164,11 +152,10 @@ class BucketTransport:
         into = [tensors[i] if tensors[i].is_contiguous() else
                 torch.empty_like(tensors[i], memory_format=torch.contiguous_format) for i in lay.direct]
         direct = [g.bcast(t, TRAINER_RANK) for t in into]
-        works = [g.bcast(buf, TRAINER_RANK) for buf in endpoint.buckets]
-        for w, bucket in zip(works, lay.buckets, strict=True):  # unpack b while b+1 arrives
+        works = [g.bcast(buf, TRAINER_RANK) for buf in endpoint.packed.buckets]
+        for b, w in enumerate(works):  # unpack b while b+1 arrives
             w.wait()
-            idx = list(bucket.slot_ids)
-            torch._foreach_copy_([tensors[i] for i in idx], [endpoint.views[i] for i in idx])
+            endpoint.packed.unpack(tensors, bucket=b)
         for w, i, t in zip(direct, lay.direct, into, strict=True):
             w.wait()
             if t is not tensors[i]:
@@ -187,8 +174,8 @@ class WeightBroadcaster(SyncEndpoint):
     """
 
     def __init__(self, module: nn.Module, config: SyncGroupConfig, *, bucket_mb: float = 64.0,
-                 include_buffers: bool = True, name: str = "trainer", direct_mb: float | None = None) -> None:
-        super().__init__(module, config, TRAINER_RANK, name, bucket_mb, include_buffers, direct_mb)
+                 name: str = "trainer", direct_mb: float | None = None) -> None:
+        super().__init__(module, config, TRAINER_RANK, name, bucket_mb, direct_mb)
         self.latencies_ms: deque[float] = deque(maxlen=4096)
         self.last: SyncStats | None = None
         self.syncs = 0
@@ -208,7 +195,7 @@ class WeightBroadcaster(SyncEndpoint):
         g, lay = self.group, self.layout
         t0 = time.perf_counter()
         self.signal_drain()
-        tensors = _tensors(module if module is not None else self.module, lay)
+        tensors = _tensors(module if module is not None else self.module, self)
         n = transport.collectives(self)
         header = torch.tensor([version, n, lay.signature, 0], dtype=torch.int64, device=g.device)
         g.guard("header broadcast", lambda: g.bcast(header, TRAINER_RANK).wait())
@@ -236,9 +223,8 @@ class WeightReceiver(SyncEndpoint):
     """
 
     def __init__(self, module: nn.Module, config: SyncGroupConfig, *, bucket_mb: float = 64.0,
-                 include_buffers: bool = True, name: str = "inference-worker",
-                 direct_mb: float | None = None) -> None:
-        super().__init__(module, config, WORKER_RANK, name, bucket_mb, include_buffers, direct_mb)
+                 name: str = "inference-worker", direct_mb: float | None = None) -> None:
+        super().__init__(module, config, WORKER_RANK, name, bucket_mb, direct_mb)
         self.received = 0
 
     def sync_pending(self) -> bool:
@@ -249,7 +235,7 @@ class WeightReceiver(SyncEndpoint):
     def receive(self, module: nn.Module | None = None, *, transport: Transport = BUCKETED) -> int:
         """Join the next broadcast (same ``transport`` as the trainer's); returns its version."""
         g, lay = self.group, self.layout
-        tensors = _tensors(module if module is not None else self.module, lay)
+        tensors = _tensors(module if module is not None else self.module, self)
         header = torch.zeros(4, dtype=torch.int64, device=g.device)
         g.guard("header broadcast", lambda: g.bcast(header, TRAINER_RANK).wait())
         version, n, signature, _ = (int(x) for x in header.tolist())

@@ -1,4 +1,11 @@
-"""The fixed tensor order and flat per-dtype buckets of AcceRL's weight broadcast (AcceRL §weight sync).
+"""The one pack / unpack of every weight path: AcceRL's fixed tensor order and flat per-dtype buckets
+(AcceRL §weight sync).
+
+Every way weights leave the trainer after start-up goes through here: the samplers' shared memory
+(:mod:`~fastlight.weights.shared_memory`), the inference worker's double buffer
+(:mod:`~fastlight.weights.double_buffer`), the broadcast (:mod:`~fastlight.weights.broadcast`) and
+the Ray object store (:mod:`fastlight.fleet.ray.sampler_actor`). Each plans a :class:`BucketLayout`
+from its own copy of the module, and copies tensors in and out with :class:`PackedWeights`.
 
 AcceRL broadcasts "the model's trainable parameters and necessary buffers in a fixed sequence"; both
 ends must derive the same sequence independently, from their own copy of the module. The order is:
@@ -7,12 +14,14 @@ as ``num_batches_tracked`` is left out; frozen parameters travel once, see :func
 Tied parameters appear once. Tensors are then grouped by
 dtype (first-appearance order) and packed back to back into flat buckets of at most ``bucket_mb``
 MiB; a tensor larger than that gets a bucket of its own (tensors are never split). One bucket is
-one collective, so a 100M-parameter model costs a handful of broadcasts instead of hundreds.
+one collective, so a 100M-parameter model costs a handful of broadcasts instead of hundreds. The
+paths without collectives plan one bucket per dtype (:data:`ONE_BUCKET_PER_DTYPE_MB`); every dtype
+travels as itself, so delivered weights are bitwise the trainer's.
 
 With ``direct_mb`` set, a tensor of at least ``direct_mb`` MiB is not packed: its slot is *direct*
 (``bucket == DIRECT``) and the broadcast sends it as itself, from and into the live tensor, which
 saves a pack copy on the trainer and an unpack copy on the worker. Only the small tensors share
-buckets. (The shared-memory double buffer plans with ``direct_mb=None``: everything packed.)
+buckets. (The other paths plan with ``direct_mb=None``: everything packed.)
 The broadcast endpoints default to ``direct_mb = bucket_mb / 4``: sending S bytes directly saves
 two copies of S (pack + unpack) for one more collective. On gloo/CPU one collective costs ~0.3 ms
 (sync.md Run 1: 1,212 per-tensor broadcasts of 38 MiB took 374 ms) and a copy runs at ~5 GiB/s,
@@ -34,8 +43,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from fastlight.weights.publisher import WeightSyncError
+
 DIRECT = -1
 """``Slot.bucket`` of a tensor that is broadcast as itself instead of packed."""
+ONE_BUCKET_PER_DTYPE_MB = 2.0**40
+"""``bucket_mb`` of the paths without collectives (larger than any model): one flat bucket per dtype."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +90,11 @@ class BucketLayout:
         """Ids of the direct slots, in slot order."""
         return tuple(i for i, s in enumerate(self.slots) if s.direct)
 
+    @functools.cached_property
+    def packed(self) -> tuple[int, ...]:
+        """Ids of the packed (not direct) slots, in slot order."""
+        return tuple(i for i, s in enumerate(self.slots) if not s.direct)
+
     @property
     def signature(self) -> int:
         h = hashlib.blake2b(digest_size=8)
@@ -89,12 +107,12 @@ def _itemsize(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def sync_entries(module: nn.Module, include_buffers: bool = True) -> list[tuple[str, torch.Tensor]]:
+def sync_entries(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
     """What every trainer -> sampler / inference-worker weight path publishes, in its fixed order:
     the *trainable* parameters (``requires_grad``) by name, then the floating buffers by name.
 
-    The one place that decides it (shared memory, double buffer, broadcast). A frozen parameter (a
-    LoRA run's base weights, a frozen vision tower) never changes after the samplers' and the
+    The one place that decides it (shared memory, double buffer, broadcast, Ray). A frozen parameter
+    (a LoRA run's base weights, a frozen vision tower) never changes after the samplers' and the
     worker's policy copies were made at start-up, so it travels once, with that copy, and not at
     every sync; ``sync/bytes`` counts what is sent. Buffers are sent whatever their ``requires_grad``:
     a trainer changes them without gradients (the normalisation statistics of
@@ -102,15 +120,12 @@ def sync_entries(module: nn.Module, include_buffers: bool = True) -> list[tuple[
     whose ``requires_grad`` flags travel with it (pickling and ``cpu_copy`` keep them).
     """
     params = sorted(((k, v) for k, v in module.named_parameters() if v.requires_grad), key=lambda kv: kv[0])
-    if not include_buffers:
-        return params
     floating = ((k, v) for k, v in module.named_buffers() if v.is_floating_point())
-    buffers = sorted(floating, key=lambda kv: kv[0])
-    return params + buffers
+    return params + sorted(floating, key=lambda kv: kv[0])
 
 
 def plan_buckets(module: nn.Module | Sequence[tuple[str, torch.Tensor]], bucket_mb: float = 64.0,
-                 include_buffers: bool = True, direct_mb: float | None = None) -> BucketLayout:
+                 direct_mb: float | None = None) -> BucketLayout:
     """Assign every tensor of ``module`` (or of the given ``(name, tensor)`` list) a bucket slot, or
     a direct slot when it holds at least ``direct_mb`` MiB (``None``: pack everything). The plan
     depends on names, shapes and dtypes only, so both ends derive the same one."""
@@ -118,7 +133,7 @@ def plan_buckets(module: nn.Module | Sequence[tuple[str, torch.Tensor]], bucket_
         raise ValueError(f"bucket_mb must be > 0, got {bucket_mb}")
     if direct_mb is not None and direct_mb <= 0:
         raise ValueError(f"direct_mb must be > 0 (or None: pack everything), got {direct_mb}")
-    entries = sync_entries(module, include_buffers) if isinstance(module, nn.Module) else list(module)
+    entries = sync_entries(module) if isinstance(module, nn.Module) else list(module)
     if not entries:
         raise ValueError("plan_buckets: the module has no trainable parameters or floating buffers to sync")
     cap = int(bucket_mb * 2**20)
@@ -157,37 +172,87 @@ def alloc_buckets(layout: BucketLayout, device: torch.device | str = "cpu") -> l
 def bucket_views(layout: BucketLayout, buckets: Sequence[torch.Tensor]) -> list[torch.Tensor | None]:
     """Per slot, a view of its bucket region shaped like the tensor (slot order); ``None`` for a
     direct slot."""
-    return [_view(s, buckets) for s in layout.slots]
+    return [None if s.direct else buckets[s.bucket][s.offset : s.offset + s.numel].view(s.shape)
+            for s in layout.slots]  # fmt: skip
 
 
-def _view(s: Slot, buckets: Sequence[torch.Tensor]) -> torch.Tensor | None:
-    return None if s.direct else buckets[s.bucket][s.offset : s.offset + s.numel].view(s.shape)
-
-
-def pack(layout: BucketLayout, tensors: Sequence[torch.Tensor], buckets: Sequence[torch.Tensor]) -> None:
-    """Copy the packed ``tensors`` (slot order) into ``buckets``; direct slots travel as themselves
-    and are skipped."""
-    _check(layout, tensors)
-    views = bucket_views(layout, buckets)
-    idx = [i for i, v in enumerate(views) if v is not None]
-    with torch.no_grad():
-        torch._foreach_copy_([views[i] for i in idx], [tensors[i].detach() for i in idx])
-
-
-def unpack(layout: BucketLayout, buckets: Sequence[torch.Tensor], tensors: Sequence[torch.Tensor]) -> None:
-    """Copy the bucket contents into the packed ``tensors`` (slot order) in place; direct slots
-    are skipped."""
-    _check(layout, tensors)
-    views = bucket_views(layout, buckets)
-    idx = [i for i, v in enumerate(views) if v is not None]
-    with torch.no_grad():
-        torch._foreach_copy_([tensors[i].detach() for i in idx], [views[i] for i in idx])
-
-
-def _check(layout: BucketLayout, tensors: Sequence[torch.Tensor]) -> None:
-    if len(tensors) != len(layout.slots):
-        raise ValueError(f"expected {len(layout.slots)} tensors for this layout, got {len(tensors)}")
-    for s, t in zip(layout.slots, tensors, strict=True):
+def layout_tensors(module: nn.Module, layout: BucketLayout) -> list[torch.Tensor]:
+    """``module``'s published tensors (:func:`sync_entries`: the parameter and buffer objects
+    themselves) in ``layout``'s slot order, after checking that they are still the ones it was
+    planned for: same names, shapes and dtypes. Raises
+    :class:`~fastlight.weights.publisher.WeightSyncError` otherwise (a parameter whose
+    ``requires_grad`` changed, a resized or recast module), rather than sending misaligned bytes."""
+    entries = sync_entries(module)
+    names = [s.name for s in layout.slots]
+    if [k for k, _ in entries] != names:
+        mine = {k for k, _ in entries}
+        raise WeightSyncError(
+            "weight sync: the published tensors changed since the layout was planned (a parameter's "
+            f"requires_grad or the module changed): now also {sorted(mine - set(names))[:4]}, no longer "
+            f"{sorted(set(names) - mine)[:4]}")
+    for s, (_, t) in zip(layout.slots, entries, strict=True):
         if tuple(t.shape) != s.shape or t.dtype != s.dtype:
-            raise ValueError(f"{s.name}: layout has shape {s.shape} {s.dtype}, tensor has "
-                             f"{tuple(t.shape)} {t.dtype}")
+            raise WeightSyncError(f"weight sync: {s.name} changed since the layout was planned: "
+                                  f"expected {(s.shape, s.dtype)}, got {(tuple(t.shape), t.dtype)}")
+    return [t for _, t in entries]
+
+
+class PackedWeights:
+    """A layout's flat buckets and every slot's view into them: the one pack / unpack of every weight
+    path.
+
+    :meth:`pack` copies tensors (slot order, e.g. :func:`layout_tensors`) into their bucket regions,
+    :meth:`unpack` copies the regions back into tensors: one copy per tensor each
+    (``torch._foreach_copy_``, tensor by tensor when the two sides are on different devices), none
+    of a direct slot, which travels as itself. ``bucket`` limits either to one bucket (the broadcast
+    packs bucket b while bucket b-1 is on the wire). Pickled (a ``Process`` argument), it carries its
+    buckets (shared memory or CUDA IPC handles) and rebuilds the views where it lands.
+    """
+
+    def __init__(self, layout: BucketLayout, buckets: Sequence[torch.Tensor]) -> None:
+        if len(buckets) != len(layout.buckets):
+            raise ValueError(f"expected {len(layout.buckets)} buckets for this layout, got {len(buckets)}")
+        self.layout, self.buckets = layout, list(buckets)
+        self._views: list[torch.Tensor | None] | None = None
+
+    @classmethod
+    def alloc(cls, layout: BucketLayout, device: torch.device | str = "cpu", *,
+              shared: bool = False) -> PackedWeights:
+        """Zeroed buckets on ``device``; ``shared``: in host shared memory (every page touched here,
+        not in a publish)."""
+        buckets = alloc_buckets(layout, device)
+        return cls(layout, [b.share_memory_() for b in buckets] if shared else buckets)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_views": None}
+
+    @property
+    def views(self) -> list[torch.Tensor | None]:
+        """Per slot, its region shaped like the tensor (``None`` for a direct slot)."""
+        if self._views is None:
+            self._views = bucket_views(self.layout, self.buckets)
+        return self._views
+
+    def pack(self, tensors: Sequence[torch.Tensor], bucket: int | None = None) -> None:
+        """Copy ``tensors`` (slot order) into the buckets (only bucket ``bucket`` if given)."""
+        ids, views = self._ids(tensors, bucket), self.views
+        _copy([views[i] for i in ids], [tensors[i] for i in ids])  # packed slots: never None
+
+    def unpack(self, tensors: Sequence[torch.Tensor], bucket: int | None = None) -> None:
+        """Copy the buckets (only bucket ``bucket`` if given) into ``tensors`` (slot order) in place."""
+        ids, views = self._ids(tensors, bucket), self.views
+        _copy([tensors[i] for i in ids], [views[i] for i in ids])  # packed slots: never None
+
+    def _ids(self, tensors: Sequence[torch.Tensor], bucket: int | None) -> Sequence[int]:
+        if len(tensors) != len(self.layout.slots):
+            raise ValueError(f"expected {len(self.layout.slots)} tensors for this layout, got {len(tensors)}")
+        return self.layout.packed if bucket is None else self.layout.buckets[bucket].slot_ids
+
+
+def _copy(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
+    with torch.no_grad():
+        if dst and len({t.device for t in dst} | {t.device for t in src}) == 1:
+            torch._foreach_copy_(dst, src)
+        else:  # across devices (a GPU trainer into host shared memory): one copy_ each
+            for d, s in zip(dst, src, strict=True):
+                d.copy_(s)

@@ -44,11 +44,9 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from fastlight.weights.broadcast import WeightSyncError, _tensors
-from fastlight.weights.buckets import BucketLayout, alloc_buckets, bucket_views, plan_buckets
-from fastlight.weights.publisher import SyncStats
+from fastlight.weights.buckets import ONE_BUCKET_PER_DTYPE_MB, PackedWeights, layout_tensors, plan_buckets
+from fastlight.weights.publisher import SyncStats, WeightSyncError
 
-_ONE_BUCKET_PER_DTYPE_MB = 2.0**40  # MiB: larger than any model, so each dtype gets one flat buffer
 # Shared state: [0] active slot (-1: nothing published), [1] version in slot 0, [2] version in slot 1,
 # [3] publishes announced (drain), [4] publishes flipped, [5] slot the worker claimed (-1: its own
 # memory), [6] version the worker acked.
@@ -97,28 +95,20 @@ class SharedDoubleBuffer:
     """
 
     def __init__(self, module: nn.Module, ctx: mp.context.BaseContext, *, timeout_s: float = 60.0,
-                 include_buffers: bool = True, worker_name: str = "inference worker",
-                 device: torch.device | str = "cpu") -> None:
+                 worker_name: str = "inference worker", device: torch.device | str = "cpu") -> None:
         if timeout_s <= 0:
             raise ValueError(f"SharedDoubleBuffer.timeout_s must be > 0, got {timeout_s}")
         self.device = slot_device(device)
         self.mode = "cuda_ipc" if self.device.type == "cuda" else "shared_memory"  # SyncStats.mode
-        self.layout = plan_buckets(module, _ONE_BUCKET_PER_DTYPE_MB, include_buffers=include_buffers)
-        self.include_buffers, self.timeout_s, self.worker_name = include_buffers, timeout_s, worker_name
-        if self.device.type == "cuda":
-            # vLLM ipc weight transfer: plain device allocations of this process; pickling the buffer
-            # into the worker's Process arguments exports their IPC handles, once. This process must
-            # (and does) keep them alive for as long as the worker uses them.
-            self.slots = [alloc_buckets(self.layout, self.device) for _ in range(2)]
-        else:
-            # share_memory_ copies the zeros into shared memory: every page is touched here, not in a publish.
-            self.slots = [[b.share_memory_() for b in alloc_buckets(self.layout, "cpu")] for _ in range(2)]
+        self.layout = plan_buckets(module, ONE_BUCKET_PER_DTYPE_MB)
+        self.timeout_s, self.worker_name = timeout_s, worker_name
+        # CUDA (vLLM ipc weight transfer): plain device allocations of this process; pickling the
+        # buffer into the worker's Process arguments exports their IPC handles, once. This process
+        # must (and does) keep them alive for as long as the worker uses them.
+        cpu = self.device.type == "cpu"
+        self.slots = [PackedWeights.alloc(self.layout, self.device, shared=cpu) for _ in range(2)]
         self.state = ctx.Array("q", [-1, -1, -1, 0, 0, -1, -1], lock=False)
         self.lock = ctx.Lock()
-        self._views: list[list[torch.Tensor]] | None = None  # trainer-side, built lazily
-
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "_views": None}
 
     @property
     def nbytes(self) -> int:
@@ -150,21 +140,14 @@ class SharedDoubleBuffer:
         return once the worker acked it. ``check`` (e.g. "is the worker alive?") may raise while
         waiting. Raises :class:`WeightSyncError` naming the worker after ``timeout_s``."""
         t0 = time.perf_counter()
-        tensors = _tensors(module, self.layout)
+        tensors = layout_tensors(module, self.layout)
         self.request_drain()
         with self.lock:
             active = int(self.state[_ACTIVE])
         target = 0 if active < 0 else 1 - active
         self._wait(lambda: self._free(target), check,
                    f"to leave slot {target} (it still serves from it) before version {version} is written")
-        if self._views is None:
-            self._views = [bucket_views(self.layout, slot) for slot in self.slots]
-        with torch.no_grad():  # the one copy (across devices if the policy is not where the slots are)
-            if all(t.device == self.device for t in tensors):
-                torch._foreach_copy_(self._views[target], [t.detach() for t in tensors])
-            else:
-                for view, t in zip(self._views[target], tensors, strict=True):
-                    view.copy_(t.detach())
+        self.slots[target].pack(tensors)  # the one copy (across devices if the policy is elsewhere)
         if self.device.type == "cuda":
             # The copy was only queued on this process's stream; the worker's streams (another process)
             # know nothing of it. Finish it on the device before the flip, so that the worker never
@@ -206,16 +189,15 @@ class DoubleBufferReader:
 
     def __init__(self, shared: SharedDoubleBuffer, module: nn.Module, *, name: str,
                  stopped: Callable[[], bool] | None) -> None:
-        mine = plan_buckets(module, _ONE_BUCKET_PER_DTYPE_MB, include_buffers=shared.include_buffers)
+        mine = plan_buckets(module, ONE_BUCKET_PER_DTYPE_MB)
         if mine.signature != shared.layout.signature:
             raise WeightSyncError(f"{shared.label} weight sync: {name}'s model layout does not match the "
                                   f"trainer's ({mine.nbytes} vs {shared.layout.nbytes} bytes)")
-        for t in live_tensors(module, mine):
+        for t in layout_tensors(module, mine):
             if t.device != shared.device:  # the pointer swap below moves no bytes across devices
                 where = "CPU weights" if shared.device.type == "cpu" else f"weights on {shared.device}"
                 raise WeightSyncError(f"{shared.label} weight sync needs {where}; {name} has {t.device}")
         self.shared, self.module, self.name, self.stopped = shared, module, name, stopped
-        self.views = [bucket_views(shared.layout, slot) for slot in shared.slots]
         self.version = -1
         self.received = 0  # publishes flipped when this worker last swapped
 
@@ -240,16 +222,9 @@ class DoubleBufferReader:
             version, self.received = int(state[_V0 + slot]), int(state[_FLIPPED])
             state[_CLAIMED] = slot
         target = module if module is not None else self.module
-        for t, view in zip(live_tensors(target, self.shared.layout), self.views[slot], strict=True):
+        views = self.shared.slots[slot].views
+        for t, view in zip(layout_tensors(target, self.shared.layout), views, strict=True):
             t.data = view  # a pointer swap: the parameter object stays, its storage is the slot
         self.version = version
         state[_ACKED] = version
         return version
-
-
-def live_tensors(module: nn.Module, layout: BucketLayout) -> list[torch.Tensor]:
-    """The module's parameter and buffer objects themselves (not detached aliases), in layout order."""
-    _tensors(module, layout)  # raises WeightSyncError if a tensor changed shape or dtype
-    found = dict(module.named_parameters())
-    found.update(module.named_buffers())
-    return [found[s.name] for s in layout.slots]

@@ -21,12 +21,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from fastlight.weights.publisher import WeightSyncError
+
 TRAINER_RANK, WORKER_RANK = 0, 1
 _PREFIX = "fastlight/weight_sync"
-
-
-class WeightSyncError(RuntimeError):
-    """A weight-sync peer died, stalled past the timeout, or disagrees on the model layout."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -6,14 +6,27 @@
 - :class:`WeightSource` is a sampler's end: the newest published ``version`` and ``load_into``.
 
 Implementations: :class:`~fastlight.weights.shared_memory.SharedWeights` (samplers hold policy
-copies; one shared-memory buffer) and :class:`~fastlight.inference.client.InferenceClient`
+copies; one shared-memory set of buckets) and :class:`~fastlight.inference.client.InferenceClient`
 (one inference worker holds the policy). The client publishes through
 :class:`~fastlight.weights.double_buffer.SharedDoubleBuffer` for a CPU worker on this host (two
 shared slots; one copy in, a pointer swap in the worker; ``mode == "shared_memory"``), the same
 with its slots on the GPU for a CUDA worker on the trainer's GPU (CUDA IPC, ``mode == "cuda_ipc"``),
 and through a two-rank broadcast group, :mod:`fastlight.weights.broadcast`, for a CUDA worker on
-another GPU (``mode == "bucketed"``). A :class:`~fastlight.fleet.pool.SamplerPool` holds exactly
-one publisher, and ``RolloutDataModule.publish`` is the one place that calls it.
+another GPU (``mode == "bucketed"``). The Ray fleet puts each version in the object store
+(:mod:`fastlight.fleet.ray.sampler_actor`, ``mode == "ray_object_store"``) or broadcasts it to its
+inference actor. Every one of them packs and unpacks with :mod:`fastlight.weights.buckets` (one
+fixed order, flat per-dtype buckets, :class:`~fastlight.weights.buckets.PackedWeights`). A fleet
+holds exactly one publisher, and ``RolloutDataModule.publish`` is the one place that calls it.
+
+**The one other place weights travel: the policy copy at spawn.** A sampler (and an inference
+worker) is started with the whole policy module pickled into its process arguments, at start and at
+every restart. That copy is what carries the *frozen* parameters (a LoRA run's base weights, a
+frozen vision tower): :func:`~fastlight.weights.buckets.sync_entries` leaves them out of every
+publish because they never change. Its trainable tensors are the values when the fleet was built,
+and they never act: a sampler's loop takes no round before the first ``publish`` (``version >= 0``)
+and loads the newest published version before it, a restarted one included (an inference worker
+serves nothing before its first sync). Sending the architecture alone would need a second path for
+the frozen weights; the copy at spawn is that path.
 """
 
 from __future__ import annotations
@@ -41,6 +54,10 @@ class SyncStats:
         return {"sync/latency_ms": self.latency_ms, "sync/trainer_wait_ms": self.trainer_wait_ms,
                 "sync/bytes": float(self.bytes), "sync/collectives": float(self.collectives),
                 "sync/version": float(self.version)}  # fmt: skip
+
+
+class WeightSyncError(RuntimeError):
+    """A weight path's peer died, stalled past the timeout, or disagrees on the model layout."""
 
 
 @runtime_checkable

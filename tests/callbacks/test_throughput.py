@@ -142,21 +142,5 @@ def test_name_and_state_key_differ_from_lightnings_throughput_monitor() -> None:
     assert theirs.state_key == "ThroughputMonitor"
     assert ours.state_key == "fastlight.RolloutThroughput" != theirs.state_key
     assert type(ours).__name__ != type(theirs).__name__
+    assert not hasattr(throughput_cb, "ThroughputMonitor")  # the bare name on a command line is Lightning's
 
-
-def test_old_name_is_a_deprecated_alias_that_warns() -> None:
-    with pytest.warns(FutureWarning, match="renamed RolloutThroughput"):
-        old = throughput_cb.ThroughputMonitor(window=2)
-    assert isinstance(old, RolloutThroughput) and old.window == 2
-    assert old.state_key == RolloutThroughput().state_key  # same checkpoint entry as the new name
-
-
-def test_checkpoint_written_under_the_old_key_restores_the_totals() -> None:
-    """Checkpoints from before the rename hold the state under "ThroughputMonitor"."""
-    from lightning.pytorch.trainer import call
-
-    monitor = RolloutThroughput()
-    trainer = pl.Trainer(callbacks=[monitor], logger=False, enable_checkpointing=False, accelerator="cpu")
-    totals = {"raw_steps": 30, "valid_steps": 24, "episodes": 5, "global_resets": 4}
-    call._call_callbacks_load_state_dict(trainer, {"callbacks": {"ThroughputMonitor": {"totals": totals}}})
-    assert monitor.totals == totals

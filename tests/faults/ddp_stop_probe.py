@@ -1,16 +1,18 @@
 """Two DDP ranks (gloo on CPU, Lightning's own launcher) training an RLModule on fixed rollouts with
-PreemptionCheckpoint; rank ``--signal-rank`` sends SIGTERM to itself in the middle of update ``--at``,
-and with ``--second`` both ranks get another stop signal while the stop checkpoint is written.
+PreemptionCheckpoint and LostRankCheckpoint (as the CLI attaches them); rank ``--signal-rank`` sends
+SIGTERM to itself in the middle of update ``--at``, and with ``--second`` both ranks get another stop
+signal while the stop checkpoint is written.
 
     python -m tests.faults.ddp_stop_probe --root DIR --signal-rank 1 --at 2 --second
     python -m tests.faults.ddp_stop_probe --root DIR --updates 300     # no signal: measure
     python -m tests.faults.ddp_stop_probe --root DIR --lose-rank 1 --lose-signal SIGKILL --at 2 \
-        --peer-timeout-s 10                                            # a lost rank (peer_watch)
+        --peer-timeout-s 10 [--rollback]                               # a lost rank (peer_watch)
 
 With ``--lose-rank``, that rank sends ``--lose-signal`` (SIGKILL, SIGSTOP) to itself at the start of
 update ``--at`` (``--mid``: after that update's first optimizer step, before its second backward;
 rank 0 then saves its weights and optimizer state at the end of update ``--at - 1`` to
-``DIR/boundary.pt``, what the survivor's checkpoint must hold).
+``DIR/boundary.pt``, what the survivor's checkpoint must hold with ``--rollback``, LostRankCheckpoint's
+``rollback=True``).
 
 Lightning's launcher starts rank 1 as this same command. Each rank writes ``DIR/rank<r>.json``: its
 exit path, the policy version, the stop signals it ignored, the per-update agreement's count and
@@ -33,6 +35,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+from fastlight.callbacks.lost_rank import LostRankCheckpoint
 from fastlight.callbacks.preemption import PreemptionCheckpoint
 from fastlight.checkpoints import AtomicCheckpointIO
 from fastlight.modules.rl_module import RLModule
@@ -125,13 +128,14 @@ def main() -> None:
     p.add_argument("--lose-signal", default="SIGKILL")
     p.add_argument("--mid", action="store_true")
     p.add_argument("--peer-timeout-s", type=float, default=None)
+    p.add_argument("--rollback", action="store_true")
     args = p.parse_args()
     signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own, as in a terminal
     root = Path(args.root)
     timeout = None if args.peer_timeout_s is None else args.peer_timeout_s / 60
-    cb = PreemptionCheckpoint(
-        every_minutes=None, **({} if timeout is None else {"peer_timeout_minutes": timeout})
-    )
+    cb = PreemptionCheckpoint(every_minutes=None)
+    peer = {} if timeout is None else {"peer_timeout_minutes": timeout}
+    lost = LostRankCheckpoint(**peer, rollback=args.rollback)
     module = SignalledRank(
         args.signal_rank, args.at, args.second, args.lose_rank, signal.Signals[args.lose_signal], args.mid
     )
@@ -141,8 +145,8 @@ def main() -> None:
         module.boundary_file = root / "boundary.pt"
     trainer = L.Trainer(
         strategy="ddp", devices=2, accelerator="cpu", max_steps=2 * args.updates, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, callbacks=[cb],
-        plugins=[AtomicCheckpointIO()], default_root_dir=str(root),
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        callbacks=[cb, lost], plugins=[AtomicCheckpointIO()], default_root_dir=str(root),
     )  # fmt: skip
     report: dict = {"exit": "finished"}
     t0 = time.perf_counter()
@@ -153,7 +157,7 @@ def main() -> None:
         raise
     except RuntimeError as e:  # a collective failed: a rank was lost
         report["exit"] = f"RuntimeError: {str(e).splitlines()[0][:200]}"
-        report["peer_lost_line"] = cb.peer_lost_line
+        report["peer_lost_line"] = lost.peer_lost_line
         raise
     finally:
         report.update(

@@ -1,7 +1,8 @@
 """A lost rank under DDP, in real processes (tests/faults/ddp_stop_probe.py: 2 gloo ranks, Lightning's
 own launcher): SIGKILL or SIGSTOP of rank 1 stops rank 0 within the peer timeout with one line naming
 rank 1, the checkpoint of the last completed update written by rank 0 alone, rank 1 ended, nothing
-left running; a loss in the middle of an update writes no checkpoint of a half-applied update. And a
+left running; a loss in the middle of an update writes no checkpoint of a half-applied update (with
+LostRankCheckpoint's rollback, the update before it; without, nothing, and the line says so). And a
 rank whose launcher (torchrun's agent) is SIGKILLed stops with the coordinated stop."""
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ def test_sigstop_of_rank_1_stops_rank_0_after_the_peer_timeout(tmp_path):
 def test_a_loss_in_the_middle_of_an_update_saves_the_update_before_it(tmp_path):
     """Rank 1 dies after update 2's first optimizer step: rank 0 holds a half-applied update, and
     writes the state at that update's start (its rollback point), not the half-applied one."""
-    rc, report, _, root, out = run_probe(tmp_path, "--lose-signal", "SIGKILL", "--mid")
+    rc, report, _, root, out = run_probe(tmp_path, "--lose-signal", "SIGKILL", "--mid", "--rollback")
     assert rc == 1, out[-3000:]
     ckpt = root / "checkpoints" / "last.ckpt"
     assert report["peer_lost_line"] == (
@@ -129,6 +130,24 @@ def test_a_loss_in_the_middle_of_an_update_saves_the_update_before_it(tmp_path):
     assert state["state"][0]["step"].item() == 4  # Adam's count: 2 updates x 2 steps, not 5
     loop = saved["loops"]["fit_loop"]["epoch_loop.manual_optimization.optim_step_progress"]["total"]
     assert loop["completed"] == 4
+
+
+@pytest.mark.slow  # ~30 s
+@pytest.mark.multiproc
+def test_a_loss_in_the_middle_of_an_update_without_rollback_writes_nothing_and_says_so(tmp_path):
+    """The default (no copy at every update): rank 0 holds a half-applied update, writes no
+    checkpoint of it, and its one line names what it could not save and the file to resume from."""
+    rc, report, _, root, out = run_probe(tmp_path, "--lose-signal", "SIGKILL", "--mid")
+    assert rc == 1, out[-3000:]
+    ckpt = root / "checkpoints" / "last.ckpt"
+    assert report["peer_lost_line"] == (
+        "fastlight: rank 0: stopped: rank 1 was killed by SIGKILL (RuntimeError in a collective) during an "
+        "update (global step 5; the last completed update ended at step 4): not saved, as this rank holds "
+        "part of that update and no copy of its start (LostRankCheckpoint rollback: false); resume from the "
+        f"last checkpoint on disk, {ckpt} (if any); the ranks it launched exited -9"
+    )
+    assert list(root.rglob("*.ckpt")) == []  # no checkpoint of the half-applied update, nor of any other
+    assert [ln for ln in out.splitlines() if ln.startswith("fastlight: ")] == [report["peer_lost_line"]]
 
 
 @pytest.mark.slow  # a 2-rank `fastlight fit` under torchrun: ~60 s on 2 loaded cores

@@ -285,7 +285,7 @@ def test_handler_is_installed_through_lightnings_signal_connector(tmp_path):
     handler) never runs: during fit the one handler of every stop signal is the callback's, held by
     Lightning's connector, which gives the previous ones back at the end; Lightning's own flag stays
     down (its loops would stop one rank alone)."""
-    from fastlight.callbacks.stop_signals import StopSignalConnector
+    from fastlight.lightning_compat import StopSignalConnector
 
     seen: dict = {}
 
@@ -306,3 +306,41 @@ def test_handler_is_installed_through_lightnings_signal_connector(tmp_path):
     assert set(seen["handlers"].values()) == {cb._on_signal}
     assert not t.received_sigterm
     assert {s: signal.getsignal(s) for s in before} == before
+
+
+class ClaimsStop(L.Callback):
+    """A :class:`~fastlight.callbacks.preemption.HandlesStop` that claims exceptions of ``kind``."""
+
+    def __init__(self, kind: type[BaseException]) -> None:
+        self.kind, self.asked = kind, 0
+
+    def handles_stop(self, trainer, exception) -> bool:
+        self.asked += 1
+        return isinstance(exception, self.kind)
+
+
+class FailsInUpdate(SignalInUpdate):
+    def training_step(self, batch, batch_idx):
+        if batch_idx == 2:
+            raise RuntimeError("a collective failed")
+        return super().training_step(batch, batch_idx)
+
+
+@pytest.mark.parametrize("kind", [RuntimeError, KeyError])
+def test_a_callback_that_handles_the_stop_takes_it_over(tmp_path, kind, capsys):
+    """LostRankCheckpoint's way in: a callback that claims the exception leaves PreemptionCheckpoint
+    no save and no line; one that does not claim it changes nothing."""
+    cb, claims = PreemptionCheckpoint(every_minutes=None), ClaimsStop(kind)
+    t = trainer(tmp_path, cb, max_steps=100)
+    t.callbacks.append(claims)
+    with pytest.raises(RuntimeError, match="a collective failed"):
+        t.fit(FailsInUpdate(), DataLoader(Rollouts(50), batch_size=None))
+    assert claims.asked == 1
+    lines = fastlight_lines(capsys.readouterr().err)
+    if kind is RuntimeError:
+        assert lines == [] and cb.saves == 0 and not (tmp_path / "checkpoints").exists()
+    else:
+        assert lines == [f"fastlight: stopped by RuntimeError at global step 4; checkpoint saved to "
+                         f"{tmp_path / 'checkpoints' / 'last.ckpt'} (resume with trainer.fit(..., "
+                         f"ckpt_path={str(tmp_path / 'checkpoints' / 'last.ckpt')!r}))"]  # fmt: skip
+        assert saved_step(tmp_path / "checkpoints" / "last.ckpt") == 4

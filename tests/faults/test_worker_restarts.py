@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import threading
 import time
 
 import pytest
@@ -98,6 +99,48 @@ def test_killed_and_stopped_samplers_restart_then_the_budget_stops_naming_the_sa
     finally:
         pool.stop()
     wait_no_children()
+
+
+def test_a_stop_during_a_restart_waits_for_it_and_nothing_restarts_after(capfd, monkeypatch):
+    """The stop (the trainer's thread) comes while a restart (the prefetch thread's) is spawning: it
+    waits for the restart, stops what it started, and no restart begins after it."""
+    configs = [SamplerConfig(env_id=ENV, num_envs=1, max_horizon=4, seed=1000 * w) for w in range(2)]
+    net = policy()
+    pool = SamplerPool(configs, net, faults=FaultSettings(worker_timeout_s=120.0, max_worker_restarts=3))
+    pool.start()
+    pool.publish(net, 0)
+    assert items_of(pool, 0, 2) == [0, 0]
+    real_spawn = SamplerPool._spawn
+    restarting = threading.Event()
+
+    def slow_spawn(self: SamplerPool, i: int):  # a restart's spawn, slow: the stop comes during it
+        restarting.set()
+        time.sleep(1.0)
+        return real_spawn(self, i)
+
+    monkeypatch.setattr(SamplerPool, "_spawn", slow_spawn)
+    victim = pool.procs[0].pid
+    capfd.readouterr()
+    os.kill(victim, signal.SIGKILL)
+
+    def prefetch() -> None:  # as the DataModule's prefetcher, until the stop
+        while not pool.stopping:
+            pool.next_item(0.2)
+
+    watcher = threading.Thread(target=prefetch, daemon=True)
+    watcher.start()
+    assert restarting.wait(30), "the killed sampler was not seen"
+    pool.stop()
+    said = capfd.readouterr().err
+    watcher.join(10)
+    time.sleep(1.5)  # a restart that outlived the stop would say something by now
+    lines = [line for line in said.splitlines() if line.startswith("fastlight:")]
+    assert len(lines) == 1 and f"pid {victim}, env" in lines[0] and "restarting it" in lines[0], said
+    assert "fastlight:" not in capfd.readouterr().err
+    assert pool.restarts == 1 and pool.samplers == []
+    wait_no_children()  # what the restart started (under the stop's wait) is stopped too
+    pool.watch(force=True)  # and a watch after the stop restarts nothing
+    assert pool.restarts == 1 and pool.samplers == []
 
 
 def test_fit_restarts_a_killed_sampler_and_stops_named_when_the_budget_is_spent(tmp_path):

@@ -1,6 +1,7 @@
 """Samplers import the fastlight the trainer runs, not a ``fastlight/`` folder in the working
-directory (a checkout next to the run): ``cli_main`` puts the working directory first on
-``sys.path``, spawned children inherit that order, and a forkserver's ``python -c`` starts with it."""
+directory (a checkout next to the run): ``cli_main`` appends the working directory to ``sys.path``,
+which spawned and forked children inherit, and a forkserver (whose ``python -c`` puts it first)
+preloads nothing there."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from fastlight.fleet.start import warm_forkserver
 if __name__ == "__main__":
     report_dir = sys.argv[1]
     assert warm_forkserver("tests.sampling.error_envs:WhichFastlight-v0")  # as the fastlight command does
-    sys.path.insert(0, os.getcwd())  # as cli_main does, for the user's own modules
+    sys.path.append(os.getcwd())  # as cli_main does, for the user's own modules
     import fastlight
     from fastlight.models.mlp import MLPActorCritic
     from fastlight.fleet.faults import FaultSettings
@@ -80,16 +81,12 @@ def test_samplers_do_not_import_a_fastlight_folder_in_the_working_directory(tmp_
         assert (reports / str(out[method])).read_text() == out["trainer"], method
 
 
-def test_the_running_fastlight_goes_in_front_of_the_folder_that_shadows_it(tmp_path, monkeypatch):
+def test_another_fastlight_in_the_working_directory_is_told_from_this_one(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert not start.cwd_holds_another_fastlight()  # none there
     (tmp_path / "fastlight").mkdir()
+    assert not start.cwd_holds_another_fastlight()  # a folder that is no package
     (tmp_path / "fastlight" / "__init__.py").write_text("")
-    monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
-    assert start.shadowing_entry(sys.path) == 0
-    assert start.pin_fastlight_path() == str(tmp_path)
-    assert sys.path[:2] == [start.PACKAGE_ROOT, str(tmp_path)]
-    assert start.shadowing_entry(sys.path) is None
-    assert start.pin_fastlight_path() is None  # pinned once; nothing shadows it now
-    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != start.PACKAGE_ROOT])
-    before = list(sys.path[1:])
-    monkeypatch.setattr(sys, "path", before)  # without the folder: nothing to change
-    assert start.pin_fastlight_path() is None and sys.path == before
+    assert start.cwd_holds_another_fastlight()
+    monkeypatch.chdir(ROOT)
+    assert Path(start.PACKAGE_DIR) == ROOT / "fastlight" and not start.cwd_holds_another_fastlight()

@@ -48,23 +48,12 @@ def test_bad_start_method_names_the_flag() -> None:
         )
 
 
-def test_peek_value_reads_typed_values_class_paths_and_top_level_settings(tmp_path) -> None:
-    cfg = tmp_path / "run.yaml"
-    cfg.write_text(
-        "seed_everything: 3\nmodel:\n  class_path: fastlight.RLModule\n"
-        "  init_args:\n    hidden_sizes: [32, 32]\n"
-        "data:\n  num_envs: 4\n  cut_in_flight: null\n"
-    )
-    argv = ["--config", str(cfg)]
-    assert start.peek_value(argv, None, "seed_everything") == (True, 3)
-    assert start.peek_value(argv, "model", "class_path") == (True, "fastlight.RLModule")
-    assert start.peek_value(argv, "model", "hidden_sizes") == (True, [32, 32])
-    assert start.peek_value(argv, "data", "num_envs") == (True, 4)
-    assert start.peek_value(argv, "data", "cut_in_flight") == (True, None)  # set, to null
-    assert start.peek_value(argv, "data", "max_staleness") == (False, None)
-    # Flags win over config files, are read as YAML, in either spelling.
-    flags = [*argv, "--data.num_envs=6", "--model.init_args.hidden_sizes", "[8]", "--model", "my.Module"]
-    assert start.peek_value(flags, "data", "num_envs") == (True, 6)
-    assert start.peek_value(flags, "model", "hidden_sizes") == (True, [8])
-    assert start.peek_value(flags, "model", "class_path") == (True, "my.Module")
-    assert start.peek_value(["--seed_everything=true"], None, "seed_everything") == (True, True)
+def test_peek_data_reads_both_spellings_and_a_config_that_sets_null(tmp_path) -> None:
+    first = tmp_path / "first.yaml"
+    first.write_text("data:\n  env_id: merge-v0\n  num_envs: 4\n")
+    unset = tmp_path / "unset.yaml"
+    unset.write_text("data:\n  init_args:\n    env_id: null\n")
+    assert start.peek_env_id(["--config", str(first), "--config", str(unset)]) is None  # the last one sets it
+    assert start.peek_env_id(["--data.init_args.env_id", "u-turn-v0", "--config", str(first)]) == "u-turn-v0"
+    assert start.peek_data(["--config", str(first)], "num_envs") is None  # not a string
+    assert start.peek_data(["--data.start_method"], "start_method") is None  # a flag without its value

@@ -1,4 +1,4 @@
-"""Objectives as objects: their settings and checks, hparams, and loading checkpoints of the old names."""
+"""Objectives as objects: their settings and checks, and how hparams and checkpoints hold them."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ import pytest
 import torch
 
 from fastlight.losses import gipo_loss, sapo_loss
-from fastlight.modules.objective_hparams import as_objective, legacy_objective, legacy_setting_hint
-from fastlight.modules.objectives import GIPO, SAPO, Objective, PPOClip
+from fastlight.modules.objectives import GIPO, SAPO, Objective, PPOClip, as_objective
 from fastlight.modules.rl_module import RLModule
 from fastlight.vla.module import VLAModule
 
@@ -40,6 +39,9 @@ def test_defaults_and_config_round_trip():
     assert as_objective(None, default=GIPO) == GIPO()
     with pytest.raises(TypeError, match="--model.objective must be an Objective"):
         as_objective({"class_path": "torch.nn.Linear"}, default=PPOClip)
+    refused = r"^--model.objective must be an Objective, e\.g\. --model.objective GIPO .*, got 'gipo'$"
+    with pytest.raises(TypeError, match=refused):
+        as_objective("gipo", default=PPOClip)  # a name, not a class
     with pytest.raises(TypeError, match="abstract"):
         Objective()  # the one method a new objective implements: loss
 
@@ -69,40 +71,11 @@ def test_clip_frac_eps_sets_only_the_diagnostic(objective, pure):
     assert torch.equal(objective.loss(**b)[0], pure(**b, **pure_args)[0])
 
 
-def test_old_hparams_map_to_the_objective_they_trained_with():
-    assert legacy_objective({"objective": GIPO().config()}) is None  # new hparams: nothing to map
-    assert legacy_objective({"objective": "ppo", "clip_eps": 0.1, "gipo_sigma": 0.3}) == PPOClip(0.1)
-    old = {"objective": "gipo", "clip_eps": 0.1, "gipo_sigma": 0.2, "sapo_tau_pos": 3.0}
-    assert legacy_objective(old) == GIPO(sigma=0.2, clip_frac_eps=0.1)
-    old = {"objective": "sapo", "clip_eps": 0.3, "gipo_sigma": 0.2, "sapo_tau_pos": 3.0, "sapo_tau_neg": 4.0}
-    assert legacy_objective(old) == SAPO(tau_pos=3.0, tau_neg=4.0, clip_frac_eps=0.3)
-    with pytest.raises(ValueError, match="--model.objective 'trpo' is a string; write a class"):
-        legacy_objective({"objective": "trpo"})
-
-
-def test_hint_is_only_for_old_module_settings():
-    refusal = "Problem with given class_path '{}':\n    Option 'clip_eps' is not accepted"
-    gipo_clip = refusal.format("fastlight.modules.objectives.GIPO")
-    assert legacy_setting_hint(gipo_clip) is None  # GIPO has no clip: jsonargparse's refusal stands
-    module_clip = refusal.format("fastlight.modules.rl_module.RLModule")
-    assert legacy_setting_hint(module_clip).startswith("--model.clip_eps is gone")
-    assert legacy_setting_hint("unrecognized arguments: --model.lr_x 1") is None
-
-
 def _save(module: L.LightningModule, hparams: dict, path) -> str:
     """A checkpoint of ``module``'s weights whose hyperparameters are ``hparams``."""
     ckpt = {"state_dict": module.state_dict(), "hyper_parameters": hparams}
     torch.save({**ckpt, "pytorch-lightning_version": L.__version__}, path)
     return str(path)
-
-
-def _old_hparams(module: RLModule, **old) -> dict:
-    """``module``'s hparams as a checkpoint saved before objectives were objects has them."""
-    hparams = {k: v for k, v in dict(module.hparams).items() if k != "objective"}
-    return {**hparams, **old}
-
-
-OLD = {"objective": "gipo", "clip_eps": 0.1, "gipo_sigma": 0.2, "sapo_tau_pos": 1.0, "sapo_tau_neg": 1.05}
 
 
 def test_new_checkpoint_rebuilds_its_objective(tmp_path):
@@ -112,31 +85,15 @@ def test_new_checkpoint_rebuilds_its_objective(tmp_path):
     loaded = RLModule.load_from_checkpoint(path)
     assert loaded.objective == SAPO(tau_neg=2.0)
     assert RLModule.load_from_checkpoint(path, objective=PPOClip(0.3)).objective == PPOClip(0.3)  # yours wins
+    assert loaded.hparams.objective == SAPO(tau_neg=2.0).config()
 
 
-@pytest.mark.parametrize("saved_by", ["python", "cli"])
-def test_old_checkpoint_loads_with_the_objective_it_trained_with(tmp_path, saved_by):
+def test_vla_module_checkpoint_rebuilds_its_objective(tmp_path):
     torch.manual_seed(0)
-    module = RLModule(obs_dim=3, action_dim=2)
+    assert VLAModule(action_dim=4).objective == GIPO()  # VLAModule's default
+    module = VLAModule(action_dim=4, objective=SAPO(tau_neg=3.0))
     module.configure_model()
-    old = _old_hparams(module, **OLD)
-    if saved_by == "cli":  # what `fastlight fit` recorded: the class, and LightningCLI's instantiator
-        old.update(_class_path="fastlight.modules.rl_module.RLModule",
-                   _instantiator="lightning.pytorch.cli.instantiate_module")  # fmt: skip
-    loaded = RLModule.load_from_checkpoint(_save(module, old, tmp_path / "old.ckpt"))
-    assert loaded.objective == GIPO(sigma=0.2, clip_frac_eps=0.1)
-    assert loaded.hparams.objective == GIPO(sigma=0.2, clip_frac_eps=0.1).config()
-    assert not {"gipo_sigma", "clip_eps", "sapo_tau_pos"} & set(loaded.hparams)
+    loaded = VLAModule.load_from_checkpoint(_save(module, dict(module.hparams), tmp_path / "vla.ckpt"))
+    assert loaded.objective == SAPO(tau_neg=3.0)
     for key, value in module.state_dict().items():
         assert torch.equal(loaded.state_dict()[key], value), key
-
-
-def test_old_vla_checkpoint_loads(tmp_path):
-    """VLAModule passes unknown settings on to RLModule (``**kwargs``): the old keys must not get there."""
-    torch.manual_seed(0)
-    module = VLAModule(action_dim=4)
-    module.configure_model()
-    old = _old_hparams(module, **{**OLD, "objective": "sapo", "sapo_tau_neg": 3.0})
-    loaded = VLAModule.load_from_checkpoint(_save(module, old, tmp_path / "old_vla.ckpt"))
-    assert loaded.objective == SAPO(tau_neg=3.0, clip_frac_eps=0.1)
-    assert VLAModule(action_dim=4).objective == GIPO()  # VLAModule's default

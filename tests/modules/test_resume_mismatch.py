@@ -14,6 +14,7 @@ import torch
 
 from fastlight import cli
 from fastlight.cli import cli_main
+from fastlight.modules.checkpointing import check_weights_fit
 from fastlight.modules.rl_module import RLModule
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -104,9 +105,9 @@ def test_the_same_settings_resume_without_a_word(tmp_path, checkpoint):
     module = RLModule(obs_dim=3, action_dim=2, hidden_sizes=(16, 16))
     module.configure_model()
     ckpt = torch.load(checkpoint, weights_only=False)
-    module._check_weights_fit(ckpt)  # fits: nothing raised
+    check_weights_fit(module, ckpt)  # fits: nothing raised
     module.load_state_dict(ckpt["state_dict"])  # and torch agrees
     narrow = RLModule(obs_dim=3, action_dim=2, hidden_sizes=(8, 8))
     narrow.configure_model()
     with pytest.raises(ValueError, match=r"^--model.hidden_sizes \[8, 8\] \(checkpoint: \[16, 16\]\): "):
-        narrow._check_weights_fit(ckpt)  # no Trainer: no --ckpt_path to name
+        check_weights_fit(narrow, ckpt)  # no Trainer: no --ckpt_path to name

@@ -142,10 +142,6 @@ def test_every_objective_setting_changes_the_update(default, changed):
 @pytest.mark.parametrize(
     "kwargs,match",
     [
-        (
-            {"objective": "gipo"},
-            "--model.objective 'gipo' is a string; write --model.objective GIPO --model.objective.sigma 0.5",
-        ),
         ({"ratio_granularity": "word"}, "--model.ratio_granularity must be one of token | action | chunk"),
         ({"num_minibatches": 0}, "--model.num_minibatches must be >= 1"),
         ({"gamma": 1.5}, r"--model.gamma must be in \[0, 1\]"),

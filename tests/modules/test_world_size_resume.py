@@ -9,11 +9,11 @@ import sys
 
 import pytest
 import torch
-from tests.vla.test_self_imitation import one_success_rollout, sil_module
 
 from fastlight.callbacks.throughput import RolloutThroughput
 from fastlight.rank_state import PER_RANK_KEY, counters_for_rank, old_ranks_for, per_rank_entries
 from fastlight.vla.self_imitation import SuccessBuffer, buffers_for_world_size
+from tests.vla.test_self_imitation import one_success_rollout, sil_module
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from fastlight.vla.policy import build_llama
+from fastlight.vla.hf_vlm import build_llama
 from fastlight.vla.pruning import load_pruned_causal_lm, prune_lm_head, pruned_range
 
 V, D, N_ACT = 1024, 32, 64

@@ -9,7 +9,6 @@ import math
 import lightning as L
 import pytest
 import torch
-from tests.vla.test_self_imitation import one_success_rollout, success_logprob
 from torch import nn
 from torch.utils.data import DataLoader
 
@@ -20,6 +19,7 @@ from fastlight.models.base import TokenPolicy
 from fastlight.vla.module import VLAModule
 from fastlight.vla.sft import VLASFTModule
 from tests.lightning_helpers import quiet_trainer
+from tests.vla.test_self_imitation import one_success_rollout, success_logprob
 
 N_BINS = 32
 
@@ -104,7 +104,7 @@ class ActsOnly(nn.Module):
 
 def test_a_policy_missing_token_members_is_refused_naming_them():
     want = (
-        r"^--model.policy tests.modules.test_token_policy.ActsOnly does not implement "
+        r"^--model.policy tests.vla.test_token_policy.ActsOnly does not implement "
         r"fastlight.models.base.TokenPolicy, which VLAModule trains \(fastlight.vla.policy.VLAPolicy does\): "
         r"it lacks action_tokenizer, policy_parameters, value_parameters$"
     )

@@ -19,14 +19,8 @@ from benchmarks.tiny_vlm import ARCHITECTURES, save_tiny_vlm
 from fastlight.envs.instruction_tokens import encode_instructions
 from fastlight.envs.instructions import InstructionTable, instruction_tokenizer
 from fastlight.losses import gipo_loss
-from fastlight.vla.hf_vlm import (
-    ImagePreprocessor,
-    image_steps,
-    load_image_processor,
-    load_tokenizer,
-    projector,
-    vision_tower,
-)
+from fastlight.vla.hf_vlm import load_image_processor, load_tokenizer, projector, vision_tower
+from fastlight.vla.image_preprocessing import ImagePreprocessor, image_steps
 from fastlight.vla.imitation_loss import token_cross_entropy
 from fastlight.vla.module import _check_obs_space
 from fastlight.vla.policy import VLAPolicy
@@ -170,7 +164,8 @@ def test_checkpoint_round_trip_gives_identical_logits(folders, arch, tmp_path):
         p.backbone.get_output_embeddings().weight.add_(0.1)
     torch.save(p.state_dict(), tmp_path / "policy.pt")
     state = torch.load(tmp_path / "policy.pt")
-    assert not any(k.startswith("_table") for k in state)  # the table follows the env, not the file
+    assert p.retokenizer.row_keys is not None  # bound, yet the table follows the env, not the file:
+    assert not any(k.startswith("retokenizer.") for k in state)
     q = policy(folders[arch], seed=1)
     q.load_state_dict(state, strict=True)
     o = obs()
@@ -259,7 +254,7 @@ def test_instruction_table_matches_a_naive_loop(folders):
     # The batch carries two extra padding columns: rows match on their real tokens only.
     batch_ids = torch.nn.functional.pad(ids[order], (0, 2), value=0)
     batch_mask = torch.nn.functional.pad(mask[order], (0, 2), value=0)
-    got_ids, got_mask = p._own_instruction(batch_ids, batch_mask)
+    got_ids, got_mask = p.retokenizer(batch_ids, batch_mask)
     for i, row in enumerate(batch_ids.tolist()):
         real = [t for t, m in zip(row, batch_mask[i].tolist(), strict=True) if m]
         task = next(t for t in range(len(SENTENCES)) if ids[t][mask[t].bool()].tolist() == real)
@@ -270,18 +265,18 @@ def test_instruction_table_matches_a_naive_loop(folders):
     unknown = batch_ids.clone()
     unknown[1, 1] = 3 if int(unknown[1, 1]) != 3 else 4
     with pytest.raises(ValueError, match=r"^instruction_ids row \[.*\] is not one of the 3 instructions"):
-        p._own_instruction(unknown, batch_mask)
+        p.retokenizer(unknown, batch_mask)
     # A Rollout's padding steps carry all-zero rows (no real token): they map to entry 0, whose
     # outputs the losses mask out (value recomputation runs the critic over every step).
     padded_ids, padded_mask = batch_ids.clone(), batch_mask.clone()
     padded_ids[3], padded_mask[3] = 0, 0
-    got_pad, _ = p._own_instruction(padded_ids, padded_mask)
-    assert torch.equal(got_pad[3], p._table_ids[0])
+    got_pad, _ = p.retokenizer(padded_ids, padded_mask)
+    assert torch.equal(got_pad[3], p.retokenizer.own_ids[0])
     assert torch.equal(got_pad[[0, 1, 2, 4, 5]], got_ids[[0, 1, 2, 4, 5]])
     # A policy without a tokenizer in its folder (here: none) passes the env's ids through.
     plain = VLAPolicy(**{**POLICY, "image_size": None, "vocab_size": 300, "hidden_size": 32})
     assert not plain.bind_instructions(SENTENCES, ids, mask)
-    assert plain._own_instruction(ids, mask)[0] is ids
+    assert plain.retokenizer(ids, mask)[0] is ids
 
 
 def test_a_folder_that_is_neither_vlm_nor_lm_is_refused(tmp_path):
@@ -371,12 +366,12 @@ def test_state_only_vlm_freezes_its_tower_and_projector(folders):
 def test_check_obs_space_binds_the_env_table(folders):
     torch.manual_seed(0)
     p = VLAPolicy(backbone=folders["paligemma"], **POLICY)
-    assert p._table_keys is None
+    assert p.retokenizer.row_keys is None
     ids, mask = env_rows()
     table = InstructionTable(SENTENCES, ids.numpy(), mask.numpy())
     _check_obs_space(_space(SIDE), p, table)
     own = load_tokenizer(folders["paligemma"])(SENTENCES[1])["input_ids"]
-    got, got_mask = p._own_instruction(ids[[1]], mask[[1]])
+    got, got_mask = p.retokenizer(ids[[1]], mask[[1]])
     assert got[0, : len(own)].tolist() == own and int(got_mask.sum()) == len(own)
 
 
@@ -396,7 +391,8 @@ def test_fit_and_evaluate_a_vlm_folder(tmp_path, monkeypatch):
          "--trainer.enable_progress_bar", "false"]
     )  # fmt: skip
     p = cli.model.policy
-    assert cli.trainer.global_step == 2 and p.is_vlm and p._table_keys.shape[0] == 1  # reach: one task
+    assert cli.trainer.global_step == 2 and p.is_vlm
+    assert p.retokenizer.row_keys.shape[0] == 1  # reach: one task
     ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
     bound = []
     real = VLAPolicy.bind_instructions
@@ -418,8 +414,8 @@ def test_env_spec_carries_the_table_and_the_module_binds_it(folders):
     m = VLAModule(policy=VLAPolicy(backbone=folders["llava"], **{**POLICY, "image_size": None}))
     m.check_env_spec(spec)
     p = m.policy
-    assert p._table_keys.shape[0] == 2
+    assert p.retokenizer.row_keys.shape[0] == 2
     tokenizer = load_tokenizer(folders["llava"])
-    got, _ = p._own_instruction(torch.as_tensor(env._ids[[1]]), torch.as_tensor(env._mask[[1]]))
+    got, _ = p.retokenizer(torch.as_tensor(env._ids[[1]]), torch.as_tensor(env._mask[[1]]))
     want = tokenizer(env.instructions[1])["input_ids"]
     assert got[0, : len(want)].tolist() == want

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from fastlight.models.base import Policy
-from fastlight.vla.policy import VLAPolicy, build_llama
+from fastlight.vla.hf_vlm import build_llama
+from fastlight.vla.policy import VLAPolicy
 from fastlight.vla.pruning import prune_lm_head
 
 V, H, BINS, K = 600, 32, 32, 4

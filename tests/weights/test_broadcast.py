@@ -1,6 +1,7 @@
 """Trainer -> inference-worker weight broadcast (AcceRL §NCCL weight synchronization), over gloo.
 
-In-process: the fixed order and the flat-bucket packing round trip. Multi-process (spawned
+In-process: the fixed order and the flat-bucket packing round trip, which the samplers' shared memory
+and the Ray object store use too (every dtype bit for bit). Multi-process (spawned
 receivers): two versions arrive bit for bit, per-tensor == bucketed, the group works next to an
 initialised default group, a layout mismatch is refused, and a dead or stalled receiver makes the
 sender raise ``WeightSyncError`` within the timeout instead of hanging.
@@ -11,7 +12,9 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -21,6 +24,7 @@ from torch import nn
 
 from benchmarks.sync import __main__ as bench_sync
 from benchmarks.sync.per_tensor import PER_TENSOR
+from fastlight.fleet.ray.sampler_actor import ActorWeights, StoreWeights
 from fastlight.weights.broadcast import (
     TRAINER_RANK,
     SyncGroupConfig,
@@ -30,7 +34,8 @@ from fastlight.weights.broadcast import (
     choose_backend,
     free_port,
 )
-from fastlight.weights.buckets import alloc_buckets, pack, plan_buckets, sync_entries, unpack
+from fastlight.weights.buckets import PackedWeights, plan_buckets, sync_entries
+from fastlight.weights.shared_memory import SharedWeights
 
 CTX = mp.get_context("spawn")
 
@@ -151,7 +156,6 @@ def test_order_is_sorted_params_then_floating_buffers() -> None:
     assert names[: len(params)] == params
     assert names[len(params) :] == ["norm.running_mean", "norm.running_var", "scale"]
     assert "norm.num_batches_tracked" not in names
-    assert [k for k, _ in sync_entries(Mixed(0), include_buffers=False)] == params
 
 
 def test_pack_unpack_round_trip_multiple_dtypes_and_bucket_boundaries() -> None:
@@ -164,12 +168,31 @@ def test_pack_unpack_round_trip_multiple_dtypes_and_bucket_boundaries() -> None:
         for b in layout.buckets:  # a bucket over the cap holds exactly one (oversized) tensor
             item = torch.empty((), dtype=b.dtype).element_size()
             assert b.numel * item <= cap or len(b.slot_ids) == 1
-        bufs = alloc_buckets(layout)
-        pack(layout, [t for _, t in sync_entries(src)], bufs)
-        unpack(layout, bufs, [t for _, t in sync_entries(dst)])
+        packed = PackedWeights.alloc(layout)
+        packed.pack([t for _, t in sync_entries(src)])
+        other_end = PackedWeights(layout, [b.clone() for b in packed.buckets])
+        other_end.unpack([t for _, t in sync_entries(dst)])
         _assert_bitwise(src, _dump(dst))
         dst = Mixed(2)
     assert len(plan_buckets(src, 0.0005).buckets) > len(plan_buckets(src, 64.0).buckets) == 4
+
+
+def test_shared_memory_and_the_object_store_deliver_every_dtype_bitwise(monkeypatch) -> None:
+    """The samplers' two paths pack and unpack with the broadcast's buckets: fp64, bf16 and fp16
+    arrive bit for bit (no float32 detour), and ``sync/bytes`` counts each dtype's own size."""
+    src = Mixed(1)
+    src.perturb(3)
+    shared = SharedWeights(src, CTX)
+    assert shared.publish(src, version=2).bytes == plan_buckets(src).nbytes
+    dst = Mixed(2)
+    assert shared.load_into(dst) == 2
+    _assert_bitwise(src, _dump(dst))
+    # The Ray path: what ray.put stores is a serialized copy; ray.get hands it back.
+    monkeypatch.setitem(sys.modules, "ray", SimpleNamespace(get=lambda ref: ref))
+    store, actor, dst = StoreWeights(src), ActorWeights(), Mixed(3)
+    actor.offer(5, store.put(SimpleNamespace(put=lambda obj: pickle.loads(pickle.dumps(obj))), src))
+    assert actor.load_into(dst) == 5 and store.nbytes == plan_buckets(src).nbytes
+    _assert_bitwise(src, _dump(dst))
 
 
 def test_signature_is_stable_and_detects_layout_changes() -> None:

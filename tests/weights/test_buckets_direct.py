@@ -19,15 +19,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from fastlight.weights.broadcast import BUCKETED, SyncGroupConfig, WeightBroadcaster, WeightReceiver
-from fastlight.weights.buckets import (
-    DIRECT,
-    alloc_buckets,
-    bucket_views,
-    pack,
-    plan_buckets,
-    sync_entries,
-    unpack,
-)
+from fastlight.weights.buckets import DIRECT, PackedWeights, plan_buckets, sync_entries
 
 CTX = mp.get_context("spawn")
 BUCKET_MB = 0.002  # 2,097-byte buckets; default direct_mb = BUCKET_MB / 4 -> 524 bytes
@@ -120,8 +112,7 @@ class _RecordingGroup:
 
 def _endpoint(model: nn.Module) -> SimpleNamespace:
     lay = plan_buckets(model, BUCKET_MB, direct_mb=BUCKET_MB / 4)
-    bufs = alloc_buckets(lay)
-    return SimpleNamespace(layout=lay, buckets=bufs, views=bucket_views(lay, bufs), group=_RecordingGroup())
+    return SimpleNamespace(layout=lay, packed=PackedWeights.alloc(lay), group=_RecordingGroup())
 
 
 def test_direct_tensors_are_broadcast_from_and_into_the_live_tensors() -> None:
@@ -136,7 +127,7 @@ def test_direct_tensors_are_broadcast_from_and_into_the_live_tensors() -> None:
         live = {k: v.data_ptr() for k, v in model.named_parameters()}
         direct, buckets = ep.group.targets[:3], ep.group.targets[3:]
         assert direct[:2] == [live["big"], live["big_bf16"]] and direct[2] != live["big_t"], side
-        assert buckets == [b.data_ptr() for b in ep.buckets], side
+        assert buckets == [b.data_ptr() for b in ep.packed.buckets], side
         assert len(ep.group.targets) == BUCKETED.collectives(ep), side
 
 
@@ -156,11 +147,11 @@ def test_direct_mb_changes_the_plan_and_the_signature() -> None:
 def test_pack_unpack_skip_direct_slots() -> None:
     src, dst = LargeAndSmall(1), LargeAndSmall(2)
     lay = plan_buckets(src, BUCKET_MB, direct_mb=BUCKET_MB / 4)
-    bufs = alloc_buckets(lay)
-    assert sum(b.numel() * b.element_size() for b in bufs) == lay.nbytes - sum(
+    packed = PackedWeights.alloc(lay)
+    assert sum(b.numel() * b.element_size() for b in packed.buckets) == lay.nbytes - sum(
         lay.slots[i].numel * (2 if lay.slots[i].dtype == torch.bfloat16 else 4) for i in lay.direct)
-    pack(lay, [t for _, t in sync_entries(src)], bufs)
-    unpack(lay, bufs, [t for _, t in sync_entries(dst)])
+    packed.pack([t for _, t in sync_entries(src)])
+    packed.unpack([t for _, t in sync_entries(dst)])
     want, got = _values(src), _values(dst)
     for i, s in enumerate(lay.slots):  # packed slots copied; direct ones untouched by pack/unpack
         assert _bits_equal(want[s.name], got[s.name]) != (i in lay.direct), s.name

@@ -36,8 +36,8 @@ from fastlight.inference.server import serve_until
 from fastlight.inference.settings import InferenceSettings
 from fastlight.models.mlp import MLPActorCritic
 from fastlight.weights.broadcast import WeightSyncError, choose_backend
-from fastlight.weights.buckets import sync_entries
-from fastlight.weights.double_buffer import SharedDoubleBuffer, live_tensors, slot_device
+from fastlight.weights.buckets import layout_tensors, sync_entries
+from fastlight.weights.double_buffer import SharedDoubleBuffer, slot_device
 from tests.weights.test_broadcast import Mixed, _bits
 
 CTX = mp.get_context("spawn")
@@ -55,7 +55,7 @@ def _slot_of(module: nn.Module, shared: SharedDoubleBuffer) -> set[int]:
     """Which slot each synced tensor lives in (-1: outside both)."""
     out = set()
     for _, t in sync_entries(module):
-        where = [i for i, slot in enumerate(shared.slots) if any(_inside(t, b) for b in slot)]
+        where = [i for i, slot in enumerate(shared.slots) if any(_inside(t, b) for b in slot.buckets)]
         out.add(where[0] if where else -1)
     return out
 
@@ -131,7 +131,7 @@ def test_the_client_puts_the_double_buffer_on_the_gpu_the_trainer_and_its_worker
     cpu = InferenceClient(CTX, policy, obs, [2], InferenceSettings(device="cpu"), trainer_device="cuda:0")
     assert cpu.transport == "shared_memory" and cpu.shared is not None
     assert cpu.shared.device == torch.device("cpu") and cpu.shared.mode == "shared_memory"
-    assert all(b.is_shared() for slot in cpu.shared.slots for b in slot)
+    assert all(b.is_shared() for slot in cpu.shared.slots for b in slot.buckets)
 
 
 def test_the_buffer_named_on_the_cpu_is_still_one_copy_and_pointer_swaps_bit_for_bit() -> None:
@@ -142,16 +142,16 @@ def test_the_buffer_named_on_the_cpu_is_still_one_copy_and_pointer_swaps_bit_for
         "shared_memory",
         "shared-memory",
     )
-    assert all(b.is_shared() and b.device.type == "cpu" for slot in shared.slots for b in slot)
+    assert all(b.is_shared() and b.device.type == "cpu" for slot in shared.slots for b in slot.buckets)
     reader = shared.attach(worker, name="test worker")
-    ids = [id(t) for t in live_tensors(worker, shared.layout)]
+    ids = [id(t) for t in layout_tensors(worker, shared.layout)]
     for version in range(3):
         _perturb(trainer, seed=version)
         stats = shared.publish(trainer, version, wait=False)
         assert (stats.mode, stats.bytes, stats.collectives) == ("shared_memory", shared.layout.nbytes, 0)
         assert reader.receive() == version and shared.acked_version == version
         assert _slot_of(worker, shared) == {version % 2}
-        assert [id(t) for t in live_tensors(worker, shared.layout)] == ids
+        assert [id(t) for t in layout_tensors(worker, shared.layout)] == ids
         _assert_same_bits(trainer, worker)
 
 
@@ -248,9 +248,9 @@ def test_cuda_publish_is_one_copy_and_the_worker_swaps_onto_the_gpu_slot() -> No
     trainer, worker = Mixed(seed=0).to(DEV), Mixed(seed=1).to(DEV)
     shared = SharedDoubleBuffer(trainer, CTX, timeout_s=5, device=DEV)
     assert (shared.mode, shared.label, shared.device) == ("cuda_ipc", "CUDA IPC", torch.device(DEV))
-    assert all(b.device == torch.device(DEV) for slot in shared.slots for b in slot)
+    assert all(b.device == torch.device(DEV) for slot in shared.slots for b in slot.buckets)
     reader = shared.attach(worker, name="test worker")
-    ids = [id(t) for t in live_tensors(worker, shared.layout)]
+    ids = [id(t) for t in layout_tensors(worker, shared.layout)]
     assert _slot_of(worker, shared) == {-1}
     for version in range(4):
         _perturb(trainer, seed=version)
@@ -258,7 +258,7 @@ def test_cuda_publish_is_one_copy_and_the_worker_swaps_onto_the_gpu_slot() -> No
         assert stats.mode == "cuda_ipc" and stats.bytes == shared.layout.nbytes
         assert reader.receive() == version
         assert _slot_of(worker, shared) == {version % 2}
-        assert [id(t) for t in live_tensors(worker, shared.layout)] == ids
+        assert [id(t) for t in layout_tensors(worker, shared.layout)] == ids
         _assert_same_bits(trainer, worker)
     # From the trainer's CPU copy too (the publish copies host -> device).
     cpu_trainer = Mixed(seed=7)
@@ -280,12 +280,12 @@ def test_cuda_trainer_never_writes_the_slot_the_worker_holds() -> None:
     _perturb(trainer, seed=1)
     shared.publish(trainer, 1, wait=False)  # slot 1 written and flipped, not taken yet
     _assert_same_bits(before, worker)  # still exactly version 0
-    held = [b.clone() for b in shared.slots[0]]
+    held = [b.clone() for b in shared.slots[0].buckets]
     with pytest.raises(
         WeightSyncError, match=r"^CUDA IPC weight sync: the slow worker \(pid 42\).*leave slot 0"
     ):
         shared.publish(trainer, 2, wait=False)
-    assert all(torch.equal(a, b) for a, b in zip(held, shared.slots[0], strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(held, shared.slots[0].buckets, strict=True))
     with pytest.raises(
         WeightSyncError, match=r"CUDA IPC weight sync needs weights on cuda:0; cpu worker has cpu$"
     ):
@@ -307,7 +307,7 @@ def _ipc_worker(shared: SharedDoubleBuffer, n: int, q) -> None:
     try:
         model = Mixed(seed=123).to(DEV)
         # shared.slots were opened from their IPC handles when the Process arguments were unpickled.
-        assert all(b.device == torch.device(DEV) for slot in shared.slots for b in slot)
+        assert all(b.device == torch.device(DEV) for slot in shared.slots for b in slot.buckets)
         reader = shared.attach(model, name="spawned worker")
         for _ in range(n):
             while not reader.sync_pending():

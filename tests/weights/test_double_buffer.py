@@ -17,8 +17,8 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from fastlight.weights.broadcast import WeightSyncError
-from fastlight.weights.buckets import sync_entries
-from fastlight.weights.double_buffer import SharedDoubleBuffer, live_tensors
+from fastlight.weights.buckets import layout_tensors, sync_entries
+from fastlight.weights.double_buffer import SharedDoubleBuffer
 from tests.weights.test_broadcast import Mixed, _assert_bitwise, _bits, _dump
 
 CTX = mp.get_context("spawn")
@@ -34,7 +34,7 @@ def _slot_of(module: nn.Module, shared: SharedDoubleBuffer) -> set[int]:
     """Which slot each synced tensor lives in (-1: outside both)."""
     out = set()
     for _, t in sync_entries(module):
-        where = [i for i, slot in enumerate(shared.slots) if any(_inside(t, b) for b in slot)]
+        where = [i for i, slot in enumerate(shared.slots) if any(_inside(t, b) for b in slot.buckets)]
         out.add(where[0] if where else -1)
     return out
 
@@ -49,9 +49,10 @@ def _assert_same_bits(a: nn.Module, b: nn.Module) -> None:
 def test_publish_is_one_copy_and_the_worker_swaps_pointers_not_bytes() -> None:
     trainer, worker = Mixed(seed=0), Mixed(seed=1)
     shared = SharedDoubleBuffer(trainer, CTX, timeout_s=5)
-    assert {b.dtype for b in shared.slots[0]} == {torch.float32, torch.float64, torch.bfloat16, torch.float16}
+    dtypes = {torch.float32, torch.float64, torch.bfloat16, torch.float16}
+    assert {b.dtype for b in shared.slots[0].buckets} == dtypes
     reader = shared.attach(worker, name="test worker")
-    ids = [id(t) for t in live_tensors(worker, shared.layout)]
+    ids = [id(t) for t in layout_tensors(worker, shared.layout)]
     assert _slot_of(worker, shared) == {-1}  # its own memory before the first publish
     for version in range(4):
         trainer.perturb(seed=version)
@@ -59,7 +60,7 @@ def test_publish_is_one_copy_and_the_worker_swaps_pointers_not_bytes() -> None:
         assert stats.mode == "shared_memory" and stats.bytes == shared.layout.nbytes
         assert reader.receive() == version
         assert _slot_of(worker, shared) == {version % 2}  # slots alternate: 0, 1, 0, 1
-        assert [id(t) for t in live_tensors(worker, shared.layout)] == ids  # same objects, new storage
+        assert [id(t) for t in layout_tensors(worker, shared.layout)] == ids  # same objects, new storage
         _assert_same_bits(trainer, worker)
         assert shared.acked_version == version and shared.claimed_slot == version % 2
     assert worker.inp.weight.is_shared()
@@ -88,12 +89,12 @@ def test_the_trainer_refuses_to_overwrite_the_slot_the_worker_holds() -> None:
     shared.publish(trainer, 0, wait=False)
     reader.receive()  # the worker holds slot 0
     shared.publish(trainer, 1, wait=False)  # slot 1, never taken
-    held = [b.clone() for b in shared.slots[0]]
+    held = [b.clone() for b in shared.slots[0].buckets]
     t0 = time.monotonic()
     with pytest.raises(WeightSyncError, match=r"slow worker \(pid 42\).*leave slot 0.*version 2"):
         shared.publish(trainer, 2, wait=False)
     assert time.monotonic() - t0 < 3
-    assert all(torch.equal(a, b) for a, b in zip(held, shared.slots[0], strict=True))  # untouched
+    assert all(torch.equal(a, b) for a, b in zip(held, shared.slots[0].buckets, strict=True))  # untouched
 
 
 def test_publish_raises_naming_the_worker_when_it_never_acks() -> None:

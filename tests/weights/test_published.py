@@ -21,6 +21,7 @@ from fastlight.vla.policy import VLAPolicy
 from fastlight.weights.broadcast import SyncGroupConfig, WeightBroadcaster, WeightReceiver
 from fastlight.weights.buckets import plan_buckets, sync_entries
 from fastlight.weights.double_buffer import SharedDoubleBuffer
+from fastlight.weights.publisher import WeightSyncError
 from fastlight.weights.shared_memory import SharedWeights
 
 CTX = mp.get_context("spawn")
@@ -72,14 +73,14 @@ def test_shared_memory_publishes_the_trainable_weights_and_buffers_only():
     shared = SharedWeights(trainer, CTX)
     trainer.train_step()
     stats = shared.publish(trainer, version=3)
-    assert stats.bytes == 4 * FLOATS  # float32 buffer: what sync/bytes shows
+    assert stats.bytes == 4 * FLOATS  # float32 tensors: what sync/bytes shows
     assert shared.load_into(sampler) == 3
     assert_published_only(trainer, sampler, base_at_start)
     trainer.base.requires_grad_(True)  # the published set changed: refused, not silently misaligned
     try:
         shared.publish(trainer, version=4)
         raise AssertionError("publish accepted a changed set of tensors")
-    except ValueError as e:
+    except WeightSyncError as e:
         assert "now also ['base.bias', 'base.weight']" in str(e), e
 
 

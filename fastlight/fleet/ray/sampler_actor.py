@@ -3,7 +3,8 @@
 It runs the sampler process's own code (:func:`~fastlight.sampling.worker.build_collector`, the loop
 :func:`fastlight.sampling.worker._loop`); what differs from a local sampler is where its weights and
 its Rollouts go: :class:`ActorWeights` is its :class:`~fastlight.weights.publisher.WeightSource` (the
-newest object ref the trainer sent, fetched when a round starts on it), :class:`Handoff` its outbox
+newest object ref the trainer sent, fetched when a round starts on it; :class:`StoreWeights` is the
+trainer's end, the same pack / unpack as every weight path), :class:`Handoff` its outbox
 (one finished item, taken by the trainer's ``next_rollout`` call). Ray itself is imported only inside
 the actor's methods: this module imports without it.
 """
@@ -14,7 +15,6 @@ import multiprocessing as mp
 import os
 import queue
 import threading
-import time
 import traceback
 import warnings
 from typing import Any
@@ -26,25 +26,43 @@ from fastlight.fleet.ray.inference_actor import RayServedVersion
 from fastlight.procs import seed_everything
 from fastlight.sampling.task_weights import SharedTaskWeights
 from fastlight.sampling.worker import SamplerConfig, _loop, build_collector
-from fastlight.weights.buckets import sync_entries
-from fastlight.weights.publisher import WeightSource
+from fastlight.weights.buckets import (
+    ONE_BUCKET_PER_DTYPE_MB,
+    BucketLayout,
+    PackedWeights,
+    layout_tensors,
+    plan_buckets,
+)
+from fastlight.weights.publisher import WeightSource, WeightSyncError
 
 
-def flat_weights(policy: nn.Module) -> Any:
-    """What one publish puts in the object store: every published tensor
-    (:func:`~fastlight.weights.buckets.sync_entries`) as one flat float32 numpy array, read back by
-    :meth:`ActorWeights.load_into` in the same order."""
-    with torch.no_grad():
-        parts = [v.detach().reshape(-1).to("cpu", torch.float32) for _, v in sync_entries(policy)]
-        return torch.cat(parts).numpy()
+class StoreWeights:
+    """The trainer's end of the object-store path: the published tensors
+    (:func:`~fastlight.weights.buckets.sync_entries`) packed into flat per-dtype buckets (one copy,
+    into buckets reused from version to version), put as ``(signature, [bytes of each bucket])``:
+    numpy arrays, which an actor reads from the object store without a copy, of any dtype
+    (bfloat16 included)."""
+
+    def __init__(self, policy: nn.Module) -> None:
+        self.packed = PackedWeights.alloc(plan_buckets(policy, ONE_BUCKET_PER_DTYPE_MB))
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.layout.nbytes
+
+    def put(self, ray: Any, policy: nn.Module) -> Any:
+        """``policy``'s current weights in the object store; returns the ref."""
+        self.packed.pack(layout_tensors(policy, self.packed.layout))
+        buckets = [b.view(torch.uint8).numpy() for b in self.packed.buckets]
+        return ray.put((self.packed.layout.signature, buckets))  # copied into the store here
 
 
 class ActorWeights:
     """A sampler actor's :class:`~fastlight.weights.publisher.WeightSource`: the newest version the
-    trainer sent (its object ref, fetched only when a round starts on it)."""
+    trainer sent (its object ref, fetched only when a round starts on it), unpacked into the policy."""
 
-    def __init__(self, names: tuple[str, ...]) -> None:
-        self.names = names
+    def __init__(self) -> None:
+        self._layout: BucketLayout | None = None
         self._lock = threading.Lock()
         self._version = -1
         self._ref: Any = None
@@ -63,18 +81,16 @@ class ActorWeights:
 
         with self._lock:
             version, ref = self._version, self._ref
+        signature, arrays = ray.get(ref)
+        if self._layout is None:  # planned from the actor's own copy, as the trainer planned from its
+            self._layout = plan_buckets(policy, ONE_BUCKET_PER_DTYPE_MB)
+        layout = self._layout
+        if signature != layout.signature:
+            raise WeightSyncError("RayFleet: the published tensors differ from the sampler's policy copy")
         with warnings.catch_warnings():  # object-store memory is read-only, and only read here
             warnings.simplefilter("ignore", UserWarning)
-            flat = torch.from_numpy(ray.get(ref))
-        entries = sync_entries(policy)
-        if tuple(k for k, _ in entries) != self.names:
-            raise ValueError("RayFleet: the published tensors differ from the sampler's policy copy")
-        offset = 0
-        with torch.no_grad():
-            for _, v in entries:
-                n = v.numel()
-                v.copy_(flat[offset : offset + n].view_as(v).to(v.dtype))
-                offset += n
+            buckets = [torch.from_numpy(a).view(b.dtype) for a, b in zip(arrays, layout.buckets, strict=True)]
+        PackedWeights(layout, buckets).unpack(layout_tensors(policy, layout))
         return version
 
 
@@ -102,7 +118,6 @@ class SamplerActor:
         index: int,
         cfg: SamplerConfig,
         policy: nn.Module,
-        names: tuple[str, ...],
         weights: tuple[int, list] | None,
         task_weights: list[float] | None,
         served: Any = None,
@@ -113,7 +128,7 @@ class SamplerActor:
         self.policy = policy.eval()
         # With an inference actor (``served``, its handle) ``policy`` is a RayServedPolicy: the actor
         # holds the weights, and the version is the actor's.
-        self.weights: WeightSource = RayServedVersion(served) if served is not None else ActorWeights(names)
+        self.weights: WeightSource = RayServedVersion(served) if served is not None else ActorWeights()
         if weights is not None and isinstance(self.weights, ActorWeights):
             self.weights.offer(weights[0], weights[1][0])
         self.task_weights = SharedTaskWeights(mp.get_context("spawn"))  # in-process here: no child shares it
@@ -121,13 +136,11 @@ class SamplerActor:
             self.task_weights.set(task_weights)
         self.stop_event = threading.Event()
         self.outbox = Handoff()
-        self.started = False
-        self.last_beat = time.monotonic()
+        self.beats = 0  # signs of progress, sent with every answer (the trainer's Liveness of it)
         threading.Thread(target=self._run, daemon=True, name="fastlight-sampler").start()
 
     def _beat(self) -> None:
-        self.last_beat = time.monotonic()
-        self.started = True
+        self.beats += 1
 
     def _run(self) -> None:
         self._beat()
@@ -149,13 +162,15 @@ class SamplerActor:
         ctx = ray.get_runtime_context()
         return ctx.get_node_id(), ray.util.get_node_ip_address(), os.getpid()
 
-    def next_rollout(self, timeout: float) -> tuple[str, Any, Any]:
-        """``("rollout", version, Rollout)`` or ``("error", index, traceback)``; after ``timeout``
-        seconds without one, ``("wait", seconds since the last beat, started)``."""
+    def next_rollout(self, timeout: float) -> tuple[tuple[str, Any, Any], int]:
+        """``(item, beats)``: the item ``("rollout", version, Rollout)`` or ``("error", index,
+        traceback)``, or after ``timeout`` seconds without one ``("wait", None, None)``; ``beats`` the
+        actor's heartbeat count so far, which the trainer's :class:`~fastlight.procs.Liveness` watches."""
         try:
-            return self.outbox.items.get(timeout=timeout)
+            item = self.outbox.items.get(timeout=timeout)
         except queue.Empty:
-            return "wait", time.monotonic() - self.last_beat, self.started
+            item = ("wait", None, None)
+        return item, self.beats
 
     def set_weights(self, version: int, ref: list) -> None:
         if isinstance(self.weights, ActorWeights):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -36,7 +37,7 @@ from tests.lightning_helpers import quiet_trainer
 
 pytestmark = pytest.mark.multiproc
 FIXED = "tests.fake_envs:FixedLength-v0"
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 ON_NODE_2 = {"sim": 1.0}
 
 
@@ -172,18 +173,18 @@ def test_the_fleet_is_a_typed_setting_and_the_local_one_is_the_default():
     ):
         RolloutDataModule(env_id=FIXED, num_envs=2, num_workers=1, fleet="ray")
 
-    class Misspelt(SamplerFleet):  # next_items for next_item: refused when built, not mid-run
-        num_workers = 1
-
-        def start(self): ...
+    class Misspelt(SamplerFleet):  # _recieve for _receive: refused when built, not mid-run
+        def _start(self): ...
         def publish(self, policy, version): ...
         def request_drain(self): ...
-        def next_items(self, timeout): ...
+        def _recieve(self, timeout): ...
+        def _watch(self, now): ...
+        def _describe(self): ...
         def set_task_weights(self, weights): ...
-        def stop(self): ...
+        def _stop(self): ...
 
-    with pytest.raises(TypeError, match=r"abstract method '?next_item\b"):
-        Misspelt()
+    with pytest.raises(TypeError, match=r"abstract method '?_receive\b"):
+        Misspelt([], None)
 
 
 def test_the_cli_takes_the_ray_fleet_by_class_path():
@@ -333,6 +334,46 @@ def test_a_sigkilled_inference_actor_stops_the_run_naming_it(cluster):
 
 
 @pytest.mark.slow
+def test_a_stopped_sampler_actor_is_caught_by_its_heartbeat_and_restarted(cluster, capfd):
+    """SIGSTOP: the actor answers no more, so its beat count (held in a Liveness, as a local
+    sampler's) stands still; past heartbeat_s it is killed and restarted, named as a local one."""
+    _, node2 = cluster
+    dm = RolloutDataModule(
+        env_id=FIXED, env_kwargs={"lengths": (4,)}, num_envs=2, num_workers=2, max_staleness=100,
+        faults=FaultSettings(heartbeat_s=3.0), fleet=RayFleet(sampler_resources=ON_NODE_2),
+    )  # fmt: skip
+    policy = policy_for(dm)
+    fleet = fleet_of(dm, policy)
+    fleet.start()
+    stopped = None
+    try:
+        fleet.publish(policy, 0)
+        items(fleet, 2)
+        stopped = fleet.sampler_pids()[0]
+        capfd.readouterr()
+        os.kill(stopped, signal.SIGSTOP)
+        t0 = time.monotonic()
+        while fleet.restarts == 0:
+            assert time.monotonic() - t0 < 30, "no restart within 30 s of the SIGSTOP"
+            fleet.next_item(0.5)
+        assert 3.0 <= time.monotonic() - t0 < 3.0 + 10.0
+        assert (fleet.restarts, fleet.dropped_rollouts) == (1, 1)
+        said = capfd.readouterr().err
+        assert re.search(
+            rf"fastlight: sampler 0 \(Ray actor, pid {stopped}, Ray node {node2} \([^)]*\), env "
+            rf"{re.escape(FIXED)}\) made no progress for \d+\.\d s \(--data.faults.heartbeat_s 3\); "
+            r"killed it; restarting it",
+            said,
+        ), said
+        assert fleet.sampler_pids()[0] != stopped and len(items(fleet, 2)) == 2
+    finally:
+        fleet.stop()
+        if stopped is not None and alive(stopped):  # Ray killed it; never leave a stopped process
+            os.kill(stopped, signal.SIGKILL)
+    assert alive_actors() == []
+
+
+@pytest.mark.slow
 def test_a_sigkilled_sampler_actor_is_restarted_then_the_budget_stops_the_run(cluster):
     _, node2 = cluster
     dm = RolloutDataModule(
@@ -385,7 +426,7 @@ class Report(L.Callback):
             import ray
             node = ray._private.worker._global_node
             own = [i.process.pid for infos in node.all_processes.values() for i in infos] if node else []
-            reaper = [fleet._reaper.pid] if fleet._reaper is not None else []
+            reaper = [fleet._cluster._reaper.pid] if fleet._cluster._reaper is not None else []
             print("PIDS", *fleet.sampler_pids(), "|", *own, "|", *reaper, flush=True)
         time.sleep(0.2)
 

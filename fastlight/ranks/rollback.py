@@ -6,10 +6,11 @@ steps before the collective that failed); a checkpoint of that state would resum
 :class:`RollbackPoint` holds what an update changes, taken at its start: the module's trainable
 parameters and its buffers (frozen weights cannot change), the optimizers' and LR schedulers' states,
 the fit loop's progress and the global step. :meth:`RollbackPoint.apply` puts them into a checkpoint
-dict made afterwards (``Trainer._checkpoint_connector.dump_checkpoint``), which then holds the update
+dict made afterwards (:func:`fastlight.lightning_compat.dump_checkpoint`), which then holds the update
 boundary. Tensors are copied into the same host buffers at every update (no allocation after the
-first); the cost is one device-to-host copy of those tensors per update (measured in
-``benchmarks/results/faults.md``).
+first); the cost is one device-to-host copy of those tensors per update, which is why
+:class:`~fastlight.callbacks.lost_rank.LostRankCheckpoint` takes it only when asked (``rollback``;
+measured in ``benchmarks/results/faults.md``).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fastlight.callbacks.rollback_point import RollbackPoint, _host_copy, _nbytes
+from fastlight.ranks.rollback import RollbackPoint, _host_copy, _nbytes
 
 
 def test_changing_keys_are_trainable_parameters_and_buffers():

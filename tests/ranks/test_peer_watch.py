@@ -13,8 +13,8 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from fastlight.callbacks import peer_watch
-from fastlight.callbacks.peer_watch import PeerWatch
+from fastlight.ranks import launcher, peer_watch
+from fastlight.ranks.peer_watch import PeerWatch
 
 
 def free_port() -> int:
@@ -139,7 +139,7 @@ def test_alive_but_behind_is_named_with_its_step(store_address):
     ],
 )
 def test_launched_rank(env, expected):
-    assert peer_watch.launched_rank(env) is expected
+    assert launcher.launched_rank(env) is expected
 
 
 def test_bad_timeout_is_refused():

@@ -10,23 +10,17 @@ beating while the main thread waits in a collective; a separate client connectio
 timeout, so a store host that stops answering is noticed too. After a collective fails, the survivors
 read who stopped beating (killed, stopped, its node gone), whose launcher saw it exit, or, when
 every heartbeat is alive, whose progress stopped (hung in Python), and
-:class:`~fastlight.callbacks.preemption.PreemptionCheckpoint` stops them with one line naming the
+:class:`~fastlight.callbacks.lost_rank.LostRankCheckpoint` stops them with one line naming the
 rank and the checkpoint of the last completed update, written by the lowest surviving rank without
 entering a collective.
-
-:func:`stop_with_launcher`: a rank started by a launcher (torchrun's agent, Lightning's script
-launcher) gets SIGTERM when that launcher dies (``PR_SET_PDEATHSIG``), i.e. the coordinated stop,
-instead of running on alone with its samplers.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -34,7 +28,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-#: Default of ``PreemptionCheckpoint(peer_timeout_minutes=...)``: longer than any checkpoint write
+#: Default of ``LostRankCheckpoint(peer_timeout_minutes=...)``: longer than any checkpoint write
 #: the others wait for in Lightning's barrier, far shorter than Lightning's 30 minutes.
 DEFAULT_PEER_TIMEOUT_MINUTES = 5.0
 
@@ -44,40 +38,11 @@ MISSED_BEATS = 3
 
 def set_process_group_timeout(seconds: float) -> None:
     """The default process group's collective timeout: a collective waiting for a stopped or hung
-    rank raises after ``seconds`` (gloo; NCCL with ``TORCH_NCCL_BLOCKING_WAIT=1``)."""
+    rank raises after ``seconds`` (gloo; NCCL with ``TORCH_NCCL_BLOCKING_WAIT=1``). torch's private
+    ``_set_pg_timeout``: torch.distributed has no public setter for a group that is already up."""
     from torch.distributed.distributed_c10d import _set_pg_timeout
 
     _set_pg_timeout(timedelta(seconds=seconds))
-
-
-def launched_rank(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether this process is a rank a launcher started and waits for: torchrun's agent
-    (``TORCHELASTIC_RUN_ID``), or Lightning's script launcher on a node's local rank 0 (a
-    ``LOCAL_RANK`` above 0 outside SLURM, whose ``srun`` starts every task itself)."""
-    env = os.environ if environ is None else environ
-    if "TORCHELASTIC_RUN_ID" in env:
-        return True
-    try:
-        local = int(env.get("LOCAL_RANK", "0"))
-    except ValueError:
-        return False
-    return local > 0 and "SLURM_JOB_ID" not in env
-
-
-def stop_with_launcher(environ: Mapping[str, str] | None = None) -> bool:
-    """In a launched rank (:func:`launched_rank`), ask the kernel for SIGTERM when the launcher dies
-    (the stop signals' path: the ranks agree, rank 0 saves, all exit 143); returns whether it did.
-
-    Not for a process a person started: ``nohup fastlight fit &`` must outlive its shell."""
-    if not sys.platform.startswith("linux") or not launched_rank(environ):
-        return False
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        return False
-    if os.getppid() == 1:  # the launcher died before the request: nothing would ever send it
-        os.kill(os.getpid(), signal.SIGTERM)
-    return True
 
 
 _reported: list[str] = []

@@ -1,0 +1,148 @@
+"""The Ray cluster under one rank's :class:`~fastlight.fleet.ray.fleet.RayFleet`: the Ray instance (one
+started for the run, or one joined), the rank's placement group (one bundle per sampler), and the
+reaper of an instance the run started. Ray is imported here, when the fleet starts
+(``pip install 'fastlight[ray]'``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import signal
+import subprocess
+import threading
+from typing import Any, Protocol
+
+from fastlight.extras import import_extra
+from fastlight.fleet.ray.reaper import start_reaper
+from fastlight.fleet.restarts import SamplerError
+from fastlight.procs import children_ignore_stop_signals
+
+#: The flag the fleet's own settings live under (errors name it).
+SETTINGS = "--data.fleet.init_args"
+#: What a missing Ray is reported as.
+WHAT = "--data.fleet fastlight.fleet.ray.fleet.RayFleet"
+
+
+def import_ray() -> Any:
+    return import_extra("ray", extra="ray", what=WHAT)
+
+
+class PlacementSettings(Protocol):
+    """What the cluster reads of :class:`~fastlight.fleet.ray.fleet.RayFleet` (its settings)."""
+
+    address: str | None
+    num_cpus_per_sampler: float
+    placement_strategy: str
+    placement_timeout_s: float
+
+    def bundle(self) -> dict[str, float]: ...
+
+
+class RayCluster:
+    """Ray for one trainer rank: :meth:`connect` joins (or starts) it and places the rank's bundles,
+    :meth:`close` gives them back and shuts down an instance it started (one it joined keeps running).
+    """
+
+    def __init__(self, settings: PlacementSettings, *, rank: int, samplers: int) -> None:
+        self.settings, self.rank, self.samplers = settings, rank, samplers
+        self.ray: Any = None
+        self.pg: Any = None  # the rank's placement group: bundle i is sampler i's
+        self._owns_ray = False
+        self._reaper: subprocess.Popen | None = None
+
+    def connect(self) -> Any:
+        """Ray, initialised, with the rank's placement group placed; raises :class:`SamplerError`
+        naming what cannot be placed within ``placement_timeout_s``."""
+        ray = self.ray = import_ray()
+        if not ray.is_initialized():
+            self._init_ray(ray)
+        from ray.util.placement_group import placement_group
+
+        self.pg = placement_group(
+            [self.settings.bundle() for _ in range(self.samplers)],
+            strategy=self.settings.placement_strategy,
+            name=f"fastlight-rank{self.rank}-{os.getpid()}",
+        )
+        ready, _ = ray.wait([self.pg.ready()], timeout=self.settings.placement_timeout_s)
+        if not ready:
+            message = self.unplaceable(f"{self.samplers} samplers")
+            self.close()
+            raise SamplerError(message)
+        return ray
+
+    def _init_ray(self, ray: Any) -> None:
+        address = self.settings.address
+        kwargs: dict[str, Any] = {"logging_level": logging.WARNING}
+        if address is None:
+            # A new instance for this run, sized for the samplers as the local fleet is (processes
+            # beyond the cores just share them), not attached to another instance on this machine.
+            wanted = math.ceil(self.samplers * self.settings.num_cpus_per_sampler)
+            kwargs |= {
+                "address": "local",
+                "num_cpus": max(os.cpu_count() or 1, wanted),
+                "include_dashboard": False,
+            }
+        else:
+            kwargs["address"] = address
+        # ray.init replaces the trainer's SIGTERM handler (its preemption checkpoint): put it back. The
+        # Ray processes it starts ignore the stop signals, as the local samplers do: a Ctrl-C to the
+        # process group is the trainer's to handle, and it stops them itself.
+        main = threading.current_thread() is threading.main_thread()
+        sigterm = signal.getsignal(signal.SIGTERM) if main else None
+        try:
+            with children_ignore_stop_signals():
+                ray.init(**kwargs)
+        finally:
+            if main and sigterm is not None:
+                signal.signal(signal.SIGTERM, sigterm)
+        self._owns_ray = True
+        if address is None:
+            self._reaper = start_reaper(ray)
+
+    def unplaceable(self, what: str) -> str:
+        """Why ``what`` cannot be placed: the bundle each needs, and what the cluster has."""
+        bundle = self.settings.bundle()
+        try:
+            total = self.ray.cluster_resources()
+        except Exception:
+            total = {}
+        missing = sorted(k for k in bundle if k not in total)
+        why = f"no node advertises {missing}" if missing else f"the cluster has {_resources(total, bundle)}"
+        return (
+            f"{what} cannot be placed within {SETTINGS}.placement_timeout_s "
+            f"{self.settings.placement_timeout_s:g} (each needs {bundle}; {why}); "
+            "`ray status` lists the nodes and their resources"
+        )
+
+    def dead_node(self, node_id: str, ip: str) -> tuple[str, str] | None:
+        """``(node id, IP)`` if node ``node_id`` left the cluster (dead, or no longer listed), else None."""
+        for n in self.ray.nodes():
+            if n.get("NodeID") == node_id:
+                return None if n.get("Alive") else (node_id, str(n.get("NodeManagerAddress", ip)))
+        return node_id, ip
+
+    def close(self) -> None:
+        """Remove the placement group; shut down an instance this rank started. Idempotent."""
+        if self.pg is not None:
+            with contextlib.suppress(Exception):
+                from ray.util.placement_group import remove_placement_group
+
+                remove_placement_group(self.pg)
+            self.pg = None
+        if self._owns_ray:
+            with contextlib.suppress(Exception):
+                self.ray.shutdown()
+            self._owns_ray = False
+        if self._reaper is not None:  # what ray.shutdown left (agents still exiting) goes now
+            self._reaper.stdin.close()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._reaper.wait(timeout=10.0)
+            self._reaper = None
+        self.ray = None
+
+
+def _resources(total: dict[str, float], bundle: dict[str, float]) -> str:
+    return "{" + ", ".join(f"{k}: {total.get(k, 0):g}" for k in bundle) + "} in all"

@@ -1,0 +1,135 @@
+"""Every use of a private Lightning API in fastlight, in one module (checked against Lightning 2.6.6).
+
+A name with a leading underscore can change in any Lightning release. Each one here is used because
+no public API does the job; after an upgrade of Lightning, this module is the one to re-read, and
+tests/faults/test_preemption.py, test_ddp_stop.py and test_lost_rank.py exercise every name in it.
+
+- ``lightning.pytorch.trainer.connectors.signal_connector._SignalConnector`` (and its
+  ``_original_handlers``, ``_get_current_signal_handlers``, ``_register_signal``), set as
+  ``Trainer._signal_connector``: :class:`StopSignalConnector`. Lightning's connector installs, for
+  SIGTERM, a handler that forwards the signal to the launched ranks and then enters ``dist.broadcast``
+  from inside the signal handler, on whatever rank received it: a rank other than 0 blocks in a
+  broadcast that rank 0, busy in the update's all-reduce, never joins (the job deadlocks); under SLURM
+  with auto-requeue its SIGUSR1 handler saves a checkpoint (a barrier) from the handler too. The
+  subclass keeps the connector's record and restore of the process's handlers and registers one
+  handler that enters no collective for every stop signal. ``Trainer.received_sigterm`` stays False,
+  so Lightning's loops (their per-batch broadcast from rank 0) never stop one rank alone.
+- ``Trainer._accelerator_connector.cluster_environment``: the SLURM environment and its requeue
+  signal, also for one process (``Trainer.strategy`` has a cluster environment only under DDP).
+- ``Trainer._checkpoint_connector.hpc_save_path``: the ``hpc_ckpt_N.ckpt`` name a requeued SLURM job
+  resumes from (Lightning looks for no other name).
+- ``Trainer._checkpoint_connector.dump_checkpoint``: the full checkpoint dict, made on this rank alone;
+  ``Trainer.save_checkpoint`` gathers and ends in a barrier, which a rank whose peer is lost cannot
+  enter.
+- ``lightning.pytorch.strategies.launchers.subprocess_script._SubprocessScriptLauncher`` (its
+  ``procs``): the ranks Lightning's launcher started on this node.
+- ``lightning.fabric.strategies.launchers.subprocess_script._ChildProcessObserver`` (its
+  ``_child_processes``): the launcher's thread that SIGKILLs rank 0 within 5 s of another rank's
+  non-zero exit, which a rank stopping on purpose (exit 128 + signum) or a lost one triggers before
+  any checkpoint is written; :func:`stand_down_child_observer` empties its list.
+- ``lightning.fabric.utilities.cloud_io._load``: ``torch.load`` through fsspec (local paths and
+  remote URLs alike), as Lightning itself reads a checkpoint (:func:`load`).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+from collections.abc import Callable
+from types import FrameType
+from typing import IO, Any
+
+import lightning as L
+from lightning.fabric.plugins.environments import SLURMEnvironment
+from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
+from lightning.fabric.utilities.cloud_io import _load
+from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
+from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnector
+
+from fastlight.procs import STOP_SIGNALS
+
+Handler = Callable[[int, FrameType | None], Any]
+
+
+def load(path: str | IO[bytes], map_location: Any = None, weights_only: bool | None = None) -> Any:
+    """``torch.load`` of a local path or a remote URL, as Lightning reads checkpoints."""
+    return _load(path, map_location=map_location, weights_only=weights_only)
+
+
+def slurm_requeue_signal(trainer: L.Trainer) -> int | None:
+    """The requeue signal of a SLURM run with auto-requeue (Lightning's default: SIGUSR1), else None."""
+    env = trainer._accelerator_connector.cluster_environment
+    if isinstance(env, SLURMEnvironment) and env.auto_requeue and env.requeue_signal is not None:
+        return int(env.requeue_signal)
+    return None
+
+
+def hpc_save_path(trainer: L.Trainer) -> str:
+    """The next ``<default_root_dir>/hpc_ckpt_N.ckpt``: where Lightning resumes a requeued SLURM job from."""
+    return trainer._checkpoint_connector.hpc_save_path(trainer.default_root_dir)
+
+
+def dump_checkpoint(trainer: L.Trainer) -> dict[str, Any]:
+    """The full checkpoint (a resume point) as ``Trainer.save_checkpoint`` would write it, made on this
+    rank only: no gather, no barrier."""
+    return trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+
+
+class StopSignalConnector(_SignalConnector):
+    """Lightning's signal connector with one handler, ``handler``, for every stop signal (see the
+    module docstring for why).
+
+    ``register_signal_handlers`` records the process's handlers (Lightning's ``teardown`` puts them
+    back when the fit ends, an interrupted one included) and installs ``handler``. It is called once by
+    :func:`install_stop_handler`, so a signal during the rest of the setup is handled too; Lightning's
+    own call, later in ``fit``, then changes nothing.
+    """
+
+    def __init__(self, trainer: L.Trainer, handler: Handler) -> None:
+        super().__init__(trainer)
+        self.handler = handler
+        self.registered = False
+
+    def signals(self) -> tuple[int, ...]:
+        requeue = slurm_requeue_signal(self.trainer)
+        return tuple(dict.fromkeys((*STOP_SIGNALS, *([requeue] if requeue is not None else []))))
+
+    def register_signal_handlers(self) -> None:
+        if self.registered:
+            return
+        self.received_sigterm = False
+        self._original_handlers = self._get_current_signal_handlers()
+        for sig in self.signals():
+            self._register_signal(sig, self.handler)
+        self.registered = True
+
+    def teardown(self) -> None:
+        super().teardown()
+        self.registered = False
+
+
+def install_stop_handler(trainer: L.Trainer, handler: Handler) -> StopSignalConnector:
+    """Put a :class:`StopSignalConnector` in Lightning's place for this fit and register it now."""
+    connector = StopSignalConnector(trainer, handler)
+    trainer._signal_connector = connector
+    connector.register_signal_handlers()
+    return connector
+
+
+def launched_ranks(trainer: L.Trainer) -> list[subprocess.Popen]:
+    """The ranks this process started (Lightning's script launcher on a node's local rank 0)."""
+    launcher = trainer.strategy.launcher
+    return list(launcher.procs) if isinstance(launcher, _SubprocessScriptLauncher) else []
+
+
+def stand_down_child_observer(trainer: L.Trainer) -> None:
+    """Stop Lightning's observer of the launched ranks from SIGKILLing this process when one of them
+    exits non-zero; the caller waits for them instead (it polls every 5 s, and ends at its next poll
+    once it watches nothing)."""
+    launcher = trainer.strategy.launcher
+    if not isinstance(launcher, _SubprocessScriptLauncher) or not launcher.procs:
+        return
+    for thread in threading.enumerate():
+        # The observer was given the launcher's own list of processes.
+        if isinstance(thread, _ChildProcessObserver) and thread._child_processes is launcher.procs:
+            thread._child_processes = []

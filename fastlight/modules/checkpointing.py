@@ -1,0 +1,123 @@
+"""What an ``RLModule`` records in its hparams, and what it checks when a checkpoint loads.
+
+**Hparams.** ``save_hyperparameters`` of the whole ``__init__`` chain, minus a policy *object*. Built by
+LightningCLI (hparams carry its ``_instantiator``), the hparams hold ``policy`` as the CLI config's
+``class_path`` / ``init_args``, which ``load_from_checkpoint`` rebuilds. A policy passed as a Python
+object is neither copied nor pickled into every checkpoint: only its class path is kept, and loading
+asks for the object again. The objective is held as its config (``{"class_path", "init_args"}``).
+
+**Loading** (``on_load_checkpoint``, before Lightning restores anything):
+
+- :func:`check_weights_fit` refuses, in one line, weights this module cannot load;
+- :func:`keep_policy_config` keeps a CLI checkpoint's policy config, so that a checkpoint saved from
+  the reloaded module rebuilds the policy too;
+- :func:`use_typed_learning_rates` makes a resume with a changed ``lr`` (or ``*_lr``) use the new one.
+"""
+
+from __future__ import annotations
+
+import copy
+from types import FrameType
+from typing import Any
+
+import lightning as L
+import torch
+from torch import nn
+
+from fastlight.class_paths import class_path, same_class
+from fastlight.modules.objectives import Objective
+from fastlight.modules.weights_fit import first_misfit, setting_differences
+
+#: The hparams key LightningCLI's instantiator leaves: the module was built from a CLI config.
+_CLI = "_instantiator"
+
+
+def record_hparams(module: L.LightningModule, values: dict[str, Any]) -> None:
+    """Set hparams ``values`` both where checkpoints read them and where loggers do."""
+    module._hparams.update(values)
+    module._hparams_initial.update(copy.deepcopy(values))
+
+
+def save_hparams(
+    module: L.LightningModule, policy: nn.Module | None, objective: Objective, *, frame: FrameType | None
+) -> None:
+    """``save_hyperparameters`` of the ``__init__`` chain whose innermost frame is ``frame``, with the
+    policy and the objective as plain data (see the module docstring)."""
+    module.save_hyperparameters(ignore=["policy"], frame=frame)
+    if _CLI in module.hparams:
+        module.save_hyperparameters(frame=frame)  # the CLI's config: policy is plain data there
+        return
+    policy_path = None if policy is None else class_path(type(policy))
+    record_hparams(module, {"policy": policy_path, "objective": objective.config()})
+
+
+def keep_policy_config(module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+    """Rebuilt from a CLI checkpoint, keep its policy config (not just the class path), and the CLI's
+    class path and instantiator when the checkpoint is of this very class."""
+    saved = checkpoint.get(module.CHECKPOINT_HYPER_PARAMS_KEY) or {}
+    config = saved.get("policy")
+    if not isinstance(config, dict) or not same_class(module.hparams.get("policy"), config.get("class_path")):
+        return
+    values = {"policy": config}
+    if same_class(saved.get("_class_path"), class_path(type(module))) and _CLI in saved:
+        values.update(_class_path=saved["_class_path"], _instantiator=saved[_CLI])
+    record_hparams(module, values)
+
+
+def check_weights_fit(module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+    """Refuse, in one line, a checkpoint whose weights ``module`` cannot load (resuming with another
+    ``--model.hidden_sizes``, another env): the settings that differ from the checkpoint's and the
+    first tensor that does not fit, where ``load_state_dict`` would list every tensor in a long
+    ``size mismatch`` traceback. Runs before anything is loaded (and before any sampler starts).
+
+    Not checked under a strategy that restores after wrapping the model (FSDP, DeepSpeed): its module
+    holds shards here, and it loads the checkpoint its own way.
+    """
+    theirs = checkpoint.get("state_dict")
+    trainer = module._trainer
+    if not isinstance(theirs, dict) or not theirs or "policy" not in module._modules:
+        return  # no weights to load (a hook called on its own), or no policy to load them into
+    if trainer is not None and trainer.strategy.restore_checkpoint_after_setup:
+        return
+    misfit = first_misfit(module.state_dict(), theirs, strict=module.strict_loading)
+    if misfit is None:
+        return
+    datamodule = trainer.datamodule if trainer is not None else None
+    diffs = setting_differences(
+        checkpoint.get(module.CHECKPOINT_HYPER_PARAMS_KEY) or {},
+        dict(module.hparams),
+        checkpoint.get("datamodule_hyper_parameters") or {},
+        dict(getattr(datamodule, "hparams", None) or {}),
+    )
+    path = trainer.ckpt_path if trainer is not None else None
+    where = f"--ckpt_path {path}: " if path else ""
+    if diffs:
+        why = f"{'; '.join(diffs)}: the checkpoint's weights cannot be loaded into this model"
+    else:  # same settings, other shapes: the class itself (or its code) changed
+        why = (
+            f"the checkpoint's weights cannot be loaded into this model (--model.class_path "
+            f"{class_path(type(module))}, with the checkpoint's settings)"
+        )
+    raise ValueError(
+        f"{where}{why} ({misfit}); resume with the checkpoint's settings, or start a new run without "
+        "--ckpt_path"
+    )
+
+
+def use_typed_learning_rates(module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+    """Resuming with a changed ``lr`` (or ``*_lr``) means the new one: the optimizer state restored
+    from the checkpoint would otherwise bring back the old rates silently. Edits the checkpoint's
+    optimizer param groups, restored after this hook, to ``module``'s rates."""
+    saved = checkpoint.get(module.CHECKPOINT_HYPER_PARAMS_KEY) or {}
+    rates = [k for k in module.hparams if k == "lr" or k.endswith("_lr")]
+    changed = [k for k in rates if k in saved and saved[k] != module.hparams[k]]
+    states = checkpoint.get("optimizer_states")
+    if not changed or not states or "policy" not in module._modules:
+        return
+    fresh = module.configure_optimizers()
+    opts = list(fresh) if isinstance(fresh, (list, tuple)) else [fresh]
+    if len(opts) != len(states) or not all(isinstance(o, torch.optim.Optimizer) for o in opts):
+        return
+    for opt, state in zip(opts, states, strict=True):
+        for group, saved_group in zip(opt.param_groups, state["param_groups"], strict=False):
+            saved_group["lr"] = group["lr"]

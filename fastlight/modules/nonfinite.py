@@ -1,0 +1,61 @@
+"""``--model.max_nonfinite_updates``: skip an optimizer step whose loss or gradient is NaN / inf."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.distributed as dist
+from lightning.pytorch.utilities import rank_zero_warn
+from torch import Tensor, nn
+
+
+class NonfiniteSteps:
+    """Drops a step's gradients when its loss or a gradient is NaN / inf, so that ``opt.step()``
+    leaves the weights and the optimizer state alone (optimizers skip parameters whose grad is None)
+    while Lightning still counts the step. ``limit`` skipped in a row stop the run; ``0`` turns the
+    check off.
+
+    The check costs one host sync per optimizer step (as ``torch.amp.GradScaler``'s skip does):
+    whether to step must be known on the host. On CPU it is free. Under a sharded strategy each rank
+    holds part of the gradients, so the verdict is all-reduced: every rank skips together.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.skipped = 0  # optimizer steps skipped so far (``faults/skipped_updates``)
+        self.in_a_row = 0
+
+    def check(
+        self,
+        opt: torch.optim.Optimizer,
+        loss: Tensor,
+        params: Iterable[nn.Parameter],
+        *,
+        world_size: int,
+        at: tuple[int, int, int, int],
+    ) -> None:
+        """Call between ``backward`` (and clipping) and ``opt.step()``; ``at`` is (optimizer step,
+        update, epoch, minibatch), what the warning and the error name."""
+        if not self.limit:
+            return
+        grads = [p.grad for p in params if p.grad is not None]
+        bad = torch.stack([~torch.isfinite(loss).all()] + [~torch.isfinite(g).all() for g in grads])
+        flags = bad.to(torch.float32)
+        if dist.is_available() and dist.is_initialized() and world_size > 1:
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        flags = flags.tolist()  # the one host sync
+        if not any(flags):
+            self.in_a_row = 0
+            return
+        opt.zero_grad(set_to_none=True)
+        self.skipped += 1
+        self.in_a_row += 1
+        what = "loss" if flags[0] else "gradient"
+        where = f"optimizer step {at[0]} (update {at[1]}, epoch {at[2]}, minibatch {at[3]})"
+        if self.in_a_row >= self.limit:
+            raise FloatingPointError(
+                f"non-finite {what} at {where}: {self.in_a_row} optimizer steps in a row skipped "
+                f"(--model.max_nonfinite_updates {self.limit}); the weights are those before them"
+            )
+        rank_zero_warn(f"fastlight: non-finite {what} at {where}: step skipped")

@@ -1,0 +1,119 @@
+"""``PolicyModule``: the LightningModule side of owning a policy, which ``RLModule`` builds on.
+
+Where the policy comes from (injected, or :meth:`PolicyModule.build_policy` in Lightning's
+``configure_model`` hook), what wraps it (``--model.init_from`` weights, the observation / return
+normalisers), how its sizes are checked against the env, and what a loading checkpoint is checked
+for (:mod:`fastlight.modules.checkpointing`). How the policy learns is
+:class:`~fastlight.modules.rl_module.RLModule`.
+
+It reads the settings ``RLModule`` saves in its hparams: ``obs_dim``, ``continuous``,
+``normalize_obs``, ``normalize_returns``, ``init_from`` and ``policy``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+from torch import Tensor, nn
+from typing_extensions import override
+
+from fastlight.models.normalization import NormalizedPolicy, resolve_normalization, with_normalization
+from fastlight.modules.checkpointing import check_weights_fit, keep_policy_config, use_typed_learning_rates
+from fastlight.modules.checks import build_policy_hint, policy_not_built
+from fastlight.modules.init_from import init_policy_from
+
+
+class PolicyModule(L.LightningModule):
+    """A LightningModule that owns ``self.policy``: built in ``configure_model`` unless injected."""
+
+    policy: nn.Module  # set by __init__ (injected) or configure_model (build_policy)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._initialised_from = False  # --model.init_from loaded (once, under a Trainer)
+
+    def build_policy(self) -> nn.Module:
+        """The policy when none is injected; runs once, in ``configure_model``."""
+        raise NotImplementedError(f"{type(self).__name__} builds no policy: inject one (--model.policy)")
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "policy" and "policy" not in self.__dict__.get("_modules", {}):
+            raise AttributeError(policy_not_built(type(self)))
+        return super().__getattr__(name)
+
+    @override
+    def configure_model(self) -> None:
+        """Build the policy with :meth:`build_policy` unless it exists (injected, or built before);
+        load ``--model.init_from``; wrap the policy in the normalisers when they are on.
+
+        Lightning calls this inside the strategy's init context (device, sharding, precision), after
+        ``setup`` and before a checkpoint is restored. Idempotent: it may run more than once.
+        """
+        if "policy" not in self._modules:
+            try:
+                policy = self.build_policy()
+            except AttributeError as e:  # e.g. an attribute the subclass never set: say where to set it
+                raise TypeError(build_policy_hint(type(self), e)) from e
+            self.policy = policy
+        # Only under a Trainer: a module rebuilt by load_from_checkpoint gets its weights from there.
+        if self.hparams.get("init_from") and self._trainer is not None and not self._initialised_from:
+            init_policy_from(self.core_policy, self.hparams.init_from)
+            self._initialised_from = True
+        norm_obs, norm_ret = self.normalization()
+        wrapped = with_normalization(
+            self.policy, obs_dim=self.hparams.obs_dim, normalize_obs=norm_obs, normalize_returns=norm_ret
+        )
+        if wrapped is not self.policy:
+            self.policy = wrapped
+
+    def normalization(self) -> tuple[bool, bool]:
+        """Whether observations and returns are normalised (``None`` settings resolved: on for
+        continuous actions over flat vector observations)."""
+        h = self.hparams
+        return resolve_normalization(
+            continuous=bool(h.get("continuous")),
+            obs_dim=int(h.get("obs_dim") or 0),
+            normalize_obs=h.get("normalize_obs"),
+            normalize_returns=h.get("normalize_returns"),
+        )
+
+    @property
+    def core_policy(self) -> nn.Module:
+        """The actor-critic itself, inside the normalisation wrapper when there is one."""
+        policy = self.policy
+        return policy.policy if isinstance(policy, NormalizedPolicy) else policy
+
+    def sum_over_ranks(self, x: Tensor) -> Tensor:
+        """A statistic summed over the DDP ranks (identity on one process): every rank then holds the
+        same normalisation statistics."""
+        trainer = self._trainer
+        if trainer is None or trainer.world_size <= 1:
+            return x
+        return trainer.strategy.reduce(x, reduce_op="sum")
+
+    def policy_flag(self, name: str) -> str:
+        """The CLI flag that sets the policy's ``name``: ``--model.policy.init_args.<name>`` for an
+        injected policy, else ``--model.<name>`` (the default policy is built from those)."""
+        injected = self.hparams.get("policy") is not None
+        return f"--model.policy.init_args.{name}" if injected else f"--model.{name}"
+
+    def check_env_spec(self, spec: Any) -> None:
+        """Refuse a policy whose sizes do not match the env (called by the DataModule before it
+        starts the samplers, after ``configure_model``)."""
+        mine = {k: getattr(self.core_policy, k, None) for k in ("obs_dim", "action_dim", "continuous")}
+        theirs = {"obs_dim": spec.obs_dim, "action_dim": spec.action_dim, "continuous": spec.continuous}
+        for key, value in mine.items():
+            if value is not None and value != theirs[key]:
+                raise ValueError(
+                    f"{self.policy_flag(key)}={value} does not match the env's {key}={theirs[key]} "
+                    f"(observation/action space of --data.env_id)"
+                )
+
+    @override
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Refuse weights this module cannot load, naming the settings that differ; keep a CLI
+        checkpoint's policy config; resume with the learning rates typed now."""
+        check_weights_fit(self, checkpoint)
+        keep_policy_config(self, checkpoint)
+        use_typed_learning_rates(self, checkpoint)

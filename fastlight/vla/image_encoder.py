@@ -1,0 +1,69 @@
+"""The image encoder of a :class:`~fastlight.vla.policy.VLAPolicy`, chosen by its backbone.
+
+A vision-language backbone encodes images with its own vision tower and projector
+(:func:`~fastlight.vla.hf_vlm.image_features`), behind an
+:class:`~fastlight.vla.image_preprocessing.ImagePreprocessor` that prepares them as the folder's saved
+image processor does; a causal LM gets a :class:`~fastlight.vla.vision.PatchEncoder`; ``image_size=None``
+(a state-only env) gets none, and a VLM's unused tower and projector are frozen so that DDP finds no
+unused trainable parameters.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from torch import Tensor, nn
+
+from fastlight.vla.hf_vlm import image_features, load_image_processor, projector, vision_tower
+from fastlight.vla.image_preprocessing import ImagePreprocessor, image_steps
+from fastlight.vla.vision import PatchEncoder
+
+
+class ImageEncoder(NamedTuple):
+    """What :func:`image_encoder` chose: at most one of ``vision`` / ``preprocessor``, and the backbone's
+    submodules to freeze (a VLM's tower with ``freeze_vision``; tower and projector when unused)."""
+
+    vision: PatchEncoder | None
+    preprocessor: ImagePreprocessor | None
+    frozen: list[nn.Module]
+
+
+def image_encoder(
+    backbone: nn.Module,
+    path: str | None,
+    is_vlm: bool,
+    image_size: int | None,
+    patch_size: int,
+    hidden: int,
+    freeze: bool,
+) -> ImageEncoder:
+    """The encoder for ``image_size`` images (the env's side; ``None``: no images) into ``hidden``-wide
+    tokens; ``path`` is the backbone folder (its image processor), ``patch_size`` the patch encoder's."""
+    if image_size is not None and (isinstance(image_size, bool) or image_size < 1):
+        raise ValueError(f"--model.policy.init_args.image_size must be >= 1 or null, got {image_size!r}")
+    if is_vlm:
+        tower, proj = vision_tower(backbone), projector(backbone)
+        if image_size is None:  # unused: frozen, so that DDP finds no unused trainable parameters
+            return ImageEncoder(None, None, [tower] + ([proj] if proj is not None else []))
+        steps = image_steps(load_image_processor(str(path)), (image_size, image_size))
+        return ImageEncoder(None, ImagePreprocessor(steps, image_size), [tower] if freeze else [])
+    if image_size is not None:
+        patches = PatchEncoder(image_size, patch_size, channels=3, dim=hidden, out_dim=hidden)
+        return ImageEncoder(patches, None, [])
+    return ImageEncoder(None, None, [])
+
+
+def image_tokens(
+    backbone: nn.Module, vision: PatchEncoder | None, preprocessor: ImagePreprocessor | None, images: Tensor
+) -> Tensor:
+    """Images -> tokens ``[N, P, H]``: the VLM's tower + projector, or the patch encoder; a one-line
+    ``ValueError`` when the policy has no image encoder."""
+    if preprocessor is not None:
+        return image_features(backbone, preprocessor(images))
+    if vision is not None:
+        return vision(images)
+    raise ValueError(
+        f"obs has 'image' {tuple(images.shape)} but the policy has no image encoder "
+        "(--model.policy.init_args.image_size=null): set --model.policy.init_args.image_size to the "
+        "env's image side"
+    )

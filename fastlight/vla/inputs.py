@@ -1,0 +1,62 @@
+"""The inputs a :class:`~fastlight.vla.policy.VLAPolicy` accepts, checked before any forward.
+
+The observation dict (its keys and shapes: :mod:`fastlight.vla.policy`), the episode step and the action
+bins each get a one-line ``ValueError`` naming the key, the shape expected and the shape given, so a
+mismatched env fails at its first batch with what to change rather than deep inside the backbone.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def instruction_inputs(obs: dict[str, Tensor], max_text_len: int) -> tuple[Tensor, Tensor]:
+    """``(instruction_ids, instruction_mask)`` ``[N, L]`` of ``obs``; the mask is all ones when absent."""
+    if not isinstance(obs, dict) or "instruction_ids" not in obs:
+        raise ValueError("VLAPolicy obs must be a dict with 'instruction_ids' [N, L] (and optional keys)")
+    ids = obs["instruction_ids"]
+    if ids.dim() != 2 or ids.shape[1] > max_text_len or ids.is_floating_point():
+        raise ValueError(
+            f"instruction_ids must be integer [N, L<=max_text_len={max_text_len}], "
+            f"got {tuple(ids.shape)} {ids.dtype}"
+        )
+    mask = obs.get("instruction_mask")
+    mask = torch.ones_like(ids) if mask is None else mask
+    if mask.shape != ids.shape:
+        raise ValueError(f"instruction_mask shape {tuple(mask.shape)} != instruction_ids {tuple(ids.shape)}")
+    return ids, mask
+
+
+def proprio_input(obs: dict[str, Tensor], n: int, proprio_dim: int) -> Tensor | None:
+    """``obs['proprio']`` ``[N, proprio_dim]``, or ``None`` with ``proprio_dim == 0`` (the key is then
+    refused)."""
+    if proprio_dim == 0:
+        if "proprio" in obs:
+            raise ValueError(f"obs has 'proprio' {tuple(obs['proprio'].shape)} but proprio_dim=0")
+        return None
+    prop = obs.get("proprio")
+    if prop is None or prop.shape != (n, proprio_dim):
+        got = None if prop is None else tuple(prop.shape)
+        raise ValueError(f"proprio must be [N={n}, proprio_dim={proprio_dim}], got {got}")
+    return prop
+
+
+def episode_step(step: Tensor | None, n: int, device: torch.device) -> Tensor:
+    """The episode step ``[N]``; zeros when not given."""
+    if step is None:
+        return torch.zeros(n, dtype=torch.long, device=device)
+    if step.shape != (n,):
+        raise ValueError(f"step must be [N={n}], got shape {tuple(step.shape)}")
+    return step
+
+
+def action_bins(actions: Tensor, n: int, action_chunk: int, action_dim: int) -> Tensor:
+    """Integer bins ``[N, K]``, ``K = action_chunk x action_dim``, as long."""
+    k = action_chunk * action_dim
+    if actions.shape != (n, k) or actions.is_floating_point():
+        raise ValueError(
+            f"actions must be integer bins [N={n}, K={k}] (action_chunk {action_chunk} x "
+            f"action_dim {action_dim}), got {tuple(actions.shape)}"
+        )
+    return actions.long()
