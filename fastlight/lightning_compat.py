@@ -29,10 +29,14 @@ tests/faults/test_preemption.py, test_ddp_stop.py and test_lost_rank.py exercise
   any checkpoint is written; :func:`stand_down_child_observer` empties its list.
 - ``lightning.fabric.utilities.cloud_io._load``: ``torch.load`` through fsspec (local paths and
   remote URLs alike), as Lightning itself reads a checkpoint (:func:`load`).
+- ``LightningModule._hparams`` and ``_hparams_initial``: :func:`record_hparams` writes the policy and
+  the objective into a module's hparams as plain data (a class path and its init args), where
+  checkpoints and loggers read them.
 """
 
 from __future__ import annotations
 
+import copy
 import subprocess
 import threading
 from collections.abc import Callable
@@ -49,6 +53,13 @@ from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnect
 from fastlight.procs import STOP_SIGNALS
 
 Handler = Callable[[int, FrameType | None], Any]
+
+
+def record_hparams(module: L.LightningModule, values: dict[str, Any]) -> None:
+    """Set hparams ``values`` both where checkpoints read them (``_hparams``) and where loggers do
+    (``_hparams_initial``): ``save_hyperparameters`` has no public way to replace one value."""
+    module._hparams.update(values)
+    module._hparams_initial.update(copy.deepcopy(values))
 
 
 def load(path: str | IO[bytes], map_location: Any = None, weights_only: bool | None = None) -> Any:

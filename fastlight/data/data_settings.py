@@ -4,14 +4,19 @@ flag, and the settings objects as plain data for loggers and checkpoints."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
+
+import lightning as L
+import torch
 
 from fastlight.class_paths import class_path as import_path
 from fastlight.envs.wrappers import check_env_wrappers
 from fastlight.fleet.faults import FaultSettings
 from fastlight.fleet.start import check_start_method
 from fastlight.inference.settings import InferenceSettings
-from fastlight.sampling.collector import check_collector_settings
+from fastlight.procs import spare_threads, usable_cores
+from fastlight.sampling.collector_settings import check_collector_settings
 from fastlight.sampling.shared_cut import TRUNCATION_SCOPES, rank_scope_blockers
 
 
@@ -101,3 +106,51 @@ def plain_settings(value: Any, *, class_path: bool = False) -> Any:
     if not class_path:
         return fields
     return {"class_path": import_path(type(value)), "init_args": fields}
+
+
+def max_valid_per_rollout(h: Any) -> int:
+    """The most valid transitions one training step's Rollout can hold on a rank (``h``: the
+    DataModule's hparams): every env stepping for the whole cycle (``max_horizon`` in dpsa/sgr,
+    ``rollout_steps`` otherwise)."""
+    steps = h.max_horizon if h.reset_mode in ("dpsa", "sgr") else h.rollout_steps
+    return max(h.num_envs * h.cycles_per_step * steps, h.valid_steps_per_step or 0)
+
+
+def check_minibatches(h: Any, module: object) -> None:
+    """Refuse, before any sampler starts, a ``--model.num_minibatches`` that no Rollout can fill:
+    it would split every Rollout into empty minibatches. (A module without that setting, e.g. a
+    plain Lightning project's own or the sampling benchmark's fixed policy, is not checked.)"""
+    if not isinstance(module, L.LightningModule):
+        return
+    wanted, most = module.hparams.get("num_minibatches"), max_valid_per_rollout(h)
+    if wanted is not None and wanted > most:
+        cycle = "max_horizon" if h.reset_mode in ("dpsa", "sgr") else "rollout_steps"
+        raise ValueError(
+            f"--model.num_minibatches must be <= {most}, the most valid "
+            f"transitions a Rollout can hold (--data.num_envs {h.num_envs} x --data.cycles_per_step "
+            f"{h.cycles_per_step} x --data.{cycle} {h[cycle]}), got {wanted}"
+        )
+
+
+def thread_plan(
+    h: Any,
+    inference: InferenceSettings | None,
+    *,
+    shared_memory: bool,
+    ranks_here: int,
+    device: torch.device | str = "cpu",
+) -> tuple[int | None, InferenceSettings | None]:
+    """The trainer's torch threads (None: leave them) and the inference settings to start the
+    worker with (``ranks_here`` ranks on this machine, the trainer on ``device``): the cores the
+    samplers leave (:func:`~fastlight.procs.spare_threads`), split between the trainer and a CPU
+    inference worker, unless ``--data.trainer_threads`` / ``--data.inference.threads`` set them.
+    Unchanged when ``OMP_NUM_THREADS`` is set or the fleet is remote (``shared_memory`` false)."""
+    if not shared_memory or os.environ.get("OMP_NUM_THREADS"):
+        return h.trainer_threads, inference
+    spare = spare_threads(cores=usable_cores(), ranks=ranks_here, busy=h.num_workers)
+    cpu_worker = inference is not None and inference.worker_device(device).type == "cpu"
+    if cpu_worker and inference.threads is None:
+        inference = dataclasses.replace(inference, threads=max(1, spare // 2))
+    worker = inference.threads if cpu_worker else 0
+    trainer = h.trainer_threads if h.trainer_threads is not None else max(1, spare - worker)
+    return trainer, inference

@@ -6,35 +6,36 @@ the policy. It runs after the module's ``configure_model`` and after a checkpoin
 so the policy exists and holds its resumed weights by then. Weights reach the samplers through
 the pool's one :class:`~fastlight.weights.publisher.WeightPublisher`, tagged with the module's
 ``policy_version``; :meth:`RolloutDataModule.publish` is the one place that calls it.
-``teardown`` and ``on_exception`` stop them, so no child outlives a fit.
-
-Why the dataset yields *tickets*: Lightning's data fetcher reads one batch ahead of the
-training step. A strictly on-policy Rollout can only exist after the previous update, so the
-``IterableDataset`` yields cheap step tickets and ``on_before_batch_transfer`` - which runs
-right before each ``training_step`` - publishes the current weights and resolves the ticket
-into the Rollout sampled with them.
+``teardown`` and ``on_exception`` stop them, so no child outlives a fit. Why the dataset yields
+step tickets, not Rollouts: :mod:`fastlight.data.tickets`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
-from collections.abc import Iterator
 from typing import Any, Literal
 
 import lightning as L
 import torch
 from lightning.pytorch.utilities import AttributeDict, rank_zero_info, rank_zero_warn
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader
 from typing_extensions import override
 
 from fastlight.data.advice import SamplingAdvice
 from fastlight.data.cpu_copy import cpu_copy
-from fastlight.data.data_settings import check_data_settings, check_type, plain_settings
+from fastlight.data.data_settings import (
+    check_data_settings,
+    check_minibatches,
+    check_type,
+    max_valid_per_rollout,
+    plain_settings,
+    thread_plan,
+)
 from fastlight.data.env_spec import EnvSpec, task_names_of
 from fastlight.data.prefetch import Prefetcher
 from fastlight.data.protocols import ChecksEnvSpec, RolloutPolicyModule, require
 from fastlight.data.sampler_plan import resolve_cut_in_flight, resolve_truncation_scope, sampler_configs
+from fastlight.data.tickets import StepTickets
 from fastlight.envs.registry import make_env
 from fastlight.envs.wrappers import EnvWrapper, wrap_env
 from fastlight.fleet.base import Fleet, SamplerFleet
@@ -42,9 +43,8 @@ from fastlight.fleet.faults import FaultSettings
 from fastlight.fleet.pool import LocalFleet
 from fastlight.fleet.start import StartMethod, resolve_start_method
 from fastlight.inference.settings import InferenceSettings
-from fastlight.procs import spare_threads, usable_cores
 from fastlight.rank_state import PER_RANK_KEY, counters_for_rank, gather_per_rank, per_rank_entries, world
-from fastlight.sampling.collector import Nonfinite, ResetMode
+from fastlight.sampling.collector_settings import Nonfinite, ResetMode
 from fastlight.sampling.obs import obs_to_tensor, stack_obs
 from fastlight.sampling.shared_cut import TruncationScope
 from fastlight.sampling.worker import SamplerConfig
@@ -56,19 +56,6 @@ __all__ = ["EnvSpec", "RolloutDataModule", "StepTickets", "cpu_copy"]
 DEFAULT_FAULTS = FaultSettings()
 #: ``--data.fleet`` when a config names none: the rank's samplers are local processes.
 DEFAULT_FLEET = LocalFleet()
-
-
-class StepTickets(IterableDataset):
-    """Yields ``steps_per_epoch`` step tickets; ``RolloutDataModule`` turns each into a Rollout."""
-
-    def __init__(self, steps_per_epoch: int) -> None:
-        self.steps_per_epoch = steps_per_epoch
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(range(self.steps_per_epoch))
-
-    def __len__(self) -> int:
-        return self.steps_per_epoch
 
 
 class RolloutDataModule(L.LightningDataModule):
@@ -249,19 +236,11 @@ class RolloutDataModule(L.LightningDataModule):
         self, ranks_here: int, device: torch.device | str = "cpu"
     ) -> tuple[int | None, InferenceSettings | None]:
         """The trainer's torch threads (None: leave them) and the inference settings to start the
-        worker with (``ranks_here`` ranks on this machine, the trainer on ``device``): the cores the
-        samplers leave (:func:`~fastlight.procs.spare_threads`), split between the trainer and a CPU
-        inference worker, unless ``--data.trainer_threads`` / ``--data.inference.threads`` set them."""
-        h, inference = self.hparams, self.inference
-        if not self.fleet.shared_memory or os.environ.get("OMP_NUM_THREADS"):
-            return h.trainer_threads, inference
-        spare = spare_threads(cores=usable_cores(), ranks=ranks_here, busy=h.num_workers)
-        cpu_worker = inference is not None and inference.worker_device(device).type == "cpu"
-        if cpu_worker and inference.threads is None:
-            inference = dataclasses.replace(inference, threads=max(1, spare // 2))
-        worker = inference.threads if cpu_worker else 0
-        trainer = h.trainer_threads if h.trainer_threads is not None else max(1, spare - worker)
-        return trainer, inference
+        worker with (:func:`~fastlight.data.data_settings.thread_plan`)."""
+        return thread_plan(
+            self.hparams, self.inference, shared_memory=self.fleet.shared_memory, ranks_here=ranks_here,
+            device=device,
+        )
 
     @property
     def cut_in_flight(self) -> bool:
@@ -347,27 +326,12 @@ class RolloutDataModule(L.LightningDataModule):
         ).start()
 
     def max_valid_per_rollout(self) -> int:
-        """The most valid transitions one training step's Rollout can hold on this rank: every env
-        stepping for the whole cycle (``max_horizon`` in dpsa/sgr, ``rollout_steps`` otherwise)."""
-        h = self.hparams
-        steps = h.max_horizon if h.reset_mode in ("dpsa", "sgr") else h.rollout_steps
-        return max(h.num_envs * h.cycles_per_step * steps, h.valid_steps_per_step or 0)
+        """The most valid transitions one training step's Rollout can hold on this rank."""
+        return max_valid_per_rollout(self.hparams)
 
     def check_minibatches(self, module: object) -> None:
-        """Refuse, before any sampler starts, a ``--model.num_minibatches`` that no Rollout can fill:
-        it would split every Rollout into empty minibatches. (A module without that setting, e.g. a
-        plain Lightning project's own or the sampling benchmark's fixed policy, is not checked.)"""
-        if not isinstance(module, L.LightningModule):
-            return
-        wanted = module.hparams.get("num_minibatches")
-        if wanted is not None and wanted > self.max_valid_per_rollout():
-            h = self.hparams
-            cycle = "max_horizon" if h.reset_mode in ("dpsa", "sgr") else "rollout_steps"
-            raise ValueError(
-                f"--model.num_minibatches must be <= {self.max_valid_per_rollout()}, the most valid "
-                f"transitions a Rollout can hold (--data.num_envs {h.num_envs} x --data.cycles_per_step "
-                f"{h.cycles_per_step} x --data.{cycle} {h[cycle]}), got {wanted}"
-            )
+        """Refuse, before any sampler starts, a ``--model.num_minibatches`` no Rollout can fill."""
+        check_minibatches(self.hparams, module)
 
     @override
     def train_dataloader(self) -> DataLoader:

@@ -16,7 +16,6 @@ asks for the object again. The objective is held as its config (``{"class_path",
 
 from __future__ import annotations
 
-import copy
 from types import FrameType
 from typing import Any
 
@@ -25,6 +24,7 @@ import torch
 from torch import nn
 
 from fastlight.class_paths import class_path, same_class
+from fastlight.lightning_compat import record_hparams
 from fastlight.modules.objectives import Objective
 from fastlight.modules.weights_fit import first_misfit, setting_differences
 
@@ -32,10 +32,6 @@ from fastlight.modules.weights_fit import first_misfit, setting_differences
 _CLI = "_instantiator"
 
 
-def record_hparams(module: L.LightningModule, values: dict[str, Any]) -> None:
-    """Set hparams ``values`` both where checkpoints read them and where loggers do."""
-    module._hparams.update(values)
-    module._hparams_initial.update(copy.deepcopy(values))
 
 
 def save_hparams(

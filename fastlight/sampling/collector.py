@@ -21,19 +21,16 @@ chunks: ``max_horizon`` (the last chunk of a cycle is cut to what is left of it)
 (``ceil(rollout_steps / H)`` policy steps), the episode lengths, the ``step`` index, the DPSA
 threshold's model and the stats' ``raw_steps`` / ``valid_steps``.
 
-Resets of several envs at one moment run on a thread pool when they are slow: scenario loading is
-I/O bound (HD maps, traffic logs), so the resets of one sampler overlap (see ``ScenarioLoadCost``).
-Cheap resets (a MuJoCo ``mj_resetData``, tens of microseconds) run inline: a thread hand-off costs
-more than the reset itself, and CPU-bound resets cannot overlap under the GIL anyway.
+Resets (overlapped on a thread pool while they are slow) and the naming of a failing env live in
+:mod:`fastlight.sampling.resets`; the checks of what an env returns in :mod:`fastlight.sampling.env_faults`.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Literal, NamedTuple, get_args
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -41,118 +38,35 @@ import torch
 
 from fastlight.models.action_mapping import action_chunk
 from fastlight.models.base import Policy, ServedPolicy
-from fastlight.rollout import EpisodeRecord, Rollout, RolloutStats, crashed_at_end, success_after
+from fastlight.rollout import Rollout, RolloutStats, success_after
 from fastlight.sampling.auto_threshold import AUTO, CycleCosts, ThresholdChooser
+from fastlight.sampling.collector_settings import (
+    NONFINITE,
+    RESET_MODES,
+    Nonfinite,
+    ResetMode,
+    check_collector_settings,
+)
 from fastlight.sampling.cut_requests import CutRequestView
+from fastlight.sampling.env_faults import EnvError, NonFiniteError, is_finite
+from fastlight.sampling.episodes import ChunkResult, Episode, record
 from fastlight.sampling.obs import (
     ObservationShapeError,
     action_to_env,
     obs_to_tensor,
-    odd_observation,
     stack_obs,
 )
+from fastlight.sampling.resets import POOL_RESET_S, RESET_RETRIES, EnvResets
 from fastlight.sampling.rows import Row, RowBuffer, Step
 from fastlight.sampling.shared_cut import SharedCutView
 
-#: How a fleet of envs resets (FAST §DPSA); the CLI refuses any other value.
-ResetMode = Literal["dpsa", "sgr", "autoreset", "sequential"]
-#: What a NaN / inf observation or reward from an env does.
-Nonfinite = Literal["raise", "drop"]
-RESET_MODES: tuple[str, ...] = get_args(ResetMode)
-NONFINITE: tuple[str, ...] = get_args(Nonfinite)
-#: Resets in a row of one env that may return a non-finite observation under ``nonfinite="drop"``
-#: before the run stops anyway: an env that never resets cleanly cannot produce data.
-RESET_RETRIES = 3
-#: Resets slower than this (running mean of one env's reset, seconds) go to the thread pool when
-#: several envs reset at once; faster ones run inline. A pool hand-off costs ~0.1-1 ms (wake-up and
-#: lock round trip, more on a loaded machine), so below 2 ms the pool cannot win.
-POOL_RESET_S = 2e-3
+__all__ = [
+    "NONFINITE", "POOL_RESET_S", "RESET_MODES", "RESET_RETRIES", "Collector", "EnvError", "NonFiniteError",
+    "Nonfinite", "ResetMode", "check_collector_settings", "is_finite",
+]
 
 
-class NonFiniteError(ValueError):
-    """An env returned a NaN or infinite observation or reward (named: env, index, seed, step)."""
-
-
-class EnvError(RuntimeError):
-    """An env raised in ``step`` or ``reset`` (named: env, index, seed, episode step); the env's own
-    exception is its ``__cause__``."""
-
-
-def is_finite(value: Any) -> bool:
-    """True unless a float in ``value`` (a number, an array, a dict of arrays) is NaN or infinite.
-    Integer arrays (images, token ids) cannot hold either and are not scanned."""
-    # Fast paths first: this runs twice per env step (reward and observation).
-    if type(value) is np.ndarray:
-        return value.dtype.kind not in "fc" or bool(np.isfinite(value).all())
-    if isinstance(value, float):  # np.float64 is a float too
-        return math.isfinite(value)
-    if isinstance(value, dict):
-        return all(is_finite(v) for v in value.values())
-    if isinstance(value, np.floating):
-        return bool(np.isfinite(value))
-    arr = np.asarray(value) if not isinstance(value, torch.Tensor) else value.numpy()
-    if arr.dtype.kind not in "fc":
-        return True
-    return bool(np.isfinite(arr).all())
-
-
-def check_collector_settings(
-    *,
-    mode: str,
-    num_envs: int,
-    termination_threshold: float | str,
-    max_horizon: int,
-    rollout_steps: int,
-    nonfinite: str = "raise",
-    prefix: str = "--data.",
-) -> None:
-    """Validate collector settings; errors name the CLI flag and the allowed values."""
-    if mode not in RESET_MODES:
-        raise ValueError(f"{prefix}reset_mode must be one of {' | '.join(RESET_MODES)}, got {mode!r}")
-    if num_envs < 1:
-        raise ValueError(f"{prefix}num_envs must be >= 1, got {num_envs}")
-    if mode == "sequential" and num_envs != 1:
-        raise ValueError(f"{prefix}num_envs must be 1 with {prefix}reset_mode sequential, got {num_envs}")
-    if termination_threshold != AUTO and not (
-        isinstance(termination_threshold, (int, float)) and 0.0 <= termination_threshold <= 1.0
-    ):
-        raise ValueError(
-            f"{prefix}termination_threshold must be in [0, 1] or {AUTO}, got {termination_threshold!r}"
-        )
-    if max_horizon < 1:
-        raise ValueError(f"{prefix}max_horizon must be >= 1, got {max_horizon}")
-    if rollout_steps < 1:
-        raise ValueError(f"{prefix}rollout_steps must be >= 1, got {rollout_steps}")
-    if nonfinite not in NONFINITE:
-        raise ValueError(f"{prefix}nonfinite must be one of {' | '.join(NONFINITE)}, got {nonfinite!r}")
-
-
-class _Episode:
-    """Running bookkeeping of one env's current episode."""
-
-    __slots__ = ("step", "ret", "task_id", "success", "transitions")
-
-    def __init__(self, task_id: int = 0) -> None:
-        self.step = 0  # env steps
-        self.transitions = 0  # policy steps (rows) of the episode: ``step`` unless actions come in chunks
-        self.ret = 0.0
-        self.task_id = task_id
-        self.success: bool | None = None  # fastlight.rollout.success_after, folded over the steps
-
-
-class _Chunk(NamedTuple):
-    """What one env did with its action chunk: ``steps`` env steps taken, the finite ``rewards`` of
-    them, how the last one ended, its info, and whether it was non-finite under ``nonfinite="drop"``."""
-
-    steps: int
-    rewards: list[float]
-    terminated: bool
-    truncated: bool
-    info: dict
-    dropped: bool
-
-
-class Collector:
+class Collector(EnvResets):
     """Steps ``envs`` with a policy and returns one :class:`~fastlight.rollout.Rollout` per call.
 
     Args:
@@ -228,7 +142,7 @@ class Collector:
         self._pool = ThreadPoolExecutor(max_workers=len(self.envs), thread_name_prefix="fastlight-reset")
         self._seeded = False
         self._obs: list[Any] | None = None  # current observation of each env (autoreset carry-over)
-        self._eps: list[_Episode] = []
+        self._eps: list[Episode] = []
         self._served = False  # the current round's policy is served by the inference worker
         self._chunk: int | None = None  # the current round's policy acts in chunks of this many env steps
         # Running mean of one env.reset() in seconds; None until the first reset was timed (the
@@ -238,128 +152,10 @@ class Collector:
         # wall seconds, charged to that cycle.
         self._ahead: tuple[RolloutStats, float] | None = None
 
-    @property
-    def num_envs(self) -> int:
-        return len(self.envs)
-
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
         for env in self.envs:
             env.close()
-
-    # ------------------------------------------------------------------ resets
-    def reset_ahead(self) -> None:
-        """Do the next ``dpsa``/``sgr`` cycle's global reset now, while the sampler has nothing else
-        to do (a strictly on-policy sampler waiting for the trainer's next weights).
-
-        The reset does not depend on the policy, so the cycle that follows is the same as with the
-        reset at its start (same seeds, same observations); its time still counts in that cycle's
-        ``reset_time`` and ``wall_time``. A second call before that cycle is a no-op; in
-        ``autoreset`` mode, which has no global reset between rounds, it does nothing.
-        """
-        if self.mode not in ("dpsa", "sgr") or self._ahead is not None:
-            return
-        stats = RolloutStats()
-        t0 = time.perf_counter()
-        self._reset(range(self.num_envs), stats)
-        self._ahead = (stats, time.perf_counter() - t0)
-
-    def discard_ahead(self) -> None:
-        """Forget a reset done ahead (its tasks were drawn from task weights since replaced): the
-        next cycle resets again at its start."""
-        self._ahead = None
-
-    def _global_reset(self, stats: RolloutStats) -> float:
-        """A cycle's global reset: now, or the one reset_ahead() did; returns the seconds that one
-        took (0.0 for a reset done now, whose time the cycle's own clock covers)."""
-        if self._ahead is None:
-            self._reset(range(self.num_envs), stats)
-            return 0.0
-        ahead, seconds = self._ahead
-        self._ahead = None
-        stats.reset_time += ahead.reset_time
-        stats.dropped_nonfinite += ahead.dropped_nonfinite
-        return seconds
-
-    def _reset(self, indices: Sequence[int], stats: RolloutStats) -> None:
-        """Reset the given envs concurrently (I/O-bound scenario loads overlap)."""
-        if self._obs is None:
-            self._obs = [None] * self.num_envs
-            self._eps = [_Episode() for _ in self.envs]
-
-        def one(i: int) -> tuple[int, Any, dict, int, float]:
-            seed = None if self._seeded else self.seed + i
-            dropped = 0
-            t = time.perf_counter()
-            try:
-                obs, info = self.envs[i].reset(seed=seed)
-                cost = time.perf_counter() - t
-                self.heartbeat()
-                # Under "drop", a reset with NaN / inf has no episode yet: drop it and reset again (the
-                # env's RNG has moved on, so the next start differs).
-                while self.nonfinite == "drop" and not is_finite(obs) and dropped < RESET_RETRIES:
-                    dropped += 1
-                    obs, info = self.envs[i].reset()
-                    self.heartbeat()
-            except Exception as e:
-                raise self._env_error(i, e, reset=True) from e
-            return i, obs, info, dropped, cost
-
-        t0 = time.perf_counter()
-        # One env alone resets inline: there is nothing to overlap it with. Several go to the pool
-        # only while resets are slow (see POOL_RESET_S); autoreset mode resets envs every few steps.
-        pooled = len(indices) > 1 and (self.reset_cost is None or self.reset_cost >= POOL_RESET_S)
-        results = self._pool.map(one, indices) if pooled else map(one, indices)
-        for i, obs, info, dropped, cost in results:
-            # 0.9/0.1 mean: a scenario-load env stays on the pool after one fast reset.
-            self.reset_cost = cost if self.reset_cost is None else 0.9 * self.reset_cost + 0.1 * cost
-            self._obs[i] = obs
-            self._eps[i] = _Episode(task_id=int(info.get("task_id", 0)))
-            stats.dropped_nonfinite += dropped
-            where = f"{dropped + 1} resets in a row" if dropped else "reset"
-            self._check_finite(i, f"observation (from {where})", obs)
-        stats.reset_time += time.perf_counter() - t0
-        if len(indices) == self.num_envs:
-            self._seeded = True
-
-    def _check_finite(self, i: int, what: str, value: Any) -> None:
-        """Stop at the env that produced a NaN / inf, before it reaches a loss or the weights.
-
-        Checked where values enter (every step, every reset): later, a NaN shows up only as a
-        torch error in an update, naming neither the env nor the step.
-        """
-        if is_finite(value):
-            return
-        raise NonFiniteError(
-            f"{self._where(i)} returned a non-finite {what} at episode step {self._eps[i].step}: "
-            f"{_preview(value)}"
-        )
-
-    def _where(self, i: int) -> str:
-        env = self.envs[i]
-        name = env.spec.id if env.spec is not None else type(env.unwrapped).__name__
-        return f"env {name} (index {i} of this sampler, seed {self.seed + i})"
-
-    def _env_error(self, i: int, error: Exception, *, reset: bool = False) -> EnvError:
-        """Env ``i``'s own exception, named: which env of which seed, and where in its episode (a
-        bare traceback from inside an env says neither)."""
-        when = "in reset" if reset else f"at episode step {self._eps[i].step + 1}"
-        return EnvError(f"{self._where(i)} raised {type(error).__name__} {when}: {error}")
-
-    def _shape_error(self, indices: Sequence[int], error: ObservationShapeError) -> ObservationShapeError:
-        """The env whose observation does not stack with the others' (``indices``: the envs whose
-        observations were stacked, in that order), judged by each env's observation space."""
-        spaces = [self.envs[i].observation_space for i in indices]
-        odd = odd_observation([self._obs[i] for i in indices], spaces)
-        j, shape, others = odd if odd is not None else (error.index, error.shape, error.others)
-        i = indices[j]
-        return ObservationShapeError(
-            f"{self._where(i)} returned an observation of shape {shape} at episode step {self._eps[i].step}; "
-            f"the others have shape {others} (its observation_space: {self.envs[i].observation_space})",
-            i,
-            shape,
-            others,
-        )
 
     # ------------------------------------------------------------------ one step of a subset
     def _step_envs(self, policy: Policy, active: list[int], stats: RolloutStats, span: int = 1) -> Step:
@@ -394,7 +190,7 @@ class Collector:
         version = policy.last_version if self._served else -1
         return Step(all_obs, step, out, version, results)
 
-    def _run_chunk(self, i: int, chunk: Any, span: int, stats: RolloutStats) -> _Chunk:
+    def _run_chunk(self, i: int, chunk: Any, span: int, stats: RolloutStats) -> ChunkResult:
         """Env ``i`` executes its action chunk ``[H, ...]`` open-loop for at most ``span`` env steps,
         stopping where its episode ends (the rest of the chunk is dropped). Each step is checked and
         counted as an unchunked step is, so a failure names its episode step."""
@@ -412,7 +208,7 @@ class Collector:
             self.heartbeat()
             ep.step += 1
             if self.nonfinite == "drop" and not (is_finite(reward) and is_finite(nobs)):
-                return _Chunk(k + 1, rewards, False, False, info, dropped=True)
+                return ChunkResult(k + 1, rewards, False, False, info, dropped=True)
             self._check_finite(i, "reward", reward)
             self._check_finite(i, "observation", nobs)
             rewards.append(float(reward))
@@ -420,12 +216,12 @@ class Collector:
             ep.success = success_after(ep.success, info)
             self._obs[i] = nobs
             if term or trunc:
-                return _Chunk(k + 1, rewards, bool(term), bool(trunc), info, dropped=False)
-        return _Chunk(len(rewards), rewards, False, False, info, dropped=False)
+                return ChunkResult(k + 1, rewards, bool(term), bool(trunc), info, dropped=False)
+        return ChunkResult(len(rewards), rewards, False, False, info, dropped=False)
 
     def _advance(self, row: Row, i: int, result: tuple, rows: RowBuffer, stats: RolloutStats) -> bool:
         """Record env ``i``'s step in ``row``; returns True if its episode ended (or was dropped)."""
-        if isinstance(result, _Chunk):
+        if isinstance(result, ChunkResult):
             return self._advance_chunk(row, i, result, rows, stats)
         nobs, reward, term, trunc, info = result
         ep = self._eps[i]
@@ -441,11 +237,13 @@ class Collector:
         ep.success = success_after(ep.success, info)
         self._obs[i] = nobs
         if term or trunc:
-            rows.episodes.append(_record(ep, terminated=bool(term), truncated=bool(trunc), info=info))
+            rows.episodes.append(record(ep, terminated=bool(term), truncated=bool(trunc), info=info))
             return True
         return False
 
-    def _advance_chunk(self, row: Row, i: int, chunk: _Chunk, rows: RowBuffer, stats: RolloutStats) -> bool:
+    def _advance_chunk(
+        self, row: Row, i: int, chunk: ChunkResult, rows: RowBuffer, stats: RolloutStats
+    ) -> bool:
         """Record env ``i``'s executed chunk in ``row`` (the steps were counted by :meth:`_run_chunk`)."""
         ep = self._eps[i]
         ep.transitions += 1
@@ -455,7 +253,7 @@ class Collector:
         row.set_chunk(i, chunk.rewards, chunk.terminated, chunk.truncated)
         if chunk.terminated or chunk.truncated:
             rows.episodes.append(
-                _record(ep, terminated=chunk.terminated, truncated=chunk.truncated, info=chunk.info)
+                record(ep, terminated=chunk.terminated, truncated=chunk.truncated, info=chunk.info)
             )
             return True
         return False
@@ -580,7 +378,7 @@ class Collector:
                     if alive[i]:
                         row.set_truncated(i)
                         rows.episodes.append(
-                            _record(self._eps[i], terminated=False, truncated=True, info={}, cut=True)
+                            record(self._eps[i], terminated=False, truncated=True, info={}, cut=True)
                         )
             self._bootstrap(policy, row)
             if cut:
@@ -644,28 +442,3 @@ class Collector:
 
 def _no_beat() -> None:
     pass
-
-
-def _preview(value: Any) -> str:
-    if isinstance(value, dict):
-        bad = [k for k, v in value.items() if not is_finite(v)]
-        return f"keys {bad} hold NaN/inf"
-    text = np.array2string(np.asarray(value), threshold=8, precision=3)
-    return text if len(text) < 120 else text[:117] + "..."
-
-
-def _record(
-    ep: _Episode, *, terminated: bool, truncated: bool, info: dict, cut: bool = False
-) -> EpisodeRecord:
-    numeric = {k: float(v) for k, v in info.items() if isinstance(v, (int, float, np.floating, np.integer))}
-    return EpisodeRecord(
-        length=ep.step,
-        ret=ep.ret,
-        terminated=terminated,
-        truncated=truncated,
-        task_id=ep.task_id,
-        success=ep.success,
-        crashed=crashed_at_end(info),
-        cut=cut,
-        info=numeric,
-    )

@@ -193,4 +193,3 @@ def load_image_processor(path: str) -> Any:
     """The folder's image processor, PIL backend (the reference
     :class:`~fastlight.vla.image_preprocessing.ImagePreprocessor` matches)."""
     return _transformers().AutoImageProcessor.from_pretrained(path, backend="pil")
-

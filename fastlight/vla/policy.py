@@ -224,10 +224,8 @@ class VLAPolicy(PolicyBase):
         are tokenized with it once, and :meth:`_prefix` maps every env row to those tokens by lookup;
         without one (``backbone=None`` or a folder with no tokenizer) nothing changes: the env's ids
         are the model's. Returns whether a table was bound."""
-        return self.retokenizer.bind(
-            sentences, ids, mask, vocab_rows=self.backbone.get_input_embeddings().weight.shape[0],
-            device=self.action_queries.device,
-        )
+        rows = self.backbone.get_input_embeddings().weight.shape[0]
+        return self.retokenizer.bind(sentences, ids, mask, vocab_rows=rows, device=self.action_queries.device)
 
     # ------------------------------------------------------------------ parameter groups
     def policy_parameters(self) -> list[nn.Parameter]:

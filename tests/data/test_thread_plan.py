@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fastlight.data import datamodule as dm_module
+from fastlight.data import data_settings as dm_module
 from fastlight.data.datamodule import RolloutDataModule
 from fastlight.inference.settings import InferenceSettings
 from fastlight.procs import spare_threads

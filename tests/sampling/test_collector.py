@@ -218,11 +218,13 @@ def test_several_resets_use_the_pool_only_while_resets_are_slow(
     inline when a reset is cheaper than POOL_RESET_S (a thread hand-off would cost more) and stay
     on the pool when it is slower (I/O-bound scenario loads overlap there)."""
     from fastlight.sampling import collector as collector_module
+    from fastlight.sampling import resets as resets_module
     from fastlight.sampling.collector import POOL_RESET_S
 
     assert reset_s == 0.0 or reset_s > POOL_RESET_S
     clock = _Clock()  # a timed decision, tested on a clock no other process can slow down
     monkeypatch.setattr(collector_module, "time", clock)
+    monkeypatch.setattr(resets_module, "time", clock)
     envs = [_ThreadRecordingEnv(reset_s, clock, lengths=(3,), tag=i) for i in range(4)]  # all end together
     c = Collector(envs, mode="dpsa", termination_threshold=1.0)
     for _ in range(3):
@@ -240,9 +242,11 @@ def test_reset_ahead_gives_the_same_cycles_and_charges_them_its_time(mode, obs_v
     """A global reset done ahead (while a sampler waits for weights) changes nothing the cycle
     collects, and its seconds still count in that cycle's reset_time and wall_time."""
     from fastlight.sampling import collector as collector_module
+    from fastlight.sampling import resets as resets_module
 
     clock = _Clock()  # resets cost 5 ms on this clock, steps nothing: the times are exact
     monkeypatch.setattr(collector_module, "time", clock)
+    monkeypatch.setattr(resets_module, "time", clock)
 
     def collector() -> Collector:
         envs = [_ThreadRecordingEnv(0.005, clock, lengths=(2, 5, 3), tag=i) for i in range(3)]

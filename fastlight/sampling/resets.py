@@ -1,0 +1,165 @@
+"""The reset side of a :class:`~fastlight.sampling.collector.Collector`: global and partial resets of
+its envs (overlapped on a thread pool while resets are slow), the reset done ahead of a cycle, and the
+names a failing env is reported by.
+
+Resets of several envs at one moment run on a thread pool when they are slow: scenario loading is
+I/O bound (HD maps, traffic logs), so the resets of one sampler overlap (see ``ScenarioLoadCost``).
+Cheap resets (a MuJoCo ``mj_resetData``, tens of microseconds) run inline: a thread hand-off costs
+more than the reset itself, and CPU-bound resets cannot overlap under the GIL anyway.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import gymnasium as gym
+
+from fastlight.rollout import RolloutStats
+from fastlight.sampling.env_faults import EnvError, NonFiniteError, is_finite, preview
+from fastlight.sampling.episodes import Episode
+from fastlight.sampling.obs import ObservationShapeError, odd_observation
+
+#: Resets in a row of one env that may return a non-finite observation under ``nonfinite="drop"``
+#: before the run stops anyway: an env that never resets cleanly cannot produce data.
+RESET_RETRIES = 3
+#: Resets slower than this (running mean of one env's reset, seconds) go to the thread pool when
+#: several envs reset at once; faster ones run inline. A pool hand-off costs ~0.1-1 ms (wake-up and
+#: lock round trip, more on a loaded machine), so below 2 ms the pool cannot win.
+POOL_RESET_S = 2e-3
+
+
+class EnvResets:
+    """Resets and failure naming over ``envs``; :class:`~fastlight.sampling.collector.Collector`
+    builds on it (its ``__init__`` sets every attribute annotated here)."""
+
+    envs: list[gym.Env]
+    mode: str
+    seed: int
+    nonfinite: str
+    heartbeat: Callable[[], None]
+    reset_cost: float | None
+    _pool: ThreadPoolExecutor
+    _seeded: bool
+    _obs: list[Any] | None
+    _eps: list[Episode]
+    _ahead: tuple[RolloutStats, float] | None
+
+    @property
+    def num_envs(self) -> int:
+        return len(self.envs)
+
+    def reset_ahead(self) -> None:
+        """Do the next ``dpsa``/``sgr`` cycle's global reset now, while the sampler has nothing else
+        to do (a strictly on-policy sampler waiting for the trainer's next weights).
+
+        The reset does not depend on the policy, so the cycle that follows is the same as with the
+        reset at its start (same seeds, same observations); its time still counts in that cycle's
+        ``reset_time`` and ``wall_time``. A second call before that cycle is a no-op; in
+        ``autoreset`` mode, which has no global reset between rounds, it does nothing.
+        """
+        if self.mode not in ("dpsa", "sgr") or self._ahead is not None:
+            return
+        stats = RolloutStats()
+        t0 = time.perf_counter()
+        self._reset(range(self.num_envs), stats)
+        self._ahead = (stats, time.perf_counter() - t0)
+
+    def discard_ahead(self) -> None:
+        """Forget a reset done ahead (its tasks were drawn from task weights since replaced): the
+        next cycle resets again at its start."""
+        self._ahead = None
+
+    def _global_reset(self, stats: RolloutStats) -> float:
+        """A cycle's global reset: now, or the one reset_ahead() did; returns the seconds that one
+        took (0.0 for a reset done now, whose time the cycle's own clock covers)."""
+        if self._ahead is None:
+            self._reset(range(self.num_envs), stats)
+            return 0.0
+        ahead, seconds = self._ahead
+        self._ahead = None
+        stats.reset_time += ahead.reset_time
+        stats.dropped_nonfinite += ahead.dropped_nonfinite
+        return seconds
+
+    def _reset(self, indices: Sequence[int], stats: RolloutStats) -> None:
+        """Reset the given envs concurrently (I/O-bound scenario loads overlap)."""
+        if self._obs is None:
+            self._obs = [None] * self.num_envs
+            self._eps = [Episode() for _ in self.envs]
+
+        def one(i: int) -> tuple[int, Any, dict, int, float]:
+            seed = None if self._seeded else self.seed + i
+            dropped = 0
+            t = time.perf_counter()
+            try:
+                obs, info = self.envs[i].reset(seed=seed)
+                cost = time.perf_counter() - t
+                self.heartbeat()
+                # Under "drop", a reset with NaN / inf has no episode yet: drop it and reset again (the
+                # env's RNG has moved on, so the next start differs).
+                while self.nonfinite == "drop" and not is_finite(obs) and dropped < RESET_RETRIES:
+                    dropped += 1
+                    obs, info = self.envs[i].reset()
+                    self.heartbeat()
+            except Exception as e:
+                raise self._env_error(i, e, reset=True) from e
+            return i, obs, info, dropped, cost
+
+        t0 = time.perf_counter()
+        # One env alone resets inline: there is nothing to overlap it with. Several go to the pool
+        # only while resets are slow (see POOL_RESET_S); autoreset mode resets envs every few steps.
+        pooled = len(indices) > 1 and (self.reset_cost is None or self.reset_cost >= POOL_RESET_S)
+        results = self._pool.map(one, indices) if pooled else map(one, indices)
+        for i, obs, info, dropped, cost in results:
+            # 0.9/0.1 mean: a scenario-load env stays on the pool after one fast reset.
+            self.reset_cost = cost if self.reset_cost is None else 0.9 * self.reset_cost + 0.1 * cost
+            self._obs[i] = obs
+            self._eps[i] = Episode(task_id=int(info.get("task_id", 0)))
+            stats.dropped_nonfinite += dropped
+            where = f"{dropped + 1} resets in a row" if dropped else "reset"
+            self._check_finite(i, f"observation (from {where})", obs)
+        stats.reset_time += time.perf_counter() - t0
+        if len(indices) == self.num_envs:
+            self._seeded = True
+
+    def _check_finite(self, i: int, what: str, value: Any) -> None:
+        """Stop at the env that produced a NaN / inf, before it reaches a loss or the weights.
+
+        Checked where values enter (every step, every reset): later, a NaN shows up only as a
+        torch error in an update, naming neither the env nor the step.
+        """
+        if is_finite(value):
+            return
+        raise NonFiniteError(
+            f"{self._where(i)} returned a non-finite {what} at episode step {self._eps[i].step}: "
+            f"{preview(value)}"
+        )
+
+    def _where(self, i: int) -> str:
+        env = self.envs[i]
+        name = env.spec.id if env.spec is not None else type(env.unwrapped).__name__
+        return f"env {name} (index {i} of this sampler, seed {self.seed + i})"
+
+    def _env_error(self, i: int, error: Exception, *, reset: bool = False) -> EnvError:
+        """Env ``i``'s own exception, named: which env of which seed, and where in its episode (a
+        bare traceback from inside an env says neither)."""
+        when = "in reset" if reset else f"at episode step {self._eps[i].step + 1}"
+        return EnvError(f"{self._where(i)} raised {type(error).__name__} {when}: {error}")
+
+    def _shape_error(self, indices: Sequence[int], error: ObservationShapeError) -> ObservationShapeError:
+        """The env whose observation does not stack with the others' (``indices``: the envs whose
+        observations were stacked, in that order), judged by each env's observation space."""
+        spaces = [self.envs[i].observation_space for i in indices]
+        odd = odd_observation([self._obs[i] for i in indices], spaces)
+        j, shape, others = odd if odd is not None else (error.index, error.shape, error.others)
+        i = indices[j]
+        return ObservationShapeError(
+            f"{self._where(i)} returned an observation of shape {shape} at episode step {self._eps[i].step}; "
+            f"the others have shape {others} (its observation_space: {self.envs[i].observation_space})",
+            i,
+            shape,
+            others,
+        )
