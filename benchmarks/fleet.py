@@ -45,6 +45,7 @@ def trial(fleet: Any, args: argparse.Namespace, workers: int) -> dict[str, float
     dm = RolloutDataModule(
         env_id=args.env_id, env_kwargs=json.loads(args.env_kwargs), num_envs=workers * args.envs_per_worker,
         num_workers=workers, max_horizon=args.max_horizon, fleet=fleet, start_method="spawn", seed=0,
+        rank_rounds="apart",  # the same sampling on both fleets (Ray cannot end rounds together)
     )  # fmt: skip
     module = SimpleNamespace(policy=MLPActorCritic(dm.obs_dim, dm.action_dim, continuous=dm.continuous),
                              policy_version=0)  # fmt: skip

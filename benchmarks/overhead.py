@@ -2,7 +2,7 @@
 
     python -m benchmarks.overhead --config configs/highway_dpsa.yaml --pairs 3
     python -m benchmarks.overhead --out benchmarks/results/overhead.json --pairs 3 --batches 24
-    python -m benchmarks.overhead --variants 'sampler=' 'rank=--data.truncation_scope=rank'
+    python -m benchmarks.overhead --variants 'apart=--data.rank_rounds=apart' 'together='
 
 The raw ceiling is what the machine can do with the env alone: ``num_workers`` processes (the
 run's sampler count), each stepping its share of the run's ``num_envs`` envs (split as the
@@ -349,7 +349,7 @@ def parse_variant(text: str) -> tuple[str, str | None, list[str]]:
     name, _, tree = head.partition("@")
     if not sep or not name or name.startswith("-"):
         raise ValueError(
-            "--variants entries are NAME[@DIR]=OVERRIDES (e.g. rank=--data.truncation_scope=rank), "
+            "--variants entries are NAME[@DIR]=OVERRIDES (e.g. apart=--data.rank_rounds=apart), "
             f"got {text!r}"
         )
     if tree and not os.path.isfile(os.path.join(tree, "benchmarks", "overhead.py")):
@@ -374,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
         nargs="+",
         default=["config="],
         help="NAME=OVERRIDES fits compared side by side (order alternates between pairs), e.g. "
-        "'sampler=' 'rank=--data.truncation_scope=rank'",
+        "'apart=--data.rank_rounds=apart' 'together='",
     )
     p.add_argument("--out", help="write the results JSON here")
     a, extra = p.parse_known_args(argv)

@@ -157,7 +157,7 @@ class RolloutStats:
     #: mode): their mean is what ``termination_threshold: auto`` chose.
     threshold_sum: float = 0.0
     #: Rounds the trainer cut at their next step for the batch they would have missed
-    #: (``--data.cut_in_flight``, :mod:`fastlight.sampling.cut_requests`).
+    #: (``--data.rank_rounds`` in an asynchronous run, :mod:`fastlight.sampling.round_signal`).
     cut_in_flight: int = 0
 
     def merge(self, other: RolloutStats) -> RolloutStats:

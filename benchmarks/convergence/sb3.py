@@ -87,7 +87,7 @@ class Sb3RunConfig:
 
 class EnvFactory:
     """A picklable ``() -> env`` for ``SubprocVecEnv``: ``make_env`` + ``ScenarioLoadCost`` when set
-    (what :func:`fastlight.sampling.worker.build_envs` builds for fastlight's samplers)."""
+    (what :meth:`fastlight.sampling.bundle.SamplerConfig.build_envs` builds for fastlight's samplers)."""
 
     def __init__(self, env_id: str, scenario_load_cost_s: float) -> None:
         self.env_id = env_id

@@ -64,6 +64,7 @@ class RunConfig:
             "seed": self.seed,
             "steps_per_epoch": 1_000_000,
             "faults": FaultSettings(worker_timeout_s=300.0),
+            "rank_rounds": "apart",  # each process's clips alone, as the recorded runs were measured
         }
 
 

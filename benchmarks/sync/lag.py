@@ -1,7 +1,7 @@
 """Policy lag of the asynchronous highway run, with its effective throughput, side by side.
 
     python -m benchmarks.sync.lag --rounds 2 --minutes 4
-    python -m benchmarks.sync.lag --variants 'before=--data.cut_in_flight=false' 'cut='
+    python -m benchmarks.sync.lag --variants 'before=--data.rank_rounds=apart' 'cut='
 
 Each variant is one real ``fastlight fit --config configs/highway_dpsa.yaml --data.inference '{}'
 --data.max_staleness 1 --data.prefetch 2 --trainer.callbacks+ WeightSync`` of ``--minutes``
@@ -14,7 +14,7 @@ row per update:
 - ``perf/effective_tps`` (valid steps per second of trainer wall clock, ``RolloutThroughput``),
   its mean over updates, and the valid steps consumed in the whole run (same length, same
   start-up): a lag of 0 bought by idle samplers would show here;
-- ``rollout/cut_in_flight``: rounds cut for the batch (``--data.cut_in_flight``).
+- ``rollout/cut_in_flight``: rounds cut for the batch (``--data.rank_rounds``).
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="how to launch fastlight (shell words)")  # fmt: skip
     p.add_argument("--rounds", type=int, default=2, help="one run per variant per round")
     p.add_argument("--minutes", type=float, default=4.0, help="--trainer.max_time of each run")
-    p.add_argument("--variants", nargs="+", default=["before=--data.cut_in_flight=false", "cut="],
+    p.add_argument("--variants", nargs="+", default=["before=--data.rank_rounds=apart", "cut="],
                    help="NAME=OVERRIDES (shell words), compared side by side")  # fmt: skip
     p.add_argument("--out", help="write the results JSON here (and the table next to it, .md)")
     a = p.parse_args(argv)

@@ -16,15 +16,15 @@ def test_settings_come_from_the_config_then_overrides_then_defaults(tmp_path):
 
 
 def test_variants_parse_and_bad_ones_say_the_form():
-    assert parse_variant("rank=--data.truncation_scope=rank --seed_everything=1") == (
-        "rank",
+    assert parse_variant("apart=--data.rank_rounds=apart --seed_everything=1") == (
+        "apart",
         None,
-        ["--data.truncation_scope=rank", "--seed_everything=1"],
+        ["--data.rank_rounds=apart", "--seed_everything=1"],
     )
     assert parse_variant("config=") == ("config", None, [])
     assert parse_variant("here@.=--seed_everything=2") == ("here", ".", ["--seed_everything=2"])
     with pytest.raises(ValueError, match=r"--variants entries are NAME\[@DIR\]=OVERRIDES"):
-        parse_variant("--data.truncation_scope=rank")
+        parse_variant("--data.rank_rounds=apart")
     with pytest.raises(ValueError, match="variant old: /nonexistent has no benchmarks/overhead.py"):
         parse_variant("old@/nonexistent=")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import lightning as L
@@ -17,7 +18,7 @@ from fastlight.fleet.start import check_start_method
 from fastlight.inference.settings import InferenceSettings
 from fastlight.procs import spare_threads, usable_cores
 from fastlight.sampling.collector_settings import check_collector_settings
-from fastlight.sampling.shared_cut import TRUNCATION_SCOPES, rank_scope_blockers
+from fastlight.sampling.round_signal import RANK_ROUNDS, together_blockers
 
 
 def check_data_settings(args: dict[str, Any]) -> None:
@@ -51,37 +52,37 @@ def check_data_settings(args: dict[str, Any]) -> None:
         raise ValueError(f"--data.trainer_threads must be null (auto) or >= 1, got {threads}")
     if args["max_staleness"] < 0:
         raise ValueError(f"--data.max_staleness must be >= 0, got {args['max_staleness']}")
-    check_truncation_scope(args)
-    if args["cut_in_flight"] and args["max_staleness"] == 0:
-        raise ValueError(
-            "--data.cut_in_flight true needs --data.max_staleness >= 1 (a strictly on-policy sampler "
-            "waits for new weights after each round: no round is in flight to cut), got 0; use null or false"
-        )
+    check_rank_rounds(args)
     check_type("inference", args["inference"], InferenceSettings, optional=True)
     check_type("faults", args["faults"], FaultSettings)
     check_env_wrappers(args["env_wrappers"] or ())
 
 
-def check_truncation_scope(args: dict[str, Any]) -> None:
-    """``--data.truncation_scope rank`` shares one DPSA termination rate between the samplers of a
-    strictly on-policy rank (:mod:`fastlight.sampling.shared_cut`); refuse what it cannot mean
-    (``auto`` falls back to ``sampler`` there instead)."""
-    scope = args["truncation_scope"]
-    if scope not in TRUNCATION_SCOPES:
-        allowed = ", ".join(TRUNCATION_SCOPES)
-        raise ValueError(f"--data.truncation_scope must be one of {allowed}, got {scope!r}")
-    if scope != "rank":
+def check_rank_rounds(args: dict[str, Any]) -> None:
+    """``--data.rank_rounds together`` ends a rank's rounds together through the trainer machine's
+    memory (:mod:`fastlight.sampling.round_signal`); refuse what it cannot mean (``auto`` falls back to
+    ``apart`` there instead)."""
+    value = args["rank_rounds"]
+    if value not in RANK_ROUNDS:
+        raise ValueError(f"--data.rank_rounds must be one of {', '.join(RANK_ROUNDS)}, got {value!r}")
+    if value != "together":
         return
-    for flag, (value, allowed) in truncation_blockers(args).items():
+    fleet = args["fleet"]
+    if not fleet.shared_memory:
         raise ValueError(
-            f"--data.truncation_scope rank needs {flag} {allowed} (the rank's samplers must sample "
-            f"the same cycles on the same weights), got {value!r}; --data.truncation_scope auto uses "
-            "rank only where it can"
+            f"--data.rank_rounds together signals through the trainer machine's memory, which "
+            f"{type(fleet).__name__}'s samplers cannot read: use auto or apart"
+        )
+    for flag, (value, allowed) in rank_rounds_blockers(args).items():
+        raise ValueError(
+            f"--data.rank_rounds together with --data.max_staleness 0 shares one termination rate, "
+            f"which needs {flag} {allowed} (the rank's samplers must sample the same cycles on the same "
+            f"weights), got {value!r}; --data.rank_rounds auto ends them together only where it can"
         )
 
 
-def truncation_blockers(args: dict[str, Any]) -> dict[str, tuple[object, str]]:
-    return rank_scope_blockers(
+def rank_rounds_blockers(args: Mapping[str, Any]) -> dict[str, tuple[object, str]]:
+    return together_blockers(
         reset_mode=args["reset_mode"],
         max_staleness=args["max_staleness"],
         termination_threshold=args["termination_threshold"],

@@ -34,7 +34,7 @@ from fastlight.data.data_settings import (
 from fastlight.data.env_spec import EnvSpec, task_names_of
 from fastlight.data.prefetch import Prefetcher
 from fastlight.data.protocols import ChecksEnvSpec, RolloutPolicyModule, require
-from fastlight.data.sampler_plan import resolve_cut_in_flight, resolve_truncation_scope, sampler_configs
+from fastlight.data.sampler_plan import resolve_rounds, sampler_configs
 from fastlight.data.tickets import StepTickets
 from fastlight.envs.registry import make_env
 from fastlight.envs.wrappers import EnvWrapper, wrap_env
@@ -44,10 +44,10 @@ from fastlight.fleet.pool import LocalFleet
 from fastlight.fleet.start import StartMethod, resolve_start_method
 from fastlight.inference.settings import InferenceSettings
 from fastlight.rank_state import PER_RANK_KEY, counters_for_rank, gather_per_rank, per_rank_entries, world
+from fastlight.sampling.bundle import SamplerConfig
 from fastlight.sampling.collector_settings import Nonfinite, ResetMode
 from fastlight.sampling.obs import obs_to_tensor, stack_obs
-from fastlight.sampling.shared_cut import TruncationScope
-from fastlight.sampling.worker import SamplerConfig
+from fastlight.sampling.round_signal import RankRounds
 from fastlight.weights.publisher import SyncStats
 
 __all__ = ["EnvSpec", "RolloutDataModule", "StepTickets", "cpu_copy"]
@@ -83,22 +83,18 @@ class RolloutDataModule(L.LightningDataModule):
             compare at equal data per update (FAST §Experiments).
         max_staleness: 0 = strictly on-policy; k = accept data up to k versions old (older data is
             dropped and counted as ``rollout/dropped_stale``).
-        truncation_scope: whose clips DPSA's termination rate counts. ``sampler`` (default):
-            each sampler's own, so the same seeds give the same cycles. ``rank``: every clip of the
-            rank's local samplers, as FAST §DPSA counts "terminated clips among all clips": the
-            samplers truncate together, so a strictly on-policy trainer no longer waits for the
-            slowest one while the others idle (:mod:`fastlight.sampling.shared_cut`). Needs
-            ``dpsa``/``sgr``, ``max_staleness: 0``, a fixed threshold and the local fleet; the cut
-            then depends on the processes' relative speed (not reproducible bit for bit).
-            ``auto``: ``rank`` where those hold, ``sampler`` elsewhere (what ``highway_dpsa.yaml``
-            sets, so its ``--data.max_staleness 1`` or ``autoreset`` variants still run).
-        cut_in_flight: with ``max_staleness`` above 0, when a training step's super-batch is
-            complete the other samplers end the round they are sampling at their next step
-            (unified truncation: clips still running are truncated and bootstrapped) and the
-            batch takes those rounds too, so their steps are not a version old when the next
-            batch is trained on (:mod:`fastlight.sampling.cut_requests`; ``rollout/cut_in_flight``
-            counts them). ``None`` (default): on where it can work (``max_staleness`` above 0,
-            the local fleet); ``false``: those rounds go into the next batch, as before.
+        rank_rounds: whether the rank's samplers end their rounds together
+            (:mod:`fastlight.sampling.round_signal`). ``together``: with ``max_staleness: 0``, DPSA's
+            termination rate counts every clip of the rank, as FAST §DPSA counts "terminated clips
+            among all clips", so the samplers truncate together and the trainer no longer waits for
+            the slowest one while the others idle (needs ``dpsa``/``sgr`` and a fixed threshold);
+            with ``max_staleness`` above 0, once a training step's super-batch is complete the other
+            samplers end the round they are sampling at their next step (unified truncation: clips
+            still running are truncated and bootstrapped) and the batch takes those rounds, so
+            their steps are not a version old in the next batch (``rollout/cut_in_flight`` counts
+            them). Either way the local fleet only, and the cuts depend on the processes' relative
+            speed (not reproducible bit for bit). ``apart``: each sampler ends its own rounds (the
+            same seeds give the same cycles). ``auto`` (default): ``together`` where it can work.
         prefetch: super-batches the background prefetcher keeps ready (AcceRL §prefetch).
         trainer_threads: torch intra-op threads of the trainer once its samplers start. ``None``
             (default): the cores its local samplers leave (:meth:`thread_plan`), at least 1;
@@ -142,8 +138,7 @@ class RolloutDataModule(L.LightningDataModule):
         cycles_per_step: int = 1,
         valid_steps_per_step: int | None = None,
         max_staleness: int = 0,
-        truncation_scope: TruncationScope = "sampler",
-        cut_in_flight: bool | None = None,
+        rank_rounds: RankRounds = "auto",
         prefetch: int = 2,
         trainer_threads: int | None = None,
         inference: InferenceSettings | None = None,
@@ -160,16 +155,6 @@ class RolloutDataModule(L.LightningDataModule):
         self.env_wrappers: tuple[EnvWrapper, ...] = tuple(env_wrappers or ())
         self.inference, self.faults = inference, faults
         check_data_settings(locals())
-        if truncation_scope == "rank" and not fleet.shared_memory:
-            raise ValueError(
-                f"--data.truncation_scope rank shares the termination rate in the trainer machine's memory, "
-                f"which {type(fleet).__name__}'s samplers cannot read: use sampler or auto"
-            )
-        if cut_in_flight and not fleet.shared_memory:
-            raise ValueError(
-                f"--data.cut_in_flight true asks the samplers through the trainer machine's memory, which "
-                f"{type(fleet).__name__}'s samplers cannot read: use null or false"
-            )
         self.save_hyperparameters()
         self._plain_settings()
         probe = make_env(env_id, env_kwargs=env_kwargs)
@@ -243,16 +228,10 @@ class RolloutDataModule(L.LightningDataModule):
         )
 
     @property
-    def cut_in_flight(self) -> bool:
-        """``--data.cut_in_flight``, with ``None`` resolved: on for an asynchronous run
-        (``max_staleness`` above 0) of the local fleet."""
-        return resolve_cut_in_flight(self.hparams, shared_memory=self.fleet.shared_memory)
-
-    @property
-    def truncation_scope(self) -> str:
-        """``sampler`` or ``rank``: ``--data.truncation_scope``, with ``auto`` resolved for this
-        run's settings and fleet (:func:`~fastlight.sampling.shared_cut.resolve_scope`)."""
-        return resolve_truncation_scope(self.hparams, shared_memory=self.fleet.shared_memory)
+    def rank_rounds(self) -> str:
+        """``together`` or ``apart``: ``--data.rank_rounds``, with ``auto`` resolved for this run's
+        settings and fleet (:func:`~fastlight.sampling.round_signal.resolve_rank_rounds`)."""
+        return resolve_rounds(self.hparams, shared_memory=self.fleet.shared_memory)
 
     @property
     def env_seed(self) -> int:
@@ -322,8 +301,13 @@ class RolloutDataModule(L.LightningDataModule):
             items_per_batch=self.pool.num_workers,
             max_staleness=self.hparams.max_staleness,
             depth=self.hparams.prefetch,
-            cut_in_flight=self.pool.cut_in_flight if self.cut_in_flight else None,
+            cut_in_flight=self.pool.cut_in_flight if self._cuts_in_flight() else None,
         ).start()
+
+    def _cuts_in_flight(self) -> bool:
+        """Whether a completed batch cuts the other samplers' rounds in flight: their rounds end
+        together in an asynchronous run."""
+        return self.rank_rounds == "together" and self.hparams.max_staleness > 0
 
     def max_valid_per_rollout(self) -> int:
         """The most valid transitions one training step's Rollout can hold on this rank."""

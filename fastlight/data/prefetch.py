@@ -5,9 +5,9 @@ stacks ``rollouts_per_step`` of them into a super-batch, keeping up to ``depth``
 training step only takes a ready batch; the time it waits is reported as
 ``perf/data_wait_ms`` and should be near zero when sampling keeps up.
 
-With ``cut_in_flight`` (an asynchronous run's ``--data.cut_in_flight``) a completed batch also
-takes the rounds the other samplers were sampling, cut at their next step, for at most
-``CUT_WAIT_S`` (:mod:`fastlight.sampling.cut_requests`).
+With ``cut_in_flight`` (an asynchronous run whose ``--data.rank_rounds`` are together) a completed
+batch also takes the rounds the other samplers were sampling, cut at their next step, for at most
+``CUT_WAIT_S`` (:mod:`fastlight.sampling.round_signal`).
 
 Staleness is checked twice: items older than the bound are dropped when they arrive, and a
 ready batch that went stale while it waited (the trainer updated meanwhile) is dropped when

@@ -1,32 +1,25 @@
 """The sampler processes one rank runs, as a pure function of ``RolloutDataModule``'s settings
 (:meth:`~fastlight.data.datamodule.RolloutDataModule.sampler_configs`): how the envs, seeds and
-valid-step budget are split between them, and which round-ending rules they follow."""
+valid-step budget are split between them, and whether they end their rounds together."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from typing import Any
 
-from fastlight.data.data_settings import truncation_blockers
+from fastlight.data.data_settings import rank_rounds_blockers
 from fastlight.envs.wrappers import EnvWrapper
-from fastlight.sampling.shared_cut import resolve_scope
-from fastlight.sampling.worker import SamplerConfig
+from fastlight.sampling.bundle import SamplerConfig
+from fastlight.sampling.round_signal import resolve_rank_rounds
 
 
-def resolve_cut_in_flight(settings: Mapping[str, Any], *, shared_memory: bool) -> bool:
-    """``--data.cut_in_flight`` with ``None`` resolved: on for an asynchronous run (``max_staleness``
-    above 0) whose samplers share the trainer machine's memory."""
-    if settings["cut_in_flight"] is not None:
-        return bool(settings["cut_in_flight"])
-    return settings["max_staleness"] > 0 and shared_memory
-
-
-def resolve_truncation_scope(settings: Mapping[str, Any], *, shared_memory: bool) -> str:
-    """``sampler`` or ``rank``: ``--data.truncation_scope`` with ``auto`` resolved
-    (:func:`~fastlight.sampling.shared_cut.resolve_scope`)."""
-    return resolve_scope(
-        settings["truncation_scope"], blockers=truncation_blockers(settings), shared_memory=shared_memory
+def resolve_rounds(settings: Mapping[str, Any], *, shared_memory: bool) -> str:
+    """``together`` or ``apart``: ``--data.rank_rounds`` with ``auto`` resolved
+    (:func:`~fastlight.sampling.round_signal.resolve_rank_rounds`)."""
+    return resolve_rank_rounds(
+        settings["rank_rounds"], blockers=rank_rounds_blockers(settings), shared_memory=shared_memory
     )
 
 
@@ -40,34 +33,28 @@ def sampler_configs(
 ) -> list[SamplerConfig]:
     """One :class:`SamplerConfig` per sampler of trainer rank ``rank``.
 
-    ``settings``: the DataModule's constructor arguments by name; ``seed``: the base env seed
-    (each sampler's is offset by rank and index, so no two clips of a run share one);
+    ``settings``: the DataModule's constructor arguments by name; a ``SamplerConfig`` field named
+    like one of them takes its value as it is, the others are derived here. ``seed``: the base env
+    seed (each sampler's is offset by rank and index, so no two clips of a run share one);
     ``shared_memory``: whether the fleet's samplers share the trainer machine's memory.
     """
     s = settings
+    same = {f.name: s[f.name] for f in dataclasses.fields(SamplerConfig) if f.name in s}
     base, extra = divmod(s["num_envs"], s["num_workers"])
-    scope = resolve_truncation_scope(s, shared_memory=shared_memory)
-    cut = resolve_cut_in_flight(s, shared_memory=shared_memory)
-    return [
-        SamplerConfig(
-            env_id=s["env_id"],
-            num_envs=base + (w < extra),
-            env_kwargs=dict(s["env_kwargs"] or {}),
-            reset_mode=s["reset_mode"],
-            termination_threshold=s["termination_threshold"],
-            max_horizon=s["max_horizon"],
-            rollout_steps=s["rollout_steps"],
-            cycles_per_step=s["cycles_per_step"],
-            min_valid_steps=share(s["valid_steps_per_step"], base + (w < extra), s["num_envs"]),
-            max_staleness=s["max_staleness"],
-            env_wrappers=env_wrappers,
-            seed=seed + 10_000 * rank + 1_000 * w,
-            nonfinite=s["nonfinite"],
-            truncation_scope=scope,
-            cut_in_flight=cut,
-        )
-        for w in range(s["num_workers"])
-    ]
+    rounds = resolve_rounds(s, shared_memory=shared_memory)
+    configs = []
+    for w in range(s["num_workers"]):
+        envs = base + (w < extra)
+        derived = {
+            "num_envs": envs,
+            "env_kwargs": dict(s["env_kwargs"] or {}),
+            "env_wrappers": env_wrappers,
+            "seed": seed + 10_000 * rank + 1_000 * w,
+            "min_valid_steps": share(s["valid_steps_per_step"], envs, s["num_envs"]),
+            "rank_rounds": rounds,
+        }
+        configs.append(SamplerConfig(**(same | derived)))
+    return configs
 
 
 def share(total: int | None, envs: int, all_envs: int) -> int:

@@ -38,7 +38,7 @@ from fastlight.fleet.restarts import SamplerError, spend_restart
 from fastlight.inference.settings import InferenceSettings
 from fastlight.procs import HeartbeatLimits
 from fastlight.rollout import Rollout
-from fastlight.sampling.worker import SamplerConfig
+from fastlight.sampling.bundle import SamplerConfig
 from fastlight.weights.publisher import SyncStats
 
 #: How often (seconds) ``next_item`` looks for dead and silent samplers.
@@ -136,8 +136,8 @@ class SamplerFleet(ABC):
     def cut_in_flight(self, timeout: float) -> list[Rollout]:
         """A training step's batch just completed: ask every sampler but the one whose item completed
         it to end its round at its next step, and return the Rollouts that arrive within ``timeout``
-        seconds (``--data.cut_in_flight``, :mod:`fastlight.sampling.cut_requests`). A fleet that
-        cannot ask returns none; the DataModule refuses the setting for it."""
+        seconds (``--data.rank_rounds`` in an asynchronous run, :mod:`fastlight.sampling.round_signal`).
+        A fleet that cannot ask returns none; the DataModule refuses ``together`` for it."""
         return []
 
     @abstractmethod
@@ -209,7 +209,7 @@ class Fleet(ABC):
     """The ``--data.fleet`` setting: where a rank's samplers run.
 
     ``shared_memory``: whether its samplers run on the trainer's machine and can share memory with
-    it and each other (``--data.truncation_scope auto`` then shares DPSA's termination rate).
+    it and each other (``--data.rank_rounds auto`` then ends their rounds together).
     """
 
     shared_memory: bool = False

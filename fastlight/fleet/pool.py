@@ -45,10 +45,9 @@ from fastlight.inference.settings import InferenceSettings
 from fastlight.models.base import check_policy
 from fastlight.procs import Liveness, MemorySample, StopFlag, children_ignore_stop_signals
 from fastlight.rollout import Rollout
-from fastlight.sampling.cut_requests import CutRequests, rounds_to_cut
-from fastlight.sampling.shared_cut import SharedCut
-from fastlight.sampling.task_weights import SharedTaskWeights
-from fastlight.sampling.worker import SamplerConfig, rollout_from_numpy, sampler_main
+from fastlight.sampling.bundle import RankHandles, SamplerConfig
+from fastlight.sampling.round_signal import rounds_to_cut
+from fastlight.sampling.worker import rollout_from_numpy, sampler_main
 from fastlight.weights.publisher import SyncStats, WeightPublisher, WeightSource
 from fastlight.weights.shared_memory import SharedWeights
 
@@ -115,17 +114,9 @@ class SamplerPool(SamplerFleet):
             self.publisher, self.weights = self.shared, self.shared
         else:
             self.publisher, self.weights = self.client, self.client.weights_source()
-        self.task_weights = SharedTaskWeights(self.ctx)
-        # --data.truncation_scope rank: DPSA's termination rate over all these samplers' clips.
-        rank_wide = [c.truncation_scope == "rank" for c in configs]
-        if any(rank_wide) and not all(rank_wide):
-            raise ValueError("truncation_scope must be the same for every sampler of a rank")
-        self.shared_cut = SharedCut(self.ctx, [c.num_envs for c in configs]) if all(rank_wide) else None
-        # --data.cut_in_flight: the trainer asks for rounds in flight when a batch completes.
-        cutting = [c.cut_in_flight for c in configs]
-        if any(cutting) and not all(cutting):
-            raise ValueError("cut_in_flight must be the same for every sampler of a rank")
-        self.cut_requests = CutRequests(self.ctx, len(configs)) if all(cutting) else None
+        # What the samplers share with the trainer and each other: task weights, the round signal.
+        self.handles = RankHandles(self.ctx, configs)
+        self.task_weights = self.handles.task_weights
         self._last_sender: int | None = None  # the sampler whose item next_item handed out last
         # When each sampler's last item arrived (its next round began then) and its usual round
         # length (a running mean of the gaps), for cut_in_flight.
@@ -164,23 +155,11 @@ class SamplerPool(SamplerFleet):
         policy = self.policy if self.client is None else self.client.remote_policy(i, self.policy)
         receive, send = self.ctx.Pipe(duplex=False)
         liveness = Liveness(self.ctx, self.heartbeat_limits)
+        bundle = self.handles.bundle(
+            i, cfg, policy=policy, weights=self.weights, beat=liveness.beat, stop=self.stop_event
+        )
         p = self.ctx.Process(
-            target=sampler_main,
-            args=(
-                i,
-                cfg,
-                policy,
-                self.weights,
-                send,
-                liveness,
-                self.stop_event,
-                os.getpid(),
-                self.task_weights,
-                self.shared_cut.view(i) if self.shared_cut is not None else None,
-                self.cut_requests.view(i) if self.cut_requests is not None else None,
-            ),
-            name=f"fastlight-sampler-{i}",
-            daemon=True,
+            target=sampler_main, args=(bundle, send, os.getpid()), name=f"fastlight-sampler-{i}", daemon=True
         )
         p.start()
         # Only the sampler holds the write end now: when it dies, the reader sees EOF, even in
@@ -265,8 +244,9 @@ class SamplerPool(SamplerFleet):
         """Ask every sampler but the last item's sender to end its round at its next step and take
         one item from each of them (or what arrives within ``timeout`` seconds; a round that comes
         later goes into the next batch). Which samplers: :func:`rounds_to_cut`; see
-        :mod:`fastlight.sampling.cut_requests`."""
-        if self.cut_requests is None:
+        :mod:`fastlight.sampling.round_signal`."""
+        rounds = self.handles.rounds
+        if rounds is None or rounds.shared_rate:
             return []
         asked = rounds_to_cut(
             [s.index for s in self.samplers],
@@ -275,7 +255,7 @@ class SamplerPool(SamplerFleet):
             round_s=self._round_s,
             now=time.monotonic(),
         )
-        self.cut_requests.request(asked)
+        rounds.request(asked)
         waiting = set(asked)
         out: list[Rollout] = []
         deadline = time.monotonic() + timeout

@@ -24,8 +24,8 @@ def rollout_metrics(rollout: Rollout, *, current_version: int) -> dict[str, Tens
     ``policy_lag`` = current version - behaviour version (AcceRL §staleness); 0 when on-policy.
     ``rollout/valid_steps`` counts env steps (episode lengths too); with action chunks the valid
     transitions, one per chunk, are ``rollout/policy_steps``.
-    ``rollout/cut_in_flight`` counts the rounds the trainer cut for this batch
-    (``--data.cut_in_flight``). ``perf/termination_threshold`` is the mean DPSA threshold of the
+    ``rollout/cut_in_flight`` counts the rounds the trainer cut for this batch (``--data.rank_rounds``,
+    asynchronous runs). ``perf/termination_threshold`` is the mean DPSA threshold of the
     Rollout's cycles (what ``--data.termination_threshold auto`` chose; the setting itself otherwise).
     """
     out: dict[str, Tensor] = {}

@@ -134,8 +134,8 @@ def plan_buckets(module: nn.Module | Sequence[tuple[str, torch.Tensor]], bucket_
     if direct_mb is not None and direct_mb <= 0:
         raise ValueError(f"direct_mb must be > 0 (or None: pack everything), got {direct_mb}")
     entries = sync_entries(module) if isinstance(module, nn.Module) else list(module)
-    if not entries:
-        raise ValueError("plan_buckets: the module has no trainable parameters or floating buffers to sync")
+    # No entries (a fixed policy without trainable parameters: a random baseline, a scripted
+    # expert) is an empty layout: publishing it sends only the version.
     cap = int(bucket_mb * 2**20)
     direct_min = None if direct_mb is None else direct_mb * 2**20
     order: dict[torch.dtype, list[int]] = {}

@@ -121,21 +121,19 @@ def test_sampler_hard_crash_is_restarted_then_reported_with_exit_code():
         ({"prefetch": 0}, "--data.prefetch must be > 0, got 0"),
         ({"nonfinite": "nan"}, "--data.nonfinite must be one of raise | drop, got 'nan'"),
         ({"start_method": "fork"}, "--data.start_method must be null, spawn or forkserver, got 'fork'"),
+        ({"rank_rounds": "node"}, "--data.rank_rounds must be one of auto, together, apart, got 'node'"),
         (
-            {"truncation_scope": "node"},
-            "--data.truncation_scope must be one of sampler, rank, auto, got 'node'",
+            {"rank_rounds": "together", "reset_mode": "autoreset"},
+            "--data.rank_rounds together with --data.max_staleness 0 shares one termination rate, which "
+            "needs --data.reset_mode dpsa or sgr",
         ),
         (
-            {"truncation_scope": "rank", "max_staleness": 1},
-            r"--data.truncation_scope rank needs --data.max_staleness 0 \(.*\), got 1",
+            {"rank_rounds": "together", "termination_threshold": "auto"},
+            "--data.rank_rounds together with .* needs --data.termination_threshold a number, not auto",
         ),
         (
-            {"truncation_scope": "rank", "reset_mode": "autoreset"},
-            "--data.truncation_scope rank needs --data.reset_mode dpsa or sgr",
-        ),
-        (
-            {"truncation_scope": "rank", "termination_threshold": "auto"},
-            "--data.truncation_scope rank needs --data.termination_threshold a number, not auto",
+            {"rank_rounds": "together", "cycles_per_step": 65},
+            r"--data.rank_rounds together with .* needs --data.cycles_per_step <= 64 \(.*\), got 65",
         ),
     ],
 )

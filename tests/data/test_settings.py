@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import threading
 from time import sleep as real_sleep
 from types import SimpleNamespace
@@ -12,19 +13,24 @@ from fastlight.data.datamodule import RolloutDataModule
 from fastlight.envs import ScenarioLoadCost, scenario_cost
 from fastlight.procs import seed_everything
 from fastlight.rollout import Rollout
-from fastlight.sampling.collector import POOL_RESET_S
-from fastlight.sampling.worker import build_collector
+from fastlight.sampling.bundle import RankHandles
+from fastlight.sampling.collector import POOL_RESET_S, Collector
 from tests.policies import ObsValuePolicy
 
 FIXED = "tests.fake_envs:FixedLength-v0"
 
 
 def sample(dm: RolloutDataModule, worker: int = 0, rank: int = 0, policy=None) -> Rollout:
-    """What sampler ``worker`` of ``rank`` pushes for one step (same code path as the process)."""
-    cfg = dm.sampler_configs(rank)[worker]
+    """What sampler ``worker`` of ``rank`` pushes for one step (the process's Collector, built from its
+    bundle; the cycles are its own: no other sampler runs)."""
+    configs = dm.sampler_configs(rank)
+    cfg = configs[worker]
     seed_everything(cfg.seed)
-    c = build_collector(cfg, worker)
     policy = policy or ObsValuePolicy()
+    handles = RankHandles(mp.get_context("spawn"), configs)
+    c = Collector.for_sampler(
+        handles.bundle(worker, cfg, policy=policy, weights=None, beat=lambda: None, stop=threading.Event())
+    )
     return Rollout.cat_time([c.collect(policy) for _ in range(cfg.cycles_per_step)])
 
 

@@ -30,8 +30,8 @@ from fastlight.inference.settings import InferenceSettings
 from fastlight.modules.rl_module import RLModule
 from fastlight.procs import alive, children_ignore_stop_signals, descendants, parent_pid
 from fastlight.rollout import Rollout
+from fastlight.sampling.bundle import SamplerConfig
 from fastlight.sampling.obs import obs_to_tensor, stack_obs
-from fastlight.sampling.worker import SamplerConfig
 from tests.faults.test_cli_faults import assert_no_orphans, child_env, command, last_line, wait_for_training
 
 pytestmark = [pytest.mark.multiproc]

@@ -19,8 +19,8 @@ from fastlight.envs.registry import make_env
 from fastlight.fleet.faults import FaultSettings
 from fastlight.fleet.pool import SamplerError, SamplerPool
 from fastlight.inference.settings import InferenceSettings
+from fastlight.sampling.bundle import SamplerConfig
 from fastlight.sampling.obs import obs_to_tensor, stack_obs
-from fastlight.sampling.worker import SamplerConfig
 from tests.faults.test_worker_restarts import items_of, policy, until_restarted
 from tests.lightning_helpers import wait_no_children
 

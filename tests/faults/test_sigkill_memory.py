@@ -15,7 +15,7 @@ from fastlight.fleet.faults import FaultSettings
 from fastlight.fleet.pool import SamplerError, SamplerPool
 from fastlight.models.mlp import MLPActorCritic
 from fastlight.procs import exit_note, sample_memory
-from fastlight.sampling.worker import SamplerConfig
+from fastlight.sampling.bundle import SamplerConfig
 from tests.lightning_helpers import wait_no_children
 
 HOG = "tests.sampling.error_envs:MemoryHog-v0"

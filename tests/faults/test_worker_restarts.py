@@ -16,7 +16,7 @@ from fastlight.fleet.faults import FaultSettings
 from fastlight.fleet.pool import SamplerError, SamplerPool
 from fastlight.modules.rl_module import RLModule
 from fastlight.procs import descendants, spawned_descendants
-from fastlight.sampling.worker import SamplerConfig
+from fastlight.sampling.bundle import SamplerConfig
 from tests.lightning_helpers import wait_no_children
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]

@@ -29,7 +29,7 @@ if __name__ == "__main__":
     from fastlight.models.mlp import MLPActorCritic
     from fastlight.fleet.faults import FaultSettings
     from fastlight.fleet.pool import SamplerPool
-    from fastlight.sampling.worker import SamplerConfig
+    from fastlight.sampling.bundle import SamplerConfig
 
     net = MLPActorCritic(3, 2)
     out = {"trainer": fastlight.__file__}

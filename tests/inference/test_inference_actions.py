@@ -15,8 +15,8 @@ from fastlight.envs.registry import make_env
 from fastlight.fleet.pool import SamplerPool
 from fastlight.inference.settings import InferenceSettings
 from fastlight.models.action_mapping import BinsToActions, ClampActions
+from fastlight.sampling.bundle import SamplerConfig
 from fastlight.sampling.obs import obs_to_tensor, stack_obs
-from fastlight.sampling.worker import SamplerConfig
 from tests.lightning_helpers import wait_no_children
 from tests.policies import GreedyMLP, GreedyVLA
 

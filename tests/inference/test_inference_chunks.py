@@ -9,8 +9,8 @@ import torch
 from fastlight.envs.registry import make_env
 from fastlight.fleet.pool import SamplerPool
 from fastlight.inference.settings import InferenceSettings
+from fastlight.sampling.bundle import SamplerConfig
 from fastlight.sampling.obs import obs_to_tensor, stack_obs
-from fastlight.sampling.worker import SamplerConfig
 from tests.lightning_helpers import wait_no_children
 from tests.policies import GreedyVLA
 

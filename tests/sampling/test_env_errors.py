@@ -14,9 +14,9 @@ from fastlight.envs.registry import make_env
 from fastlight.fleet.faults import FaultSettings
 from fastlight.fleet.pool import SamplerError, SamplerPool
 from fastlight.models.mlp import MLPActorCritic
+from fastlight.sampling.bundle import SamplerConfig
 from fastlight.sampling.collector import Collector
 from fastlight.sampling.obs import ObservationShapeError, stack_obs
-from fastlight.sampling.worker import SamplerConfig
 from tests.lightning_helpers import wait_no_children
 from tests.sampling import error_envs
 

@@ -187,3 +187,22 @@ def test_direct_tensors_arrive_in_place_bit_for_bit() -> None:
         if proc.is_alive():
             proc.kill()
             proc.join()
+
+
+def test_a_policy_without_parameters_publishes_its_version_only():
+    """A fixed policy (a random baseline, a scripted expert) has nothing to sync: an empty layout,
+    and shared memory still carries the version a sampler waits for."""
+    import multiprocessing as mp
+
+    from torch import nn
+
+    from fastlight.weights.buckets import plan_buckets
+    from fastlight.weights.shared_memory import SharedWeights
+
+    fixed = nn.Module()
+    layout = plan_buckets(fixed)
+    assert layout.slots == () and layout.buckets == () and layout.nbytes == 0
+    shared = SharedWeights(fixed, mp.get_context("spawn"))
+    assert shared.version == -1
+    shared.publish(fixed, 3)
+    assert shared.load_into(nn.Module()) == 3

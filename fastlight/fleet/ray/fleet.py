@@ -6,10 +6,10 @@ plus ``sampler_resources``, e.g. ``{sim: 1}`` to place them on the nodes that ad
 Ray is imported here only, when the fleet starts (``pip install 'fastlight[ray]'``).
 
 What is the same as the local fleet (:class:`~fastlight.fleet.pool.SamplerPool`), because it is
-the same code: an actor builds its envs and its :class:`~fastlight.sampling.collector.Collector` with
-:func:`~fastlight.sampling.worker.build_collector` from the rank's
-:class:`~fastlight.sampling.worker.SamplerConfig` (reset mode, seeds, ``nonfinite``, wrappers) and
-runs the sampler process's own loop (:func:`fastlight.sampling.worker._loop`): newest weights at the
+the same code: an actor builds its envs and its :class:`~fastlight.sampling.collector.Collector` from
+the rank's :class:`~fastlight.sampling.bundle.SamplerConfig` (reset mode, seeds, ``nonfinite``,
+wrappers) and runs the sampler process's own loop (:func:`fastlight.sampling.worker.run_sampler` on
+its :class:`~fastlight.sampling.bundle.SamplerBundle`): newest weights at the
 start of a round, and with ``max_staleness 0`` no round on weights older than the current version;
 DWR task weights before each round (:class:`~fastlight.sampling.task_weights.SharedTaskWeights`).
 The trainer side hands the DataModule's prefetcher one Rollout at a time, so the version tag,
@@ -71,7 +71,7 @@ from fastlight.inference.settings import InferenceSettings
 from fastlight.models.base import check_policy
 from fastlight.procs import Liveness
 from fastlight.rollout import Rollout
-from fastlight.sampling.worker import SamplerConfig
+from fastlight.sampling.bundle import SamplerConfig
 from fastlight.weights.publisher import SyncStats
 
 Strategy = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
@@ -152,11 +152,10 @@ class RayFleet(Fleet):
         faults: FaultSettings,
         start_method: str,
     ) -> RaySamplerFleet:
-        if any(c.truncation_scope == "rank" for c in configs):
+        if any(c.rank_rounds == "together" for c in configs):
             raise ValueError(
-                "--data.truncation_scope rank shares the termination rate in the trainer machine's "
-                "memory, which Ray actors on other nodes cannot read: use --data.truncation_scope "
-                "sampler with --data.fleet RayFleet"
+                "--data.rank_rounds together signals through the trainer machine's memory, which Ray "
+                "actors on other nodes cannot read: use --data.rank_rounds apart with --data.fleet RayFleet"
             )
         if inference is not None:
             device = inference.worker_device(trainer_device)

@@ -1,8 +1,8 @@
 """The sampler actor of :class:`~fastlight.fleet.ray.fleet.RayFleet`: one sampler inside a Ray actor.
 
-It runs the sampler process's own code (:func:`~fastlight.sampling.worker.build_collector`, the loop
-:func:`fastlight.sampling.worker._loop`); what differs from a local sampler is where its weights and
-its Rollouts go: :class:`ActorWeights` is its :class:`~fastlight.weights.publisher.WeightSource` (the
+It runs the sampler process's own code (:func:`~fastlight.sampling.worker.run_sampler` on a
+:class:`~fastlight.sampling.bundle.SamplerBundle`); what differs from a local sampler is where its weights
+and its Rollouts go: :class:`ActorWeights` is its :class:`~fastlight.weights.publisher.WeightSource` (the
 newest object ref the trainer sent, fetched when a round starts on it; :class:`StoreWeights` is the
 trainer's end, the same pack / unpack as every weight path), :class:`Handoff` its outbox
 (one finished item, taken by the trainer's ``next_rollout`` call). Ray itself is imported only inside
@@ -15,7 +15,6 @@ import multiprocessing as mp
 import os
 import queue
 import threading
-import traceback
 import warnings
 from typing import Any
 
@@ -24,8 +23,9 @@ from torch import nn
 
 from fastlight.fleet.ray.inference_actor import RayServedVersion
 from fastlight.procs import seed_everything
+from fastlight.sampling.bundle import SamplerBundle, SamplerConfig
 from fastlight.sampling.task_weights import SharedTaskWeights
-from fastlight.sampling.worker import SamplerConfig, _loop, build_collector
+from fastlight.sampling.worker import run_sampler
 from fastlight.weights.buckets import (
     ONE_BUCKET_PER_DTYPE_MB,
     BucketLayout,
@@ -124,8 +124,6 @@ class SamplerActor:
     ) -> None:
         seed_everything(cfg.seed)
         torch.set_num_threads(1)
-        self.index, self.cfg = index, cfg
-        self.policy = policy.eval()
         # With an inference actor (``served``, its handle) ``policy`` is a RayServedPolicy: the actor
         # holds the weights, and the version is the actor's.
         self.weights: WeightSource = RayServedVersion(served) if served is not None else ActorWeights()
@@ -137,6 +135,11 @@ class SamplerActor:
         self.stop_event = threading.Event()
         self.outbox = Handoff()
         self.beats = 0  # signs of progress, sent with every answer (the trainer's Liveness of it)
+        # In-process handles; a rank-wide round signal needs shared memory (RayFleet refuses it).
+        self.bundle = SamplerBundle(
+            index=index, config=cfg, policy=policy, weights=self.weights, beat=self._beat,
+            stop=self.stop_event, task_weights=self.task_weights,
+        )  # fmt: skip
         threading.Thread(target=self._run, daemon=True, name="fastlight-sampler").start()
 
     def _beat(self) -> None:
@@ -144,16 +147,7 @@ class SamplerActor:
 
     def _run(self) -> None:
         self._beat()
-        collector = None
-        try:
-            collector = build_collector(self.cfg, self.index, heartbeat=self._beat)
-            _loop(self.cfg, collector, self.policy, self.weights, self.outbox, self._beat, self.stop_event,
-                  self.task_weights)  # fmt: skip
-        except Exception:
-            self.outbox.put(("error", self.index, traceback.format_exc()), self.stop_event, self._beat)
-        finally:
-            if collector is not None:
-                collector.close()
+        run_sampler(self.bundle, self.outbox)
 
     def info(self) -> tuple[str, str, int]:
         """Where it runs: (node id, node IP, pid)."""

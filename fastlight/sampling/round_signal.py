@@ -1,0 +1,204 @@
+"""A rank's samplers end their rounds together (``--data.rank_rounds``).
+
+One sampler per process ends its rounds on its own schedule, and the trainer, which needs one item
+from each for a training step, pays for the spread. :class:`RoundSignal` is the rank's shared word
+on when a round ends; ``--data.max_staleness`` picks which event sets it (the two never apply at
+once):
+
+- **Strictly on-policy** (``max_staleness 0``): DPSA's termination rate over every clip of the
+  rank. FAST §DPSA computes, at each timestep, "the proportion of terminated clips among all clips"
+  and truncates every clip once it passes the threshold. Each sampler counting only its own clips
+  ends its cycles apart: the trainer then waits for the slowest sampler while the others idle until
+  the next weights (``benchmarks/results/overhead.md``: 91 % of the raw env-stepping ceiling with
+  the shared rate, 76-81 % without). With it, all of them truncate within one step of each other. The
+  cut then depends on how fast the processes run relative to each other, so two runs with the same
+  seeds no longer give the same cycles (``apart`` does).
+- **Asynchronous** (``max_staleness`` above 0): the cut in flight. A sampler starts a new round as
+  soon as it has sent one, so when a training step's super-batch completes the other samplers are
+  part-way into their next round, and every step of those rounds sampled before the next publish
+  would reach the trainer one version old, in the batch after: that is where an asynchronous run's
+  policy lag comes from (``benchmarks/results/sync.md``, Run 5). The trainer asks every sampler but
+  the one whose item completed the batch to end its round at its next step (FAST §DPSA's unified
+  truncation: each clip still running is truncated and bootstrapped with V(s_{t+1}); in
+  ``autoreset`` mode the segment ends there, the episodes go on) and the batch takes those rounds
+  (Run 6: mean lag 0.31 -> 0.14 from the cut alone). A round that began only just before (less
+  than ``CUT_MIN_SHARE`` of its sampler's usual round) is left to finish.
+
+Shared memory, no messages. For the rate: two 64-bit slots per sampler hold ``cycle key << 16 | ended
+clips`` of its current cycle and of the one before (one aligned store each, so a reader never sees a
+key with another cycle's count), and one counter holds the highest cycle key that any sampler has cut.
+The previous cycle's slot matters when a sampler moves on before the others cut: all its clips ended
+(it has nothing left to truncate), and they still count in the rate of the cycle the others are
+finishing. A cycle's key is ``version * CYCLES + k`` for its ``k``-th cycle on policy ``version``, the
+same in every sampler of a strictly on-policy rank; once one sampler cuts a cycle, every sampler on
+that key cuts at its next step. For the cut in flight: one request counter per sampler; the trainer
+increments it to ask, the sampler reads it when its round begins and cuts once it has moved.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal, get_args
+
+#: ``--data.rank_rounds``: ``together`` (refused where it cannot work), ``apart`` (each sampler ends
+#: its own rounds: the same seeds give the same cycles), ``auto`` (``together`` where it can work).
+RankRounds = Literal["auto", "together", "apart"]
+RANK_ROUNDS: tuple[str, ...] = get_args(RankRounds)
+
+#: Cycle index bits of a key (``version * CYCLES + k``): at most this many cycles per version.
+CYCLES = 64
+_ENDED_BITS = 16
+_ENDED_MASK = (1 << _ENDED_BITS) - 1
+
+#: A round younger than this share of its sampler's usual round is left to finish: its few steps
+#: would cost its clips their progress (they are truncated, and reset for the next cycle). Rounds
+#: that end together (an aligned fleet) are then left alone; a cut aligns a fleet that is not.
+CUT_MIN_SHARE = 0.25
+
+
+def together_blockers(
+    *, reset_mode: str, max_staleness: int, termination_threshold: float | str, cycles_per_step: int
+) -> dict[str, tuple[object, str]]:
+    """The settings that keep a rank's samplers from ending their rounds together: flag -> (value,
+    what it must be). Only the shared rate (``max_staleness 0``) has any: its samplers must sample
+    the same cycles on the same weights (DPSA/SGR cycles, one fixed threshold); a cut in flight ends
+    any round."""
+    wrong: dict[str, tuple[object, str]] = {}
+    if max_staleness > 0:
+        return wrong
+    if reset_mode not in ("dpsa", "sgr"):
+        wrong["--data.reset_mode"] = (reset_mode, "dpsa or sgr")
+    if termination_threshold == "auto":
+        wrong["--data.termination_threshold"] = (termination_threshold, "a number, not auto")
+    if cycles_per_step > CYCLES:
+        wrong["--data.cycles_per_step"] = (cycles_per_step, f"<= {CYCLES}")
+    return wrong
+
+
+def resolve_rank_rounds(value: str, *, blockers: Mapping[str, object], shared_memory: bool) -> str:
+    """``together`` or ``apart``: ``auto`` is ``together`` where it can work (no blockers, samplers on
+    the trainer's machine) and ``apart`` elsewhere; the other two are themselves."""
+    if value != "auto":
+        return value
+    return "together" if not blockers and shared_memory else "apart"
+
+
+def cycle_key(version: int, k: int) -> int:
+    """The key of the ``k``-th cycle sampled on policy ``version`` (``0 <= k < CYCLES``)."""
+    if not 0 <= k < CYCLES:
+        raise ValueError(f"cycle index must be in [0, {CYCLES}), got {k}")
+    return version * CYCLES + k
+
+
+def rounds_to_cut(
+    samplers: Sequence[int],
+    *,
+    last_sender: int | None,
+    arrived: Mapping[int, float],
+    round_s: Mapping[int, float],
+    now: float,
+    min_share: float = CUT_MIN_SHARE,
+) -> list[int]:
+    """The samplers to ask when a batch completes: all but ``last_sender`` (its round began with
+    the item that completed the batch), and none whose round began (``arrived``: when its last item
+    came) less than ``min_share`` of its usual round length (``round_s``) ago. A sampler with no
+    item yet, or no round length yet, is asked."""
+    return [
+        i
+        for i in samplers
+        if i != last_sender and now - arrived.get(i, -math.inf) >= min_share * round_s.get(i, 0.0)
+    ]
+
+
+class RoundSignal:
+    """The shared words of one rank's samplers (the trainer's side); :meth:`view` is one sampler's.
+
+    Created by the trainer before the samplers start and passed to each in its
+    :class:`~fastlight.sampling.bundle.SamplerBundle`.
+
+    Args:
+        ctx: the multiprocessing context the samplers start with.
+        num_envs: clips of each sampler, by index.
+        shared_rate: ``max_staleness 0``: the rank's termination rate ends the cycles; otherwise the
+            trainer's :meth:`request` ends the rounds in flight.
+    """
+
+    def __init__(self, ctx: Any, num_envs: Sequence[int], *, shared_rate: bool) -> None:
+        if not num_envs or any(n < 1 or n > _ENDED_MASK for n in num_envs):
+            raise ValueError(f"RoundSignal needs 1..{_ENDED_MASK} clips per sampler, got {list(num_envs)}")
+        self.shared_rate = shared_rate
+        # [current cycle of sampler 0..W-1, previous cycle of sampler 0..W-1]
+        self.slots = ctx.RawArray("q", [-1] * (2 * len(num_envs)))
+        self.cut = ctx.Value("q", -1)  # with its lock: see RoundView.mark
+        self.requests = ctx.RawArray("q", [0] * len(num_envs))
+        self.total = int(sum(num_envs))
+
+    def request(self, indices: list[int]) -> None:
+        """Ask samplers ``indices`` to cut the round they are sampling (one writer: the trainer)."""
+        for i in indices:
+            self.requests[i] += 1
+
+    def view(self, index: int) -> RoundView:
+        return RoundView(self, index)
+
+
+class RoundView:
+    """Sampler ``index``'s side of its rank's :class:`RoundSignal`, used by its Collector every step."""
+
+    def __init__(self, signal: RoundSignal, index: int) -> None:
+        self.shared_rate, self.index, self.total = signal.shared_rate, index, signal.total
+        self.slots, self._cut, self._requests = signal.slots, signal.cut, signal.requests
+        self._prev = len(signal.requests) + index
+        self._since: int | None = None  # the request count when this sampler's round began
+
+    # ------------------------------------------------------------------ asynchronous: cut in flight
+    def start_round(self) -> None:
+        """A training step's round begins: a request from here on ends it (one before it was for the
+        round already sent)."""
+        self._since = int(self._requests[self.index])
+
+    def cut_asked(self) -> bool:
+        """Whether the trainer asked, since this round began, for the round under way."""
+        return self._since is not None and self._requests[self.index] > self._since
+
+    # ------------------------------------------------------------------ on-policy: the rank's rate
+    def begin(self, key: int) -> None:
+        """This sampler starts cycle ``key`` with no clip ended; its last cycle's count stays readable."""
+        last = self.slots[self.index]
+        # This order: a reader in between misses the last cycle's count for a moment (it cuts a
+        # step later), never counts it twice (which would cut early).
+        self.slots[self.index] = key << _ENDED_BITS
+        self.slots[self._prev] = last
+
+    def ended_fraction(self, key: int, ended: int) -> float:
+        """Record ``ended`` clips of this sampler in cycle ``key``; the fraction of the rank's clips
+        ended in that cycle (samplers not on ``key`` yet count their clips as running)."""
+        self.slots[self.index] = (key << _ENDED_BITS) | ended
+        n = 0
+        for value in self.slots[:]:
+            if value >= 0 and value >> _ENDED_BITS == key:
+                n += value & _ENDED_MASK
+        return n / self.total
+
+    def was_cut(self, key: int) -> bool:
+        """Whether some sampler has already cut cycle ``key`` (then this one cuts too)."""
+        return self._cut.value >= key
+
+    def mark(self, key: int) -> None:
+        """This sampler cut cycle ``key``: every sampler on it cuts at its next step."""
+        with self._cut.get_lock():  # a sampler one cycle behind must not lower a later key
+            if self._cut.value < key:
+                self._cut.value = key
+
+    def rank_cut(self, key: int, ended: int, reached: Callable[[float], bool]) -> bool:
+        """Whether cycle ``key`` ends at this step for the rank: some sampler cut it already, or the
+        rate over the rank's clips (with this sampler's ``ended``) is ``reached`` (then it is marked,
+        so the others cut at their next step)."""
+        fraction = self.ended_fraction(key, ended)
+        if self.was_cut(key):
+            return True
+        if reached(fraction):
+            self.mark(key)
+            return True
+        return False

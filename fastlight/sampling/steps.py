@@ -1,0 +1,160 @@
+"""One policy step of a :class:`~fastlight.sampling.collector.Collector` over its active envs, with
+action chunks, and how each env's step is recorded into the Rollout's row.
+
+**Action chunks.** With a policy whose action mapping is chunked
+(:class:`~fastlight.models.action_mapping.ChunkedActionMapping`, ``H`` env actions per call), each
+policy step executes every active env's chunk open-loop, up to ``H`` env steps, and records one
+transition per chunk (``step_rewards``, ``env_steps``: see :mod:`fastlight.rollout`). An env whose
+episode ends inside its chunk stops there and the rest of the chunk is dropped (in ``autoreset`` it
+resets and starts a fresh chunk at the next policy step). Every budget counts env steps, not
+chunks: ``max_horizon`` (the last chunk of a cycle is cut to what is left of it), ``rollout_steps``
+(``ceil(rollout_steps / H)`` policy steps), the episode lengths, the ``step`` index, the DPSA
+threshold's model and the stats' ``raw_steps`` / ``valid_steps``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from fastlight.models.base import Policy
+from fastlight.rollout import RolloutStats, success_after
+from fastlight.sampling.env_faults import is_finite
+from fastlight.sampling.episodes import ChunkResult, record
+from fastlight.sampling.obs import ObservationShapeError, action_to_env, obs_to_tensor, stack_obs
+from fastlight.sampling.resets import EnvResets
+from fastlight.sampling.rows import Row, RowBuffer, Step
+
+
+class EnvSteps(EnvResets):
+    """Acting and stepping over ``envs``; :class:`~fastlight.sampling.collector.Collector` builds on it
+    (its ``__init__`` sets every attribute annotated here and in :class:`EnvResets`)."""
+
+    _served: bool  # the current round's policy is served by the inference worker
+    _chunk: int | None  # the current round's policy acts in chunks of this many env steps
+
+    def _step_envs(self, policy: Policy, active: list[int], stats: RolloutStats, span: int = 1) -> Step:
+        """Act on the active envs and step them. Every env's observation is stacked once: the
+        row stores all of them (frozen ones for DPSA dummy steps), the policy sees the active ones.
+        With action chunks each env runs its chunk for at most ``span`` env steps (:meth:`_run_chunk`)."""
+        try:
+            all_obs = stack_obs(self._obs)
+        except ObservationShapeError as e:
+            raise self._shape_error(range(self.num_envs), e) from e.__cause__  # numpy's error
+        if len(active) < self.num_envs:
+            idx = np.asarray(active)
+            sel = {k: v[idx] for k, v in all_obs.items()} if isinstance(all_obs, dict) else all_obs[idx]
+        else:
+            sel = all_obs
+        step = torch.tensor([self._eps[i].step for i in active], dtype=torch.long)
+        out = policy.act(obs_to_tensor(sel), step=step)
+        env_actions = action_to_env(policy, out.actions)
+        results: list[tuple] = []
+        for j, i in enumerate(active):
+            if self._chunk is not None:
+                results.append(self._run_chunk(i, env_actions[j], span, stats))
+                continue
+            t0 = time.perf_counter()
+            try:
+                results.append(self.envs[i].step(env_actions[j]))
+            except Exception as e:
+                raise self._env_error(i, e) from e
+            stats.step_time += time.perf_counter() - t0
+            self.heartbeat()
+        # A remote policy reports the version of the weights that answered (may change mid-round).
+        version = policy.last_version if self._served else -1
+        return Step(all_obs, step, out, version, results)
+
+    def _run_chunk(self, i: int, chunk: Any, span: int, stats: RolloutStats) -> ChunkResult:
+        """Env ``i`` executes its action chunk ``[H, ...]`` open-loop for at most ``span`` env steps,
+        stopping where its episode ends (the rest of the chunk is dropped). Each step is checked and
+        counted as an unchunked step is, so a failure names its episode step."""
+        ep, env = self._eps[i], self.envs[i]
+        rewards: list[float] = []
+        info: dict = {}
+        for k in range(min(len(chunk), span)):
+            action = chunk[k]
+            t0 = time.perf_counter()
+            try:
+                nobs, reward, term, trunc, info = env.step(action.item() if np.ndim(action) == 0 else action)
+            except Exception as e:
+                raise self._env_error(i, e) from e
+            stats.step_time += time.perf_counter() - t0
+            self.heartbeat()
+            ep.step += 1
+            if self.nonfinite == "drop" and not (is_finite(reward) and is_finite(nobs)):
+                return ChunkResult(k + 1, rewards, False, False, info, dropped=True)
+            self._check_finite(i, "reward", reward)
+            self._check_finite(i, "observation", nobs)
+            rewards.append(float(reward))
+            ep.ret += float(reward)
+            ep.success = success_after(ep.success, info)
+            self._obs[i] = nobs
+            if term or trunc:
+                return ChunkResult(k + 1, rewards, bool(term), bool(trunc), info, dropped=False)
+        return ChunkResult(len(rewards), rewards, False, False, info, dropped=False)
+
+    def _advance(self, row: Row, i: int, result: tuple, rows: RowBuffer, stats: RolloutStats) -> bool:
+        """Record env ``i``'s step in ``row``; returns True if its episode ended (or was dropped)."""
+        if isinstance(result, ChunkResult):
+            return self._advance_chunk(row, i, result, rows, stats)
+        nobs, reward, term, trunc, info = result
+        ep = self._eps[i]
+        ep.transitions += 1
+        ep.step += 1  # the env's step count: the failing step is named by it (0 = the reset)
+        if self.nonfinite == "drop" and not (is_finite(reward) and is_finite(nobs)):
+            self._drop_episode(i, rows, stats)
+            return True
+        self._check_finite(i, "reward", reward)
+        self._check_finite(i, "observation", nobs)
+        row.set_step(i, float(reward), bool(term), bool(trunc))
+        ep.ret += float(reward)
+        ep.success = success_after(ep.success, info)
+        self._obs[i] = nobs
+        if term or trunc:
+            rows.episodes.append(record(ep, terminated=bool(term), truncated=bool(trunc), info=info))
+            return True
+        return False
+
+    def _advance_chunk(
+        self, row: Row, i: int, chunk: ChunkResult, rows: RowBuffer, stats: RolloutStats
+    ) -> bool:
+        """Record env ``i``'s executed chunk in ``row`` (the steps were counted by :meth:`_run_chunk`)."""
+        ep = self._eps[i]
+        ep.transitions += 1
+        if chunk.dropped:
+            self._drop_episode(i, rows, stats)
+            return True
+        row.set_chunk(i, chunk.rewards, chunk.terminated, chunk.truncated)
+        if chunk.terminated or chunk.truncated:
+            rows.episodes.append(
+                record(ep, terminated=chunk.terminated, truncated=chunk.truncated, info=chunk.info)
+            )
+            return True
+        return False
+
+    def _drop_episode(self, i: int, rows: RowBuffer, stats: RolloutStats) -> None:
+        """Env ``i``'s current episode becomes padding in this buffer (its steps here are the last
+        ``ep.transitions`` rows at most; earlier ones went out, finite, in an earlier Rollout). Its
+        frozen observation stays the last finite one, and no episode is recorded."""
+        for r in rows.rows[-min(self._eps[i].transitions, len(rows.rows)) :]:
+            r.invalidate(i)
+        stats.dropped_nonfinite += 1
+
+    def _bootstrap(self, policy: Policy, row: Row) -> None:
+        """V(s_{t+1}) for every env truncated in this row, in one batched critic call."""
+        idx = [i for i in range(self.num_envs) if row.truncated[i]]
+        if not idx:
+            return
+        # Called before any reset, so self._obs[i] is still s_{t+1} of the ended episode.
+        try:
+            obs = obs_to_tensor(stack_obs([self._obs[i] for i in idx]))
+        except ObservationShapeError as e:
+            raise self._shape_error(idx, e) from e.__cause__
+        step = torch.tensor([self._eps[i].step for i in idx], dtype=torch.long)
+        values = policy.value(obs, step=step)
+        for j, i in enumerate(idx):
+            row.bootstrap[i] = float(values[j])
