@@ -48,13 +48,29 @@ def rollout_from_numpy(r: Rollout) -> Rollout:
     return r.map(torch.from_numpy)
 
 
-class Outbox:
+class Handoff:
+    """One finished item at a time, handed over to whoever takes it (the Ray actor's trainer call,
+    or :class:`Outbox`'s sender thread); the sampler keeps beating while it waits."""
+
+    def __init__(self) -> None:
+        self.items: queue.Queue[Any] = queue.Queue(maxsize=1)
+
+    def put(self, item: Any, stop: Any, beat: Callable[[], None]) -> None:
+        while not stop.is_set():
+            try:
+                self.items.put(item, timeout=0.5)
+                return
+            except queue.Full:
+                beat()  # waiting on the trainer is not a hang
+
+
+class Outbox(Handoff):
     """Sends a sampler's messages through its pipe from a thread: a slow trainer that lets the pipe
     fill up blocks the send, not the sampler, which keeps beating while it waits to hand over."""
 
     def __init__(self, conn: Any) -> None:
+        super().__init__()
         self.conn = conn
-        self.items: queue.Queue[Any] = queue.Queue(maxsize=1)
         self.thread = threading.Thread(target=self._send, daemon=True, name="fastlight-outbox")
         self.thread.start()
 
@@ -64,14 +80,6 @@ class Outbox:
                 self.conn.send(item)
             except OSError:  # the trainer closed its end (it restarted or stopped this sampler)
                 return
-
-    def put(self, item: Any, stop: Any, beat: Callable[[], None]) -> None:
-        while not stop.is_set():
-            try:
-                self.items.put(item, timeout=0.5)
-                return
-            except queue.Full:
-                beat()  # waiting on the trainer is not a hang
 
     def close(self, timeout: float) -> None:
         """Let the last message (an error report) go out, for at most ``timeout`` seconds."""

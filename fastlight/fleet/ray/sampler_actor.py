@@ -4,8 +4,9 @@ It runs the sampler process's own code (:func:`~fastlight.sampling.worker.run_sa
 :class:`~fastlight.sampling.bundle.SamplerBundle`); what differs from a local sampler is where its weights
 and its Rollouts go: :class:`ActorWeights` is its :class:`~fastlight.weights.publisher.WeightSource` (the
 newest object ref the trainer sent, fetched when a round starts on it; :class:`StoreWeights` is the
-trainer's end, the same pack / unpack as every weight path), :class:`Handoff` its outbox
-(one finished item, taken by the trainer's ``next_rollout`` call). Ray itself is imported only inside
+trainer's end, the same pack / unpack as every weight path), a
+:class:`~fastlight.sampling.worker.Handoff` its outbox (one finished item, taken by the trainer's
+``next_rollout`` call). Ray itself is imported only inside
 the actor's methods: this module imports without it.
 """
 
@@ -25,7 +26,7 @@ from fastlight.fleet.ray.inference_actor import RayServedVersion
 from fastlight.procs import seed_everything
 from fastlight.sampling.bundle import SamplerBundle, SamplerConfig
 from fastlight.sampling.task_weights import SharedTaskWeights
-from fastlight.sampling.worker import run_sampler
+from fastlight.sampling.worker import Handoff, run_sampler
 from fastlight.weights.buckets import (
     ONE_BUCKET_PER_DTYPE_MB,
     BucketLayout,
@@ -92,21 +93,6 @@ class ActorWeights:
             buckets = [torch.from_numpy(a).view(b.dtype) for a, b in zip(arrays, layout.buckets, strict=True)]
         PackedWeights(layout, buckets).unpack(layout_tensors(policy, layout))
         return version
-
-
-class Handoff:
-    """The actor's outbox: one finished item, taken by the trainer's ``next_rollout`` call."""
-
-    def __init__(self) -> None:
-        self.items: queue.Queue[Any] = queue.Queue(maxsize=1)
-
-    def put(self, item: Any, stop: threading.Event, beat: Any) -> None:
-        while not stop.is_set():
-            try:
-                self.items.put(item, timeout=0.5)
-                return
-            except queue.Full:
-                beat()  # waiting on the trainer is not a hang
 
 
 class SamplerActor:
