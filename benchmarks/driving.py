@@ -12,7 +12,7 @@ for a briefly trained policy is often one action everywhere), each episode to it
 a crash or the env's time limit, no DPSA cut.
 The driving metrics (:mod:`fastlight.metrics.driving`) are read from the simulator after every
 step. For each metric, the difference B - A gets a leave-one-seed-out jackknife SE and the
-interval ``θ ± t(0.975, n - 1) · SE`` (:mod:`fastlight.stats.jackknife`). FAST reports "no
+interval ``θ ± t(0.975, n - 1) · SE`` (:mod:`benchmarks.stats.jackknife`). FAST reports "no
 degradation" when the interval covers zero. Writes ``PREFIX.md`` and ``PREFIX.json``.
 """
 
@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from benchmarks.convergence.snapshots import is_snapshot, load_snapshot
+from benchmarks.stats.jackknife import jackknife_ratio_difference
 from fastlight.checkpoints import read_checkpoint
 from fastlight.envs.registry import make_env
 from fastlight.evaluation import policy_act_fn, run_episodes
@@ -46,7 +47,6 @@ from fastlight.metrics.driving import (
     read_driving_state,
 )
 from fastlight.modules.loading import load_module
-from fastlight.stats.jackknife import jackknife_ratio_difference
 
 #: Metrics where a larger value is better (for the "favours" column); the rest: smaller is better.
 HIGHER_IS_BETTER = {"return", "min_ttc_s", "min_headway_m", "min_lateral_clearance_m", "efficiency"}

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import torch
 
-from fastlight.procs import alive, descendants, parent_pid, spawned_descendants, start_ticks
+from benchmarks.procfs import descendants, spawned_descendants, start_ticks
+from fastlight.procs import alive, parent_pid
 
 ROOT = Path.cwd()
 
@@ -87,7 +88,9 @@ def rows_logged(metrics: Path) -> int:
     return len(metrics.read_text().splitlines()) if metrics.is_file() else 0
 
 
-def recover(proc: subprocess.Popen, log: Path, metrics: Path, t0: float, timeout: float = 240.0) -> float | None:  # noqa: E501
+def recover(
+    proc: subprocess.Popen, log: Path, metrics: Path, t0: float, timeout: float = 240.0
+) -> float | None:  # noqa: E501
     """Seconds from ``t0`` until the run restarted a sampler and logged one more update after it;
     None if the run stopped instead."""
     while proc.poll() is None and time.monotonic() - t0 < timeout:
@@ -213,7 +216,10 @@ def main() -> None:
             "SIGSTOP sampler", r, "SAMPLER:SIGSTOP", ("--data.faults.heartbeat_s", "5")
         ),
         "env hangs in step": lambda r: run(
-            "env hangs in step", r, None, ("--data.faults.heartbeat_s", "5", "--trainer.max_steps", "40"),
+            "env hangs in step",
+            r,
+            None,
+            ("--data.faults.heartbeat_s", "5", "--trainer.max_steps", "40"),
             env_kwargs=json.dumps({"step_sleep": 0.02, "hang_at": 40, "hang_marker": str(r) + ".hang"}),
         ),
         "SIGKILL sampler, budget 0": lambda r: run(
@@ -223,16 +229,25 @@ def main() -> None:
             "SIGKILL inference worker", r, "INFERENCE:SIGKILL", ("--data.inference", "{}")
         ),
         "SIGKILL inference worker, budget 0": lambda r: run(
-            "SIGKILL inference worker, budget 0", r, "INFERENCE:SIGKILL",
+            "SIGKILL inference worker, budget 0",
+            r,
+            "INFERENCE:SIGKILL",
             ("--data.inference", "{}", "--data.faults.max_worker_restarts", "0"),
         ),
         "huge reward -> NaN loss": lambda r: run(
-            "huge reward -> NaN loss", r, None, ("--model.max_nonfinite_updates", "1"),
+            "huge reward -> NaN loss",
+            r,
+            None,
+            ("--model.max_nonfinite_updates", "1"),
             env_kwargs='{"step_sleep": 0.02, "nan_reward_at": 30, "nan_value": 3e38}',
         ),
-        "num_minibatches 1000": lambda r: run("num_minibatches 1000", r, None, ("--model.num_minibatches", "1000")),  # noqa: E501
+        "num_minibatches 1000": lambda r: run(
+            "num_minibatches 1000", r, None, ("--model.num_minibatches", "1000")
+        ),  # noqa: E501
         "forkserver SIGKILL with 4 samplers": lambda r: run(
-            "forkserver SIGKILL with 4 samplers", r, "FORKSERVER:SIGKILL",
+            "forkserver SIGKILL with 4 samplers",
+            r,
+            "FORKSERVER:SIGKILL",
             ("--data.num_workers", "4", "--data.num_envs", "4"),
         ),
         "DDP SIGTERM rank 1": lambda r: run("DDP SIGTERM rank 1", r, "RANK1:SIGTERM", ddp=True),
@@ -253,8 +268,10 @@ def main() -> None:
         rows.append(run("resume past max_steps", tmp / "past", None, past))
         lr = ("--ckpt_path", str(src), "--trainer.max_steps", str(step + 4), "--model.lr", "0.01")
         rows.append(run("resume --model.lr 0.01", tmp / "lr", None, lr))
-    print("| fault | exit code | seconds to stop / run wall time | seconds to recovery | updates lost | "
-          "restarts | rollouts dropped | skipped steps | orphans | tracebacks | line |")
+    print(
+        "| fault | exit code | seconds to stop / run wall time | seconds to recovery | updates lost | "
+        "restarts | rollouts dropped | skipped steps | orphans | tracebacks | line |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         rec = "-" if r["recovered"] is None else f"{r['recovered']:.1f}"

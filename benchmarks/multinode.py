@@ -35,8 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import REPO_ROOT, child_env
+from benchmarks.procfs import descendants
 from fastlight.plot import find_metrics, read_columns, wall_times
-from fastlight.procs import alive, descendants
+from fastlight.procs import alive
 
 ROOT = REPO_ROOT
 CONFIG = "configs/highway_dpsa.yaml"

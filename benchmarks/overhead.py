@@ -44,8 +44,8 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
+from benchmarks.procfs import cpu_seconds
 from fastlight.data.datamodule import RolloutDataModule
-from fastlight.procs import cpu_seconds
 from fastlight.rollout import Rollout
 
 #: The issue's target: training throughput over the raw ceiling.
@@ -349,8 +349,7 @@ def parse_variant(text: str) -> tuple[str, str | None, list[str]]:
     name, _, tree = head.partition("@")
     if not sep or not name or name.startswith("-"):
         raise ValueError(
-            "--variants entries are NAME[@DIR]=OVERRIDES (e.g. apart=--data.rank_rounds=apart), "
-            f"got {text!r}"
+            f"--variants entries are NAME[@DIR]=OVERRIDES (e.g. apart=--data.rank_rounds=apart), got {text!r}"
         )
     if tree and not os.path.isfile(os.path.join(tree, "benchmarks", "overhead.py")):
         raise ValueError(f"variant {name}: {tree} has no benchmarks/overhead.py (copy this file there)")

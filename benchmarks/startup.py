@@ -40,8 +40,9 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
+from benchmarks.procfs import cpu_seconds, memory_mb
 from fastlight.data.datamodule import RolloutDataModule
-from fastlight.procs import cpu_seconds, memory_mb, parent_pid
+from fastlight.procs import parent_pid
 
 _T0 = "FASTLIGHT_T0"
 _OUT = "FASTLIGHT_STARTUP_OUT"

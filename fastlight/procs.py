@@ -1,6 +1,6 @@
 """Process helpers every fastlight process shares: what a child does first (die with its trainer,
 ignore the stop signals, seed, limit threads), the shared stop flag and lock, the children's heartbeat
-(:class:`Liveness`), and the readers of Linux's ``/proc``.
+(:class:`Liveness`), and the readers of Linux's ``/proc`` it needs (the tests' and benchmarks' are ``benchmarks/procfs.py``).
 
 Used by the sampler processes (:mod:`fastlight.sampling.worker`), their pool
 (:mod:`fastlight.fleet.pool`), the inference worker and its client (:mod:`fastlight.inference`),
@@ -24,7 +24,6 @@ import time
 import types
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -270,7 +269,7 @@ class Liveness:
 # --- Linux /proc readers: every function returns None / False / empty where /proc cannot be read.
 
 
-def _stat(pid: int) -> list[str] | None:
+def stat_fields(pid: int) -> list[str] | None:
     """The fields of ``/proc/<pid>/stat`` after ``(comm)`` (a command name may hold spaces and
     parentheses): ``[0]`` state, ``[1]`` ppid, ``[11]`` utime, ``[12]`` stime, ``[19]`` starttime."""
     try:
@@ -282,7 +281,7 @@ def _stat(pid: int) -> list[str] | None:
 
 def parent_pid(pid: int) -> int | None:
     """The parent of process ``pid`` from ``/proc`` (Linux), or None where unreadable."""
-    fields = _stat(pid)
+    fields = stat_fields(pid)
     try:
         return int(fields[1]) if fields else None
     except (ValueError, IndexError):
@@ -291,82 +290,13 @@ def parent_pid(pid: int) -> int | None:
 
 def state(pid: int) -> str | None:
     """Process ``pid``'s one-letter state (``R``, ``S``, ``T`` stopped, ``Z`` zombie...), None if gone."""
-    fields = _stat(pid)
+    fields = stat_fields(pid)
     return fields[0] if fields else None
 
 
 def alive(pid: int) -> bool:
     """Whether process ``pid`` exists and is not a zombie (dead, not yet reaped)."""
     return state(pid) not in (None, "Z")
-
-
-def descendants(pid: int) -> set[int]:
-    """Every process below ``pid`` (children, grandchildren...), from ``/proc``'s parent links."""
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and (ppid := parent_pid(int(entry))) is not None:
-            parents[int(entry)] = ppid
-    out: set[int] = set()
-    frontier = {pid}
-    while frontier:
-        frontier = {c for c, p in parents.items() if p in frontier} - out
-        out |= frontier
-    return out
-
-
-def spawned_descendants(pid: int) -> list[int]:
-    """The processes below ``pid`` started by multiprocessing's spawn (samplers, the inference worker),
-    not its resource tracker, sorted by pid."""
-    out = []
-    for c in sorted(descendants(pid)):
-        try:
-            if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes():
-                out.append(c)
-        except OSError:
-            pass
-    return out
-
-
-def start_ticks(pid: int) -> int:
-    """When process ``pid`` started, in clock ticks since boot (``/proc/<pid>/stat`` field 22)."""
-    fields = _stat(pid)
-    if not fields:
-        raise ProcessLookupError(f"no process {pid} in /proc")
-    return int(fields[19])
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds process ``pid`` has used, from ``/proc/<pid>/stat``."""
-    fields = _stat(pid)
-    if not fields:
-        raise ProcessLookupError(f"no process {pid} in /proc")
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def memory_mb(pid: int) -> dict[str, float]:
-    """``VmRSS``, ``RssAnon``, ``RssFile``, ``RssShmem`` (``/proc/<pid>/status``) and ``Pss``
-    (``smaps_rollup``) in MB.
-
-    ``VmRSS`` is the sum of the three ``Rss*`` parts: anonymous memory (heap, copy-on-write pages
-    shared with a forkserver), file pages (shared libraries' code and data a process has touched)
-    and shared memory (the weight buffers). ``Pss`` charges each shared page (libtorch's code,
-    mapped by every sampler) to its sharers in equal parts: the memory one more sampler really
-    costs, where ``VmRSS`` counts them in full.
-    """
-    out: dict[str, float] = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            key = line.split(":", 1)[0]
-            if key in ("VmRSS", "RssAnon", "RssFile", "RssShmem"):
-                out[key] = int(line.split()[1]) / 1024
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
-            for line in f:
-                if line.startswith("Pss:"):
-                    out["Pss"] = int(line.split()[1]) / 1024
-    except OSError:  # kernels before 4.14 have no smaps_rollup
-        pass
-    return out
 
 
 @dataclass(frozen=True)

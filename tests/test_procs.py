@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from benchmarks.procfs import cpu_seconds, descendants, memory_mb, spawned_descendants, start_ticks
 from fastlight.procs import (
     STOP_SIGNALS,
     HeartbeatLimits,
@@ -20,12 +21,7 @@ from fastlight.procs import (
     OwnedLock,
     alive,
     children_ignore_stop_signals,
-    cpu_seconds,
-    descendants,
-    memory_mb,
     parent_pid,
-    spawned_descendants,
-    start_ticks,
     state,
 )
 

@@ -41,8 +41,8 @@ from benchmarks.convergence.race import race_to_peer_final, time_to_target
 from benchmarks.convergence.report import EVAL_SEED, SB3_LABEL, markdown, plot, target_lines
 from benchmarks.convergence.worker import PPO, RunConfig
 from benchmarks.sampling.procs import default_workers
+from benchmarks.stats.bootstrap import diff_of_means_ci, mean_ci, ratio_of_means_ci
 from fastlight.envs.registry import check_env_id
-from fastlight.stats.bootstrap import diff_of_means_ci, mean_ci, ratio_of_means_ci
 
 if TYPE_CHECKING:
     from benchmarks.convergence.sb3 import Sb3RunConfig
@@ -57,9 +57,7 @@ def sb3_available() -> bool:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m benchmarks.convergence", description=__doc__.split("\n")[0]
-    )
+    p = argparse.ArgumentParser(prog="python -m benchmarks.convergence", description=__doc__.split("\n")[0])
     p.add_argument("--env", default="highway-fast-v0", help="any gymnasium id (Discrete or Box actions)")
     p.add_argument(
         "--modes", nargs="+", default=list(MODES), help=f"from {', '.join(MODES)} (dpsaX: threshold X)"
@@ -150,9 +148,7 @@ def _check(args: argparse.Namespace) -> None:
 
 
 # ---------------------------------------------------------------------- training and evaluation
-def run_one(
-    cfg: RunConfig | Sb3RunConfig, worker: str = "benchmarks.convergence.worker"
-) -> dict[str, Any]:
+def run_one(cfg: RunConfig | Sb3RunConfig, worker: str = "benchmarks.convergence.worker") -> dict[str, Any]:
     """Train one run in a fresh process (its samplers or env processes are its children) with the
     ``worker`` module (:mod:`benchmarks.convergence.worker`, or :mod:`benchmarks.convergence.sb3` for
     the peer); returns its summary."""

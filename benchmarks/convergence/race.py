@@ -2,7 +2,7 @@
 final return sooner than the peer does.
 
 A run that never reaches the target has time ``inf`` (censored at its budget); the intervals over
-seeds are :mod:`fastlight.stats.bootstrap`'s, which keep such an ``inf`` visible.
+seeds are :mod:`benchmarks.stats.bootstrap`'s, which keep such an ``inf`` visible.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from fastlight.stats.bootstrap import mean_ci, ratio_of_means_ci
+from benchmarks.stats.bootstrap import mean_ci, ratio_of_means_ci
 
 
 def time_to_target(times: Sequence[float], returns: Sequence[float], target: float) -> float:

@@ -18,7 +18,7 @@ Statistics (all 95%):
 - the mean over tasks (the MT10 score): a stratified bootstrap
   (:func:`fastlight.stats.stratified_mean_ci`) that resamples episodes within each task, so every
   resample keeps the task mix fixed;
-- B - A between two policies: a paired stratified bootstrap (:func:`fastlight.stats.paired_diff_ci`)
+- B - A between two policies: a paired stratified bootstrap (:func:`benchmarks.stats.paired.paired_diff_ci`)
   that resamples the same episode indices for both policies, using the shared seeds to cancel goal
   difficulty.
 
@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.stats.paired import paired_diff_ci
 from fastlight.evaluation import (
     BatchActFn,
     per_task_outcomes,
@@ -50,7 +51,6 @@ from fastlight.evaluation import (
     probe_env,
 )
 from fastlight.rollout import EpisodeRecord
-from fastlight.stats.stratified import paired_diff_ci
 
 COMMAND = "python -m benchmarks.vla.eval"
 DEFAULT_ENV_ID = "fastlight/MetaWorld-v0"
@@ -440,9 +440,7 @@ def main(argv: list[str] | None = None) -> dict:
         p.error(str(e))
     task_names, image_mode = probe_env(env_id, env_kwargs)
     if not task_names:
-        p.error(
-            f"{env_id} is not a multi-task env (no task_names); this evaluates fastlight's Meta-World"
-        )
+        p.error(f"{env_id} is not a multi-task env (no task_names); this evaluates fastlight's Meta-World")
     for pol in policies:
         recorded = pol.meta.get("task_names")
         if recorded is not None and tuple(recorded) != task_names:

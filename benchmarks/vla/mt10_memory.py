@@ -40,8 +40,8 @@ from typing import Any
 import gymnasium as gym
 
 from benchmarks import child_env
+from benchmarks.procfs import descendants, memory_mb
 from fastlight.envs.wrappers import EnvWrapper
-from fastlight.procs import descendants, memory_mb
 
 COMMAND = "python -m benchmarks.vla.mt10_memory"
 CONFIG = "configs/vla_metaworld_mt10.yaml"

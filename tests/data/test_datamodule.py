@@ -13,11 +13,12 @@ import time
 import pytest
 import torch
 
+from benchmarks.procfs import descendants
 from fastlight.data.datamodule import RolloutDataModule
 from fastlight.fleet.faults import FaultSettings
 from fastlight.fleet.pool import SamplerError
 from fastlight.modules.rl_module import RLModule
-from fastlight.procs import alive, descendants, parent_pid
+from fastlight.procs import alive, parent_pid
 from tests.lightning_helpers import quiet_trainer, wait_no_children
 
 pytestmark = pytest.mark.multiproc

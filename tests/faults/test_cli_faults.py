@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks.procfs import descendants
 from fastlight.cli import cli_main
-from fastlight.procs import alive, descendants
+from fastlight.procs import alive
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = str(ROOT / "configs" / "highway_dpsa.yaml")

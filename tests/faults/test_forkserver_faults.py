@@ -22,13 +22,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks.procfs import descendants
 from fastlight.envs.registry import make_env
 from fastlight.fleet.faults import FaultSettings
 from fastlight.fleet.pool import SamplerError, SamplerPool
 from fastlight.fleet.start import PRELOAD, forkserver_pid
 from fastlight.inference.settings import InferenceSettings
 from fastlight.modules.rl_module import RLModule
-from fastlight.procs import alive, children_ignore_stop_signals, descendants, parent_pid
+from fastlight.procs import alive, children_ignore_stop_signals, parent_pid
 from fastlight.rollout import Rollout
 from fastlight.sampling.bundle import SamplerConfig
 from fastlight.sampling.obs import obs_to_tensor, stack_obs
@@ -187,8 +188,11 @@ def test_fit_stops_with_its_checkpoint_and_one_line_naming_a_killed_forkserver(t
     assert seconds < 60, seconds
     named = [line for line in text.splitlines() if f"forkserver (pid {server})" in line]
     assert len(named) == 1, named
-    assert re.search(rf"the forkserver \(pid {server}\) died, and with it the 4 samplers it forked \(pids "
-                     r"\d+, \d+, \d+, \d+\); a dead forkserver is not restarted$", named[0]), named[0]
+    assert re.search(
+        rf"the forkserver \(pid {server}\) died, and with it the 4 samplers it forked \(pids "
+        r"\d+, \d+, \d+, \d+\); a dead forkserver is not restarted$",
+        named[0],
+    ), named[0]
     assert "restarting" not in text, text[-3000:]
     stop = last_line(log)
     assert stop.startswith("fastlight: stopped by SamplerError at global step "), stop

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks.procfs import descendants
 from fastlight.checkpoints import verify_checksum
-from fastlight.procs import descendants
 from tests.faults.test_cli_faults import assert_no_orphans, child_env, command, last_line, wait_for_training
 from tests.faults.test_ddp_stop import assert_one_checkpoint_of_the_last_update
 

@@ -12,10 +12,10 @@ import time
 
 import pytest
 
+from benchmarks.procfs import descendants, spawned_descendants
 from fastlight.fleet.faults import FaultSettings
 from fastlight.fleet.pool import SamplerError, SamplerPool
 from fastlight.modules.rl_module import RLModule
-from fastlight.procs import descendants, spawned_descendants
 from fastlight.sampling.bundle import SamplerConfig
 from tests.lightning_helpers import wait_no_children
 
@@ -174,8 +174,11 @@ def test_fit_restarts_a_killed_sampler_and_stops_named_when_the_budget_is_spent(
     rc = proc.wait(timeout=120)
     text = log.read_text()
     assert rc == 1, text[-3000:]
-    assert re.search(rf"pid {second}, env tests.fake_envs:Fault-v0\) died with exit code -9; restart budget "
-                     r"exhausted: 1 restarts in the last 600 s", text), text[-3000:]
+    assert re.search(
+        rf"pid {second}, env tests.fake_envs:Fault-v0\) died with exit code -9; restart budget "
+        r"exhausted: 1 restarts in the last 600 s",
+        text,
+    ), text[-3000:]
     assert last_line(log).startswith("fastlight: stopped by SamplerError at global step ")
     assert_no_orphans(children)
     import torch

@@ -33,8 +33,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks.procfs import descendants
 from fastlight.checkpoints import verify_checksum
-from fastlight.procs import descendants
 from tests.faults.test_cli_faults import assert_no_orphans, child_env
 from tests.multinode.probe import weights_hash
 

@@ -455,7 +455,7 @@ def run_trainer_until_pids(address: str) -> tuple[subprocess.Popen, list[int], l
 
 @pytest.mark.slow
 def test_a_sigkilled_trainer_leaves_no_ray_process_of_the_instance_it_started():
-    from fastlight.procs import descendants
+    from benchmarks.procfs import descendants
 
     proc, actors, own, reaper = run_trainer_until_pids("none")
     try:

@@ -1,4 +1,4 @@
-"""fastlight.stats.jackknife: the leave-one-out standard errors against closed forms and a naive loop."""
+"""benchmarks.stats.jackknife: the leave-one-out standard errors against closed forms and a naive loop."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from fastlight.stats.jackknife import jackknife, jackknife_ratio_difference
+from benchmarks.stats.jackknife import jackknife, jackknife_ratio_difference
 
 
 def test_jackknife_se_of_the_mean_is_s_over_sqrt_n():

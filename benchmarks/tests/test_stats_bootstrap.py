@@ -1,4 +1,4 @@
-"""fastlight.stats.bootstrap: the intervals over independent samples against naive loops, and censoring."""
+"""benchmarks.stats.bootstrap: the intervals over independent samples against naive loops, and censoring."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from fastlight.stats.bootstrap import diff_of_means_ci, mean_ci, ratio_of_means_ci
+from benchmarks.stats.bootstrap import diff_of_means_ci, mean_ci, ratio_of_means_ci
 
 
 def _naive_quantile_lower_higher(xs: list[float], level: float) -> tuple[float, float]:
