@@ -14,8 +14,10 @@ plus ``n_bins`` ids, so the action tokens (the last ``n_bins`` ids, OpenVLA's co
 
 then ``fastlight fit --config configs/vla_metaworld_reach.yaml --model.policy.init_args.backbone
 runs/tiny_llava``. Architectures (:data:`ARCHITECTURES`): ``llava`` (CLIP vision tower + Llama, the
-layout of OpenVLA), ``paligemma`` (SigLIP + Gemma, tied embeddings) and ``idefics3`` (Idefics3's
-SigLIP-like tower, pixel-shuffle connector + Llama; SmolVLM's layout).
+layout of OpenVLA), ``paligemma`` (SigLIP + Gemma, tied embeddings), ``idefics3`` (Idefics3's
+SigLIP-like tower, pixel-shuffle connector + Llama; SmolVLM's layout; its processor splits an image
+into tiles plus a global view), ``qwen2_5_vl`` (Qwen2.5-VL: native-resolution patches and their grid,
+window attention, multimodal RoPE) and ``gemma3`` (SigLIP, pooled projector + Gemma3, tied).
 """
 
 from __future__ import annotations
@@ -29,15 +31,23 @@ import torch
 from fastlight.extras import import_extra
 
 #: The architectures :func:`save_tiny_vlm` builds.
-ARCHITECTURES = ("llava", "paligemma", "idefics3")
+ARCHITECTURES = ("llava", "paligemma", "idefics3", "qwen2_5_vl", "gemma3")
 
-#: Special tokens of each architecture's tokenizer (bos, eos, unk, pad, then the image tokens).
+#: Special tokens of each architecture's tokenizer (bos, eos, unk, pad, then the image tokens, the
+#: model's image placeholder first).
+_QWEN = {"bos": "<|im_start|>", "eos": "<|im_end|>", "unk": "<|endoftext|>", "pad": "<|pad|>"}
 _SPECIALS = {
     "llava": {"bos": "<s>", "eos": "</s>", "unk": "<unk>", "pad": "<pad>", "extra": ["<image>"]},
     "paligemma": {"bos": "<bos>", "eos": "<eos>", "unk": "<unk>", "pad": "<pad>", "extra": ["<image>"]},
     "idefics3": {
-        "bos": "<|im_start|>", "eos": "<|im_end|>", "unk": "<|endoftext|>", "pad": "<|pad|>",
-        "extra": ["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>"],
+        **_QWEN, "extra": ["<image>", "<fake_token_around_image>", "<end_of_utterance>", "<global-img>"],
+    },
+    "qwen2_5_vl": {
+        **_QWEN, "extra": ["<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>"],
+    },
+    "gemma3": {
+        "bos": "<bos>", "eos": "<eos>", "unk": "<unk>", "pad": "<pad>",
+        "extra": ["<image_soft_token>", "<start_of_image>", "<end_of_image>"],
     },
 }  # fmt: skip
 
@@ -69,7 +79,8 @@ def _tokenizer(arch: str, sentences: Sequence[str]) -> Any:
 
 
 def _processor(arch: str, tokenizer: Any, image_size: int, patch_size: int) -> Any:
-    """``arch``'s processor: its image processor (PIL backend) at ``image_size`` and the tokenizer."""
+    """``arch``'s processor (its image processor at ``image_size`` and the tokenizer), or for
+    ``qwen2_5_vl`` / ``gemma3`` the image processor alone (saved beside the tokenizer)."""
     t = import_extra("transformers", extra="vla", what="the tiny VLM processor")
     side = {"height": image_size, "width": image_size}
     if arch == "llava":
@@ -84,17 +95,25 @@ def _processor(arch: str, tokenizer: Any, image_size: int, patch_size: int) -> A
         ip = t.SiglipImageProcessorPil(size=side)
         ip.image_seq_length = (image_size // patch_size) ** 2
         return t.PaliGemmaProcessor(image_processor=ip, tokenizer=tokenizer)
-    ip = t.Idefics3ImageProcessorPil(
-        size={"longest_edge": image_size},
-        max_image_size={"longest_edge": image_size},
-        do_image_splitting=False,
+    if arch == "qwen2_5_vl":  # native resolution: any side that is a multiple of 2 patches, up to 2x
+        area = {"shortest_edge": (2 * patch_size) ** 2, "longest_edge": (2 * image_size) ** 2}
+        return t.Qwen2VLImageProcessorPil(
+            size=area, patch_size=patch_size, merge_size=2, temporal_patch_size=2
+        )
+    if arch == "gemma3":
+        return t.Gemma3ImageProcessorPil(size=side)
+    ip = (
+        t.Idefics3ImageProcessorPil(  # an image larger than the tower's side is cut into tiles + a global one
+            size={"longest_edge": 2 * image_size}, max_image_size={"longest_edge": image_size}
+        )
     )
     return t.Idefics3Processor(
         image_processor=ip, tokenizer=tokenizer, image_seq_len=(image_size // patch_size) ** 2 // 4
     )
 
 
-def _config(arch: str, vocab: int, image_token_id: int, image_size: int, patch_size: int, hidden: int) -> Any:
+def _config(arch: str, vocab: int, ids: list[int], image_size: int, patch_size: int, hidden: int) -> Any:
+    """``arch``'s config; ``ids`` are the ids of its image tokens (:data:`_SPECIALS`' ``extra``)."""
     t = import_extra("transformers", extra="vla", what="the tiny VLM config")
     vision = {
         "hidden_size": hidden, "intermediate_size": 2 * hidden, "num_hidden_layers": 2,
@@ -107,17 +126,39 @@ def _config(arch: str, vocab: int, image_token_id: int, image_size: int, patch_s
     if arch == "llava":
         return t.LlavaConfig(
             vision_config=t.CLIPVisionConfig(**vision), text_config=t.LlamaConfig(**text),
-            image_token_index=image_token_id, image_seq_length=(image_size // patch_size) ** 2,
+            image_token_index=ids[0], image_seq_length=(image_size // patch_size) ** 2,
         )  # fmt: skip
     if arch == "paligemma":
         gemma = t.GemmaConfig(**{**text, "num_key_value_heads": 1, "head_dim": hidden // 2})
         return t.PaliGemmaConfig(
-            vision_config=t.SiglipVisionConfig(**vision), text_config=gemma, image_token_index=image_token_id,
+            vision_config=t.SiglipVisionConfig(**vision), text_config=gemma, image_token_index=ids[0],
             projection_dim=hidden, hidden_size=hidden, vocab_size=vocab,
+        )  # fmt: skip
+    if arch == "qwen2_5_vl":
+        freqs = hidden // 4  # rotary frequencies of a head (2 heads), split into (time, row, column) sections
+        hw = 3 * freqs // 8  # Qwen2.5-VL's own split: [16, 24, 24] of 64
+        rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [freqs - 2 * hw, hw, hw]}
+        return t.Qwen2_5_VLConfig(
+            text_config={**text, "rope_parameters": rope, "bos_token_id": None, "eos_token_id": None},
+            image_token_id=ids[0], video_token_id=ids[1],
+            vision_start_token_id=ids[2], vision_end_token_id=ids[3],
+            vision_config={
+                "depth": 2, "hidden_size": hidden, "intermediate_size": 2 * hidden, "num_heads": 2,
+                "patch_size": patch_size, "out_hidden_size": hidden, "window_size": 2 * patch_size,
+                "fullatt_block_indexes": [1],
+            },
+        )  # fmt: skip
+    if arch == "gemma3":
+        gemma = t.Gemma3TextConfig(
+            **{**text, "num_key_value_heads": 1, "head_dim": hidden // 2}, query_pre_attn_scalar=hidden // 2
+        )
+        return t.Gemma3Config(
+            vision_config=t.SiglipVisionConfig(**vision), text_config=gemma, image_token_index=ids[0],
+            boi_token_index=ids[1], eoi_token_index=ids[2], mm_tokens_per_image=4,
         )  # fmt: skip
     return t.Idefics3Config(
         vision_config=t.Idefics3VisionConfig(**vision), text_config=t.LlamaConfig(**text),
-        image_token_id=image_token_id, scale_factor=2,
+        image_token_id=ids[0], scale_factor=2,
     )  # fmt: skip
 
 
@@ -134,13 +175,15 @@ def save_tiny_vlm(
     """Build a tiny random ``arch`` VLM (see :data:`ARCHITECTURES`) and save it with its processor.
 
     Args:
-        arch: ``llava``, ``paligemma`` or ``idefics3``.
-        folder: where to write (created); ``AutoModelForImageTextToText.from_pretrained(folder)`` and
-            ``AutoProcessor.from_pretrained(folder)`` load it back.
+        arch: one of :data:`ARCHITECTURES`.
+        folder: where to write (created); ``AutoModelForImageTextToText``, ``AutoImageProcessor`` and
+            ``AutoTokenizer`` load it back (and ``AutoProcessor``, but for ``qwen2_5_vl`` and ``gemma3``).
         sentences: the instructions the tokenizer is trained on.
         n_bins: free ids at the end of the vocabulary for the action tokens.
-        image_size: the vision tower's (square) input side; 16 patches per image (8 with ``idefics3``'s
-            connector, which merges 2x2 patches: 4).
+        image_size: the vision tower's (square) input side; 16 patches per image (``idefics3``'s
+            connector and ``qwen2_5_vl``'s merger merge 2x2 patches into a token, ``gemma3``'s projector
+            pools them into 4 tokens; ``qwen2_5_vl`` takes other sides too, ``idefics3`` cuts larger images
+            into ``image_size`` tiles).
         hidden_size: width of the vision tower and of the language model (2 layers each, 2 heads).
         seed: torch seed of the random weights.
 
@@ -159,11 +202,43 @@ def save_tiny_vlm(
     patch = image_size // 4
     tokenizer = _tokenizer(arch, sentences)
     processor = _processor(arch, tokenizer, image_size, patch)  # PaliGemma's adds its location tokens
-    vocab = len(processor.tokenizer) + n_bins
-    image_token_id = processor.tokenizer.convert_tokens_to_ids("<image>")
-    config = _config(arch, vocab, image_token_id, image_size, patch, hidden_size)
+    tokenizer = getattr(processor, "tokenizer", tokenizer)
+    vocab = len(tokenizer) + n_bins
+    ids = tokenizer.convert_tokens_to_ids(_SPECIALS[arch]["extra"])
+    config = _config(arch, vocab, ids, image_size, patch, hidden_size)
     torch.manual_seed(seed)
     model = t.AutoModelForImageTextToText.from_config(config)
+    if arch == "gemma3":  # its projector starts at zero (for fine-tuning): the image would not reach the LM
+        torch.nn.init.normal_(model.model.multi_modal_projector.mm_input_projection_weight, std=0.5)
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    processor.save_pretrained(out)
+    if not hasattr(processor, "tokenizer"):  # an image processor alone
+        tokenizer.save_pretrained(out)
+    return out
+
+
+def save_tiny_pi0(
+    folder: str | Path,
+    *,
+    sentences: Sequence[str],
+    chunk_size: int = 4,
+    action_dim: int = 4,
+    state_dim: int = 39,
+    hidden_size: int = 32,
+    seed: int = 0,
+) -> Path:
+    """A tiny random pi0 (``PI0ForConditionalGeneration``: PaliGemma's SigLIP (32x32 images, 8x8 patches)
+    and Gemma, plus a Gemma action expert of the same depth, 2 layers) saved with a PaliGemma processor
+    (tokenizer trained on ``sentences``, SigLIP image processor), for
+    ``FlowVLAPolicy(backbone=folder)``; ``chunk_size`` / ``action_dim`` / ``state_dim`` are the model's
+    ``chunk_size`` / ``max_action_dim`` / ``max_state_dim``. Returns the folder."""
+    from fastlight.vla.flow_policy import build_pi0
+
+    processor = _processor("paligemma", _tokenizer("paligemma", sentences), 32, 8)
+    torch.manual_seed(seed)
+    model = build_pi0(len(processor.tokenizer), hidden_size, 2, chunk_size, action_dim, state_dim)
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)

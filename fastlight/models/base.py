@@ -20,7 +20,9 @@ A *token* policy (:class:`TokenPolicy`: ``VLAPolicy``, or a user's own VLA class
 :class:`~fastlight.vla.module.VLAModule` trains: actions are ``K`` integer bins per call,
 it splits its parameters into actor and critic (the critic gets its own learning rate), gives the
 action-bin logits for cross-entropy (SFT on demonstrations, self-imitation) and tokenises the
-continuous actions of demonstrations into its bins.
+continuous actions of demonstrations into its bins. A *flow* policy (:class:`FlowPolicy`: pi0 through
+flow-SDE) is the other kind VLAModule trains: float actions holding its denoising chain, and a
+flow-matching loss instead of the cross-entropy.
 """
 
 from __future__ import annotations
@@ -157,6 +159,31 @@ class TokenPolicy(Policy, Protocol):
     action_tokenizer: ActionBins
 
     def forward(self, obs: Obs, actions: Tensor | None = None) -> tuple[Tensor, Tensor]: ...
+
+    def policy_parameters(self) -> list[nn.Parameter]: ...
+
+    def value_parameters(self) -> list[nn.Parameter]: ...
+
+
+@runtime_checkable
+class FlowPolicy(Policy, Protocol):
+    """A flow-matching :class:`Policy` (pi0 through flow-SDE, e.g.
+    :class:`~fastlight.vla.flow_policy.FlowVLAPolicy`), the other kind
+    :class:`~fastlight.vla.module.VLAModule` and :class:`~fastlight.vla.sft.VLASFTModule` train.
+
+    - ``act`` / ``evaluate``: ``actions`` are float rows ``[N, W]`` holding what the policy needs to score
+      its sample again (its denoising chain); ``logprobs`` / ``entropy`` ``[N, K]``, one per executed
+      action entry (``K = H x action_dim``), so token-level ratios apply; ``env_action``: the executed chunk;
+    - ``flow_matching_loss(obs, actions [N, K], valid [N] | [N, K] | None) -> (loss, info)``: the
+      imitation loss of continuous actions (step-major), for SFT and self-imitation;
+    - ``policy_parameters()`` / ``value_parameters()`` and ``action_dim``: as :class:`TokenPolicy`.
+    """
+
+    action_dim: int
+
+    def flow_matching_loss(
+        self, obs: Obs, actions: Tensor, valid: Tensor | None = None
+    ) -> tuple[Tensor, dict[str, Tensor]]: ...
 
     def policy_parameters(self) -> list[nn.Parameter]: ...
 

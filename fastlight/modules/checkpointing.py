@@ -51,8 +51,9 @@ def keep_policy_config(module: L.LightningModule, checkpoint: dict[str, Any]) ->
     """Rebuilt from a CLI checkpoint, keep its policy config (not just the class path), and the CLI's
     class path and instantiator when the checkpoint is of this very class."""
     saved = checkpoint.get(module.CHECKPOINT_HYPER_PARAMS_KEY) or {}
-    config = saved.get("policy")
-    if not isinstance(config, dict) or not same_class(module.hparams.get("policy"), config.get("class_path")):
+    config, mine = saved.get("policy"), module.hparams.get("policy")
+    mine = mine.get("class_path") if isinstance(mine, dict) else mine  # a CLI run's is its config
+    if not isinstance(config, dict) or not same_class(mine, config.get("class_path")):
         return
     values = {"policy": config}
     if same_class(saved.get("_class_path"), class_path(type(module))) and _CLI in saved:

@@ -2,21 +2,26 @@
 the vision tower and projector, the folder's tokenizer and image processor, and a random Llama.
 
 Loading (:func:`load_backbone`). A folder whose config maps in ``AutoModelForImageTextToText`` (Llava,
-PaliGemma, Idefics3, ...) loads as a vision-language model (VLM), one whose config maps in
-``AutoModelForCausalLM`` as a language model (pruned folders through
+PaliGemma, Idefics3, Qwen2.5-VL, Gemma3, ...) loads as a vision-language model (VLM), one whose config
+maps in ``AutoModelForCausalLM`` as a language model (pruned folders through
 :func:`~fastlight.vla.pruning.load_pruned_model`); anything else is refused in one line naming the
-folder and its config class. A VLM's decoder is made causal (PaliGemma's text config asks for
-bidirectional attention over its prefix; the policy's action slots must not see later slots).
-Without a folder, :func:`build_llama` builds a random ``LlamaForCausalLM``.
+folder and its config class. A folder that ships its own code (``auto_map`` in its ``config.json``, as
+OpenVLA does) loads only with ``trust_remote_code``, through the auto class its ``auto_map`` names. A
+VLM's decoder is made causal (PaliGemma's text config asks for bidirectional attention over its prefix;
+the policy's action slots must not see later slots). Without a folder, :func:`build_llama` builds a
+random ``LlamaForCausalLM``.
 
-Images: :mod:`fastlight.vla.image_preprocessing` prepares them as the folder's image processor does,
-then :func:`image_features` runs the model's own ``get_image_features`` (vision tower + projector) and
-returns ``[N, P, hidden]``. Instructions: :mod:`fastlight.vla.retokenize` re-tokenizes the env's with
-the folder's tokenizer (:func:`load_tokenizer`).
+Images (:func:`image_features`): the folder's own image processor prepares the batch and the model's own
+``get_image_features`` (vision tower + projector) turns it into ``[N, P, hidden]``; a model with
+multimodal RoPE (Qwen2-VL) places those tokens with its own ``get_rope_index`` (:func:`position_ids`).
+Instructions: :mod:`fastlight.vla.retokenize` re-tokenizes the env's with the folder's tokenizer
+(:func:`load_tokenizer`).
 """
 
 from __future__ import annotations
 
+import inspect
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -34,8 +39,11 @@ BACKBONE_FLAG = "--model.policy.init_args.backbone"
 VISION_TOWER_NAMES = ("vision_tower", "vision_model", "visual")
 #: Attribute names of the projector from the tower to the language model (Llava / PaliGemma, Idefics3).
 PROJECTOR_NAMES = ("multi_modal_projector", "connector")
-#: Model types whose ``get_image_features`` takes ``pixel_values [N, images, 3, h, w]``.
-_IMAGES_PER_SAMPLE_TYPES = frozenset({"idefics2", "idefics3", "smolvlm"})
+#: The setting that lets a folder's own code run (error messages).
+TRUST_FLAG = "--model.policy.init_args.trust_remote_code"
+#: The auto classes whose entry in a folder's ``auto_map`` names the model class to load, by preference:
+#: the first two a VLM (``AutoModelForVision2Seq``, OpenVLA's, is the first's older name), the last an LM.
+REMOTE_AUTO_CLASSES = ("AutoModelForImageTextToText", "AutoModelForVision2Seq", "AutoModelForCausalLM")
 
 #: The transformers module whose forward hooks capture hidden states (see :func:`reset_output_capture`).
 _CAPTURE = "transformers.utils.output_capturing"
@@ -79,20 +87,39 @@ def is_vision_language(config: Any) -> bool:
     return type(config) in _transformers().AutoModelForImageTextToText._model_mapping
 
 
-def load_backbone(path: str) -> tuple[nn.Module, bool]:
+def load_backbone(path: str, trust_remote_code: bool = False) -> tuple[nn.Module, bool]:
     """``(model, is_vlm)`` of the local folder ``path``: a VLM through ``AutoModelForImageTextToText``,
-    else a causal LM through ``AutoModelForCausalLM`` (pruned folders included). Raises a one-line
-    ``ValueError`` naming ``path`` for a missing folder or a config that is neither."""
+    else a causal LM through ``AutoModelForCausalLM`` (pruned folders included); a folder with its own
+    code (``auto_map``) as the class of the first of :data:`REMOTE_AUTO_CLASSES` it maps, only with
+    ``trust_remote_code`` (transformers copies the code to its module cache; the folder is not written).
+    Raises a one-line ``ValueError`` naming ``path`` for a missing folder, custom code not trusted (never
+    transformers' interactive prompt: a run without a terminal must not hang) or a config that is neither."""
     transformers = _transformers()
     folder = Path(path)
     if not (folder / "config.json").is_file():
         raise ValueError(f"{BACKBONE_FLAG} {path}: not a local model folder (no config.json there)")
-    config = transformers.AutoConfig.from_pretrained(folder)
+    auto_map = json.loads((folder / "config.json").read_text()).get("auto_map") or {}
+    if auto_map and not trust_remote_code:
+        raise ValueError(
+            f"{BACKBONE_FLAG} {path}: its config.json maps in its own code ({', '.join(sorted(auto_map))}); "
+            f"set {TRUST_FLAG} true to run it, or use a folder of a transformers architecture"
+        )
+    config = transformers.AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    if config.model_type == "pi0":  # maps in AutoModelForImageTextToText, but has no action tokens to prune
+        raise ValueError(
+            f"{BACKBONE_FLAG} {path}: a pi0 folder (flow matching) loads with "
+            "--model.policy.class_path fastlight.vla.flow_policy.FlowVLAPolicy, not VLAPolicy"
+        )
+    text = config.get_text_config()
+    if getattr(text, "use_bidirectional_attention", False):
+        # Action slot k must not attend to slot k + 1 (autoregressive decoding feeds a_k there).
+        text.use_bidirectional_attention = False
+    remote = next((n for n in REMOTE_AUTO_CLASSES if n in auto_map), None)
+    if remote is not None:  # the class itself: the auto class of its entry may be gone from transformers
+        get_class = transformers.dynamic_module_utils.get_class_from_dynamic_module
+        model = load_pruned_model(folder, get_class(auto_map[remote], str(folder)), config=config)
+        return model, remote != "AutoModelForCausalLM"
     if is_vision_language(config):
-        text = config.get_text_config()
-        if getattr(text, "use_bidirectional_attention", False):
-            # Action slot k must not attend to slot k + 1 (autoregressive decoding feeds a_k there).
-            text.use_bidirectional_attention = False
         return load_pruned_model(folder, transformers.AutoModelForImageTextToText, config=config), True
     if type(config) in transformers.AutoModelForCausalLM._model_mapping:
         return load_pruned_model(folder, transformers.AutoModelForCausalLM, config=config), False
@@ -131,24 +158,51 @@ def _child(model: nn.Module, names: Sequence[str], what: str) -> nn.Module:
     raise ValueError(f"{type(model).__name__} has no {what} (looked for {', '.join(names)})")
 
 
-def image_features(model: nn.Module, pixel_values: Tensor) -> Tensor:
-    """The VLM's image tokens: ``pixel_values [N, 3, h, w]`` -> ``[N, P, hidden]`` (vision tower,
-    feature selection and projector, as the model's own ``get_image_features`` runs them)."""
-    tower = vision_tower(model)
-    dtype = next(tower.parameters()).dtype
-    pixels = pixel_values.to(dtype)
-    if model.config.model_type in _IMAGES_PER_SAMPLE_TYPES:
-        pixels = pixels.unsqueeze(1)  # one image per sample
-    out = model.get_image_features(pixel_values=pixels)
+def image_features(model: nn.Module, processor: Any, images: Tensor) -> tuple[Tensor, Any]:
+    """The VLM's image tokens ``[N, P, hidden]`` of ``images`` uint8 ``[N, H, W, 3]``, and the image
+    processor's output they came from.
+
+    ``processor`` (the folder's, :func:`load_image_processor`) prepares the whole batch, one image per
+    sample: on the images' device with its torchvision backend, on the CPU with its PIL one. A splitting
+    processor (Idefics3, SmolVLM) may cut each image into tiles, a grid-based one (Qwen2-VL) gives
+    patches and their ``image_grid_thw``: every tensor of its output that the model's own
+    ``get_image_features`` names is passed to it, floating ones in the tower's dtype. Per-sample outputs
+    (a list of ``[tokens, hidden]``) are stacked; all images have the env's size, so ``P`` is the same.
+    """
+    if getattr(processor, "backend", None) != "torchvision":
+        images = images.cpu()  # the PIL backend works on numpy arrays
+    inputs = processor(images=[[im] for im in images], return_tensors="pt", input_data_format="channels_last")
+    weight = next(vision_tower(model).parameters())
+    named = inspect.signature(model.get_image_features).parameters
+    kwargs = {
+        k: v.to(weight.device, weight.dtype if v.is_floating_point() else v.dtype)
+        for k, v in inputs.items()
+        if k in named and isinstance(v, Tensor)
+    }
+    out = model.get_image_features(**kwargs)
     feats = getattr(out, "pooler_output", out)
     if isinstance(feats, (list, tuple)):
         feats = torch.stack([f.reshape(-1, f.shape[-1]) for f in feats])
-    if feats.dim() != 3 or feats.shape[0] != pixel_values.shape[0]:
+    if feats.dim() != 3 or feats.shape[0] != images.shape[0]:
         raise ValueError(
             f"{type(model).__name__}.get_image_features gave {tuple(feats.shape)} for "
-            f"{pixel_values.shape[0]} images; expected [N, tokens, hidden]"
+            f"{images.shape[0]} images; expected [N, tokens, hidden]"
         )
-    return feats
+    return feats, inputs
+
+
+def position_ids(model: nn.Module, mask: Tensor, image_tokens: int, image_grid_thw: Tensor | None) -> Tensor:
+    """Position ids of a prefix whose first ``image_tokens`` positions hold one image per row (``mask``
+    ``[N, S]``, 0 = padding, skipped): ``[N, S]``; or, for a model with multimodal RoPE (its own
+    ``get_rope_index``, Qwen2-VL / Qwen2.5-VL) and an image, ``[3, N, S]`` as the model's own forward
+    computes them: the image's tokens at their (time, row, column) of ``image_grid_thw``, text after."""
+    get_rope_index = getattr(_inner(model), "get_rope_index", None)
+    if image_grid_thw is None or get_rope_index is None:
+        return (mask.cumsum(dim=1) - 1).clamp(min=0)
+    types = torch.zeros_like(mask, dtype=torch.int)
+    types[:, :image_tokens] = 1
+    grid = image_grid_thw.to(mask.device)
+    return get_rope_index(torch.zeros_like(mask), types, image_grid_thw=grid, attention_mask=mask)[0]
 
 
 def reset_output_capture(module: nn.Module) -> None:
@@ -176,6 +230,20 @@ def reset_output_capture(module: nn.Module) -> None:
             _CAN_RECORD_REGISTRY[m] = m._can_record_outputs
 
 
+class PicklableCapture(nn.Module):
+    """Base of a module that holds transformers models and travels to other processes (a sampler's
+    copy, the inference worker's, a Ray actor's): pickled or copied at any time, also after it ran,
+    without transformers' capture hooks (:func:`reset_output_capture`), and capturing again once loaded."""
+
+    def __getstate__(self) -> dict:
+        reset_output_capture(self)  # the hooks are local closures; transformers re-installs them on use
+        return super().__getstate__()
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        reset_output_capture(self)
+
+
 def has_tokenizer(path: str | None) -> bool:
     """True when the folder holds a tokenizer (``tokenizer.json`` or ``tokenizer_config.json``)."""
     if path is None:
@@ -185,11 +253,11 @@ def has_tokenizer(path: str | None) -> bool:
 
 
 def load_tokenizer(path: str) -> Any:
-    """The folder's own tokenizer (``AutoTokenizer``)."""
-    return _transformers().AutoTokenizer.from_pretrained(path)
+    """The folder's own tokenizer (``AutoTokenizer``; code of the folder's is never run)."""
+    return _transformers().AutoTokenizer.from_pretrained(path, trust_remote_code=False)
 
 
-def load_image_processor(path: str) -> Any:
-    """The folder's image processor, PIL backend (the reference
-    :class:`~fastlight.vla.image_preprocessing.ImagePreprocessor` matches)."""
-    return _transformers().AutoImageProcessor.from_pretrained(path, backend="pil")
+def load_image_processor(path: str, trust_remote_code: bool = False) -> Any:
+    """The folder's own image processor (``AutoImageProcessor``): its torchvision backend where
+    torchvision is installed (batched, on the images' device), else its PIL one (on the CPU)."""
+    return _transformers().AutoImageProcessor.from_pretrained(path, trust_remote_code=trust_remote_code)

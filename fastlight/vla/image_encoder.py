@@ -1,30 +1,29 @@
 """The image encoder of a :class:`~fastlight.vla.policy.VLAPolicy`, chosen by its backbone.
 
-A vision-language backbone encodes images with its own vision tower and projector
-(:func:`~fastlight.vla.hf_vlm.image_features`), behind an
-:class:`~fastlight.vla.image_preprocessing.ImagePreprocessor` that prepares them as the folder's saved
-image processor does; a causal LM gets a :class:`~fastlight.vla.vision.PatchEncoder`; ``image_size=None``
-(a state-only env) gets none, and a VLM's unused tower and projector are frozen so that DDP finds no
-unused trainable parameters.
+A vision-language backbone encodes images with the image processor saved in its folder and its own
+vision tower and projector (:func:`~fastlight.vla.hf_vlm.image_features`); a causal LM gets a
+:class:`~fastlight.vla.vision.PatchEncoder`; ``image_size=None`` (a state-only env) gets none, and a VLM's
+unused tower and projector are frozen so that DDP finds no unused trainable parameters.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
+import torch
 from torch import Tensor, nn
 
 from fastlight.vla.hf_vlm import image_features, load_image_processor, projector, vision_tower
-from fastlight.vla.image_preprocessing import ImagePreprocessor, image_steps
 from fastlight.vla.vision import PatchEncoder
 
 
 class ImageEncoder(NamedTuple):
-    """What :func:`image_encoder` chose: at most one of ``vision`` / ``preprocessor``, and the backbone's
-    submodules to freeze (a VLM's tower with ``freeze_vision``; tower and projector when unused)."""
+    """What :func:`image_encoder` chose: at most one of ``vision`` / ``processor`` (the folder's image
+    processor), and the backbone's submodules to freeze (a VLM's tower with ``freeze_vision``; tower and
+    projector when unused)."""
 
     vision: PatchEncoder | None
-    preprocessor: ImagePreprocessor | None
+    processor: Any
     frozen: list[nn.Module]
 
 
@@ -36,6 +35,7 @@ def image_encoder(
     patch_size: int,
     hidden: int,
     freeze: bool,
+    trust_remote_code: bool = False,
 ) -> ImageEncoder:
     """The encoder for ``image_size`` images (the env's side; ``None``: no images) into ``hidden``-wide
     tokens; ``path`` is the backbone folder (its image processor), ``patch_size`` the patch encoder's."""
@@ -45,8 +45,8 @@ def image_encoder(
         tower, proj = vision_tower(backbone), projector(backbone)
         if image_size is None:  # unused: frozen, so that DDP finds no unused trainable parameters
             return ImageEncoder(None, None, [tower] + ([proj] if proj is not None else []))
-        steps = image_steps(load_image_processor(str(path)), (image_size, image_size))
-        return ImageEncoder(None, ImagePreprocessor(steps, image_size), [tower] if freeze else [])
+        processor = load_image_processor(str(path), trust_remote_code)
+        return ImageEncoder(None, processor, [tower] if freeze else [])
     if image_size is not None:
         patches = PatchEncoder(image_size, patch_size, channels=3, dim=hidden, out_dim=hidden)
         return ImageEncoder(patches, None, [])
@@ -54,14 +54,22 @@ def image_encoder(
 
 
 def image_tokens(
-    backbone: nn.Module, vision: PatchEncoder | None, preprocessor: ImagePreprocessor | None, images: Tensor
-) -> Tensor:
-    """Images -> tokens ``[N, P, H]``: the VLM's tower + projector, or the patch encoder; a one-line
-    ``ValueError`` when the policy has no image encoder."""
-    if preprocessor is not None:
-        return image_features(backbone, preprocessor(images))
+    backbone: nn.Module, vision: PatchEncoder | None, processor: Any, image_size: int | None, images: Tensor
+) -> tuple[Tensor, Tensor | None]:
+    """Images -> tokens ``[N, P, H]`` (the VLM's processor, tower and projector, or the patch encoder) and
+    the processor's ``image_grid_thw`` where it gives one (multimodal RoPE, else ``None``); a one-line
+    ``ValueError`` for images of another shape than the env's or when the policy has no image encoder."""
+    if processor is not None:
+        s = image_size
+        if images.dtype != torch.uint8 or images.dim() != 4 or tuple(images.shape[1:]) != (s, s, 3):
+            raise ValueError(
+                f"images must be uint8 [N, {s}, {s}, 3] (N, H, W, C) for the backbone's image processor, "
+                f"got {tuple(images.shape)} {images.dtype}"
+            )
+        tokens, inputs = image_features(backbone, processor, images)
+        return tokens, inputs.get("image_grid_thw")
     if vision is not None:
-        return vision(images)
+        return vision(images), None
     raise ValueError(
         f"obs has 'image' {tuple(images.shape)} but the policy has no image encoder "
         "(--model.policy.init_args.image_size=null): set --model.policy.init_args.image_size to the "

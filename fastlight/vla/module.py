@@ -1,5 +1,8 @@
 """``VLAModule``: RLModule training a token-level VLA policy (AcceRL):
-:class:`~fastlight.vla.policy.VLAPolicy` or any :class:`~fastlight.models.base.TokenPolicy`.
+:class:`~fastlight.vla.policy.VLAPolicy` or any :class:`~fastlight.models.base.TokenPolicy`; or a
+flow-matching one (pi0 through flow-SDE, πRL: :class:`~fastlight.vla.flow_policy.FlowVLAPolicy`, any
+:class:`~fastlight.models.base.FlowPolicy`), with log-probs per executed action entry and flow matching
+as its imitation loss.
 
 The update is the RLModule's (FAST §SMPO masked means, masked GAE, K epochs x M minibatches);
 what changes is the policy and its batch shapes:
@@ -61,11 +64,12 @@ from fastlight.data.env_spec import EnvSpec, bind_instruction_table
 from fastlight.data.protocols import missing_members
 from fastlight.envs.instructions import InstructionTable
 from fastlight.models.action_mapping import action_chunk
-from fastlight.models.base import ChecksObsSpace, Policy, PolicyBase, TokenPolicy
+from fastlight.models.base import ChecksObsSpace, FlowPolicy, Policy, PolicyBase, TokenPolicy
 from fastlight.modules.objectives import GIPO, Objective
 from fastlight.modules.rl_module import RLModule
 from fastlight.rank_state import PER_RANK_KEY, gather_per_rank, per_rank_entries, world
 from fastlight.rollout import Rollout
+from fastlight.vla.flow_policy import FlowVLAPolicy
 from fastlight.vla.imitation_loss import token_cross_entropy
 from fastlight.vla.policy import VLAPolicy
 from fastlight.vla.self_imitation import SuccessBuffer, buffers_for_world_size
@@ -215,13 +219,17 @@ class VLAModule(RLModule):
         opt = self.optimizers()[1]
         infos = []
         for i in range(h.sil_steps):
-            obs, bins, valid = self.success_buffer.sample(h.sil_batch_size)
+            obs, actions, valid = self.success_buffer.sample(h.sil_batch_size)
             obs = {k: v.to(self.device) for k, v in obs.items()}
-            bins = bins.to(self.device).long()
             # With chunks: the tokens of chunk steps after the episode's end were never executed.
             valid = None if valid is None else valid.to(self.device)
-            logits, _ = self.policy(obs, actions=bins)
-            loss, info = token_cross_entropy(logits=logits, bins=bins, valid=valid)
+            if isinstance(self.policy, FlowPolicy):  # flow matching on the executed chunk of the chain
+                executed = self.policy.env_action(actions.to(self.device)).flatten(1)
+                loss, info = self.policy.flow_matching_loss(obs, executed, valid)
+            else:
+                bins = actions.to(self.device).long()
+                logits, _ = self.policy(obs, actions=bins)
+                loss, info = token_cross_entropy(logits=logits, bins=bins, valid=valid)
             opt.zero_grad(set_to_none=True)
             self.manual_backward(loss)
             if h.max_grad_norm is not None:
@@ -268,13 +276,15 @@ class VLAModule(RLModule):
         space = spec.observation_space  # None when the EnvSpec was built without a space
         if space is None:
             return
-        if isinstance(p, VLAPolicy):
+        if isinstance(p, (VLAPolicy, FlowVLAPolicy)):
             _check_obs_space(space, p, spec.instructions if isinstance(spec, EnvSpec) else None)
         elif isinstance(p, ChecksObsSpace):  # a user's own token policy that checks for itself
             p.check_obs_space(space)
 
 
-def _check_obs_space(space: gym.Space, p: VLAPolicy, instructions: InstructionTable | None = None) -> None:
+def _check_obs_space(
+    space: gym.Space, p: VLAPolicy | FlowVLAPolicy, instructions: InstructionTable | None = None
+) -> None:
     """Raise ``ValueError`` naming the flag if the env's observation does not fit the policy; then hand
     the env's instruction table (``EnvSpec.instructions``) to the policy, which re-tokenizes it when
     its backbone folder has a tokenizer."""
@@ -352,7 +362,7 @@ def _explain_frozen_eval_modules(module: nn.Module, policy: nn.Module | None) ->
 def _validate_vla(policy: Any, value_lr: float | None, action_dim: int, rl_kwargs: dict[str, Any]) -> None:
     """VLA settings, checked up front with the CLI flag in the message (the policy's own settings are
     checked by the policy)."""
-    if policy is not None and not isinstance(policy, str):
+    if policy is not None and not isinstance(policy, (str, FlowPolicy)):
         missing = missing_members(policy, TokenPolicy)
         if type(policy).forward is nn.Module.forward:  # every nn.Module has one that raises
             missing = sorted({*missing, "forward"})
@@ -373,7 +383,7 @@ def _validate_vla(policy: Any, value_lr: float | None, action_dim: int, rl_kwarg
         raise ValueError(f"--model.value_lr must be > 0 or null, got {value_lr}")
     tpa = rl_kwargs.get("tokens_per_action")
     # K, the tokens per call: action_dim x action_chunk (a ratio group may span chunk steps).
-    token_policy = isinstance(policy, TokenPolicy)
+    token_policy = isinstance(policy, (TokenPolicy, FlowPolicy))
     k = action_tokens(policy) if token_policy else action_dim
     if rl_kwargs.get("ratio_granularity") == "action" and tpa is not None and tpa >= 1 and k % tpa:
         chunk = k // policy.action_dim if token_policy else 1
@@ -385,7 +395,7 @@ def _validate_vla(policy: Any, value_lr: float | None, action_dim: int, rl_kwarg
         )
 
 
-def action_tokens(policy: TokenPolicy) -> int:
-    """``K``, a token policy's action tokens per call: ``action_dim`` times its action chunk (1 for a
+def action_tokens(policy: TokenPolicy | FlowPolicy) -> int:
+    """``K``, a VLA policy's action tokens (entries) per call: ``action_dim`` times its action chunk (1 for a
     policy whose mapping is not a :class:`~fastlight.models.action_mapping.ChunkedActionMapping`)."""
     return policy.action_dim * (action_chunk(policy.action_mapping()) or 1)

@@ -2,7 +2,7 @@
 
 The policy reads an observation dict (batch ``N``)::
 
-    image             [N, H, W, 3] uint8 (or float [N, 3, H, W] in [0, 1])   optional
+    image             [N, H, W, 3] uint8 (patch encoder: or float [N, 3, H, W] in [0, 1])   optional
     proprio           [N, P] float                                           iff proprio_dim > 0
     instruction_ids   [N, L] long, right-padded, L <= max_text_len
     instruction_mask  [N, L] (1 = real token)                                optional (all ones)
@@ -12,8 +12,9 @@ and builds the input sequence ``[image patches][proprio token][instruction][K ac
 instruction tokens and position ids skip them, so the amount of padding does not matter.
 
 Backbones (:mod:`fastlight.vla.hf_vlm`): a folder holding a vision-language model (Llava,
-PaliGemma, Idefics3, ...) puts the image through the model's own vision tower and projector
-(prepared as its saved image processor does, on the whole batch), and a folder with a tokenizer
+PaliGemma, Idefics3, Qwen2.5-VL, Gemma3, ...) puts the image through the image processor saved in the
+folder and the model's own vision tower and projector (the whole batch at once; a model with
+multimodal RoPE places the image tokens at their grid positions), and a folder with a tokenizer
 re-tokenizes the env's instructions with it (the env's rows are mapped through a table bound
 before sampling, :meth:`VLAPolicy.bind_instructions`). ``image_size=None`` is a state-only policy:
 no image encoder. :mod:`benchmarks.tiny_vlm` builds tiny random VLM folders offline.
@@ -48,9 +49,8 @@ from fastlight.models.action_mapping import BinsToActions, ChunkActions
 from fastlight.models.base import ActionMapping, ActOutput, EvalOutput, PolicyBase
 from fastlight.vla.action_head import action_tokenizer, fit_head
 from fastlight.vla.decoding import DECODING_MODES, Decoding, choose, token_logprobs
-from fastlight.vla.hf_vlm import build_llama, is_vision_language, load_backbone, reset_output_capture
+from fastlight.vla.hf_vlm import PicklableCapture, build_llama, load_backbone, position_ids
 from fastlight.vla.image_encoder import image_encoder, image_tokens
-from fastlight.vla.image_preprocessing import ImagePreprocessor
 from fastlight.vla.inputs import action_bins, episode_step, instruction_inputs, proprio_input
 from fastlight.vla.lora import LoRASettings, apply_lora, as_lora_settings
 from fastlight.vla.retokenize import Retokenizer
@@ -58,13 +58,13 @@ from fastlight.vla.value_heads import ActionAwareValueHead
 from fastlight.vla.vision import PatchEncoder
 
 
-class VLAPolicy(PolicyBase):
+class VLAPolicy(PicklableCapture, PolicyBase):
     """Token-level VLA actor-critic implementing the fastlight policy interface (AcceRL).
 
     Args:
         backbone: a local model folder (:func:`~fastlight.vla.hf_vlm.load_backbone`): a
-            vision-language model (``AutoModelForImageTextToText``: images go through its own vision
-            tower and projector, prepared as its saved image processor does), else a causal LM
+            vision-language model (``AutoModelForImageTextToText``: uint8 images go through the image
+            processor saved in the folder, then its own vision tower and projector), else a causal LM
             (``AutoModelForCausalLM``; a folder saved after pruning included). When the folder holds a
             tokenizer, instructions are re-tokenized with it (:meth:`bind_instructions`). ``None``
             builds a random Llama from the size settings below, which are ignored otherwise.
@@ -105,6 +105,8 @@ class VLAPolicy(PolicyBase):
         action_token_ids: ``[first, last)``, the half-open id range of the action tokens, with
             ``last - first == n_bins`` (``None``: the last ``n_bins`` ids of the vocabulary, OpenVLA's
             convention). The ``lm_head`` is pruned to these rows.
+        trust_remote_code: let a backbone folder that ships its own code (``auto_map`` in its
+            ``config.json``, as OpenVLA's does) run it; ``False`` refuses such a folder in one line.
     """
 
     def __init__(
@@ -131,6 +133,7 @@ class VLAPolicy(PolicyBase):
         lora: LoRASettings | None = None,
         freeze_vision: bool = True,
         action_token_ids: list[int] | None = None,
+        trust_remote_code: bool = False,
     ) -> None:
         super().__init__()
         if not temperature > 0:
@@ -152,11 +155,11 @@ class VLAPolicy(PolicyBase):
         self.lora = as_lora_settings(lora)  # checked before the backbone is loaded
         #: env actions per call, and ``K = action_chunk x action_dim`` action tokens per call.
         self.action_chunk, self.num_action_tokens = action_chunk, action_chunk * action_dim
-        self.backbone = self._load_backbone(
+        self.trust_remote_code = bool(trust_remote_code)
+        self.backbone, self.is_vlm = self._load_backbone(
             backbone, vocab_size, hidden_size, num_hidden_layers, num_attention_heads, intermediate_size,
             tie_word_embeddings,
         )  # fmt: skip
-        self.is_vlm = backbone is not None and is_vision_language(self.backbone.config)
         text_cfg = self.backbone.config.get_text_config()
         hidden = int(text_cfg.hidden_size)
         self.action_tokenizer = action_tokenizer(int(text_cfg.vocab_size), n_bins, action_token_ids)
@@ -172,31 +175,27 @@ class VLAPolicy(PolicyBase):
         self.value_head = ActionAwareValueHead(hidden, max_episode_steps, value_mlp_hidden)
 
     # ------------------------------------------------------------------ construction
-    @staticmethod
-    def _load_backbone(path: str | None, *llama_sizes) -> nn.Module:
+    def _load_backbone(self, path: str | None, *llama_sizes) -> tuple[nn.Module, bool]:
         if path is None:
-            return build_llama(*llama_sizes)
-        return load_backbone(path)[0]
+            return build_llama(*llama_sizes), False
+        return load_backbone(path, self.trust_remote_code)
 
     def _setup_vision(
         self, path: str | None, image_size: int | None, patch_size: int, hidden: int, freeze: bool
     ) -> None:
         """The image encoder (:func:`~fastlight.vla.image_encoder.image_encoder`). Frozen submodules
         are listed in ``_frozen_modules`` (kept in eval mode by :meth:`train`)."""
-        encoder = image_encoder(self.backbone, path, self.is_vlm, image_size, patch_size, hidden, freeze)
+        encoder = image_encoder(
+            self.backbone, path, self.is_vlm, image_size, patch_size, hidden, freeze, self.trust_remote_code
+        )
         self.image_size, self.freeze_vision = image_size, bool(freeze)
         self.vision: PatchEncoder | None = encoder.vision
-        self.image_preprocessor: ImagePreprocessor | None = encoder.preprocessor
+        #: The backbone folder's image processor (a VLM's; ``None`` otherwise).
+        self.image_processor = encoder.processor
         for module in encoder.frozen:
             module.requires_grad_(False)
         names = {id(m): n for n, m in self.named_modules()}
         self._frozen_modules: tuple[str, ...] = tuple(names[id(m)] for m in encoder.frozen)
-
-    def __setstate__(self, state: dict) -> None:
-        # A copy (the samplers' cpu_copy) or an unpickled policy (a spawned sampler's): see
-        # reset_output_capture for why transformers' hidden-state capture needs resetting.
-        super().__setstate__(state)
-        reset_output_capture(self)
 
     def train(self, mode: bool = True) -> VLAPolicy:
         """Train / eval mode of every submodule, except that frozen ones (``freeze_vision``) stay in eval."""
@@ -241,13 +240,17 @@ class VLAPolicy(PolicyBase):
     def _embed_dtype(self) -> torch.dtype:
         return self.backbone.get_input_embeddings().weight.dtype
 
-    def _prefix(self, obs: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
-        """Observation dict -> prefix embeddings ``[N, S0, H]`` and mask ``[N, S0]`` (long)."""
+    def _prefix(self, obs: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+        """Observation dict -> prefix embeddings ``[N, S0, H]``, mask ``[N, S0]`` (long) and position ids
+        ``[N, S0]`` (``[3, N, S0]`` with multimodal RoPE, :func:`~fastlight.vla.hf_vlm.position_ids`)."""
         ids, mask = instruction_inputs(obs, self.max_text_len)
         n, dev, dtype = ids.shape[0], ids.device, self._embed_dtype()
-        parts, masks = [], []
+        parts, masks, grid = [], [], None
         if "image" in obs:
-            img = image_tokens(self.backbone, self.vision, self.image_preprocessor, obs["image"]).to(dtype)
+            img, grid = image_tokens(
+                self.backbone, self.vision, self.image_processor, self.image_size, obs["image"]
+            )
+            img = img.to(dtype)
             if img.shape[0] != n:
                 raise ValueError(
                     f"image batch {tuple(obs['image'].shape)} != instruction_ids {tuple(ids.shape)}"
@@ -261,7 +264,8 @@ class VLAPolicy(PolicyBase):
         ids, mask = self.retokenizer(ids.long(), mask.long())
         parts.append(self.backbone.get_input_embeddings()(ids))
         masks.append(mask)
-        return torch.cat(parts, dim=1), torch.cat(masks, dim=1)
+        mask = torch.cat(masks, dim=1)  # parts[0] is the image's where the processor gave a grid
+        return torch.cat(parts, dim=1), mask, position_ids(self.backbone, mask, parts[0].shape[1], grid)
 
     def _slots(self, n: int, actions: Tensor | None) -> Tensor:
         """The K action-slot embeddings ``[N, K, H]``: placeholders, or (autoregressive, ``actions``
@@ -276,12 +280,15 @@ class VLAPolicy(PolicyBase):
         return torch.cat([q[:, :1], prev], dim=1)
 
     # ------------------------------------------------------------------ forward passes
-    def _hidden(self, prefix: tuple[Tensor, Tensor], slots: Tensor) -> Tensor:
+    def _hidden(self, prefix: tuple[Tensor, Tensor, Tensor], slots: Tensor) -> Tensor:
         """Last-layer hidden states at the slots: ``[N, S0, H] + [N, k, H] -> [N, k, H]``."""
-        emb, mask = prefix
+        emb, mask, pos = prefix
+        k = slots.shape[1]
         emb = torch.cat([emb, slots], dim=1)
         mask = torch.cat([mask, mask.new_ones(slots.shape[:2])], dim=1)
-        position_ids = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        # Slot j follows the prefix's last position (in every multimodal-RoPE section) at + 1 + j.
+        after = pos.amax(dim=-1, keepdim=True) + torch.arange(1, k + 1, device=pos.device)
+        position_ids = torch.cat([pos, after], dim=-1)
         # The language model itself (a VLM's decoder; a causal LM's base model), fed embeddings.
         out = self.backbone.get_decoder()(inputs_embeds=emb, attention_mask=mask, position_ids=position_ids)
         return out.last_hidden_state[:, -slots.shape[1] :]

@@ -105,12 +105,12 @@ class SuccessBuffer:
     def _token_valid(rollout: Rollout, idx: Tensor) -> Tensor:
         """``[n, K]`` bool: the tokens of the chunk steps the env executed (``h < env_steps``), for
         the flat transitions ``idx`` of a chunked rollout (step-major: step ``h`` is tokens
-        ``h*D .. h*D+D-1``)."""
-        k, h = rollout.actions.shape[-1], rollout.step_rewards.shape[2]
-        if rollout.actions.dim() != 3 or k % h:
+        ``h*D .. h*D+D-1``; ``K`` read off the per-token log-probs: a flow policy's actions are its chain)."""
+        k, h = rollout.logprobs.shape[-1], rollout.step_rewards.shape[2]
+        if rollout.logprobs.dim() != 3 or k % h:
             raise ValueError(
-                f"SuccessBuffer: chunked actions must be [T, E, K] with K a multiple of the chunk "
-                f"H={h}, got {tuple(rollout.actions.shape)}"
+                f"SuccessBuffer: chunked log-probs must be [T, E, K] with K a multiple of the chunk "
+                f"H={h}, got {tuple(rollout.logprobs.shape)}"
             )
         chunk_step = torch.arange(k, device=idx.device) // (k // h)  # [K]
         return chunk_step[None] < rollout.flat("env_steps")[idx][:, None]

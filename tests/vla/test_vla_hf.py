@@ -1,14 +1,18 @@
-"""VLAPolicy over Hugging Face vision-language models from a folder (Llava, PaliGemma, Idefics3).
+"""VLAPolicy over Hugging Face vision-language models from a folder, every family of
+:data:`benchmarks.tiny_vlm.ARCHITECTURES` (Llava, PaliGemma, Idefics3, Qwen2.5-VL, Gemma3).
 
 Every folder is a tiny random model from :func:`benchmarks.tiny_vlm.save_tiny_vlm` (built from
-configs, saved with its processor; nothing downloaded). The env's images are 48x48 (the towers take
-32x32: the image processor resizes) and its instructions are rows of fastlight's WordLevel vocabulary,
-re-tokenized by the folder's own tokenizer.
+configs, saved with its image processor and tokenizer; nothing downloaded). The env's images are 48x48
+(the towers take 32x32: the image processors resize, Idefics3's cuts 2x2 tiles plus a global view,
+Qwen2.5-VL's keeps 48x48 as a 6x6 patch grid) and its instructions are rows of fastlight's WordLevel
+vocabulary, re-tokenized by the folder's own tokenizer. Images go through the folder's image processor
+(PIL backend here: no torchvision) and the model's own ``get_image_features``.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 
 import gymnasium as gym
 import numpy as np
@@ -20,7 +24,7 @@ from fastlight.envs.instruction_tokens import encode_instructions
 from fastlight.envs.instructions import InstructionTable, instruction_tokenizer
 from fastlight.losses import gipo_loss
 from fastlight.vla.hf_vlm import load_image_processor, load_tokenizer, projector, vision_tower
-from fastlight.vla.image_preprocessing import ImagePreprocessor, image_steps
+from fastlight.vla.image_encoder import image_tokens
 from fastlight.vla.imitation_loss import token_cross_entropy
 from fastlight.vla.module import _check_obs_space
 from fastlight.vla.policy import VLAPolicy
@@ -30,6 +34,9 @@ SENTENCES = ("reach the goal position with the gripper", "push the puck to the g
 BINS, K, SIDE, PROPRIO, N = 32, 4, 48, 3, 4
 POLICY = {"n_bins": BINS, "action_dim": K, "image_size": SIDE, "proprio_dim": PROPRIO, "max_text_len": 12,
           "value_mlp_hidden": 16}  # fmt: skip
+#: Image tokens per 48x48 image: 4x4 patches (Llava, PaliGemma); 5 tiles of 2x2 merged patches
+#: (Idefics3); a 6x6 grid merged 2x2 (Qwen2.5-VL); 4x4 patches pooled to 2x2 (Gemma3).
+IMAGE_TOKENS = {"llava": 16, "paligemma": 16, "idefics3": 20, "qwen2_5_vl": 9, "gemma3": 4}
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +77,7 @@ def frozen_names(p: VLAPolicy) -> set[str]:
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_loads_acts_and_evaluates(folders, arch):
     p = policy(folders[arch]).eval()
-    assert p.is_vlm and p.vision is None and p.image_preprocessor.out_size == (32, 32)
+    assert p.is_vlm and p.vision is None and p.image_processor is not None
     o = obs()
     with torch.no_grad():
         out = p.act(o, step=torch.arange(N))
@@ -80,6 +87,7 @@ def test_loads_acts_and_evaluates(folders, arch):
     assert out.actions.shape == (N, K) and out.actions.dtype == torch.long
     assert int(out.actions.min()) >= 0 and int(out.actions.max()) < BINS
     assert out.logprobs.shape == (N, K) and bool((out.logprobs <= 0).all()) and out.values.shape == (N,)
+    assert bool(torch.isfinite(out.logprobs).all() and torch.isfinite(out.values).all())
     torch.testing.assert_close(ev.logprobs, out.logprobs, rtol=0, atol=1e-5)  # same policy, same tokens
     assert ev.entropy.shape == (N, K) and bool((ev.entropy > 0).all())
     assert torch.equal(greedy, logits.argmax(-1))
@@ -97,7 +105,9 @@ def test_train_mode_everywhere_but_the_frozen_tower(folders, arch):
     assert not any(q.requires_grad for q in tower.parameters())
     trainable = {n for n, q in p.named_parameters() if q.requires_grad}
     assert trainable == {n for n, _ in p.named_parameters() if not n.startswith(p._frozen_modules[0] + ".")}
-    assert all(q.requires_grad for q in projector(p.backbone).parameters())
+    proj = projector(p.backbone)  # None: Qwen2.5-VL's merger is inside its (frozen) tower
+    assert (proj is None) == (arch == "qwen2_5_vl")
+    assert proj is None or all(q.requires_grad for q in proj.parameters())
     p.eval()
     assert not any(m.training for m in p.modules())
     p.train()
@@ -126,9 +136,12 @@ def test_one_gipo_update(folders, arch):
     opt.zero_grad()
     loss.backward()
     assert all(q.grad is None for q in vision_tower(p.backbone).parameters())
-    for part in (projector(p.backbone), p.backbone.get_output_embeddings(), p.backbone.get_decoder()):
+    parts = (projector(p.backbone), p.backbone.get_output_embeddings(), p.backbone.get_decoder())
+    for part in (q for q in parts if q is not None):
         assert any(q.grad is not None and q.grad.abs().sum() > 0 for q in part.parameters())
+    head_before = p.backbone.get_output_embeddings().weight.detach().clone()
     opt.step()
+    assert not torch.equal(head_before, p.backbone.get_output_embeddings().weight)
     with torch.no_grad():
         after = p.eval().evaluate(o, behaviour.actions)
     # The update raised the log-prob of the positive-advantage samples' tokens in sum.
@@ -172,6 +185,23 @@ def test_checkpoint_round_trip_gives_identical_logits(folders, arch, tmp_path):
     with torch.no_grad():
         assert torch.equal(p.eval()(o)[0], q.eval()(o)[0])
         assert torch.equal(p.value(o), q.value(o))
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_a_policy_that_ran_pickles_and_its_copy_acts_the_same(folders, arch):
+    """What the inference worker gets at its start: the policy after it acted (transformers' capture
+    hooks installed by then). Its unpickled copy must capture the hidden states again (Llava's
+    ``vision_feature_layer``): the same greedy actions, log-probs and values as the original."""
+    p = policy(folders[arch]).eval()
+    o = obs()
+    with torch.no_grad():
+        before = p.act(o, deterministic=True)
+        q = pickle.loads(pickle.dumps(p))
+        after, again = q.act(o, deterministic=True), p.act(o, deterministic=True)
+    for out in (after, again):
+        assert torch.equal(out.actions, before.actions)
+        torch.testing.assert_close(out.logprobs, before.logprobs, rtol=0, atol=1e-6)  # same kernels, shapes
+        torch.testing.assert_close(out.values, before.values, rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
@@ -232,18 +262,60 @@ def test_paligemma_decoder_is_causal(folders):
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
-def test_image_preparation_matches_the_image_processor(folders, arch):
+def test_image_tokens_are_the_models_own_features_image_by_image(folders, arch):
+    """The policy's batched image tokens equal the model's own get_image_features on the folder's image
+    processor output, one image at a time (Idefics3: its 5 tiles; Qwen2.5-VL: its patch grid)."""
+    p = policy(folders[arch]).eval()
+    images = obs()["image"]
     processor = load_image_processor(folders[arch])
-    rng = np.random.default_rng(0)
-    for side in (32, SIDE, 64):
-        images = rng.integers(0, 256, (3, side, side, 3), dtype=np.uint8)
-        ref = processor(images=list(images), return_tensors="pt")["pixel_values"].reshape(3, 3, 32, 32)
-        prep = ImagePreprocessor(image_steps(processor, (side, side)), side)
-        got = prep(torch.from_numpy(images))
-        # Pillow's resampling is reproduced exactly; only float32 rescale/normalise rounding remains.
-        torch.testing.assert_close(got, ref, rtol=0, atol=1e-6)
-        as_float = torch.from_numpy(images).permute(0, 3, 1, 2).float() / 255.0
-        torch.testing.assert_close(prep(as_float), got, rtol=0, atol=0)
+    keys = ("pixel_values", "pixel_attention_mask", "image_grid_thw")
+    with torch.no_grad():
+        got, grid = image_tokens(p.backbone, p.vision, p.image_processor, SIDE, images)
+        want = []
+        for image in images.numpy():
+            inputs = processor(images=[[image]], return_tensors="pt")
+            out = p.backbone.get_image_features(**{k: inputs[k] for k in keys if k in inputs}).pooler_output
+            want.append(
+                torch.cat([f.reshape(-1, f.shape[-1]) for f in out])
+                if isinstance(out, (list, tuple))
+                else out[0]
+            )
+    assert got.shape == (N, IMAGE_TOKENS[arch], 32)
+    torch.testing.assert_close(got, torch.stack(want), rtol=1e-5, atol=1e-5)
+    assert (grid is None) == (arch != "qwen2_5_vl")  # the grid of multimodal RoPE
+    assert not torch.allclose(got[0], got[1])
+    with pytest.raises(
+        ValueError, match=r"^images must be uint8 \[N, 48, 48, 3\] \(N, H, W, C\) for the backbone"
+    ):
+        image_tokens(p.backbone, p.vision, p.image_processor, SIDE, images[:, :32, :32])
+
+
+@pytest.mark.parametrize("arch", ["llava", "idefics3", "qwen2_5_vl"])
+def test_the_prefix_runs_the_language_model_as_the_models_own_forward(folders, arch):
+    """[image tokens][instruction] through the decoder with the policy's embeddings and position ids
+    equals the model's own forward on the image placeholder ids (Qwen2.5-VL: its multimodal RoPE
+    positions; the others: 1D). PaliGemma's and Gemma3's own forwards attend bidirectionally over the
+    image (the policy stays causal), so they are not compared here."""
+    p = policy(folders[arch], proprio_dim=0).eval()
+    o = {k: v for k, v in obs().items() if k != "proprio"}
+    processor = load_image_processor(folders[arch])
+    inputs = processor(images=[[im] for im in o["image"].numpy()], return_tensors="pt")
+    with torch.no_grad():
+        emb, mask, pos = p._prefix(o)
+        got = p.backbone.get_decoder()(
+            inputs_embeds=emb, attention_mask=mask, position_ids=pos
+        ).last_hidden_state
+        ids, text_mask = p.retokenizer(o["instruction_ids"], o["instruction_mask"])
+        tokens = IMAGE_TOKENS[arch]
+        image_ids = torch.full((N, tokens), p.backbone.config.image_token_id)
+        types = torch.cat([torch.ones(N, tokens, dtype=torch.int), torch.zeros_like(ids, dtype=torch.int)], 1)
+        extra = {"mm_token_type_ids": types} if arch == "qwen2_5_vl" else {}
+        own = p.backbone.model(
+            input_ids=torch.cat([image_ids, ids], 1), attention_mask=mask, **inputs, **extra
+        ).last_hidden_state
+    assert pos.shape == ((3, N, emb.shape[1]) if arch == "qwen2_5_vl" else (N, emb.shape[1]))
+    real = mask.bool()
+    torch.testing.assert_close(got[real], own[real], rtol=1e-4, atol=1e-4)
 
 
 def test_instruction_table_matches_a_naive_loop(folders):
@@ -351,7 +423,7 @@ def test_state_only_policy_builds_no_image_encoder():
 
 def test_state_only_vlm_freezes_its_tower_and_projector(folders):
     p = policy(folders["idefics3"], image_size=None)
-    assert p.image_preprocessor is None and len(p._frozen_modules) == 2
+    assert p.image_processor is None and len(p._frozen_modules) == 2
     for part in (vision_tower(p.backbone), projector(p.backbone)):
         assert not any(q.requires_grad for q in part.parameters()) and not part.training
     state = {k: v for k, v in obs().items() if k != "image"}
@@ -376,7 +448,10 @@ def test_check_obs_space_binds_the_env_table(folders):
 
 
 @pytest.mark.slow  # a fit run: spawned sampler, 2 GIPO updates (~30 s on 2 busy cores)
-def test_fit_and_evaluate_a_vlm_folder(tmp_path, monkeypatch):
+@pytest.mark.parametrize("served", [False, True], ids=["sampler_copy", "inference_worker"])
+def test_fit_and_evaluate_a_vlm_folder(tmp_path, monkeypatch, served):
+    """Served: the policy reaches a spawned inference worker after it acted in the trainer (the
+    example forward that sizes the worker's slots), transformers' capture hooks installed."""
     from fastlight.cli import cli_main
     from fastlight.envs.instructions import INSTRUCTIONS
     from fastlight.evaluate import main as evaluate
@@ -388,7 +463,7 @@ def test_fit_and_evaluate_a_vlm_folder(tmp_path, monkeypatch):
          "--data.num_envs", "2", "--data.num_workers", "1", "--data.max_horizon", "10",
          "--data.env_kwargs.max_path_length", "10", "--model.num_minibatches", "1",
          "--model.update_epochs", "1", "--trainer.default_root_dir", str(tmp_path / "run"),
-         "--trainer.enable_progress_bar", "false"]
+         "--trainer.enable_progress_bar", "false", *(["--data.inference", "{}"] if served else [])]
     )  # fmt: skip
     p = cli.model.policy
     assert cli.trainer.global_step == 2 and p.is_vlm

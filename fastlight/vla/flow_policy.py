@@ -1,0 +1,311 @@
+"""``FlowVLAPolicy``: a flow-matching VLA (pi0) trained by RL through flow-SDE (πRL, arXiv 2510.25889).
+
+transformers' ``PI0ForConditionalGeneration`` from a local folder reads the observation dict of
+:mod:`fastlight.vla.policy` (``proprio`` is pi0's zero-padded state). Per call the prefix (image tokens,
+instruction) runs once and is cached; the action expert denoises a chunk ``[C, M]`` (the model's
+``chunk_size`` x ``max_action_dim``) in ``K = num_steps`` Euler steps, one random step per sample
+(``sde_steps="one"``) or every step (``"all"``) being the flow-SDE's Gaussian transition
+(:mod:`fastlight.vla.flow_sde`). The env executes the first ``H x D`` entries, clipped to ``[-1, 1]``.
+``actions`` is one float row per call ``[N, H*D + 1 + S*C*M]``: the executed chunk (step-major), the first
+stochastic step ``k`` and the states the learner scores again (``x_k, x_{k+1}``; ``"all"``: the whole
+chain). ``logprobs`` / ``entropy`` ``[N, H*D]``: the Gaussian log-densities / entropies of the stochastic
+step(s), summed over steps, per executed entry (so every ratio granularity applies). Values: AcceRL's
+value head on the expert's detached state token (it sees the prefix and the state, not the noisy chunk).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+
+from fastlight.extras import import_extra
+from fastlight.losses.masked import masked_mean
+from fastlight.models.action_mapping import ChunkActions
+from fastlight.models.base import ActionMapping, ActOutput, EvalOutput, PolicyBase
+from fastlight.vla.flow_sde import gaussian_entropy, gaussian_logprob, sde_times, sde_transition
+from fastlight.vla.hf_vlm import BACKBONE_FLAG, PicklableCapture
+from fastlight.vla.image_encoder import image_encoder, image_tokens
+from fastlight.vla.inputs import episode_step, instruction_inputs, proprio_input
+from fastlight.vla.lora import LoRASettings, apply_lora, as_lora_settings
+from fastlight.vla.retokenize import Retokenizer
+from fastlight.vla.value_heads import ActionAwareValueHead
+
+FLAG = "--model.policy.init_args"
+SDE_STEPS = ("one", "all")
+
+
+def build_pi0(vocab: int, hidden: int, layers: int, chunk: int, action_dim: int, state_dim: int) -> nn.Module:
+    """A random ``PI0ForConditionalGeneration``: a tiny PaliGemma (SigLIP 32x32, Gemma) and a Gemma expert
+    of the same depth, heads and head size (the expert attends to the VLM's cached keys layer by layer)."""
+    t = import_extra("transformers", extra="vla", what="the flow VLA policy")
+    sizes = {"hidden_size": hidden, "intermediate_size": 2 * hidden, "num_attention_heads": 2}
+    text = {**sizes, "vocab_size": vocab, "num_hidden_layers": layers, "num_key_value_heads": 1,
+            "head_dim": hidden // 2}  # fmt: skip
+    vision = t.SiglipVisionConfig(**sizes, num_hidden_layers=1, image_size=32, patch_size=8)
+    vlm = t.PaliGemmaConfig(vision_config=vision, text_config=t.GemmaConfig(**text), projection_dim=hidden,
+                            hidden_size=hidden, vocab_size=vocab, image_token_index=vocab)  # fmt: skip
+    config = t.PI0Config(vlm_config=vlm, dit_config=t.GemmaConfig(**text), chunk_size=chunk,
+                         max_action_dim=action_dim, max_state_dim=max(state_dim, 1))  # fmt: skip
+    return t.PI0ForConditionalGeneration(config)
+
+
+def load_pi0(path: str) -> nn.Module:
+    """``PI0ForConditionalGeneration`` of the local folder ``path``; anything else refused in one line."""
+    t = import_extra("transformers", extra="vla", what="the flow VLA policy")
+    if not (Path(path) / "config.json").is_file():
+        raise ValueError(f"{BACKBONE_FLAG} {path}: not a local model folder (no config.json there)")
+    config = t.AutoConfig.from_pretrained(path)
+    if not isinstance(config, t.PI0Config):
+        raise ValueError(
+            f"{BACKBONE_FLAG} {path}: its config is a {type(config).__name__}, not a PI0Config: "
+            "FlowVLAPolicy "
+            "loads pi0 folders; use --model.policy.class_path fastlight.vla.policy.VLAPolicy for this one"
+        )
+    return t.PI0ForConditionalGeneration.from_pretrained(path)
+
+
+@dataclass(frozen=True)
+class ExecutedChunk:
+    """Packed flow actions ``[N, W]`` -> the executed chunk's entries ``[N, width]`` (the first
+    ``width`` columns), clipped to ``[-bound, bound]``; picklable, without the policy."""
+
+    width: int
+    bound: float = 1.0
+
+    def __call__(self, actions: Tensor) -> Tensor:
+        return actions[..., : self.width].clamp(-self.bound, self.bound)
+
+
+class FlowVLAPolicy(PicklableCapture, PolicyBase):
+    """pi0 actor-critic over flow-SDE chains (πRL), implementing :class:`~fastlight.models.base.FlowPolicy`.
+
+    Args:
+        backbone: a local ``PI0ForConditionalGeneration`` folder; ``None``: :func:`build_pi0` with
+            ``vocab_size`` / ``hidden_size`` / ``num_hidden_layers`` (ignored otherwise).
+        action_dim: ``D``, the env's action size (``<=`` the model's ``max_action_dim``).
+        action_chunk: ``H``, env steps executed per call (``<=`` the model's ``chunk_size``).
+        num_steps: ``K``, Euler steps of the denoising chain.
+        sde_steps: ``"one"`` (one uniformly drawn step per sample is stochastic) or ``"all"``.
+        noise_level: the flow-SDE's ``a`` in ``sigma_k = a sqrt(t_k / (1 - t_k))`` (> 0).
+        proprio_dim: the env's proprio size, pi0's state (``<=`` the model's ``max_state_dim``).
+        max_text_len, max_episode_steps, value_mlp_hidden: as :class:`~fastlight.vla.policy.VLAPolicy`.
+        image_size: the env's image side (the folder's image processor resizes from it); ``None``: state
+            and instruction only (the vision tower and projector are frozen, unused).
+        freeze_vision: the vision tower gets no gradients.
+        lora: LoRA adapters (:mod:`fastlight.vla.lora`) on the VLM's language model and on the expert.
+    """
+
+    def __init__(
+        self,
+        backbone: str | None = None,
+        action_dim: int = 4,
+        action_chunk: int = 1,
+        num_steps: int = 10,
+        sde_steps: Literal["one", "all"] = "one",
+        noise_level: float = 0.5,
+        proprio_dim: int = 0,
+        max_text_len: int = 16,
+        max_episode_steps: int = 500,
+        value_mlp_hidden: int = 256,
+        image_size: int | None = None,
+        freeze_vision: bool = True,
+        lora: LoRASettings | None = None,
+        vocab_size: int = 512,
+        hidden_size: int = 32,
+        num_hidden_layers: int = 2,
+    ) -> None:
+        super().__init__()
+        for name, value, low in (("action_dim", action_dim, 1), ("action_chunk", action_chunk, 1),
+                                 ("num_steps", num_steps, 1), ("proprio_dim", proprio_dim, 0),
+                                 ("max_text_len", max_text_len, 1)):  # fmt: skip
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{FLAG}.{name} must be an int >= {low}, got {value!r}")
+        if sde_steps not in SDE_STEPS:
+            raise ValueError(f"{FLAG}.sde_steps must be one of {', '.join(SDE_STEPS)}, got {sde_steps!r}")
+        if not noise_level > 0:
+            raise ValueError(f"{FLAG}.noise_level must be > 0 (the SDE noise scale), got {noise_level}")
+        if backbone is None and image_size is not None:
+            raise ValueError(f"{FLAG}.image_size needs {BACKBONE_FLAG} (a pi0 folder, its image processor)")
+        self.action_dim, self.action_chunk, self.proprio_dim = action_dim, action_chunk, proprio_dim
+        self.num_steps, self.sde_steps, self.noise_level = num_steps, sde_steps, float(noise_level)
+        self.max_text_len = max_text_len
+        self.lora = as_lora_settings(lora)
+        self.backbone = (
+            build_pi0(vocab_size, hidden_size, num_hidden_layers, action_chunk, action_dim, proprio_dim)
+            if backbone is None
+            else load_pi0(backbone)
+        )
+        cfg = self.backbone.config
+        for name, value, what, most in (
+            ("action_chunk", action_chunk, "chunk_size", cfg.chunk_size),
+            ("action_dim", action_dim, "max_action_dim", cfg.max_action_dim),
+            ("proprio_dim", proprio_dim, "max_state_dim", cfg.max_state_dim),
+        ):
+            if value > most:
+                raise ValueError(f"{FLAG}.{name}={value} exceeds the pi0 model's {what}={most}")
+        cfg.loss_reduction = "none"  # flow_matching_loss masks the padded chunk steps and dims itself
+        self.chunk_shape = (cfg.chunk_size, cfg.max_action_dim)
+        #: States stored per call: ``x_k, x_{k+1}``, or the whole chain.
+        self.stored_states = num_steps + 1 if sde_steps == "all" else 2
+        vlm = self.backbone.model.vlm
+        encoder = image_encoder(vlm, backbone, True, image_size, 1, 1, freeze_vision)
+        self.image_size, self.image_processor = image_size, encoder.processor
+        if self.lora is not None:  # the VLM's language model and the expert; heads and projections train
+            apply_lora(vlm, self.lora)
+            apply_lora(self.backbone.model.dit, self.lora)
+        # Never used, so frozen (DDP stops on trainable parameters without gradients), adapters included:
+        # the expert is fed embeddings, and the prefix is read through its cached keys / values only, so
+        # the VLM's last layer past them (queries, output, MLP) and its final norm feed nothing.
+        lm = vlm.get_decoder()
+        last = lm.layers[-1]
+        attention = last.self_attn
+        unused = [self.backbone.model.dit.get_input_embeddings(), attention.q_proj, attention.o_proj,
+                  last.mlp, last.post_attention_layernorm, lm.norm]  # fmt: skip
+        for module in [*encoder.frozen, *unused]:
+            module.requires_grad_(False)
+        self.retokenizer = Retokenizer(backbone)
+        hidden = cfg.dit_config.hidden_size
+        self.value_head = ActionAwareValueHead(hidden, max_episode_steps, value_mlp_hidden)
+        self.train()  # from_pretrained returns eval mode
+
+    def bind_instructions(self, sentences: Any, ids: Tensor, mask: Tensor) -> bool:
+        """As :meth:`fastlight.vla.policy.VLAPolicy.bind_instructions`: the folder's tokenizer, once."""
+        rows = self.backbone.get_input_embeddings().weight.shape[0]
+        device = self.value_head.score.weight.device
+        return self.retokenizer.bind(sentences, ids, mask, vocab_rows=rows, device=device)
+
+    def policy_parameters(self) -> list[nn.Parameter]:
+        return [p for n, p in self.named_parameters() if not n.startswith("value_head.")]
+
+    def value_parameters(self) -> list[nn.Parameter]:
+        return list(self.value_head.parameters())
+
+    # ------------------------------------------------------------------ forward pieces
+    def _prefix(self, obs: dict[str, Tensor]) -> tuple[Any, Tensor, Tensor]:
+        """Observation -> (the VLM's key/value cache of the prefix, its mask ``[N, S0]``, the state
+        ``[N, max_state_dim]`` in the backbone's dtype), as pi0's ``sample_actions`` builds them."""
+        ids, mask = instruction_inputs(obs, self.max_text_len)
+        ids, mask = self.retokenizer(ids.long(), mask.long())
+        vlm = self.backbone.model.vlm
+        emb = vlm.get_input_embeddings()(ids)
+        if "image" in obs:
+            img, _ = image_tokens(vlm, None, self.image_processor, self.image_size, obs["image"])
+            img = img.to(emb.dtype)
+            emb, mask = torch.cat([img, emb], 1), torch.cat([mask.new_ones(img.shape[:2]), mask], 1)
+        cache = vlm(inputs_embeds=emb, attention_mask=mask, position_ids=mask.cumsum(1) - 1,
+                    token_type_ids=torch.zeros_like(mask), use_cache=True).cache  # fmt: skip
+        n = ids.shape[0]
+        state = emb.new_zeros(n, self.backbone.config.max_state_dim)
+        prop = proprio_input(obs, n, self.proprio_dim)
+        if prop is not None:
+            state[:, : self.proprio_dim] = prop.to(state.dtype)
+        return cache, mask, state
+
+    def _expert(self, prefix: tuple[Any, Tensor, Tensor], x: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        """One velocity: chain states ``x [N, C, M]`` at steps ``k [N]`` -> (``v [N, C, M]`` float32, the
+        state token's last hidden state ``[N, 1, H_expert]``). The cache is cropped back to the prefix."""
+        cache, mask, state = prefix
+        length = cache.get_seq_length()
+        t = sde_times(self.num_steps, x.device)[k]
+        emb = self.backbone.embed_action_time(state, x.to(state.dtype), t)
+        hidden = self.backbone.model(action_embeds=emb, attention_mask=mask, cache=cache).last_hidden_state
+        cache.crop(length - cache.get_seq_length())  # drop this step's keys: the next sees the prefix only
+        return self.backbone.action_out_proj(hidden[:, 1:]).float(), hidden[:, :1]
+
+    def _executed(self, x: Tensor) -> Tensor:
+        """``[N, C, M]`` -> the executed entries ``[N, H*D]`` (step-major)."""
+        return x[:, : self.action_chunk, : self.action_dim].reshape(x.shape[0], -1)
+
+    def _unpack(self, actions: Tensor) -> tuple[Tensor, Tensor]:
+        """Packed actions -> first stochastic step ``k [N]`` and stored states ``[N, S, C, M]``."""
+        n, hd = actions.shape[0], self.action_chunk * self.action_dim
+        width = hd + 1 + self.stored_states * self.chunk_shape[0] * self.chunk_shape[1]
+        if actions.shape != (n, width) or not actions.is_floating_point():
+            raise ValueError(
+                f"FlowVLAPolicy actions must be its packed float chains [N, {width}] (H*D={hd} + 1 + "
+                f"{self.stored_states} states x {self.chunk_shape}), got {tuple(actions.shape)} "
+                f"{actions.dtype}"
+            )
+        return actions[:, hd].long(), actions[:, hd + 1 :].reshape(n, self.stored_states, *self.chunk_shape)
+
+    # ------------------------------------------------------------------ policy interface
+    @torch.no_grad()
+    def act(
+        self, obs: dict[str, Tensor], *, step: Tensor | None = None, deterministic: bool = False
+    ) -> ActOutput:
+        """Run the chain: packed actions ``[N, W]``, logprobs ``[N, H*D]``, values ``[N]``. ``deterministic``:
+        every step is the ODE's (from random noise ``x_0``, as πRL evaluates), no SDE noise."""
+        prefix = self._prefix(obs)
+        n, dev = prefix[1].shape[0], prefix[1].device
+        every = self.sde_steps == "all"
+        first = torch.randint(1 if every else self.num_steps, (n,), device=dev)  # the first stochastic step
+        x = torch.randn(n, *self.chunk_shape, device=dev)
+        chain, logp = [x], x.new_zeros(n, *self.chunk_shape)
+        for j in range(self.num_steps):
+            k = torch.full((n,), j, dtype=torch.long, device=dev)
+            v, hidden = self._expert(prefix, x, k)
+            if j == 0:
+                values = self.value_head(hidden, episode_step(step, n, dev))
+            mean, std = sde_transition(x, v, k, self.num_steps, self.noise_level)
+            noisy = (k == first)[:, None, None] | every
+            ode = x - v / self.num_steps
+            x = torch.where(noisy & (not deterministic), mean + std * torch.randn_like(x), ode)
+            logp = logp + torch.where(noisy, gaussian_logprob(x, mean, std), 0.0)
+            chain.append(x)
+        chain = torch.stack(chain, 1)  # [N, K + 1, C, M]
+        if not every:
+            chain = chain[torch.arange(n, device=dev)[:, None], first[:, None] + torch.arange(2, device=dev)]
+        packed = torch.cat([self._executed(x), first[:, None].float(), chain.flatten(1)], 1)
+        return ActOutput(packed, self._executed(logp), values)
+
+    def evaluate(self, obs: dict[str, Tensor], actions: Tensor, *, step: Tensor | None = None) -> EvalOutput:
+        """Log-densities ``[N, H*D]`` of the stored chain's stochastic step(s) under the current weights,
+        their Gaussian entropies ``[N, H*D]`` and values ``[N]``."""
+        prefix = self._prefix(obs)
+        first, states = self._unpack(actions)
+        logp = ent = 0.0
+        for j in range(states.shape[1] - 1):
+            v, hidden = self._expert(prefix, states[:, j], first + j)
+            if j == 0:
+                values = self.value_head(hidden, episode_step(step, first.shape[0], first.device))
+            mean, std = sde_transition(states[:, j], v, first + j, self.num_steps, self.noise_level)
+            logp = logp + gaussian_logprob(states[:, j + 1], mean, std)
+            ent = ent + gaussian_entropy(std).expand_as(mean)
+        return EvalOutput(self._executed(logp), self._executed(ent), values)
+
+    def value(self, obs: dict[str, Tensor], *, step: Tensor | None = None) -> Tensor:
+        """Critic only: the state token's hidden state does not depend on the chain, so any state does."""
+        with torch.no_grad():
+            prefix = self._prefix(obs)
+            n = prefix[1].shape[0]
+            zeros = prefix[2].new_zeros(n, *self.chunk_shape).float()
+            _, hidden = self._expert(prefix, zeros, torch.zeros(n, dtype=torch.long, device=zeros.device))
+        return self.value_head(hidden, episode_step(step, n, hidden.device))
+
+    def flow_matching_loss(
+        self, obs: dict[str, Tensor], actions: Tensor, valid: Tensor | None = None
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """pi0's own training forward (``actions=``: a Beta-sampled time, velocity MSE) on continuous
+        actions ``[N, H*D]`` (step-major), mean over the valid executed entries (``valid`` ``[N]`` or
+        ``[N, H*D]``; padded chunk steps and action dims never count). Returns ``(loss, {})``."""
+        cache, mask, state = self._prefix(obs)
+        n = state.shape[0]
+        if actions.shape != (n, self.action_chunk * self.action_dim):
+            raise ValueError(
+                f"flow_matching_loss: actions must be [N={n}, H*D={self.action_chunk * self.action_dim}], "
+                f"got {tuple(actions.shape)}"
+            )
+        target = state.new_zeros(n, *self.chunk_shape)
+        target[:, : self.action_chunk, : self.action_dim] = actions.reshape(n, self.action_chunk, -1)
+        loss = self.backbone(state=state, actions=target, attention_mask=mask, cache=cache).loss  # [N, C, M]
+        keep = torch.ones_like(actions, dtype=torch.bool) if valid is None else valid.bool()
+        return masked_mean(self._executed(loss.float()), keep), {}
+
+    def action_mapping(self) -> ActionMapping:
+        """Packed actions -> the executed chunk in [-1, 1]: ``[N, H, D]`` (``[N, D]`` for ``H = 1``)."""
+        executed = ExecutedChunk(self.action_chunk * self.action_dim)
+        return executed if self.action_chunk == 1 else ChunkActions(executed, self.action_chunk)
