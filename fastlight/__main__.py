@@ -20,6 +20,20 @@ import sys
 
 
 def main() -> None:
+    # Ctrl-C before the run handles its stop signals (fastlight.callbacks.preemption: while Python imports
+    # Lightning, parses, builds the module and the probe env) is one line and 128 + SIGINT, as during
+    # training, not the traceback of whichever import it interrupted. Nothing is left running: the
+    # forkserver (started with Ctrl-C ignored) exits when this process does.
+    try:
+        _main()
+    except KeyboardInterrupt:
+        print(
+            "fastlight: interrupted (Ctrl-C) while starting; nothing was trained", file=sys.stderr, flush=True
+        )
+        raise SystemExit(130) from None
+
+
+def _main() -> None:
     # First of all: MuJoCo (Meta-World's image mode) renders offscreen only with a GL backend set,
     # and the forkserver below, ``evaluate`` and ``plot`` all start before ``cli_main`` would set it.
     os.environ.setdefault("MUJOCO_GL", "egl")

@@ -33,8 +33,15 @@ from fastlight.callbacks.preemption import Preempted, PreemptionCheckpoint
 from fastlight.checkpoints import AtomicCheckpointIO, check_writable_dir
 from fastlight.class_paths import same_class
 from fastlight.cli_defaults import complete_run_config, resume_last, root_dir
-from fastlight.cli_output import debug_enabled, one_line_errors, quiet_third_party
-from fastlight.cli_parser import FastlightArgumentParser, check_command_line, check_init_from
+from fastlight.cli_output import SettingError, debug_enabled, one_line_errors, quiet_third_party
+from fastlight.cli_parser import (
+    FastlightArgumentParser,
+    check_command_line,
+    check_init_from,
+    note_nested_help,
+)
+from fastlight.data.datamodule import RolloutDataModule
+from fastlight.data.protocols import ChecksEnvSpec
 from fastlight.modules.rl_module import RLModule
 from fastlight.modules.weights_fit import plain_setting
 from fastlight.procs import ignore_stop_signals
@@ -44,10 +51,31 @@ from fastlight.ranks import peer_watch
 _LINKED = ("obs_dim", "action_dim", "continuous")
 
 
+#: ``fastlight fit --help``: where fastlight's settings are among Lightning's (before its ~500 lines).
+FIT_USAGE = "%(prog)s [--config FILE ...] [--print_config] [--trainer.* ...] [--model.* ...] [--data.* ...]"
+FIT_HELP = (
+    "Train fastlight's --model on its --data (Lightning's Trainer.fit). fastlight's settings are the "
+    "--model.* and --data.* groups at the end of this help; `--model.help RLModule` and `--data.help "
+    "RolloutDataModule` print one class's alone, `--print_config` every value of a config, README.md what "
+    "each one is for."
+)
+#: The --model and --data groups' descriptions (Lightning's base classes' docstrings otherwise).
+GROUP_HELP = {
+    "model": "fastlight's RL module (--model.class_path fastlight.RLModule, fastlight.VLAModule or your "
+    "subclass): the policy (--model.policy), the objective (--model.objective: PPOClip, GIPO or SAPO), the "
+    "PPO/GAE settings and the learning rate; the env's sizes are linked from --data.",
+    "data": "fastlight's data module (--data.class_path fastlight.RolloutDataModule; DemoDataModule for "
+    "SFT): the env (--data.env_id, env_kwargs, env_wrappers), its samplers (--data.num_envs, num_workers, "
+    "fleet) and DPSA's resets (--data.reset_mode, termination_threshold, max_horizon).",
+}
+
+
 class FastlightCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:  # noqa: ANN001 - jsonargparse parser
         for key in _LINKED:
             parser.link_arguments(f"data.{key}", f"model.init_args.{key}", apply_on="instantiate")
+        for key, text in GROUP_HELP.items():
+            parser.groups[key].description = text
 
     def before_instantiate_classes(self) -> None:
         """The command's callbacks, loggers and per-run folders (:mod:`fastlight.cli_defaults`, which
@@ -63,6 +91,14 @@ class FastlightCLI(LightningCLI):
         # checkpoint's folder is not this run's (so the old run's top-k files are not tracked) is moot.
         warnings.filterwarnings("ignore", message="The dirpath has changed from .* won't be reloaded")
 
+    def after_instantiate_classes(self) -> None:
+        """An injected policy meets the env before the fit wraps anything around it: a VLA on an env without
+        instructions is refused naming what the env lacks, not in configure_optimizers' AttributeError."""
+        model, data = self.model, self.datamodule
+        injected = isinstance(model, ChecksEnvSpec) and model.hparams.get("policy") is not None
+        if injected and isinstance(data, RolloutDataModule):
+            model.check_env_spec(data.env_spec)
+
     def parse_arguments(self, parser, args) -> None:  # noqa: ANN001 - jsonargparse parser and args
         """LightningCLI's parsing, every refusal one line (:mod:`fastlight.cli_parser`): an optimizer
         flag, a missing or malformed ``--config`` file are named before jsonargparse reads them; a
@@ -70,6 +106,7 @@ class FastlightCLI(LightningCLI):
         argv = sys.argv[1:] if args is None else args
         if isinstance(argv, list | tuple):
             check_command_line(argv)
+            note_nested_help(argv)
         super().parse_arguments(parser, args)
         check_init_from(self.config)
 
@@ -83,6 +120,17 @@ class FastlightCLI(LightningCLI):
         for cb in trainer.callbacks:
             if isinstance(cb, PreemptionCheckpoint):
                 cb.resume_hint = "--ckpt_path {path}"  # this command's way to resume
+        # Lightning stops at the first batch boundary at or past max_steps, and a batch (a rollout) is
+        # several optimizer steps: said here, since Lightning's stop line names only max_steps.
+        per = self.model.optimizer_steps_per_update if isinstance(self.model, RLModule) else 1
+        if trainer.max_steps > 0 and trainer.max_steps % per and trainer.global_rank == 0:
+            print(
+                f"fastlight: --trainer.max_steps {trainer.max_steps} counts optimizer steps, {per} per "
+                "rollout (--model.update_epochs x --model.num_minibatches): training stops after the rollout "
+                f"that reaches it, at step {-(-trainer.max_steps // per) * per}",
+                file=sys.stderr,
+                flush=True,
+            )
         return trainer
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Any]) -> L.Trainer:
@@ -123,6 +171,10 @@ class FastlightCLI(LightningCLI):
 
         checkpoint = read_checkpoint(ckpt_path, flag="--ckpt_path")
         saved = dict(checkpoint.get("hyper_parameters") or {})
+        # The data settings too (Lightning saves the DataModule's hparams): another env is the usual
+        # reason a checkpoint's weights do not fit, which the module then refuses in one line.
+        saved_data = dict(checkpoint.get("datamodule_hyper_parameters") or {})
+        check_same_env(ckpt_path, saved_data.get("env_id"), self.config[sub].get("data"))
         model = self.config[sub].get("model")
         if model is None or getattr(model, "class_path", None) is None:
             return super()._parse_ckpt_path()  # nothing typed: rebuild the checkpoint's model
@@ -138,9 +190,6 @@ class FastlightCLI(LightningCLI):
                 file=sys.stderr,
                 flush=True,
             )
-        # The data settings too (Lightning saves the DataModule's hparams): another env is the usual
-        # reason a checkpoint's weights do not fit, which the module then refuses in one line.
-        saved_data = dict(checkpoint.get("datamodule_hyper_parameters") or {})
         diffs = _differences(saved, model, saved_data, self.config[sub].get("data"))
         if diffs:
             print(
@@ -149,6 +198,22 @@ class FastlightCLI(LightningCLI):
                 file=sys.stderr,
                 flush=True,
             )
+
+
+def check_same_env(ckpt_path: str, theirs: str | None, data: Namespace | None) -> None:
+    """A run resumes on the env its checkpoint was trained on: another env's weights (or the same sizes
+    on another task) would be trained on as if nothing changed. ``--ckpt_path last`` in a root shared
+    by runs of two envs is the usual way to ask for it unawares."""
+    init_args = data.get("init_args") if isinstance(data, Namespace) else None
+    mine = init_args.get("env_id") if isinstance(init_args, Namespace) else None
+    if not (isinstance(mine, str) and isinstance(theirs, str)):
+        return
+    if mine.rpartition(":")[2] != theirs.rpartition(":")[2]:  # `pkg:id` and `id` name one env
+        raise SettingError(
+            f"--ckpt_path {ckpt_path} was trained on {theirs}, not on this run's --data.env_id {mine}: "
+            f"resume it with --data.env_id {theirs}, or give a run of {mine} a root of its own "
+            "(--trainer.default_root_dir) so that `--ckpt_path last` finds its own checkpoints"
+        )
 
 
 def _differences(
@@ -196,7 +261,7 @@ def cli_main(args: list[str] | None = None, *, run: bool = True) -> FastlightCLI
         subclass_mode_model=True,
         subclass_mode_data=True,
         parser_class=FastlightArgumentParser,  # a refused command line: one line
-        parser_kwargs={"parser_mode": "omegaconf"},
+        parser_kwargs={"parser_mode": "omegaconf", "fit": {"usage": FIT_USAGE, "description": FIT_HELP}},
         save_config_kwargs={"overwrite": True},
         # No --optimizer / --lr_scheduler: the module makes its optimizer (Adam at --model.lr over its
         # param_groups()). LightningCLI's would be made before configure_model builds the policy, over

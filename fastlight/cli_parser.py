@@ -14,16 +14,23 @@ Before jsonargparse reads the command line, :func:`check_command_line` refuses L
 A dumped config is the run's complete one (:func:`fastlight.cli_defaults.complete_run_config`), so
 that ``--print_config``, which jsonargparse prints from inside parsing, before the CLI adds its
 callbacks, loggers and folders, shows what will run.
+
+A command-line value means what it means in YAML at every depth (:func:`_yaml_nested_values`); a later
+``--config`` file's ``env_kwargs`` update the earlier ones key by key, as ``--data.env_kwargs.KEY`` does.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 from collections.abc import Sequence
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, NoReturn
 
 from jsonargparse import Namespace
+from jsonargparse import _typehints as jsonargparse_typehints
 from lightning.pytorch.cli import LightningArgumentParser
 
 from fastlight.cli_defaults import complete_run_config
@@ -103,7 +110,79 @@ def check_init_from(config: Namespace) -> None:
         raise FileNotFoundError(f"--model.init_from: no checkpoint file at {init_from}")
 
 
+def _yaml_nested_values(adapt_class_type: Any) -> Any:
+    """jsonargparse (4.53) hands a flag two classes deep (``--model.policy.init_args.image_size null``) to
+    the inner class's parser as ``f"--{key}={value}"`` of the value already read as YAML: ``null`` arrives
+    as the string ``'None'``. Written as JSON (YAML) instead, it arrives as typed. Wraps the private
+    ``adapt_class_type``, the one jsonargparse internal fastlight patches (tests/test_cli_values.py)."""
+
+    @functools.wraps(adapt_class_type)
+    def adapt(value: Any, *args: Any, **kwargs: Any) -> Any:
+        nested = value.get("init_args") if isinstance(value, Namespace) else None
+        if isinstance(nested, jsonargparse_typehints.NestedArg) and not isinstance(nested.val, str):
+            value["init_args"] = nested._replace(val=json.dumps(nested.val, default=str))
+        return adapt_class_type(value, *args, **kwargs)
+
+    return adapt
+
+
+# Wrapping twice (a reload) changes nothing: the first wrapper leaves a string, which the second passes on.
+jsonargparse_typehints.adapt_class_type = _yaml_nested_values(jsonargparse_typehints.adapt_class_type)
+
+#: Set while a ``--config`` file is being applied (its ``env_kwargs`` then update the earlier ones).
+_IN_CONFIG_FILE: ContextVar[bool] = ContextVar("fastlight_in_config_file", default=False)
+
+
+def _merged(earlier: dict[str, Any], later: dict[str, Any]) -> dict[str, Any]:
+    """``later`` over ``earlier``, key by key at every depth."""
+    out = dict(earlier)
+    for key, value in later.items():
+        both = isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = _merged(out[key], value) if both else value
+    return out
+
+
+#: ``--model.objective.help GIPO``: jsonargparse prints a class's help two levels deep from the inner
+#: class's parser, as ``--objective.sigma``, which the command line refuses. Inner key -> the flag's prefix.
+_NESTED_HELP: ContextVar[dict[str, str] | None] = ContextVar("fastlight_nested_help", default=None)
+
+
+def note_nested_help(args: Sequence[str]) -> None:
+    """Record the prefix of each nested ``--<group>.<key>.help`` flag of ``args`` (:data:`_NESTED_HELP`)."""
+    prefixes = {}
+    for arg in args:
+        parts = str(arg).split("=", 1)[0].removeprefix("--").split(".")
+        if str(arg).startswith("--") and len(parts) >= 3 and parts[-1] == "help":
+            prefixes[parts[-2]] = ".".join(p for p in parts[:-1] if p != "init_args")
+    _NESTED_HELP.set(prefixes)
+
+
 class FastlightArgumentParser(LightningArgumentParser):
+    def add_class_arguments(
+        self, theclass: Any, nested_key: str | None = None, *args: Any, **kwargs: Any
+    ) -> Any:
+        prefix = (_NESTED_HELP.get() or {}).get(nested_key or "")
+        if prefix and str(self.description).startswith(f"Help for --{nested_key}.help"):
+            nested_key = prefix  # the help's flags as the command line takes them: --model.objective.sigma
+        return super().add_class_arguments(theclass, nested_key, *args, **kwargs)
+
+    def parse_path(self, *args: Any, **kwargs: Any) -> Namespace:
+        token = _IN_CONFIG_FILE.set(True)
+        try:
+            return super().parse_path(*args, **kwargs)
+        finally:
+            _IN_CONFIG_FILE.reset(token)
+
+    def parse_object(self, obj: Any, namespace: Namespace | None = None, **kwargs: Any) -> Namespace:
+        # jsonargparse replaces a dict a later file sets whole: a file that adds one env keyword would
+        # drop the others (an env's time limit, its reward scale) without a word.
+        if _IN_CONFIG_FILE.get() and isinstance(namespace, Namespace) and isinstance(obj, Namespace):
+            earlier, later = namespace.get("env_kwargs"), obj.get("env_kwargs")
+            if isinstance(earlier, dict) and isinstance(later, dict):
+                obj = obj.clone()
+                obj["env_kwargs"] = _merged(earlier, later)
+        return super().parse_object(obj, namespace, **kwargs)
+
     def dump(self, namespace: Namespace, *args: Any, **kwargs: Any) -> str:
         # Completing a config the CLI already completed changes nothing (e.g. the saved config.yaml).
         return super().dump(complete_run_config(namespace), *args, **kwargs)

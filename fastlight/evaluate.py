@@ -5,13 +5,13 @@
     fastlight evaluate --ckpt runs/vla_metaworld_mt10/checkpoints/last.ckpt --episodes 5  # 5 per task
 
 The env is rebuilt from the checkpoint's own data-module settings (``env_id`` / ``env_kwargs``;
-``--env`` / ``--env-kwargs`` override or supply them). Episodes run to their natural end
-(termination or the env's own time limit): no DPSA unified truncation and no emulated
-scenario-load cost, so returns compare across runs and with the literature. Episode ``i`` is reset
-with seed ``--seed + i`` (fastlight's multi-task Meta-World: :func:`fastlight.evaluation.eval_seed`,
-``--episodes`` per task), so two checkpoints evaluated with one seed face the same episodes. The
-episodes are played by :func:`fastlight.evaluation.play_episodes`, the one player every fastlight
-evaluation uses.
+``--env`` / ``--env-kwargs`` override or supply them), inside its gymnasium ``env_wrappers``.
+Episodes run to their natural end (termination or the env's own time limit): no DPSA unified
+truncation and no emulated scenario-load cost, so returns compare across runs and with the
+literature. Episode ``i`` is reset with seed ``--seed + i`` (fastlight's multi-task Meta-World:
+:func:`fastlight.evaluation.eval_seed`, ``--episodes`` per task), so two checkpoints evaluated with
+one seed face the same episodes. The episodes are played by
+:func:`fastlight.evaluation.play_episodes`, the one player every fastlight evaluation uses.
 
 Reported (95%): mean return with a percentile-bootstrap interval (10,000 resamples of the
 episodes, :func:`fastlight.stats.stratified_mean_ci` with one stratum), mean episode length, and the
@@ -110,10 +110,11 @@ def env_settings(ckpt: dict[str, Any], env_id: str | None, override: dict[str, A
 
 # ---------------------------------------------------------------------- playing
 def play_seeded(
-    policy: Any, env_id: str, env_kwargs: dict[str, Any], args: argparse.Namespace
+    policy: Any, env_id: str, env_kwargs: dict[str, Any], args: argparse.Namespace, wrappers: list[dict]
 ) -> tuple[list[EpisodeRecord], float]:
     """``(episodes, GIF fps)``: episode ``i`` on seed ``--seed + i``; ``--video`` keeps ``env.render()``."""
     from fastlight.envs.registry import make_env
+    from fastlight.envs.wrappers import EnvWrapper, wrap_env, wrapper_of
     from fastlight.evaluation import one_at_a_time, play_episodes, policy_act_fn, seeded_specs
     from fastlight.models.action_mapping import action_chunk
 
@@ -122,7 +123,10 @@ def play_seeded(
         # display (not "dummy": highway-env then stops drawing, every frame the first one).
         os.environ.setdefault("SDL_VIDEODRIVER", "offscreen")
     kwargs = {**env_kwargs, "render_mode": "rgb_array"} if args.video else env_kwargs
-    env = make_env(env_id, env_kwargs=kwargs, flag="--env")
+    # What the policy saw: the run's gymnasium wrappers (a flattened Dict, say), not fastlight's EnvWrapper
+    # settings (an emulated scenario-load cost: see the module docstring).
+    gym_wrappers = [w for w in map(wrapper_of, wrappers) if not isinstance(w, EnvWrapper)]
+    env = wrap_env(make_env(env_id, env_kwargs=kwargs, flag="--env"), gym_wrappers)
     try:
         fps = args.fps or float(min(max(env.metadata.get("render_fps") or 20, 1), 30))
         act = one_at_a_time(policy_act_fn(policy, deterministic=not args.sample))
@@ -287,7 +291,8 @@ def _evaluate(
         episodes = play_multitask(module.policy, env_id, env_kwargs, args, record=record)
         fps = args.fps or 20.0
     else:
-        episodes, fps = play_seeded(module.policy, env_id, env_kwargs, args)
+        wrappers = (ckpt.get("datamodule_hyper_parameters") or {}).get("env_wrappers") or []
+        episodes, fps = play_seeded(module.policy, env_id, env_kwargs, args, wrappers)
     videos = write_gifs(Path(args.video), episodes, fps) if args.video else []
     version = ckpt["state_dict"].get("_policy_version")
     result: dict[str, Any] = {

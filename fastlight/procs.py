@@ -1,6 +1,7 @@
 """Process helpers every fastlight process shares: what a child does first (die with its trainer,
 ignore the stop signals, seed, limit threads), the shared stop flag and lock, the children's heartbeat
-(:class:`Liveness`), and the readers of Linux's ``/proc`` it needs (the tests' and benchmarks' are ``benchmarks/procfs.py``).
+(:class:`Liveness`), and the readers of Linux's ``/proc`` it needs (the tests' and benchmarks' are
+``benchmarks/procfs.py``).
 
 Used by the sampler processes (:mod:`fastlight.sampling.worker`), their pool
 (:mod:`fastlight.fleet.pool`), the inference worker and its client (:mod:`fastlight.inference`),

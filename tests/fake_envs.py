@@ -219,3 +219,31 @@ class SamplerLengthEnv(FixedLengthEnv):
 
 
 gym.register("SamplerLength-v0", entry_point=SamplerLengthEnv)
+
+
+class DictObsEnv(FixedLengthEnv):
+    """FixedLength's episodes with a Dict observation: ``{"state": [tag, step, 1], "flag": [1, 0]}``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.observation_space = gym.spaces.Dict(
+            {
+                "state": gym.spaces.Box(-np.inf, np.inf, (3,), np.float32),
+                "flag": gym.spaces.Box(0.0, 1.0, (2,), np.float32),
+            }
+        )
+
+    def _obs(self) -> dict[str, np.ndarray]:
+        return {"state": super()._obs(), "flag": np.array([1.0, 0.0], dtype=np.float32)}
+
+
+class MultiDiscreteEnv(FixedLengthEnv):
+    """FixedLength with a MultiDiscrete action space (which fastlight's policies do not take)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.action_space = gym.spaces.MultiDiscrete([3, 3])
+
+
+gym.register("DictObs-v0", entry_point=DictObsEnv)
+gym.register("MultiDiscrete-v0", entry_point=MultiDiscreteEnv)

@@ -195,3 +195,24 @@ def test_print_config_shows_the_callbacks_loggers_and_folders_the_command_adds(t
     assert callbacks["LostRankCheckpoint"] == {"peer_timeout_minutes": 5.0, "rollback": False}
     assert callbacks["EnvStepBudget"]["total_env_steps"] is None
     assert not root.exists()  # printing the config creates no folder
+
+
+def test_fit_help_says_first_where_fastlights_settings_are():
+    out = run("fit", "--help")
+    assert out.returncode == 0, out.stderr
+    head = " ".join(" ".join(out.stdout.splitlines()[:10]).split())  # the help wraps its lines
+    assert head.startswith("usage: fastlight [options] fit [--config FILE ...]"), head
+    assert "--model.* and --data.* groups" in head and "--model.help RLModule" in head, head
+    # The groups carry fastlight's own description, not Lightning's base classes' docstrings.
+    text = " ".join(out.stdout.split())
+    assert "fastlight's RL module (--model.class_path fastlight.RLModule" in text
+    assert "fastlight's data module (--data.class_path fastlight.RolloutDataModule" in text
+
+
+def test_a_nested_help_prints_flags_that_paste():
+    """``--model.objective.help GIPO`` is printed by RLModule's own parser: its flags carry the outer prefix,
+    as the command line takes them (tests/test_cli_values.py parses them)."""
+    out = run("fit", "--model.objective.help", "GIPO")
+    assert out.returncode == 0, out.stderr
+    assert "  --model.objective.sigma SIGMA" in out.stdout, out.stdout
+    assert "  --objective." not in out.stdout

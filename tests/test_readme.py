@@ -325,9 +325,8 @@ RUN: dict[str, Run] = {
     f"{MT10} --trainer.strategy ddp --trainer.devices 2": Run(MT10_TINY, fitted(1), slow=True),
     # The flags after `two-nodes` reach both nodes' fits: the tiny sizes too.
     TWO_NODES: Run(without(MT10_TINY, "--trainer.max_steps"), two_nodes(8), slow=True),
-    f"{HIGHWAY} --data.env_id mypkg:mypkg/Uneven-v0 --data.env_kwargs '{{}}'": Run(
-        TINY, fitted(1, env_id="mypkg:mypkg/Uneven-v0")
-    ),
+    f"{HIGHWAY} --data.env_id mypkg:mypkg/Uneven-v0 --data.env_kwargs '{{}}' "
+    "--trainer.default_root_dir runs/uneven": Run(TINY, fitted(1, env_id="mypkg:mypkg/Uneven-v0")),
 }
 
 #: README commands that are not run here, each with the reason.
@@ -346,13 +345,20 @@ NOT_RUN: dict[str, str] = {
     ),
     f"{MT10} --trainer.strategy fsdp --trainer.accelerator gpu --trainer.devices 8 "
     "--trainer.precision bf16-mixed": "FSDP runs on CUDA only: 8 GPUs",
-    "ray start --head --port 6379 --num-cpus 0": "a Ray cluster of several machines (the Ray fleet's "
-    "tests run a two-node cluster on localhost: tests/fleet/ray/test_ray_fleet.py)",
-    "ray start --address $HEAD_ADDR:6379 --num-cpus 32 --resources '{\"sim\": 32}'": "a simulator node of "
-    "that cluster",
-    "fastlight fit --config configs/highway_dpsa.yaml --data.num_workers 64 --data.num_envs 256 "
-    "--data.fleet.class_path fastlight.fleet.ray.fleet.RayFleet --data.fleet.init_args.address auto "
-    "--data.fleet.init_args.sampler_resources '{sim: 1}'": "64 samplers on that cluster's `sim` nodes",
+    # The Ray section runs as pasted (in its own home folder, on localhost, tiny sizes appended) in
+    # tests/fleet/ray/test_ray_readme.py, which reads these commands from the README.
+    **dict.fromkeys(
+        [
+            "export RAY_AUTH_MODE=token",
+            "ray get-auth-token --generate",
+            "ray start --head --port 6379 --num-cpus 0",
+            "ray start --address $HEAD_ADDR:6379 --num-cpus 32 --resources '{\"sim\": 32}'",
+            "fastlight fit --config configs/highway_dpsa.yaml --data.num_workers 64 --data.num_envs 256 "
+            "--data.fleet.class_path fastlight.fleet.ray.fleet.RayFleet --data.fleet.init_args.address auto "
+            "--data.fleet.init_args.sampler_resources '{sim: 1}'",
+        ],
+        "a Ray cluster: tests/fleet/ray/test_ray_readme.py runs these, as pasted, on localhost",
+    ),
 }
 
 #: The package of README's "Your own env": README's own ``mypkg/__init__.py``, and an env of

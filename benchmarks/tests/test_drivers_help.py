@@ -43,6 +43,7 @@ DRIVERS = (
     "benchmarks.sync.lora",
     "benchmarks.vla.bc_baseline",
     "benchmarks.vla.eval",
+    "benchmarks.vla.flow_cost",
     "benchmarks.vla.hf_throughput",
     "benchmarks.vla.mt10_memory",
     "benchmarks.vla.mt10_report",

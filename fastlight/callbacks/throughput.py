@@ -28,7 +28,8 @@ over ranks and takes the max of the clocks, so every rank logs the whole job's f
 
 Logged keys: ``perf/raw_tps``, ``perf/effective_tps`` (progress bar), ``perf/sample_efficiency``,
 ``perf/time_efficiency``, ``perf/per_sampler_tps``, ``perf/mean_episode_length``,
-``perf/resets_per_1k_valid``, ``perf/truncated_episode_share`` and the cumulative
+``perf/resets_per_1k_valid``, ``perf/truncated_episode_share`` (cut by a unified truncation),
+``perf/time_limit_share`` (ended by the env's own time limit) and the cumulative
 ``perf/valid_steps_total`` / ``perf/raw_steps_total`` (kept in the checkpoint). A ratio that
 is undefined over a window (e.g. no episode ended) is not logged.
 """

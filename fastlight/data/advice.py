@@ -6,7 +6,8 @@ Two ways DPSA's settings go wrong, both visible in the throughput metrics
 - **Cut episodes.** A unified truncation cuts the envs still running. When episode lengths are
   very uneven (3 and 200 steps), a threshold of 0.5 cuts every long episode as soon as half of
   the envs were short: ``perf/truncated_episode_share`` reads 0.4-0.5, and the policy sees
-  long-horizon returns only through the critic's bootstrap.
+  long-horizon returns only through the critic's bootstrap. (Episodes the env's own time limit
+  ended are not cut: no DPSA setting changes them, ``perf/time_limit_share`` counts them.)
 - **Reset-bound sampling.** Every DPSA/SGR cycle starts with a reset of all its envs. With a slow
   reset (a scenario load) and short cycles, the samplers spend their time resetting:
   ``perf/time_efficiency`` near 0.

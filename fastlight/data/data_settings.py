@@ -4,6 +4,7 @@ flag, and the settings objects as plain data for loggers and checkpoints."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -103,6 +104,9 @@ def plain_settings(value: Any, *, class_path: bool = False) -> Any:
     env wrapper, whose class is open); plain data (the CLI's) as it is."""
     if value is None or isinstance(value, dict):
         return value
+    if isinstance(value, type | functools.partial):  # a gymnasium wrapper class (awaiting its env)
+        func, init_args = (value, {}) if isinstance(value, type) else (value.func, dict(value.keywords))
+        return {"class_path": import_path(func), "init_args": init_args}
     fields = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else dict(vars(value))
     if not class_path:
         return fields

@@ -37,7 +37,7 @@ from fastlight.data.protocols import ChecksEnvSpec, RolloutPolicyModule, require
 from fastlight.data.sampler_plan import resolve_rounds, sampler_configs
 from fastlight.data.tickets import StepTickets
 from fastlight.envs.registry import make_env
-from fastlight.envs.wrappers import EnvWrapper, wrap_env
+from fastlight.envs.wrappers import AnyEnvWrapper, EnvWrapper, wrap_env, wrapper_of
 from fastlight.fleet.base import Fleet, SamplerFleet
 from fastlight.fleet.faults import FaultSettings
 from fastlight.fleet.pool import LocalFleet
@@ -65,9 +65,10 @@ class RolloutDataModule(L.LightningDataModule):
     Args:
         env_id: gymnasium id (highway-env ids import ``highway_env`` on demand).
         env_kwargs: keyword arguments for ``gym.make`` (e.g. ``{config: {...}}`` for highway-env).
-        env_wrappers: :class:`~fastlight.envs.EnvWrapper` settings applied, in order, around every
-            env the samplers build and the probe env that sizes the policy, e.g. the emulated
-            scenario-load latency ``fastlight.envs.ScenarioLoadCost`` (FAST §background).
+        env_wrappers: :class:`~fastlight.envs.EnvWrapper` settings or gymnasium wrapper classes applied,
+            in order, around every env the samplers build and the probe env that sizes the policy, e.g.
+            ``gymnasium.wrappers.FlattenObservation`` (a Dict observation for the MLP policy) or the
+            emulated scenario-load latency ``fastlight.envs.ScenarioLoadCost`` (FAST §background).
         num_envs: environment clips in total per trainer rank, spread over the samplers.
         num_workers: sampler processes per trainer rank.
         reset_mode: ``dpsa | sgr | autoreset | sequential`` (FAST §DPSA).
@@ -128,7 +129,7 @@ class RolloutDataModule(L.LightningDataModule):
         *,
         env_id: str = "highway-fast-v0",
         env_kwargs: dict[str, Any] | None = None,
-        env_wrappers: list[EnvWrapper] | None = None,
+        env_wrappers: list[AnyEnvWrapper] | None = None,
         num_envs: int = 8,
         num_workers: int = 2,
         reset_mode: ResetMode = "dpsa",
@@ -152,11 +153,15 @@ class RolloutDataModule(L.LightningDataModule):
         super().__init__()
         check_type("fleet", fleet, Fleet)
         self.fleet = fleet
-        self.env_wrappers: tuple[EnvWrapper, ...] = tuple(env_wrappers or ())
+        self.env_wrappers: tuple[AnyEnvWrapper, ...] = tuple(env_wrappers or ())
         self.inference, self.faults = inference, faults
         check_data_settings(locals())
         self.save_hyperparameters()
         self._plain_settings()
+        # Samplers receive them pickled: a gymnasium wrapper is rebuilt from its settings (class_path +
+        # init_args), as the object jsonargparse makes of one holds the CLI itself.
+        wrappers = zip(self.env_wrappers, self.hparams.env_wrappers or (), strict=True)
+        self.env_wrappers = tuple(w if isinstance(w, EnvWrapper) else wrapper_of(s) for w, s in wrappers)
         probe = make_env(env_id, env_kwargs=env_kwargs)
         probe = wrap_env(probe, self.env_wrappers)  # the policy's sizes are the wrapped env's
         self.env_spec = EnvSpec.from_env(probe)

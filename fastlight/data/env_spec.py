@@ -51,7 +51,10 @@ class EnvSpec:
             return EnvSpec(obs_dim, int(act_space.n), False, obs_space, table)
         if isinstance(act_space, gym.spaces.Box):
             return EnvSpec(obs_dim, int(math.prod(act_space.shape)), True, obs_space, table)
-        raise ValueError(f"unsupported action space {act_space}: fastlight supports Discrete and Box")
+        raise ValueError(
+            f"--data.env_id: the env's action space {act_space} is not supported: fastlight's policies take "
+            "Discrete or Box actions; map it to one with a gymnasium ActionWrapper in --data.env_wrappers"
+        )
 
 
 @runtime_checkable

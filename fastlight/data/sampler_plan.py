@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from fastlight.data.data_settings import rank_rounds_blockers
-from fastlight.envs.wrappers import EnvWrapper
+from fastlight.envs.wrappers import AnyEnvWrapper
 from fastlight.sampling.bundle import SamplerConfig
 from fastlight.sampling.round_signal import resolve_rank_rounds
 
@@ -28,7 +28,7 @@ def sampler_configs(
     *,
     rank: int,
     seed: int,
-    env_wrappers: tuple[EnvWrapper, ...],
+    env_wrappers: tuple[AnyEnvWrapper, ...],
     shared_memory: bool,
 ) -> list[SamplerConfig]:
     """One :class:`SamplerConfig` per sampler of trainer rank ``rank``.

@@ -4,14 +4,20 @@
 ``[{class_path: fastlight.envs.ScenarioLoadCost, init_args: {seconds: 0.2}}]``. An ``EnvWrapper``
 is the wrapper's *settings*: a small picklable object that the samplers receive and apply, in
 order, to each env they make (first in the list = innermost), and so does the DataModule's probe
-env, so the sizes linked to the policy are those of the wrapped env.
+env, so the sizes linked to the policy are those of the wrapped env. A gymnasium wrapper class is
+one too (``{class_path: gymnasium.wrappers.FlattenObservation}``, its other arguments in
+``init_args``): jsonargparse makes it a ``functools.partial`` awaiting the env.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import gymnasium as gym
+
+from fastlight.class_paths import resolve
 
 
 class EnvWrapper:
@@ -20,19 +26,35 @@ class EnvWrapper:
     def wrap(self, env: gym.Env) -> gym.Env:
         raise NotImplementedError(f"{type(self).__qualname__} must implement wrap(env) -> gym.Env")
 
+    def __call__(self, env: gym.Env) -> gym.Env:
+        return self.wrap(env)
 
-def wrap_env(env: gym.Env, wrappers: Sequence[EnvWrapper] = ()) -> gym.Env:
+
+#: What ``--data.env_wrappers`` takes: fastlight's settings objects, or gymnasium wrappers awaiting the env.
+AnyEnvWrapper = EnvWrapper | Callable[[gym.Env], gym.Env]
+
+
+def wrap_env(env: gym.Env, wrappers: Sequence[AnyEnvWrapper] = ()) -> gym.Env:
     """``env`` inside every wrapper of ``wrappers`` (the first one innermost)."""
     for wrapper in wrappers:
-        env = wrapper.wrap(env)
+        env = wrapper(env)
     return env
 
 
+def wrapper_of(settings: Mapping[str, Any]) -> AnyEnvWrapper:
+    """The wrapper that ``settings`` (``class_path`` + ``init_args``, as a config or a checkpoint records it)
+    name: an :class:`EnvWrapper`, or a gymnasium wrapper class awaiting its env."""
+    cls, init_args = resolve(settings["class_path"]), settings.get("init_args") or {}
+    if isinstance(cls, type) and issubclass(cls, EnvWrapper):
+        return cls(**init_args)
+    return functools.partial(cls, **init_args)
+
+
 def check_env_wrappers(wrappers: Sequence[object], *, flag: str = "--data.env_wrappers") -> None:
-    """Refuse anything that is not an :class:`EnvWrapper` (a programmatic caller's gym class, say)."""
+    """Refuse what cannot wrap an env (a programmatic caller's dict or name, say)."""
     for i, wrapper in enumerate(wrappers):
-        if not isinstance(wrapper, EnvWrapper):
+        if not callable(wrapper):
             raise TypeError(
-                f"{flag}[{i}] must be a fastlight.envs.EnvWrapper (class_path + init_args), "
-                f"got {type(wrapper).__name__}"
+                f"{flag}[{i}] must be a fastlight.envs.EnvWrapper or a gymnasium wrapper class "
+                f"(class_path + init_args), got {type(wrapper).__name__}"
             )

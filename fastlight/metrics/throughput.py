@@ -13,12 +13,16 @@ effective_tps           valid_steps / elapsed                       effective th
 per_sampler_tps         valid_steps / wall_time                     (one sampler's rate)
 mean_episode_length     Σ episode lengths / episodes                §average episode length
 resets_per_1k_valid     1000 · global_resets / valid_steps          (reset frequency)
-truncated_episode_share truncated episodes / episodes               (short-time bias)
+truncated_episode_share cut episodes / episodes                     (short-time bias)
+time_limit_share        time-limit endings / episodes               (the env's own truncation)
 ======================  ==========================================  ==========================
 
 ``effective_tps = raw_tps × sample_efficiency`` holds exactly. ``wall_time`` is the whole
 sampling cycle (stepping + resets + policy inference + waiting); an episode cut by a
-truncation (unified truncation or time limit) counts at its cut length.
+truncation (unified truncation or time limit) counts at its cut length. ``truncated_episode_share``
+counts the episodes a DPSA/SGR unified truncation (or ``max_horizon``) cut (``EpisodeRecord.cut``),
+the ones its settings decide; the env's own time limit, which no setting of fastlight's changes, is
+``time_limit_share``.
 
 **Clocks.** Two times are kept apart:
 
@@ -60,7 +64,8 @@ SUM_STATES = (
     "global_resets",
     "episodes",
     "episode_length_sum",
-    "truncated_episodes",
+    "cut_episodes",
+    "time_limit_episodes",
 )
 
 #: Keys returned by :meth:`ThroughputMetrics.compute`.
@@ -73,6 +78,7 @@ METRIC_KEYS = (
     "mean_episode_length",
     "resets_per_1k_valid",
     "truncated_episode_share",
+    "time_limit_share",
 )
 
 
@@ -108,7 +114,8 @@ class ThroughputMetrics(Metric):
     global_resets: Tensor
     episodes: Tensor
     episode_length_sum: Tensor
-    truncated_episodes: Tensor
+    cut_episodes: Tensor
+    time_limit_episodes: Tensor
     elapsed: Tensor
 
     def __init__(self, **kwargs) -> None:
@@ -137,7 +144,8 @@ class ThroughputMetrics(Metric):
         self.global_resets += stats.global_resets
         self.episodes += len(stats.episodes)
         self.episode_length_sum += sum(ep.length for ep in stats.episodes)
-        self.truncated_episodes += sum(1 for ep in stats.episodes if ep.truncated)
+        self.cut_episodes += sum(1 for ep in stats.episodes if ep.cut)
+        self.time_limit_episodes += sum(1 for ep in stats.episodes if ep.truncated and not ep.cut)
         self.elapsed += stats.wall_time if elapsed is None else float(elapsed)
 
     def compute(self) -> dict[str, Tensor]:
@@ -150,7 +158,8 @@ class ThroughputMetrics(Metric):
             "per_sampler_tps": _ratio(self.valid_steps, self.wall_time),
             "mean_episode_length": _ratio(self.episode_length_sum, self.episodes),
             "resets_per_1k_valid": _ratio(self.global_resets, self.valid_steps, 1000.0),
-            "truncated_episode_share": _ratio(self.truncated_episodes, self.episodes),
+            "truncated_episode_share": _ratio(self.cut_episodes, self.episodes),
+            "time_limit_share": _ratio(self.time_limit_episodes, self.episodes),
         }
 
     def totals(self) -> dict[str, float]:

@@ -61,9 +61,16 @@ def check_settings(args: dict[str, Any], *, default_policy: bool) -> None:
 def check_mlp_sizes(obs_dim: int, action_dim: int) -> None:
     """The default MLP policy needs both env sizes."""
     if obs_dim < 1 or action_dim < 1:
+        # obs_dim 0: the env's observation has no flat size (a Dict or Tuple space).
+        flatten = (
+            ": the MLP policy takes a Box observation; flatten a Dict or Tuple one with --data.env_wrappers "
+            "'[{class_path: gymnasium.wrappers.FlattenObservation}]'"
+            if obs_dim < 1
+            else ""
+        )
         raise ValueError(
             f"--model.obs_dim and --model.action_dim must be >= 1 (linked from the data module by "
-            f"`fastlight fit`), got {obs_dim} and {action_dim}"
+            f"`fastlight fit`), got {obs_dim} and {action_dim}{flatten}"
         )
 
 

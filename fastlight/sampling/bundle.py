@@ -15,7 +15,7 @@ from typing import Any, Literal, Protocol
 
 from torch import nn
 
-from fastlight.envs.wrappers import EnvWrapper
+from fastlight.envs.wrappers import AnyEnvWrapper
 from fastlight.sampling.round_signal import RoundSignal, RoundView
 from fastlight.sampling.task_weights import SharedTaskWeights
 from fastlight.weights.publisher import WeightSource
@@ -37,7 +37,7 @@ class SamplerConfig:
     min_valid_steps: int = 0
     max_staleness: int = 0
     #: Applied around every env, in order (``--data.env_wrappers``, e.g. ``ScenarioLoadCost``).
-    env_wrappers: tuple[EnvWrapper, ...] = ()
+    env_wrappers: tuple[AnyEnvWrapper, ...] = ()
     seed: int = 0
     nonfinite: str = "raise"
     #: ``--data.rank_rounds`` resolved: ``together``: the rank's samplers end their rounds together

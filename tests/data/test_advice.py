@@ -63,3 +63,12 @@ def test_a_healthy_run_gets_no_advice():
     advice = SamplingAdvice(reset_mode="dpsa", termination_threshold=0.75, max_horizon=200, num_envs=8)
     healthy = stats([(30, False)] * 7 + [(30, True)], reset=0.01, step=1.0)  # 1 in 8 cut: under 0.3
     assert feed(advice, healthy, 2 * MIN_ROLLOUTS) == [[]] * (2 * MIN_ROLLOUTS)
+
+
+def test_the_envs_own_time_limit_is_not_a_cut():
+    """Episodes ended by the env's time limit (truncated, not cut) are no reason to raise the threshold:
+    no DPSA setting changes them (perf/time_limit_share counts them, not perf/truncated_episode_share)."""
+    advice = SamplingAdvice(reset_mode="dpsa", termination_threshold=0.5, max_horizon=200, num_envs=8)
+    time_limit = [EpisodeRecord(length=50, ret=0.0, terminated=False, truncated=True) for _ in range(8)]
+    s = RolloutStats(episodes=time_limit, step_time=1.0, wall_time=1.1)
+    assert feed(advice, s, 2 * MIN_ROLLOUTS) == [[]] * (2 * MIN_ROLLOUTS)

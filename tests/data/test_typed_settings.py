@@ -103,8 +103,10 @@ def test_a_cuda_inference_device_without_cuda_is_refused():
 def test_a_wrong_object_for_a_setting_is_named():
     with pytest.raises(TypeError, match=r"--data.inference must be null or InferenceSettings\(...\)"):
         RolloutDataModule(**SMALL, inference=True)  # today's `inference_server: true`, unconverted
-    with pytest.raises(TypeError, match=r"--data.env_wrappers\[0\] must be a fastlight.envs.EnvWrapper"):
-        RolloutDataModule(**SMALL, env_wrappers=[gym.wrappers.TimeLimit])
+    with pytest.raises(
+        TypeError, match=r"--data.env_wrappers\[0\] must be a fastlight.envs.EnvWrapper or a gym"
+    ):
+        RolloutDataModule(**SMALL, env_wrappers=["gymnasium.wrappers.TimeLimit"])  # a name, not the class
 
 
 def test_hparams_hold_the_settings_as_plain_data():

@@ -35,7 +35,7 @@ def _hand_built_rollout() -> Rollout:
         global_resets=1,
         episodes=[
             EpisodeRecord(length=2, ret=-1.0, terminated=True, truncated=False, crashed=True),
-            EpisodeRecord(length=4, ret=4.0, terminated=False, truncated=True),
+            EpisodeRecord(length=4, ret=4.0, terminated=False, truncated=True, cut=True),
         ],
     )
     return Rollout(
@@ -62,6 +62,7 @@ def test_each_metric_on_a_hand_built_rollout() -> None:
     assert out["mean_episode_length"] == pytest.approx((2 + 4) / 2)  # the cut one at its cut length
     assert out["resets_per_1k_valid"] == pytest.approx(1000 * 1 / 6)
     assert out["truncated_episode_share"] == pytest.approx(0.5)
+    assert out["time_limit_share"] == 0.0
     assert out["effective_tps"] == pytest.approx(out["raw_tps"] * out["sample_efficiency"])
 
 
@@ -99,6 +100,22 @@ def test_forward_accumulates_elapsed_by_sum() -> None:
     assert float(metric.compute()["effective_tps"]) == pytest.approx(3.0)
 
 
+def test_the_truncated_share_counts_unified_truncations_only() -> None:
+    """The env's own time limit is not a cut a DPSA setting makes: it is its own share (issue 39: the
+    truncated share stayed at 0.51 while auto's cuts fell from 0.39 to 0.06)."""
+    metric = ThroughputMetrics()
+    episodes = [
+        EpisodeRecord(length=9, ret=0.0, terminated=False, truncated=True, cut=True),  # a unified truncation
+        EpisodeRecord(length=200, ret=0.0, terminated=False, truncated=True),  # the env's time limit
+        EpisodeRecord(length=200, ret=0.0, terminated=False, truncated=True),
+        EpisodeRecord(length=3, ret=0.0, terminated=True, truncated=False),
+    ]
+    metric.update(RolloutStats(raw_steps=1, valid_steps=1, wall_time=1.0, episodes=episodes))
+    out = _values(metric)
+    assert out["truncated_episode_share"] == pytest.approx(1 / 4)
+    assert out["time_limit_share"] == pytest.approx(2 / 4)
+
+
 def test_bad_inputs_raise() -> None:
     metric = ThroughputMetrics()
     with pytest.raises(TypeError, match="RolloutStats"):
@@ -119,7 +136,8 @@ RANK_STATS = [
     (RolloutStats(raw_steps=10, valid_steps=8, step_time=1.0, wall_time=2.0, global_resets=1,
                   episodes=[EpisodeRecord(length=8, ret=0.0, terminated=True, truncated=False)]), 2.0),
     (RolloutStats(raw_steps=30, valid_steps=24, step_time=2.0, wall_time=3.0, global_resets=2,
-                  episodes=[EpisodeRecord(length=4, ret=0.0, terminated=False, truncated=True)] * 3), 3.0),
+                  episodes=[EpisodeRecord(length=4, ret=0.0, terminated=False, truncated=True,
+                                          cut=True)] * 3), 3.0),
 ]
 
 

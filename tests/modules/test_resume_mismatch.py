@@ -5,6 +5,7 @@ starts, instead of torch's ``size mismatch`` traceback of every tensor."""
 from __future__ import annotations
 
 import multiprocessing
+import re
 import sys
 from pathlib import Path
 
@@ -88,17 +89,25 @@ def test_another_env_through_the_command_is_one_error_line(tmp_path, checkpoint,
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if line.startswith("fastlight: error:")]
     assert errors == [
-        f"fastlight: error: --ckpt_path {checkpoint}: --data.env_id {ECHO} (checkpoint: {FIXED}); the env's "
-        "obs_dim 6 (checkpoint: 3); the env's continuous True (checkpoint: False): the checkpoint's weights "
-        # A continuous env's policy normalises its observations (RLModule's normalize_obs default),
-        # so its tensors sit one level deeper than the discrete checkpoint's.
-        "cannot be loaded into this model (policy.policy.log_std is not in the checkpoint (19 tensors "
-        "missing)); resume with the checkpoint's settings, or start a new run without "
-        "--ckpt_path  (FASTLIGHT_DEBUG=1 shows the traceback)"
+        f"fastlight: error: --ckpt_path {checkpoint} was trained on {FIXED}, not on this run's --data.env_id "
+        f"{ECHO}: resume it with --data.env_id {FIXED}, or give a run of {ECHO} a root of its own "
+        "(--trainer.default_root_dir) so that `--ckpt_path last` finds its own checkpoints  "
+        "(FASTLIGHT_DEBUG=1 shows the traceback)"
     ]
     assert "Traceback" not in err and "size mismatch" not in err
-    # The resume line before it already names the env that changed.
-    assert f"(yours apply): --data.env_id {ECHO} (checkpoint: {FIXED})" in err
+
+
+def test_last_in_a_root_another_env_wrote_is_refused(tmp_path, checkpoint):
+    """`--ckpt_path last` reads <root>/checkpoints/last.ckpt: a run of another env that shares the root
+    (a config reused for a user's own env) is refused, however well its weights would fit."""
+    root = tmp_path / "shared"
+    (root / "checkpoints").mkdir(parents=True)
+    (root / "checkpoints" / "last.ckpt").write_bytes(checkpoint.read_bytes())
+    same_sizes = "tests.fake_envs:Crashing-v0"  # another env of the same sizes: the weights would load
+    line = f"--ckpt_path {root}/checkpoints/last.ckpt was trained on {FIXED}, not on this run's"
+    with pytest.raises(ValueError, match="^" + re.escape(line)):
+        cli_main(["fit", *settings(root, "--data.env_id", same_sizes), "--ckpt_path", "last"])
+    assert multiprocessing.active_children() == []
 
 
 def test_the_same_settings_resume_without_a_word(tmp_path, checkpoint):

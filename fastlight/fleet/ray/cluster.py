@@ -95,6 +95,17 @@ class RayCluster:
         try:
             with children_ignore_stop_signals():
                 ray.init(**kwargs)
+        except (ConnectionError, RuntimeError, ray.exceptions.RayError) as e:
+            if address is None:
+                raise
+            # A setting, not a sampler fault: one line (an OSError fastlight raises), not a traceback. Ray
+            # logs the reason it sees (e.g. InvalidAuthToken) above it; its exception names only the address.
+            why = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
+            raise ConnectionError(
+                f"{SETTINGS}.address {address}: cannot join the Ray cluster there ({type(e).__name__}: "
+                f"{why}); a cluster with token authentication (Ray's default) needs RAY_AUTH_MODE=token and "
+                "its token here (RAY_AUTH_TOKEN or ~/.ray/auth_token)"
+            ) from None
         finally:
             if main and sigterm is not None:
                 signal.signal(signal.SIGTERM, sigterm)
