@@ -7,6 +7,7 @@ sampler's shared-memory slot, send a tiny request over its pipe and read the ans
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -15,6 +16,13 @@ from torch import Tensor, nn
 
 from fastlight.inference.server import Slot
 from fastlight.models.base import ActionMapping, ActOutput
+
+#: How often a sampler waiting on the worker's answer beats its heartbeat (s).
+WAIT_BEAT_S = 0.5
+
+
+def _no_beat() -> None:
+    pass
 
 
 class ServedProxy(nn.Module):
@@ -30,9 +38,11 @@ class ServedProxy(nn.Module):
         self.last_version = -1
         self.progress = 0
         self._action_mapping = action_mapping
+        self.beat: Callable[[], None] = _no_beat
 
-    def new_round(self) -> None:
+    def new_round(self, beat: Callable[[], None]) -> None:
         self.progress = 0
+        self.beat = beat  # the sampler's heartbeat, beaten while an answer is awaited
 
     def action_mapping(self) -> ActionMapping:
         return self._action_mapping
@@ -64,6 +74,10 @@ class RemotePolicy(ServedProxy):
         self.slot.step[:n].copy_(step if step is not None else torch.zeros(n, dtype=torch.long))
         self.progress += n
         self.conn.send((kind, n, self.progress))
+        # Waiting on the worker is not a hang of this sampler: it beats, so that a worker that hangs is
+        # the only silent process and the one named (a dead worker's EOF ends the wait at once).
+        while not self.conn.poll(WAIT_BEAT_S):
+            self.beat()
         reply = self.conn.recv()
         if isinstance(reply, tuple) and reply[0] == "error":
             raise RuntimeError(f"inference worker failed:\n{reply[1]}")

@@ -28,6 +28,7 @@ flow-matching loss instead of the cross-entropy.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import NamedTuple, Protocol, runtime_checkable
 
 from torch import Tensor, nn
@@ -98,12 +99,13 @@ class PolicyBase(nn.Module, ABC):
 class ServedPolicy(Policy, Protocol):
     """A policy whose answers come from another process (the inference worker's
     :class:`~fastlight.inference.remote.RemotePolicy`): ``last_version`` is the version of the
-    weights behind the latest answer (it may change mid-round), and ``new_round()`` resets the
-    progress by which the worker serves stragglers first."""
+    weights behind the latest answer (it may change mid-round), and ``new_round(beat)`` resets the
+    progress by which the worker serves stragglers first; ``beat`` (the sampler's heartbeat) is called
+    while an answer is awaited, so a hung worker, not the samplers waiting on it, is the silent one."""
 
     last_version: int
 
-    def new_round(self) -> None: ...
+    def new_round(self, beat: Callable[[], None]) -> None: ...
 
 
 POLICY_METHODS = ("act", "evaluate", "value", "action_mapping", "env_action")

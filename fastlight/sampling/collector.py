@@ -177,7 +177,7 @@ class Collector(EnvSteps):
         # Checked once per round, not per step (a Protocol isinstance walks its members).
         self._served = isinstance(policy, ServedPolicy)
         if self._served:  # the inference worker ranks stragglers by progress per round
-            policy.new_round()
+            policy.new_round(self.heartbeat)
         self._chunk = action_chunk(policy.action_mapping())
         if self.mode in ("dpsa", "sgr"):
             rank_rate = cycle is not None and self.rounds is not None and self.rounds.shared_rate

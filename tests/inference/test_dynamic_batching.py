@@ -136,3 +136,33 @@ def test_remote_policy_round_trip_through_a_thread():
     t.join()
     assert remote.last_version == 7
     torch.testing.assert_close(v, policy.value(o).detach())
+
+
+def test_a_sampler_waiting_on_the_worker_beats(monkeypatch):
+    """A sampler waiting for the worker's answer keeps its heartbeat (so a hung worker, not the
+    samplers waiting on it, is the silent process the pool names); it stops beating once answered."""
+    import threading
+    import time
+
+    from fastlight.inference import remote as remote_module
+
+    monkeypatch.setattr(remote_module, "WAIT_BEAT_S", 0.05)
+    server, slots, ends, policy = make_server([2], max_batch=8, max_wait_ms=1.0)
+    remote = RemotePolicy(slots[0], ends[0], policy.action_mapping())
+    beats: list[float] = []
+    remote.new_round(lambda: beats.append(time.monotonic()))
+
+    def serve_late():
+        time.sleep(0.5)  # a worker busy (or stopped) for 0.5 s
+        server.poll(1.0)
+        server.serve(server.gather())
+
+    t = threading.Thread(target=serve_late)
+    t.start()
+    start = time.monotonic()
+    remote.value(torch.randn(2, 3))
+    answered = time.monotonic()
+    t.join()
+    assert len(beats) >= 4, beats  # ~10 polls of 0.05 s in 0.5 s; a loaded machine does fewer
+    assert all(start <= b <= answered for b in beats)
+    assert beats[-1] - beats[0] >= 0.2  # spread over the wait, not one burst
