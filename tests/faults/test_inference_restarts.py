@@ -83,8 +83,8 @@ def test_killed_and_stopped_inference_worker_restart_then_the_budget_stops_namin
         # Its samplers, waiting on its answers, keep beating: the worker is the one named.
         said = capfd.readouterr().err
         assert re.search(
-            rf"inference worker \(fastlight-inference, pid {stopped}, env {re.escape(ENV)}\) made no progress "
-            r"for \d+\.\d s \(--data.faults.heartbeat_s 3\)",
+            rf"inference worker \(fastlight-inference, pid {stopped}, env {re.escape(ENV)}\) "
+            r"made no progress for \d+\.\d s \(--data.faults.heartbeat_s 3\)",
             said,
         ), said
         assert not re.search(r"sampler \d+ \([^)]*\) made no progress", said), said
