@@ -219,6 +219,10 @@ def plain_ppo(done: Done) -> None:
     assert list((done.cwd / "runs/plain_ppo").glob("lightning_logs/version_*/events.out.tfevents.*"))
 
 
+def short_plain_ppo(done: Done) -> None:
+    assert "`Trainer.fit` stopped: `max_steps=64` reached." in done.output
+
+
 def tiny_llava(done: Done) -> None:
     import json
 
@@ -289,6 +293,7 @@ RUN: dict[str, Run] = {
     "python -m examples.plain_ppo.ppo": Run((), plain_ppo, slow=True),
     "python -m examples.plain_ppo.ppo_callbacks": Run((), plain_ppo, slow=True),
     "python -m examples.plain_ppo.ppo_fastlight": Run((), plain_ppo, slow=True),
+    "python -m examples.plain_ppo.ppo 64": Run((), short_plain_ppo, slow=True),
     f"fastlight evaluate --ckpt {LAST} --episodes 20": Run(
         ("--episodes", "2"), evaluated(LAST, "highway-fast-v0", 2)
     ),
@@ -489,7 +494,7 @@ def test_slow_readme_commands_run(tmp_path):
 @pytest.mark.multiproc
 def test_plain_ppo_readme_commands_run(tmp_path):
     """The plain Lightning PPO project and its two fastlight steps, as pasted: 2000 optimizer steps
-    each (they take no flags; several minutes each on 2 cores)."""
+    each (their default; several minutes each on 2 cores)."""
     ppo = [c for c in COMMANDS if c in RUN and RUN[c].check is plain_ppo]
     assert len(ppo) == 3, ppo
     run_in_order(ppo, working_copy(tmp_path), timeout=1800)

@@ -84,4 +84,6 @@ def main(max_steps: int = 2000, root: str = "runs/plain_ppo") -> L.Trainer:
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    main(*(int(a) for a in sys.argv[1:2]))  # an optional max_steps: `python -m ... 64` is a short run
