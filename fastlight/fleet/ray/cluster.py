@@ -11,6 +11,7 @@ import logging
 import math
 import os
 import signal
+import socket
 import subprocess
 import threading
 from typing import Any, Protocol
@@ -24,6 +25,26 @@ from fastlight.procs import children_ignore_stop_signals
 SETTINGS = "--data.fleet.init_args"
 #: What a missing Ray is reported as.
 WHAT = "--data.fleet fastlight.fleet.ray.fleet.RayFleet"
+
+
+#: How long the trainer waits for a cluster's head to accept a connection before giving up on it (s).
+REACH_TIMEOUT_S = 10.0
+
+
+def check_reachable(address: str) -> None:
+    """Refuse in one line a ``host:port`` (or ``ray://host:port``) where nothing accepts a connection:
+    ``ray.init`` would retry it for minutes, logging a warning every few seconds. ``auto`` and other
+    forms are Ray's to resolve."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=REACH_TIMEOUT_S).close()
+    except OSError as e:
+        raise ConnectionError(
+            f"{SETTINGS}.address {address}: nothing accepts connections there ({e.strerror or e}); start the "
+            "cluster's head with `ray start --head --port PORT`, or give its address"
+        ) from None
 
 
 def import_ray() -> Any:
@@ -86,6 +107,7 @@ class RayCluster:
                 "include_dashboard": False,
             }
         else:
+            check_reachable(address)
             kwargs["address"] = address
         # ray.init replaces the trainer's SIGTERM handler (its preemption checkpoint): put it back. The
         # Ray processes it starts ignore the stop signals, as the local samplers do: a Ctrl-C to the
