@@ -37,7 +37,8 @@ test-numeric: install
 	done
 
 # Two "nodes" on localhost, two process trees each in its own session: torchrun and Lightning's
-# environment launch (tests/multinode; about 2 CPU-minutes, so apart from `make test`).
+# environment launch (tests/multinode; about 2 CPU-minutes, so apart from `make test`); and a three-node
+# Ray cluster started with `ray start` that loses a node to SIGKILL (about 2 more minutes, wall time).
 test-multinode: install
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m multinode tests/multinode
 

@@ -301,11 +301,7 @@ def write_error_line(path: str, error: OSError, needed: int | None = None) -> st
     resume from."""
     folder = os.path.dirname(os.path.abspath(path))
     code = errno_names.errorcode.get(error.errno or 0, str(error.errno))
-    try:
-        usage = shutil.disk_usage(folder)
-        space = f"{_size(usage.free)} free of {_size(usage.total)} on the filesystem of {folder}"
-    except OSError:
-        space = f"free space of {folder} unknown"
+    space = free_space(folder)
     if needed:
         space = f"it needs about {_size(needed)}, {space}"
     last = last_good_checkpoint(path)
@@ -314,6 +310,16 @@ def write_error_line(path: str, error: OSError, needed: int | None = None) -> st
     else:
         resume = f"last good checkpoint to resume from: {last}" + (" (unchanged)" if last == path else "")
     return f"could not save checkpoint {path}: {error.strerror or error} ({code}); {space}; {resume}"
+
+
+def free_space(folder: str) -> str:
+    """``<free> free of <total> on the filesystem of <folder>`` (``shutil.disk_usage``), for a line
+    about a write that failed there."""
+    try:
+        usage = shutil.disk_usage(folder)
+    except OSError:
+        return f"free space of {folder} unknown"
+    return f"{_size(usage.free)} free of {_size(usage.total)} on the filesystem of {folder}"
 
 
 def payload_bytes(obj: Any) -> int:

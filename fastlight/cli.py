@@ -42,6 +42,7 @@ from fastlight.cli_parser import (
 )
 from fastlight.data.datamodule import RolloutDataModule
 from fastlight.data.protocols import ChecksEnvSpec
+from fastlight.log_writes import guard_logger_writes
 from fastlight.modules.rl_module import RLModule
 from fastlight.modules.weights_fit import plain_setting
 from fastlight.procs import ignore_stop_signals
@@ -111,12 +112,14 @@ class FastlightCLI(LightningCLI):
         check_init_from(self.config)
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
-        """Atomic checkpoint files unless the user brings a CheckpointIO of their own."""
+        """Atomic checkpoint files unless the user brings a CheckpointIO of their own; loggers whose failed
+        write stops the run in one line (:mod:`fastlight.log_writes`)."""
         plugins = self._get(self.config_init, "trainer", default={}).get("plugins")
         plugins = [] if plugins is None else list(plugins) if isinstance(plugins, list) else [plugins]
         if not any(isinstance(p, CheckpointIO) for p in plugins):
             kwargs["plugins"] = [*plugins, AtomicCheckpointIO()]
         trainer = super().instantiate_trainer(**kwargs)
+        guard_logger_writes(trainer.loggers)  # a full disk under a logger: one line, not its tracebacks
         for cb in trainer.callbacks:
             if isinstance(cb, PreemptionCheckpoint):
                 cb.resume_hint = "--ckpt_path {path}"  # this command's way to resume

@@ -13,8 +13,9 @@
   1.5``), or Lightning's ``MisconfigurationException`` (the Trainer's checks of its arguments). The
   message printed is the innermost such exception's, as it was raised. ``FASTLIGHT_DEBUG=1`` keeps
   the full traceback. Only the command line (``fastlight.cli.main``) uses it; ``cli_main`` called
-  from Python raises as usual. A checkpoint that could not be written (a full disk) exits 1 with its
-  one line (:class:`~fastlight.checkpoints.CheckpointWriteError`), printed once.
+  from Python raises as usual. A checkpoint or a log that could not be written (a full disk) exits 1 with
+  its one line (:class:`~fastlight.checkpoints.CheckpointWriteError`,
+  :class:`~fastlight.log_writes.LogWriteError`), printed once.
 """
 
 from __future__ import annotations
@@ -180,10 +181,11 @@ def one_line_errors() -> Iterator[None]:
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
     from fastlight.checkpoints import CheckpointWriteError
+    from fastlight.log_writes import LogWriteError
 
     try:
         yield
-    except CheckpointWriteError as error:  # a full disk, a read-only filesystem: not a setting
+    except (CheckpointWriteError, LogWriteError) as error:  # a full disk, a read-only filesystem
         if debug_enabled():
             raise
         if not error.reported:  # PreemptionCheckpoint's stop line already says it

@@ -159,6 +159,15 @@ class RolloutStats:
     #: Rounds the trainer cut at their next step for the batch they would have missed
     #: (``--data.rank_rounds`` in an asynchronous run, :mod:`fastlight.sampling.round_signal`).
     cut_in_flight: int = 0
+    #: The sampler (its index in the rank) that sent this Rollout, -1 for a batch of several.
+    sampler: int = -1
+    #: Each sending sampler's position after its round (a
+    #: :class:`~fastlight.sampling.exact.SamplerState`), kept by the checkpoint for an exact resume.
+    sampler_states: dict[int, Any] = field(default_factory=dict)
+    #: ``(receiver, version, checksum)`` of the weights that sampled it, one per sampler item: the
+    #: sampler's policy copy (``"sampler i"``) or the inference worker that answered it; the trainer
+    #: compares them with what it published (:class:`~fastlight.weights.checksum.DeliveryCheck`).
+    weights_held: list[tuple[str, int, float]] = field(default_factory=list)
 
     def merge(self, other: RolloutStats) -> RolloutStats:
         """Counters of two cycles taken one after the other (times add up)."""
@@ -175,6 +184,9 @@ class RolloutStats:
             dropped_nonfinite=self.dropped_nonfinite + other.dropped_nonfinite,
             threshold_sum=self.threshold_sum + other.threshold_sum,
             cut_in_flight=self.cut_in_flight + other.cut_in_flight,
+            sampler=self.sampler if self.sampler == other.sampler else -1,
+            sampler_states=self.sampler_states | other.sampler_states,
+            weights_held=self.weights_held + other.weights_held,
         )
 
 

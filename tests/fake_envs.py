@@ -201,15 +201,17 @@ gym.register("Fault-v0", entry_point=FaultEnv)
 
 class SamplerLengthEnv(FixedLengthEnv):
     """Episodes of ``short`` steps in sampler 0's envs and ``long`` steps in sampler 1's (the sampler
-    read from the first reset's seed: ``seed + 1000 w + i``); each step sleeps ``step_s``, so
-    samplers in separate processes advance at about the same pace."""
+    read from the first reset's seed: ``seed + 1000 w + i``; later global resets draw other seeds);
+    each step sleeps ``step_s``, so samplers in separate processes advance at about the same pace."""
 
     def __init__(self, short: int = 2, long: int = 150, step_s: float = 0.002) -> None:
         super().__init__(lengths=(short,))
         self.short, self.long, self.step_s = short, long, step_s
+        self.first = True
 
     def reset(self, *, seed=None, options=None):
-        if seed is not None:
+        if seed is not None and self.first:
+            self.first = False
             self.lengths = [self.long if (seed // 1000) % 2 else self.short]
         return super().reset(seed=seed, options=options)
 

@@ -10,9 +10,9 @@ The floors follow DESIGN.md's "Shape of the code" (data walks one way, top to bo
 A module may import from its own floor and the floors below; same-floor edges are allowed, cycles never:
 
 0. ``procs`` (process helpers), ``extras`` (optional dependencies), ``rollout`` (the batch contract),
-   ``losses`` and ``stats`` (pure functions), ``checkpoints`` and ``checkpoint_link`` (file I/O only),
-   ``class_paths`` (import paths), ``lightning_compat`` (every private Lightning API): they import
-   nothing of fastlight but each other.
+   ``losses`` and ``stats`` (pure functions), ``checkpoints``, ``checkpoint_link`` and ``log_writes`` (file
+   I/O only), ``class_paths`` (import paths), ``lightning_compat`` (every private Lightning API): they
+   import nothing of fastlight but each other.
 1. ``advantages`` (over losses), ``models`` (policies; over extras), ``weights`` (publishing a version;
    its shared lock is in procs), ``metrics`` (over rollout), ``ranks`` (what a multi-rank run needs
    beyond Lightning: heartbeats, launchers, SLURM's requeue, the rollback point; over lightning_compat).
@@ -52,7 +52,7 @@ PACKAGE = "fastlight"
 #: Bottom to top; a name is the first component after ``fastlight.`` ("" is ``fastlight/__init__.py``).
 FLOORS: list[tuple[str, ...]] = [
     ("procs", "extras", "rollout", "losses", "stats", "checkpoints", "checkpoint_link", "class_paths",
-     "rank_state", "lightning_compat"),
+     "rank_state", "lightning_compat", "log_writes"),
     ("advantages", "models", "weights", "metrics", "ranks"),
     ("envs", "inference"),
     ("sampling",),

@@ -101,12 +101,12 @@ class EnvStepBudget(Callback):
 
     def _tensorboard(self, trainer: pl.Trainer) -> None:
         metrics = trainer.callback_metrics  # this step's values, as logged so far
+        values = {f"env_steps/{key}": float(metrics[key]) for key in self.tensorboard_keys if key in metrics}
         for logger in trainer.loggers:
-            if not isinstance(logger, TensorBoardLogger) or trainer.global_rank != 0:
+            if not isinstance(logger, TensorBoardLogger) or trainer.global_rank != 0 or not values:
                 continue
-            for key in self.tensorboard_keys:
-                if key in metrics:
-                    logger.experiment.add_scalar(f"env_steps/{key}", float(metrics[key]), self.env_steps)
+            # Through the logger, not its writer: a failed write is then the logger's (fastlight.log_writes).
+            logger.log_metrics(values, step=self.env_steps)
 
     @property
     @override

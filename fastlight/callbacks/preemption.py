@@ -8,9 +8,10 @@ deadlocks under DDP on a SIGTERM to a rank other than 0 (:mod:`fastlight.lightni
   process stops at once outside an update (e.g. waiting for a rollout) and right after the update
   during one: a checkpoint never holds half an update. Ranks agree at each update's end, in one small
   all-reduce, on whether any was signalled (or the timer save is due), and stop after the same update;
-- on any exception during training (a signal, a sampler fault, a non-finite value) ends the samplers,
-  writes ``<dirpath>/<filename>.ckpt`` (rank 0 writes, every rank takes part) and prints one line
-  saying what happened and where the checkpoint is; further stop signals are ignored until it is on
+- on any exception during training (a signal, a sampler fault, a non-finite value, a log that could
+  not be written: :mod:`fastlight.log_writes`) ends the samplers, writes ``<dirpath>/<filename>.ckpt``
+  (rank 0 writes, every rank takes part) and prints one line saying what happened and where the
+  checkpoint is; further stop signals are ignored until it is on
   disk. It exits with 128 + signum (SIGINT 130, SIGTERM 143, SIGUSR1 138) on every rank, and under
   SLURM with auto-requeue requeues the job to resume from it (:mod:`fastlight.ranks.slurm`);
 - saves every ``every_minutes`` of training and when training ends; a file that cannot be written
@@ -45,6 +46,7 @@ from fastlight import lightning_compat
 from fastlight.checkpoint_link import link_as
 from fastlight.checkpoints import CheckpointWriteError, save_in_progress, saving, write_error_line
 from fastlight.data.protocols import StopsSampling
+from fastlight.log_writes import LogWriteError
 from fastlight.ranks.launcher import end_launched_ranks, stop_with_launcher
 from fastlight.ranks.slurm import slurm_requeue
 
@@ -239,7 +241,8 @@ class PreemptionCheckpoint(Callback):
     def on_exception(
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
     ) -> None:
-        if not self._active:  # not a fit (validate, test, predict), or this fit already stopped
+        if not self._active:  # not a fit (validate, test, predict), or this fit already stopped or ended
+            self._report_final_log_error(trainer, exception)
             return
         self._active = False
         self._stopping = True  # from here, stop signals are counted and ignored until the fit ends
@@ -254,8 +257,10 @@ class PreemptionCheckpoint(Callback):
             trainer.datamodule.stop()  # no sampler is restarted (nor samples) while this one stops
         what = signal.Signals(exception.signum).name if isinstance(exception, Preempted) else None
         what, at = what or type(exception).__name__, f"at global step {trainer.global_step}"
+        # A log that could not be written: its line is the cause, then what became of the checkpoint.
+        said = f": {exception.strerror}" if isinstance(exception, LogWriteError) else ""
         if not self._trained:
-            where = "before training started; no checkpoint written"
+            where = f"before training started{said}; no checkpoint written"
         elif isinstance(exception, CheckpointWriteError):  # the disk that refused it would refuse it again
             where = f"{at}: {exception.strerror}"
         else:
@@ -263,18 +268,28 @@ class PreemptionCheckpoint(Callback):
                 if self.saved_step != trainer.global_step:  # else this update is on disk already
                     self._save(trainer)
                 hint = self.resume_hint.format(path=self.ckpt_path)
-                where = f"{at}; checkpoint saved to {self.ckpt_path} (resume with {hint})"
+                where = f"{at}{said}; checkpoint saved to {self.ckpt_path} (resume with {hint})"
                 if isinstance(exception, Preempted) and trainer.is_global_zero:
                     if exception.signum == lightning_compat.slurm_requeue_signal(trainer):
                         where += "; " + slurm_requeue(trainer, self.run_ckpt_path)
             except BaseException as e:  # noqa: BLE001 - the original error must still surface
                 why = e.strerror if isinstance(e, CheckpointWriteError) else repr(e)
-                where = f"{at}; saving the checkpoint failed: {why}"
-        if isinstance(exception, CheckpointWriteError):
+                where = f"{at}{said}; saving the checkpoint failed: {why}"
+        if isinstance(exception, CheckpointWriteError | LogWriteError):
             exception.reported = True  # the command prints it once
         if trainer.is_global_zero:
             where += end_launched_ranks(trainer) if agreed else ""  # they stop too: say how they ended
             print(f"fastlight: stopped by {what} {where}", file=sys.stderr, flush=True)
+
+    def _report_final_log_error(self, trainer: L.Trainer, exception: BaseException) -> None:
+        """A logger's last flush failed: Lightning finalizes the loggers after the callbacks' teardown, once
+        training has ended and its checkpoint is on disk (:mod:`fastlight.log_writes`)."""
+        if not isinstance(exception, LogWriteError) or exception.reported or self.saved_step is None:
+            return
+        exception.reported = True  # the command prints it once
+        if trainer.is_global_zero:
+            line = f"training finished at global step {self.saved_step}, checkpoint saved to {self.ckpt_path}"
+            print(f"fastlight: {line}; then {exception.strerror}", file=sys.stderr, flush=True)
 
     def write_alone(self, trainer: L.Trainer, checkpoint: dict[str, Any]) -> None:
         """Write ``checkpoint`` (made on this rank) to this callback's file from this rank alone, no

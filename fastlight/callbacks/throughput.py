@@ -24,7 +24,10 @@ busy time). The first Rollout after ``on_train_start`` only starts the clock (sa
 and prefetched data would distort it); it still counts in the totals.
 
 **DDP.** The underlying :class:`~fastlight.metrics.throughput.ThroughputMetrics` sums counts
-over ranks and takes the max of the clocks, so every rank logs the whole job's figures.
+over ranks and takes the max of the clocks, so every rank logs the whole job's figures. The totals are
+the job's too: each rank counts its own samplers, the logged totals are summed over ranks (one small
+all-reduce per logged window) and the checkpoint's ``totals`` are the sum of the ranks' own, which it
+keeps beside them (``per_rank``, to resume on another world size: :mod:`fastlight.rank_state`).
 
 Logged keys: ``perf/raw_tps``, ``perf/effective_tps`` (progress bar), ``perf/sample_efficiency``,
 ``perf/time_efficiency``, ``perf/per_sampler_tps``, ``perf/mean_episode_length``,
@@ -41,6 +44,7 @@ import time
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
@@ -112,23 +116,30 @@ class RolloutThroughput(Callback):
         self.metric.update(stats, elapsed=now - last)
         self._pending += 1
         if self._pending >= self.window:
-            self._log(pl_module)
+            self._log(trainer, pl_module)
 
     def _counts(self, batch: Any) -> RolloutStats | None:
         return self._batch_counts(batch)
 
-    def _log(self, pl_module: pl.LightningModule) -> None:
+    def _log(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         values = {f"perf/{k}": float(v) for k, v in self.metric.compute().items()}
         self.metric.reset()
         self._pending = 0
         values = {k: v for k, v in values.items() if not math.isnan(v)}
-        values["perf/valid_steps_total"] = float(self.totals["valid_steps"])
-        values["perf/raw_steps_total"] = float(self.totals["raw_steps"])
+        totals = self._job_totals(trainer, pl_module.device, ("valid_steps", "raw_steps"))
+        values |= {f"perf/{k}_total": float(v) for k, v in totals.items()}
         bar = {k: values.pop(k) for k in ("perf/effective_tps",) if k in values}
         kw: dict[str, Any] = {"on_step": True, "on_epoch": False, "batch_size": 1}
         if bar:
             pl_module.log_dict(bar, prog_bar=self.prog_bar, **kw)
         pl_module.log_dict(values, prog_bar=False, **kw)
+
+    def _job_totals(self, trainer: pl.Trainer, device: torch.device, keys: tuple[str, ...]) -> dict[str, int]:
+        """``keys`` of the totals, summed over the ranks (each counts its own samplers)."""
+        local = torch.tensor([float(self.totals[k]) for k in keys], dtype=torch.float64, device=device)
+        if trainer.world_size > 1:  # float64: exact up to 2**53 steps
+            local = trainer.strategy.reduce(local, reduce_op="sum")
+        return {k: int(v) for k, v in zip(keys, local.tolist(), strict=True)}
 
     @property
     @override
@@ -137,8 +148,10 @@ class RolloutThroughput(Callback):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        # The totals count this rank's own samplers: every rank's go into the file rank 0 writes.
-        return {"totals": dict(self.totals), PER_RANK_KEY: gather_per_rank(dict(self.totals))}
+        # Each rank's own totals go into the file rank 0 writes; ``totals`` is the job's, their sum.
+        ranks = gather_per_rank(dict(self.totals))
+        totals = {k: sum(int(r.get(k, 0)) for r in ranks) for k in _TOTALS}
+        return {"totals": totals, PER_RANK_KEY: ranks}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

@@ -11,7 +11,13 @@ worker learns of the sync only when the publish starts.
 Logged per publish (from its :class:`~fastlight.weights.publisher.SyncStats`):
 ``sync/trainer_wait_ms`` (how long the publish blocked the trainer), ``sync/latency_ms`` (first
 byte sent -> weights visible to the samplers), ``sync/bytes``, ``sync/collectives``,
-``sync/version``.
+``sync/version``, and ``sync/verified``: how many receivers were found holding exactly the weights the
+trainer published, counted once per receiver (a sampler's policy copy, or the inference worker) and
+checked version, since the fit began (:class:`~fastlight.weights.checksum.DeliveryCheck`). Only the
+versions divisible by ``--data.faults.verify_weights_every`` are checked (not logged when it is 0): a
+count that stays at 0 means nothing was checked, and a receiver holding other weights (a transport
+that sent stale bytes under a new version number) stops the run, in one line naming the receiver, the
+version, both checksums and the transport, instead of being counted.
 
 Needs a DataModule implementing :class:`~fastlight.data.protocols.WeightPublishing` (e.g.
 ``RolloutDataModule``) and a module implementing :class:`~fastlight.data.protocols.TrainsPolicy`;
@@ -27,7 +33,7 @@ from lightning.pytorch.callbacks import Callback
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from fastlight.data.protocols import TrainsPolicy, WeightPublishing, require
+from fastlight.data.protocols import ChecksDelivery, TrainsPolicy, WeightPublishing, require
 
 
 class WeightSync(Callback):
@@ -60,7 +66,11 @@ class WeightSync(Callback):
         stats = trainer.datamodule.last_sync
         if stats is not None and stats.version != self._logged:
             self._logged = stats.version
-            pl_module.log_dict(stats.metrics(), on_step=True, on_epoch=False, batch_size=1)
+            metrics = stats.metrics()
+            delivery = trainer.datamodule.delivery if isinstance(trainer.datamodule, ChecksDelivery) else None
+            if delivery is not None and delivery.every > 0:
+                metrics["sync/verified"] = float(delivery.verified)
+            pl_module.log_dict(metrics, on_step=True, on_epoch=False, batch_size=1)
 
     @override
     def on_before_optimizer_step(

@@ -159,3 +159,15 @@ def thread_plan(
     worker = inference.threads if cpu_worker else 0
     trainer = h.trainer_threads if h.trainer_threads is not None else max(1, spare - worker)
     return trainer, inference
+
+
+def threads_line(settings: Mapping[str, Any], threads: int, inference: InferenceSettings | None) -> str:
+    """The line that says how many torch threads the trainer computes on (set by :func:`thread_plan`)."""
+    served = inference is not None and inference.threads is not None
+    worker = f", the inference worker on {inference.threads}" if served else ""
+    why = (
+        "--data.trainer_threads"
+        if settings["trainer_threads"] is not None
+        else f"the cores its {settings['num_workers']} samplers leave (--data.trainer_threads sets it)"
+    )
+    return f"fastlight: the trainer computes on {threads} torch thread(s){worker}: {why}"

@@ -13,6 +13,7 @@ step tickets, not Rollouts: :mod:`fastlight.data.tickets`.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Any, Literal
 
 import lightning as L
@@ -30,8 +31,10 @@ from fastlight.data.data_settings import (
     max_valid_per_rollout,
     plain_settings,
     thread_plan,
+    threads_line,
 )
 from fastlight.data.env_spec import EnvSpec, task_names_of
+from fastlight.data.exact_resume import EXACT_KEY, restore_exact, save_exact
 from fastlight.data.prefetch import Prefetcher
 from fastlight.data.protocols import ChecksEnvSpec, RolloutPolicyModule, require
 from fastlight.data.sampler_plan import resolve_rounds, sampler_configs
@@ -46,6 +49,7 @@ from fastlight.inference.settings import InferenceSettings
 from fastlight.rank_state import PER_RANK_KEY, counters_for_rank, gather_per_rank, per_rank_entries, world
 from fastlight.sampling.bundle import SamplerConfig
 from fastlight.sampling.collector_settings import Nonfinite, ResetMode
+from fastlight.sampling.exact import SamplerState
 from fastlight.sampling.obs import obs_to_tensor, stack_obs
 from fastlight.sampling.round_signal import RankRounds
 from fastlight.weights.publisher import SyncStats
@@ -122,6 +126,10 @@ class RolloutDataModule(L.LightningDataModule):
             (:class:`~fastlight.fleet.ray.fleet.RayFleet`, ``--data.fleet
             fastlight.fleet.ray.fleet.RayFleet --data.fleet.init_args.address auto``). Sampling,
             staleness, seeds and the restart budget are the same with either.
+        exact_resume: ``autoreset``: samplers save their envs after every round (~0.1 ms per MuJoCo
+            env), so a resume continues their episodes; the rest of an exact resume is always saved
+            (:mod:`fastlight.data.exact_resume`: when "N updates, stop, resume, M more" equals
+            "N + M straight"; a resume says in one line whether it is exact).
     """
 
     def __init__(
@@ -149,6 +157,7 @@ class RolloutDataModule(L.LightningDataModule):
         nonfinite: Nonfinite = "raise",
         start_method: StartMethod | None = None,
         fleet: Fleet = DEFAULT_FLEET,
+        exact_resume: bool = False,
     ) -> None:
         super().__init__()
         check_type("fleet", fleet, Fleet)
@@ -184,7 +193,11 @@ class RolloutDataModule(L.LightningDataModule):
             num_envs=h.num_envs,
         )
         self.last_sync: SyncStats | None = None  # the latest publish's (None before the first)
+        self.delivery = faults.delivery_check(keep=max_staleness + 1)  # did the published weights arrive?
         self.dropped_stale = 0
+        # Each sampler's position after its last round handed out, and a resumed checkpoint's.
+        self._sampler_states: dict[int, SamplerState] = {}
+        self._resume_states: dict[int, SamplerState] = {}
         # Fault counters of earlier pools (a resumed run's, restored from the checkpoint).
         self._restarts_before = 0
         self._dropped_rollouts_before = 0
@@ -249,13 +262,9 @@ class RolloutDataModule(L.LightningDataModule):
         return int(os.environ.get("PL_GLOBAL_SEED", 0))
 
     def sampler_configs(self, rank: int) -> list[SamplerConfig]:
-        return sampler_configs(
-            self.hparams,
-            rank=rank,
-            seed=self.env_seed,
-            env_wrappers=self.env_wrappers,
-            shared_memory=self.fleet.shared_memory,
-        )
+        configs = sampler_configs(self.hparams, rank=rank, seed=self.env_seed, env_wrappers=self.env_wrappers,
+                                  shared_memory=self.fleet.shared_memory)  # fmt: skip
+        return [replace(c, resume=self._resume_states.get(i)) for i, c in enumerate(configs)]
 
     def start(self, module: RolloutPolicyModule | None = None) -> None:
         """Spawn the samplers (and the inference worker) for the trainer's module. Idempotent.
@@ -290,15 +299,7 @@ class RolloutDataModule(L.LightningDataModule):
         if threads is not None and threads != torch.get_num_threads():
             self._threads_before = torch.get_num_threads()  # restored when the samplers stop
             torch.set_num_threads(threads)
-            served = inference is not None and inference.threads is not None
-            worker = f", the inference worker on {inference.threads}" if served else ""
-            n = self.hparams.num_workers
-            why = (
-                "--data.trainer_threads"
-                if self.hparams.trainer_threads is not None
-                else f"the cores its {n} samplers leave (--data.trainer_threads sets it)"
-            )
-            rank_zero_info(f"fastlight: the trainer computes on {threads} torch thread(s){worker}: {why}")
+            rank_zero_info(threads_line(self.hparams, threads, inference))
         self.pool.start()
         self.prefetcher = Prefetcher(
             self.pool.next_item,
@@ -327,7 +328,10 @@ class RolloutDataModule(L.LightningDataModule):
         # Lightning calls this after configure_model and the checkpoint restore: the policy exists.
         if self.trainer is not None:
             self.start()
-        return DataLoader(StepTickets(self.hparams.steps_per_epoch), batch_size=None, num_workers=0)
+        # Its own generator: an iterator drawing its base seed from torch's global one would shift the
+        # minibatch shuffles of a resumed run, which makes an iterator the straight run did not.
+        tickets = StepTickets(self.hparams.steps_per_epoch)
+        return DataLoader(tickets, batch_size=None, num_workers=0, generator=torch.Generator())
 
     @override
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
@@ -337,9 +341,11 @@ class RolloutDataModule(L.LightningDataModule):
         self._check_version_advanced(module)
         self.publish(module)
         rollout = self.prefetcher.get(timeout=self.faults.worker_timeout_s)
+        self.delivery.check(rollout.stats.weights_held)  # the receivers' checksums against the trainer's
         self.dropped_stale += rollout.stats.dropped_stale
         self.advice.update(rollout.stats)  # once, if the settings waste the run (cut episodes, resets)
         self._handed = int(module.policy_version)
+        self._sampler_states.update(rollout.stats.sampler_states)
         return rollout
 
     def _check_version_advanced(self, module: RolloutPolicyModule) -> None:
@@ -376,6 +382,7 @@ class RolloutDataModule(L.LightningDataModule):
         if self.pool is None or version == self._published:
             return None
         self.last_sync = self.pool.publish(module.policy, version)
+        self.delivery.published(module.policy, version, self.last_sync.mode)  # every N-th: its checksum
         self._published = version
         return self.last_sync
 
@@ -427,7 +434,7 @@ class RolloutDataModule(L.LightningDataModule):
             "dropped_rollouts": int(counters["faults/dropped_rollouts"]),
         }
         # The counters are this rank's own samplers': every rank's go into the file rank 0 writes.
-        return own | {PER_RANK_KEY: gather_per_rank(own)}
+        return own | {PER_RANK_KEY: gather_per_rank(own), EXACT_KEY: save_exact(self._sampler_states)}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -437,3 +444,5 @@ class RolloutDataModule(L.LightningDataModule):
         self.dropped_stale = int(counters.get("dropped_stale", 0))
         self._restarts_before = int(counters.get("worker_restarts", 0))
         self._dropped_rollouts_before = int(counters.get("dropped_rollouts", 0))
+        local = self.fleet.shared_memory
+        self._resume_states = restore_exact(state_dict.get(EXACT_KEY), self.hparams, self.rank_rounds, local)

@@ -93,7 +93,9 @@ class Prefetcher:
                                 self.dropped += 1
                             else:
                                 items.append(extra)
-                    batch = Rollout.cat(items)
+                    # By sampler, not by arrival: the same rounds make the same batch (an exact resume,
+                    # two runs of one seed), whichever sampler finished first.
+                    batch = Rollout.cat(sorted(items, key=lambda r: r.stats.sampler))
                     items = []
                     while not self._stop.is_set():
                         try:

@@ -12,7 +12,8 @@ needs                                        protocol
 ``WeightSync`` of the LightningModule        :class:`TrainsPolicy`: the above and
                                              ``optimizer_steps_per_update``
 ``WeightSync`` of the DataModule             :class:`WeightPublishing`: ``request_drain``,
-                                             ``last_sync``
+                                             ``last_sync``; ``sync/verified`` where it is
+                                             also :class:`ChecksDelivery` (``delivery``)
 ``DynamicWeightedResampling`` of the         :class:`TaskWeightSink` (``set_task_weights``);
 DataModule                                   its task count from :class:`MultiTaskData`
                                              (``task_names``) unless given
@@ -35,6 +36,7 @@ from torch import nn
 from typing_extensions import get_protocol_members
 
 from fastlight.rollout import RolloutStats
+from fastlight.weights.checksum import DeliveryCheck
 from fastlight.weights.publisher import SyncStats
 
 #: ``batch -> RolloutStats`` for a training batch that is not a Rollout (``RolloutThroughput``);
@@ -72,6 +74,14 @@ class WeightPublishing(Protocol):
 
     @property
     def last_sync(self) -> SyncStats | None: ...
+
+
+@runtime_checkable
+class ChecksDelivery(Protocol):
+    """A DataModule that checks its receivers hold the weights it published (``RolloutDataModule``;
+    ``WeightSync`` logs ``delivery.verified`` as ``sync/verified`` where the DataModule has one)."""
+
+    delivery: DeliveryCheck
 
 
 @runtime_checkable

@@ -3,12 +3,14 @@
 ``--data.faults`` holds it; every fleet (:class:`~fastlight.fleet.base.SamplerFleet`) applies it to
 its samplers, and the local pool to its inference worker alike (the restart policy is Sample
 Factory's habit: a process that dies without a word, or stops making progress, is restarted within
-a budget).
+a budget), and how often the trainer checks that the weights it published arrived.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from fastlight.weights.checksum import DeliveryCheck
 
 #: The flag these settings live under (errors name it).
 FLAG = "--data.faults"
@@ -30,12 +32,19 @@ class FaultSettings:
         heartbeat_s: a started process that makes no progress (no env step, reset or wait) for
             this long is hung: it is killed and restarted as above. Detection takes at most
             ``heartbeat_s`` + 0.25 s once the trainer waits for data.
+        verify_weights_every: every this many policy versions (those divisible by it), the trainer
+            checks that its samplers' policy copies (or its inference worker) hold the weights it
+            published: each receiver reports a cheap checksum of the version it took, and a mismatch
+            stops the run naming the receiver, the version and the transport
+            (:class:`~fastlight.weights.checksum.DeliveryCheck`; ``sync/verified`` counts the receivers
+            verified). 0 turns the check off.
     """
 
     worker_timeout_s: float = 300.0
     max_worker_restarts: int = 3
     restart_window_s: float = 600.0
     heartbeat_s: float = 60.0
+    verify_weights_every: int = 10
 
     def __post_init__(self) -> None:
         for name in ("worker_timeout_s", "restart_window_s", "heartbeat_s"):
@@ -44,3 +53,10 @@ class FaultSettings:
                 raise ValueError(f"{FLAG}.{name} must be > 0, got {value}")
         if self.max_worker_restarts < 0:
             raise ValueError(f"{FLAG}.max_worker_restarts must be >= 0, got {self.max_worker_restarts}")
+        every = self.verify_weights_every
+        if not isinstance(every, int) or isinstance(every, bool) or every < 0:
+            raise ValueError(f"{FLAG}.verify_weights_every must be an integer >= 0 (0: off), got {every!r}")
+
+    def delivery_check(self, *, keep: int) -> DeliveryCheck:
+        """The trainer's check of ``verify_weights_every`` (``keep``: versions a Rollout may lag)."""
+        return DeliveryCheck(self.verify_weights_every, keep=keep, setting=f"{FLAG}.verify_weights_every")

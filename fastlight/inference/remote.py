@@ -7,6 +7,7 @@ sampler's shared-memory slot, send a tiny request over its pipe and read the ans
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
@@ -36,6 +37,7 @@ class ServedProxy(nn.Module):
     def __init__(self, action_mapping: ActionMapping) -> None:
         super().__init__()
         self.last_version = -1
+        self.last_checksum = math.nan  # the worker's delivery checksum of last_version's weights
         self.progress = 0
         self._action_mapping = action_mapping
         self.beat: Callable[[], None] = _no_beat
@@ -58,7 +60,7 @@ class ServedProxy(nn.Module):
 
 class RemotePolicy(ServedProxy):
     """The local inference worker's proxy: observation rows go through the sampler's shared-memory
-    slot, a tiny request and the reply's version over its pipe."""
+    slot, a tiny request and the reply ``(version, checksum)`` over its pipe."""
 
     def __init__(self, slot: Slot, conn: Connection, action_mapping: ActionMapping) -> None:
         super().__init__(action_mapping)
@@ -81,7 +83,7 @@ class RemotePolicy(ServedProxy):
         reply = self.conn.recv()
         if isinstance(reply, tuple) and reply[0] == "error":
             raise RuntimeError(f"inference worker failed:\n{reply[1]}")
-        self.last_version = int(reply)
+        self.last_version, self.last_checksum = int(reply[0]), float(reply[1])
         return n
 
     def act(self, obs, *, step=None, deterministic: bool = False) -> ActOutput:

@@ -6,7 +6,8 @@ observations to this worker and get back actions, log-probs and values, each tag
 
 **Transport.** Each sampler owns a fixed *slot* of shared-memory tensors (observation rows in,
 actions / log-probs / values out) sized for its envs, plus one ``multiprocessing`` pipe that
-carries only tiny tuples (``("act", n_rows, progress)`` and the reply ``version``). Arrays are
+carries only tiny tuples (``("act", n_rows, progress)`` and the reply ``(version, checksum)``: the
+weights' :func:`~fastlight.weights.checksum.delivery_checksum`, taken at each sync). Arrays are
 never pickled on the hot path: the worker gathers the rows straight from the slots, runs one
 forward pass, and scatters the results back. Pipes (not queues) because the worker can wait
 on all of them at once with ``multiprocessing.connection.wait`` and a reply goes to exactly
@@ -28,6 +29,7 @@ forward passes, so no forward ever runs on a half-written model.
 
 from __future__ import annotations
 
+import math
 import time
 import traceback
 from collections.abc import Callable
@@ -40,6 +42,7 @@ from torch import Tensor, nn
 
 from fastlight.procs import Liveness, start_child
 from fastlight.weights.broadcast import SyncGroupConfig, WeightReceiver
+from fastlight.weights.checksum import delivery_checksum
 from fastlight.weights.double_buffer import SharedDoubleBuffer
 
 ObsSpec = dict[str, tuple[tuple[int, ...], torch.dtype]]
@@ -125,6 +128,7 @@ class InferenceServer:
         self.max_batch, self.max_wait_s = max_batch, max_wait_ms / 1000.0
         self.device = device
         self.version = -1
+        self.checksum = math.nan  # delivery_checksum of the weights taken as ``version``, sent with answers
         self.pending: list[Request] = []
         self.forwards = 0
 
@@ -166,7 +170,7 @@ class InferenceServer:
                 s.values[: r.rows].copy_(parts[2][sl])
                 offset += r.rows
         for r in batch:
-            self.conns[r.index].send(self.version)
+            self.conns[r.index].send((self.version, self.checksum))
 
     def fail_all(self, message: str) -> None:
         for conn in self.conns:
@@ -265,6 +269,8 @@ def inference_main(
                 server.serve(server.gather())
 
         def on_sync(new: int) -> None:
+            # What arrived, for the trainer's delivery check (one host sync per publish, none per forward).
+            server.checksum = delivery_checksum(server.policy).value
             server.version = version.value = new
 
         serve_until(receiver, server.policy, stopped=stopped, serve_once=serve_once, on_sync=on_sync)

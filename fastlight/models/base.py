@@ -101,9 +101,12 @@ class ServedPolicy(Policy, Protocol):
     :class:`~fastlight.inference.remote.RemotePolicy`): ``last_version`` is the version of the
     weights behind the latest answer (it may change mid-round), and ``new_round(beat)`` resets the
     progress by which the worker serves stragglers first; ``beat`` (the sampler's heartbeat) is called
-    while an answer is awaited, so a hung worker, not the samplers waiting on it, is the silent one."""
+    while an answer is awaited, so a hung worker, not the samplers waiting on it, is the silent one.
+    ``last_checksum`` is the worker's :func:`~fastlight.weights.checksum.delivery_checksum` of those
+    weights (NaN before its first sync), which the sampler reports to the trainer's delivery check."""
 
     last_version: int
+    last_checksum: float
 
     def new_round(self, beat: Callable[[], None]) -> None: ...
 

@@ -16,6 +16,7 @@ from typing import Any, Literal, Protocol
 from torch import nn
 
 from fastlight.envs.wrappers import AnyEnvWrapper
+from fastlight.sampling.exact import SamplerState
 from fastlight.sampling.round_signal import RoundSignal, RoundView
 from fastlight.sampling.task_weights import SharedTaskWeights
 from fastlight.weights.publisher import WeightSource
@@ -43,6 +44,11 @@ class SamplerConfig:
     #: ``--data.rank_rounds`` resolved: ``together``: the rank's samplers end their rounds together
     #: through a :class:`~fastlight.sampling.round_signal.RoundSignal` (the bundle's ``rounds``).
     rank_rounds: Literal["together", "apart"] = "apart"
+    #: Where the sampler of this index stood in the checkpoint resumed from (applied once, when the
+    #: first weights it loads are the version after it: not on a later restart).
+    resume: SamplerState | None = None
+    #: ``autoreset``: save the envs after every round, so a resume continues their episodes.
+    exact_resume: bool = False
 
     def build_envs(self) -> list:
         """The sampler's envs: ``make_env``, inside the env wrappers."""

@@ -21,6 +21,7 @@ what an env returns: :mod:`fastlight.sampling.env_faults`.
 
 from __future__ import annotations
 
+import pickle
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -43,6 +44,7 @@ from fastlight.sampling.collector_settings import (
 )
 from fastlight.sampling.env_faults import EnvError, NonFiniteError, is_finite
 from fastlight.sampling.episodes import Episode, record
+from fastlight.sampling.exact import SamplerState, env_state, restore_env, seed_round
 from fastlight.sampling.resets import POOL_RESET_S, RESET_RETRIES
 from fastlight.sampling.round_signal import RoundView, cycle_key
 from fastlight.sampling.rows import RowBuffer
@@ -66,7 +68,9 @@ class Collector(EnvSteps):
         max_horizon: DPSA/SGR cycle length cap in env steps; reaching it truncates and bootstraps.
         rollout_steps: env steps per env per ``collect()`` in ``autoreset`` / ``sequential`` mode
             (with action chunks of ``H``: ``ceil(rollout_steps / H)`` policy steps).
-        seed: env ``i`` is first reset with ``seed + i``; later resets continue its RNG.
+        seed: the sampler's base seed: env ``i``'s seed in global reset ``n`` and the action noise of
+            round ``n`` are functions of it (:mod:`fastlight.sampling.exact`); an env resetting alone
+            (``autoreset``) continues its RNG.
         nonfinite: what a NaN / inf observation or reward from an env does: ``raise`` stops the
             run (:class:`NonFiniteError` naming env, index, seed, step, field); ``drop`` turns the
             episode's steps in this Rollout into padding (``valid=False``), ends it there and counts
@@ -74,6 +78,8 @@ class Collector(EnvSteps):
             dropped the same way and the env reset again, up to ``RESET_RETRIES`` times in a row.
         heartbeat: called after every env step and reset (a sampler's progress signal, which the
             trainer watches to restart a sampler stuck in an env).
+        save_envs: ``autoreset``: save the envs with :meth:`state` after every round (episodes run on
+            across rounds; ``--data.exact_resume``).
         rounds: this sampler's view of its rank's
             :class:`~fastlight.sampling.round_signal.RoundSignal` (``--data.rank_rounds``): a
             ``collect`` given a ``cycle`` ends with the rank's samplers (see :meth:`collect`).
@@ -91,6 +97,7 @@ class Collector(EnvSteps):
         nonfinite: str = "raise",
         heartbeat: Callable[[], None] | None = None,
         rounds: RoundView | None = None,
+        save_envs: bool = False,
     ) -> None:
         rank_rate = rounds is not None and rounds.shared_rate
         if rank_rate and (mode not in ("dpsa", "sgr") or termination_threshold == AUTO):
@@ -108,6 +115,7 @@ class Collector(EnvSteps):
             nonfinite=nonfinite,
         )
         self.nonfinite = nonfinite
+        self.save_envs = save_envs
         self.rounds = rounds
         self.heartbeat = heartbeat if heartbeat is not None else _no_beat
         self.envs = list(envs)
@@ -124,7 +132,9 @@ class Collector(EnvSteps):
         self.rollout_steps = rollout_steps
         self.seed = seed
         self._pool = ThreadPoolExecutor(max_workers=len(self.envs), thread_name_prefix="fastlight-reset")
-        self._seeded = False
+        #: Global resets and rounds done: the next ones' seeds (:mod:`fastlight.sampling.exact`).
+        self.resets = 0
+        self.rounds_done = 0
         self._obs: list[Any] | None = None  # current observation of each env (autoreset carry-over)
         self._eps: list[Episode] = []
         self._served = False
@@ -150,7 +160,34 @@ class Collector(EnvSteps):
             nonfinite=cfg.nonfinite,
             heartbeat=bundle.beat,
             rounds=bundle.rounds,
+            save_envs=cfg.exact_resume,
         )
+
+    def begin_round(self) -> None:
+        """Reseed the action noise for the next round (see :func:`~fastlight.sampling.exact.seed_round`)."""
+        seed_round(self.seed, self.rounds_done)
+        self.rounds_done += 1
+
+    def state(self, version: int) -> SamplerState:
+        """This sampler's position after the round it ran on ``version``: what a resumed sampler needs
+        to go on as this one would (:mod:`fastlight.sampling.exact`)."""
+        if self.mode in ("dpsa", "sgr") or self._obs is None:  # every episode ends with its cycle
+            return SamplerState(version, self.rounds_done, self.resets)
+        if not self.save_envs:  # saving them costs ~0.1 ms per MuJoCo env and round, ~9 ms for highway
+            return SamplerState(version, self.rounds_done, self.resets, exact=False)
+        envs = [env_state(env) for env in self.envs]
+        if any(e is None for e in envs):
+            return SamplerState(version, self.rounds_done, self.resets, exact=False)
+        carry = pickle.dumps((envs, self._obs, self._eps))
+        return SamplerState(version, self.rounds_done, self.resets, envs=carry)
+
+    def restore(self, state: SamplerState) -> None:
+        """Go on from ``state`` (a checkpoint's, for this sampler's index and settings)."""
+        self.rounds_done, self.resets = state.rounds, state.resets
+        self.discard_ahead()  # a reset done ahead before the restore used the wrong seeds
+        if state.envs is not None:
+            envs, self._obs, self._eps = pickle.loads(state.envs)
+            self.envs = [restore_env(env, s) for env, s in zip(self.envs, envs, strict=True)]
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -20,6 +20,7 @@ import gymnasium as gym
 from fastlight.rollout import RolloutStats
 from fastlight.sampling.env_faults import EnvError, NonFiniteError, is_finite, preview
 from fastlight.sampling.episodes import Episode
+from fastlight.sampling.exact import reset_seed
 from fastlight.sampling.obs import ObservationShapeError, odd_observation
 
 #: Resets in a row of one env that may return a non-finite observation under ``nonfinite="drop"``
@@ -42,7 +43,7 @@ class EnvResets:
     heartbeat: Callable[[], None]
     reset_cost: float | None
     _pool: ThreadPoolExecutor
-    _seeded: bool
+    resets: int
     _obs: list[Any] | None
     _eps: list[Episode]
     _ahead: tuple[RolloutStats, float] | None
@@ -91,7 +92,9 @@ class EnvResets:
             self._eps = [Episode() for _ in self.envs]
 
         def one(i: int) -> tuple[int, Any, dict, int, float]:
-            seed = None if self._seeded else self.seed + i
+            # A global reset seeds every env from the count (a resumed sampler redoes the same one);
+            # an env resetting alone (autoreset) goes on with its own RNG, saved with it.
+            seed = reset_seed(self.seed, self.resets, i) if every else None
             dropped = 0
             t = time.perf_counter()
             try:
@@ -108,6 +111,7 @@ class EnvResets:
                 raise self._env_error(i, e, reset=True) from e
             return i, obs, info, dropped, cost
 
+        every = len(indices) == self.num_envs
         t0 = time.perf_counter()
         # One env alone resets inline: there is nothing to overlap it with. Several go to the pool
         # only while resets are slow (see POOL_RESET_S); autoreset mode resets envs every few steps.
@@ -122,8 +126,8 @@ class EnvResets:
             where = f"{dropped + 1} resets in a row" if dropped else "reset"
             self._check_finite(i, f"observation (from {where})", obs)
         stats.reset_time += time.perf_counter() - t0
-        if len(indices) == self.num_envs:
-            self._seeded = True
+        if every:
+            self.resets += 1
 
     def _check_finite(self, i: int, what: str, value: Any) -> None:
         """Stop at the env that produced a NaN / inf, before it reaches a loss or the weights.
@@ -141,7 +145,8 @@ class EnvResets:
     def _where(self, i: int) -> str:
         env = self.envs[i]
         name = env.spec.id if env.spec is not None else type(env.unwrapped).__name__
-        return f"env {name} (index {i} of this sampler, seed {self.seed + i})"
+        seed = reset_seed(self.seed, max(self.resets - 1, 0), i)  # the seed of its last global reset
+        return f"env {name} (index {i} of this sampler, seed {seed})"
 
     def _env_error(self, i: int, error: Exception, *, reset: bool = False) -> EnvError:
         """Env ``i``'s own exception, named: which env of which seed, and where in its episode (a

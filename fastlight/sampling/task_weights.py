@@ -3,11 +3,19 @@
 A fixed-capacity shared-memory vector plus a version counter: the trainer writes new weights
 after each update, samplers apply them to their envs (``env.unwrapped.set_task_weights``)
 before their next round. Version 0 means "never set" (envs keep their uniform default).
+
+A Ray sampler actor runs its sampler in a thread of its own process: its copy is in-process
+(``ctx=None``), with no shared memory and no process-shared lock. A process-shared lock is a named
+POSIX semaphore (``/dev/shm/sem.mp-*``), removed by a normal interpreter exit or by the process's
+resource tracker; a Ray actor ends by ``ray.kill``, and neither removed it: every actor's lock stayed in
+``/dev/shm`` (``tests/fleet/ray/test_ray_fleet.py``, the fit test).
 """
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing as mp
+import threading
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
@@ -26,8 +34,18 @@ class TaskWeightedEnv(Protocol):
 
 
 class SharedTaskWeights:
-    def __init__(self, ctx: mp.context.BaseContext) -> None:
-        self.values = torch.zeros(MAX_TASKS, dtype=torch.float64).share_memory_()
+    """The weights and their version (see the module docstring). ``ctx``: the multiprocessing context the
+    samplers start with; ``None``: in-process only (a Ray sampler actor)."""
+
+    def __init__(self, ctx: mp.context.BaseContext | None) -> None:
+        self.values = torch.zeros(MAX_TASKS, dtype=torch.float64)
+        self._lock: OwnedLock | threading.Lock
+        if ctx is None:
+            self._count: ctypes.c_int = ctypes.c_int(0)  # what ctx.Value(lock=False) is, in-process
+            self._version: ctypes.c_longlong = ctypes.c_longlong(0)
+            self._lock = threading.Lock()
+            return
+        self.values.share_memory_()
         self._count = ctx.Value("i", 0, lock=False)
         self._version = ctx.Value("q", 0, lock=False)
         self._lock = OwnedLock(ctx)  # freed by the pool if a killed sampler held it
@@ -37,7 +55,7 @@ class SharedTaskWeights:
         return int(self._version.value)
 
     def release_if_held_by(self, pid: int) -> bool:
-        return self._lock.release_if_held_by(pid)
+        return isinstance(self._lock, OwnedLock) and self._lock.release_if_held_by(pid)
 
     def set(self, weights: Sequence[float]) -> None:
         if not 0 < len(weights) <= MAX_TASKS:

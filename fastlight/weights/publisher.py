@@ -57,7 +57,8 @@ class SyncStats:
 
 
 class WeightSyncError(RuntimeError):
-    """A weight path's peer died, stalled past the timeout, or disagrees on the model layout."""
+    """A weight path's peer died, stalled past the timeout, disagrees on the model layout, or holds
+    other weights than the trainer published (:class:`~fastlight.weights.checksum.DeliveryCheck`)."""
 
 
 @runtime_checkable

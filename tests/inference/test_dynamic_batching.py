@@ -28,7 +28,7 @@ def make_server(rows: list[int], *, max_batch: int, max_wait_ms: float):
         max_wait_ms=max_wait_ms,
         device=torch.device("cpu"),
     )
-    server.version = 7
+    server.version, server.checksum = 7, 12.5  # as after a sync: the delivery checksum goes with answers
     return server, slots, [b for _, b in pipes], policy
 
 
@@ -115,7 +115,7 @@ def test_served_results_match_the_policy_and_carry_the_version():
     server.poll(0.1)
     server.serve(server.gather())
     for i, o in enumerate(obs):
-        assert ends[i].recv() == 7
+        assert ends[i].recv() == (7, 12.5)
         torch.testing.assert_close(slots[i].values[: len(o)], policy.value(o).detach())
 
 
@@ -134,7 +134,7 @@ def test_remote_policy_round_trip_through_a_thread():
     o = torch.randn(2, 3)
     v = remote.value(o)
     t.join()
-    assert remote.last_version == 7
+    assert (remote.last_version, remote.last_checksum) == (7, 12.5)
     torch.testing.assert_close(v, policy.value(o).detach())
 
 

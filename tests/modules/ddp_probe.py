@@ -1,4 +1,4 @@
-"""A callback for DDP tests: each rank writes its parameter checksum and seeds at the end of fit."""
+"""A callback for DDP tests: each rank writes its parameter checksum, seeds and counters at the end of fit."""
 
 from __future__ import annotations
 
@@ -32,6 +32,10 @@ class DumpRankState(Callback):
                 sum(len(w) for w in c.outcomes)
                 for c in trainer.callbacks
                 if type(c).__name__ == "DynamicWeightedResampling"
+            ],
+            # This rank's own sampler counts (RolloutThroughput's totals).
+            "throughput_totals": [
+                dict(c.totals) for c in trainer.callbacks if type(c).__name__ == "RolloutThroughput"
             ],
         }
         os.makedirs(self.out_dir, exist_ok=True)

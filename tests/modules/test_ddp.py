@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import subprocess
 import sys
 
 import pytest
+import torch
+
+from fastlight.rank_state import PER_RANK_KEY
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -58,6 +62,8 @@ def test_two_rank_ddp_keeps_models_identical(tmp_path):
         "6",
         "--trainer.max_steps",
         str(2 * 4 * 4),  # 2 updates of 4x4 minibatches
+        "--trainer.callbacks+",
+        "fastlight.RolloutThroughput",
     )
     assert [r["world_size"] for r in ranks] == [2, 2]
     assert [r["version"] for r in ranks] == [2, 2]
@@ -65,6 +71,19 @@ def test_two_rank_ddp_keeps_models_identical(tmp_path):
     assert ranks[0]["checksum"] == ranks[1]["checksum"]
     # ... although each rank sampled its own data (seeds offset by rank).
     assert ranks[0]["seeds"] != ranks[1]["seeds"]
+    # The throughput totals in the checkpoint and the last logged ones are the job's: the sum of the
+    # ranks' own (they used to be rank 0's alone), and equal to env_steps (summed over ranks as it goes).
+    own = [r["throughput_totals"][0] for r in ranks]
+    assert all(o["valid_steps"] > 0 and o["raw_steps"] >= o["valid_steps"] for o in own)
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    saved = ckpt["callbacks"]["fastlight.RolloutThroughput"]
+    assert saved[PER_RANK_KEY] == own
+    assert saved["totals"] == {k: own[0][k] + own[1][k] for k in own[0]}
+    assert saved["totals"]["valid_steps"] == ckpt["callbacks"]["fastlight.EnvStepBudget"]["env_steps"]
+    with open(tmp_path / "csv" / "version_0" / "metrics.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r.get("perf/valid_steps_total")]
+    assert float(rows[-1]["perf/valid_steps_total"]) == saved["totals"]["valid_steps"]
+    assert float(rows[-1]["perf/raw_steps_total"]) == saved["totals"]["raw_steps"]
 
 
 @pytest.mark.slow  # 45 s on 2 cores (two ranks, each with MT10 samplers); DDP itself is covered above

@@ -37,8 +37,10 @@ or makes no progress for ``--data.faults.heartbeat_s`` (the beat count it sends 
 in a :class:`~fastlight.procs.Liveness`) is killed and started again in its bundle on the current
 weights, within the restart budget, counted as ``faults/worker_restarts`` and
 ``faults/dropped_rollouts``. A node that leaves the cluster is one fault for all the samplers it
-held: Ray places their bundles on the remaining nodes if any can take them; if none can within
-``placement_timeout_s``, the run stops naming the node and the samplers lost.
+held: Ray places their bundles on the remaining nodes if any can take them, and one line names the
+node and where they went; if none can within ``placement_timeout_s``, the run stops naming the node
+and the samplers lost. A node that dies without a word counts as left once Ray declares it dead
+(:mod:`fastlight.fleet.ray.actors`: its samplers are waited for, not restarted on it, until then).
 
 Nothing outlives the trainer: :meth:`RaySamplerFleet.stop` kills the actors and removes the
 placement group; a Ray instance the fleet started (``address: null``) is shut down with it, one it
@@ -63,6 +65,7 @@ from torch import nn
 from fastlight.extras import check_extra
 from fastlight.fleet.base import Fleet, SamplerFleet
 from fastlight.fleet.faults import FaultSettings
+from fastlight.fleet.ray.actors import ActorRecord, first_line, moved_line
 from fastlight.fleet.ray.cluster import SETTINGS, WHAT, RayCluster
 from fastlight.fleet.ray.inference_handle import RayInference
 from fastlight.fleet.ray.sampler_actor import SamplerActor, StoreWeights
@@ -172,23 +175,6 @@ class RayFleet(Fleet):
 
 
 # -------------------------------------------------------------------------------- the trainer's side
-@dataclass
-class _Actor:
-    """One sampler actor and what the fleet watches of it."""
-
-    index: int
-    handle: Any
-    created: float
-    info_ref: Any
-    #: Its heartbeat: an actor may run on another node, so no counter is shared with it; the count
-    #: it sends with every answer is held here (one that stops answering stops moving it too).
-    liveness: Liveness
-    #: (node id, node IP, pid), once it answered ``info``.
-    where: tuple[str, str, int] | None = None
-    #: Set for a replacement after a node left: (node id, node IP) of the lost node.
-    lost_node: tuple[str, str] | None = None
-
-
 class RaySamplerFleet(SamplerFleet):
     """The running Ray fleet of one trainer rank (built by :meth:`RayFleet.build`)."""
 
@@ -214,7 +200,7 @@ class RaySamplerFleet(SamplerFleet):
         self.rank = rank
         self._cluster = RayCluster(settings, rank=rank, samplers=len(configs))
         self._store: StoreWeights | None = None  # the packed weights put per version, from the first
-        self.actors: list[_Actor] = []
+        self.actors: list[ActorRecord] = []
         self.pending: dict[Any, int] = {}  # next_rollout refs in flight -> sampler index
         self._weights: tuple[int, Any] | None = None  # (version, ref) of the current weights
         self._task_weights: list[float] | None = None
@@ -237,7 +223,7 @@ class RaySamplerFleet(SamplerFleet):
         with self._lock:
             self.actors = [self._create(i) for i in range(len(self.configs))]
 
-    def _create(self, i: int, lost_node: tuple[str, str] | None = None) -> _Actor:
+    def _create(self, i: int, lost_node: tuple[str, str] | None = None) -> ActorRecord:
         ray = self._ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -258,7 +244,10 @@ class RaySamplerFleet(SamplerFleet):
             .remote(i, self.configs[i], self._actor_policy(), weights, self._task_weights, self._served())
         )
         liveness = Liveness(None, self.heartbeat_limits)  # watched from now: start-up limit first
-        actor = _Actor(i, handle, time.monotonic(), handle.info.remote(), liveness, lost_node=lost_node)
+        info = handle.info.remote()
+        actor = ActorRecord(
+            i, handle, time.monotonic(), info, liveness, lost_node=lost_node, moved_from=lost_node
+        )
         self.pending[handle.next_rollout.remote(POLL_S)] = i
         return actor
 
@@ -317,9 +306,17 @@ class RaySamplerFleet(SamplerFleet):
             actor = self.actors[i]
             try:
                 (kind, tag, payload), beats = ray.get(done[0])
-            except ray.exceptions.RayActorError as e:
-                self._died(actor, _first_line(e))
+            except ray.exceptions.ActorUnavailableError:
+                # Not a death (a raylet SIGKILLed, a network cut): ask again until Ray decides
+                # (fastlight.fleet.ray.actors); Ray paces the failures, one every few seconds.
+                if actor.unreachable_since is None:
+                    actor.unreachable_since = time.monotonic()
+                self.pending[actor.handle.next_rollout.remote(POLL_S)] = i
                 return None
+            except ray.exceptions.RayActorError as e:
+                self._died(actor, first_line(e))
+                return None
+            actor.unreachable_since = None
             actor.liveness.report(beats)
             if kind == "error":
                 if self.inference is not None:  # its death fails every sampler's call: name the cause
@@ -344,11 +341,11 @@ class RaySamplerFleet(SamplerFleet):
                 a.liveness.reset()
             if a.where is None:
                 self._locate(a, now)
-            hung = a.liveness.hang(now) if a.lost_node is None else None  # (a replacement: placing)
+            hung = a.liveness.hang(now) if a.judged(now) else None
             if hung is not None:
                 self._replace([a], f"{self._name(a)} {hung}; killed it", "restarting it")
 
-    def _locate(self, a: _Actor, now: float) -> None:
+    def _locate(self, a: ActorRecord, now: float) -> None:
         """Where actor ``a`` runs, once it answered ``info`` (logged once); a replacement for a lost
         node that is not placed within ``placement_timeout_s`` stops the run, naming the node."""
         ray = self._ray
@@ -356,10 +353,17 @@ class RaySamplerFleet(SamplerFleet):
         if ready:
             try:
                 a.where = ray.get(a.info_ref)
+            except ray.exceptions.ActorUnavailableError:
+                a.info_ref = a.handle.info.remote()  # not a death: ask again (see _receive)
+                return
             except ray.exceptions.RayActorError:
                 return  # its pending call reports the death
             node, ip, pid = a.where
             a.lost_node = None  # placed: watched as any other from here on
+            if a.moved_from is not None:  # a replacement after a node left: one line for all of them
+                if (moved := moved_line(a.moved_from, self.actors, self.rank)) is not None:
+                    print(f"fastlight: {moved}", file=sys.stderr, flush=True)
+                return
             line = f"sampler {a.index} (rank {self.rank}) runs on Ray node {node} ({ip}), pid {pid}"
             print(f"fastlight: {line}", file=sys.stderr, flush=True)
         elif a.lost_node is not None and now - a.created > self.settings.placement_timeout_s:
@@ -370,11 +374,11 @@ class RaySamplerFleet(SamplerFleet):
                 f"{self.rank}; " + self._cluster.unplaceable(f"they ({len(lost)} samplers)")
             )
 
-    def _name(self, a: _Actor) -> str:
+    def _name(self, a: ActorRecord) -> str:
         where = "" if a.where is None else f", pid {a.where[2]}, Ray node {a.where[0]} ({a.where[1]})"
         return f"sampler {a.index} (Ray actor{where}, env {self.configs[a.index].env_id})"
 
-    def _died(self, a: _Actor, why: str) -> None:
+    def _died(self, a: ActorRecord, why: str) -> None:
         """Actor ``a`` died: alone, or with its node (then every sampler the node held, one fault)."""
         node = None if a.where is None else self._cluster.dead_node(a.where[0], a.where[1])
         if node is None:
@@ -391,7 +395,7 @@ class RaySamplerFleet(SamplerFleet):
         )
 
     def _replace(
-        self, lost: list[_Actor], what: str, action: str, lost_node: tuple[str, str] | None = None
+        self, lost: list[ActorRecord], what: str, action: str, lost_node: tuple[str, str] | None = None
     ) -> None:
         """Kill ``lost`` and start them again (one restart of the budget), else stop naming ``what``."""
         for a in lost:
@@ -402,7 +406,7 @@ class RaySamplerFleet(SamplerFleet):
         for a in lost:
             self.actors[a.index] = self._create(a.index, lost_node=lost_node)
 
-    def _kill(self, a: _Actor) -> None:
+    def _kill(self, a: ActorRecord) -> None:
         self.pending = {ref: i for ref, i in self.pending.items() if i != a.index}
         with contextlib.suppress(Exception):  # already dead, or its node gone
             self._ray.kill(a.handle, no_restart=True)
@@ -435,9 +439,3 @@ class RaySamplerFleet(SamplerFleet):
             self.inference = None
         self._weights = None
         self._cluster.close()
-
-
-def _first_line(error: BaseException) -> str:
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return lines[0] if lines else type(error).__name__
-

@@ -22,6 +22,7 @@ rendezvous and a publish it is not making): if the actor dies, the run stops nam
 
 from __future__ import annotations
 
+import math
 import os
 import queue
 import threading
@@ -37,7 +38,7 @@ from fastlight.inference.remote import ServedProxy
 from fastlight.inference.server import forward, pick_batch, serve_until
 from fastlight.models.base import ActionMapping, ActOutput
 from fastlight.weights.broadcast import SyncGroupConfig, WeightReceiver
-from fastlight.weights.checksum import weights_checksum
+from fastlight.weights.checksum import delivery_checksum, weights_checksum
 
 #: How long a sampler's call waits on the actor before it looks at the actor's own error again.
 POLL_S = 1.0
@@ -80,6 +81,7 @@ class InferenceActor:
         self.policy = policy.to(self.device).eval()
         self.max_batch, self.max_wait_s = max_batch, max_wait_ms / 1000.0
         self.version = -1
+        self.checksum = math.nan  # delivery_checksum of the weights taken as ``version``
         self.forwards = 0
         self.calls: queue.Queue[_Call] = queue.Queue()
         self.pending: list[_Call] = []
@@ -107,6 +109,7 @@ class InferenceActor:
             self._ended.set()
 
     def _on_sync(self, version: int) -> None:
+        self.checksum = delivery_checksum(self.policy).value  # what arrived, sent with every answer
         self.version = version
 
     def _take(self, timeout: float) -> None:
@@ -142,7 +145,10 @@ class InferenceActor:
             offset = 0
             for c in calls:
                 sl = slice(offset, offset + c.rows)
-                c.result = tuple(None if p is None else p[sl].clone() for p in parts) + (self.version,)
+                c.result = tuple(None if p is None else p[sl].clone() for p in parts) + (
+                    self.version,
+                    self.checksum,
+                )
                 offset += c.rows
                 c.done.set()
 
@@ -155,8 +161,9 @@ class InferenceActor:
 
     # ------------------------------------------------------------ called by the samplers
     def serve(self, kind: str, obs: Tensor | dict[str, Tensor], step: Tensor, progress: int) -> tuple:
-        """``(actions, logprobs, values, version)`` for ``act`` (``(None, None, values, version)`` for
-        ``value``), or ``("error", traceback)`` once the serving thread failed."""
+        """``(actions, logprobs, values, version, checksum)`` for ``act`` (``(None, None, values, version,
+        checksum)`` for ``value``; ``checksum``: the weights' delivery checksum), or ``("error",
+        traceback)`` once the serving thread failed."""
         if self._ended.is_set():
             return ("error", self.error or "the Ray inference worker stopped")
         call = _Call(kind, obs, step, progress)
@@ -207,11 +214,11 @@ class RayServedPolicy(ServedProxy):
         reply = ray.get(self.actor.serve.remote(kind, obs, step, self.progress))
         if reply[0] == "error":
             raise RuntimeError(f"Ray inference worker failed:\n{reply[1]}")
-        self.last_version = int(reply[3])
+        self.last_version, self.last_checksum = int(reply[3]), float(reply[4])
         return reply
 
     def act(self, obs, *, step=None, deterministic: bool = False) -> ActOutput:
-        actions, logprobs, values, _ = self._request("act", obs, step)
+        actions, logprobs, values = self._request("act", obs, step)[:3]
         return ActOutput(actions, logprobs, values)
 
     def value(self, obs, *, step=None) -> Tensor:

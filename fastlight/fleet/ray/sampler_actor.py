@@ -12,7 +12,6 @@ the actor's methods: this module imports without it.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import queue
 import threading
@@ -115,7 +114,8 @@ class SamplerActor:
         self.weights: WeightSource = RayServedVersion(served) if served is not None else ActorWeights()
         if weights is not None and isinstance(self.weights, ActorWeights):
             self.weights.offer(weights[0], weights[1][0])
-        self.task_weights = SharedTaskWeights(mp.get_context("spawn"))  # in-process here: no child shares it
+        # In-process: no child shares it, and a process-shared lock would outlive the killed actor.
+        self.task_weights = SharedTaskWeights(None)
         if task_weights:
             self.task_weights.set(task_weights)
         self.stop_event = threading.Event()

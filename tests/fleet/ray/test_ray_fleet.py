@@ -81,6 +81,27 @@ def _cmd(pid: int) -> str:
         return str(pid)
 
 
+def semaphore_inodes(pid: int) -> set[int]:
+    """The inodes of the named POSIX semaphores (``/dev/shm/sem.*``: multiprocessing's Lock, Event,
+    Semaphore ...) that process ``pid`` has mapped; by inode, since the mapping shows the name glibc
+    created it under, not the ``sem.mp-*`` name it was linked to."""
+    with open(f"/proc/{pid}/maps") as f:
+        fields = [line.split(None, 5) for line in f]
+    return {int(f[4]) for f in fields if len(f) == 6 and f[5].startswith("/dev/shm/sem.")}
+
+
+def semaphore_files(inodes: set[int]) -> list[str]:
+    """The ``/dev/shm/sem.*`` files that are one of ``inodes``."""
+    out = []
+    for entry in os.scandir("/dev/shm"):
+        try:
+            if entry.name.startswith("sem.") and entry.inode() in inodes:
+                out.append(entry.path)
+        except OSError:  # removed meanwhile (other processes' semaphores)
+            continue
+    return out
+
+
 def start_cluster(nodes: list[dict]) -> tuple:
     import ray
     from ray.cluster_utils import Cluster
@@ -155,6 +176,8 @@ class RecordingModule(RLModule):
         self.seen.append((self.policy_version, batch.policy_version[batch.valid].unique().tolist()))
         if batch_idx == 0:
             self.nodes = self.fleet.sampler_nodes()
+            if hasattr(self.fleet, "actors"):  # the Ray fleet: the semaphores its sampler actors hold
+                self.semaphores = set().union(*(semaphore_inodes(a.where[2]) for a in self.fleet.actors))
             if self.fleet.inference is not None:
                 self.inference_node = self.fleet.inference.where[0]
         return super().training_step(batch, batch_idx)
@@ -248,15 +271,20 @@ def test_a_fit_samples_on_node_2_strictly_on_policy_and_leaves_no_actor(cluster)
     _, node2 = cluster
     dm = RolloutDataModule(
         env_id=FIXED, env_kwargs={"lengths": (3, 6, 2)}, num_envs=4, num_workers=2, cycles_per_step=2,
-        fleet=RayFleet(sampler_resources=ON_NODE_2),
+        fleet=RayFleet(sampler_resources=ON_NODE_2), faults=FaultSettings(verify_weights_every=1),
     )  # fmt: skip
     model = RecordingModule(obs_dim=3, action_dim=2, update_epochs=1, num_minibatches=2)
     quiet_trainer(max_steps=8).fit(model, datamodule=dm)
     assert model.policy_version == 4 and model.global_step == 8
+    assert dm.delivery.verified == 2 * 4  # both actors' copies held every version's weights (object store)
     assert model.seen == [(v, [v]) for v in range(4)]  # max_staleness 0: every round on the current version
     assert model.nodes == [node2, node2]  # the custom resource put both samplers on node 2
     assert dm.fault_counters() == {"faults/worker_restarts": 0.0, "faults/dropped_rollouts": 0.0}
     assert dm.pool is None and alive_actors() == []
+    # No multiprocessing semaphore in a sampler actor: one left /dev/shm/sem.mp-* behind per actor (their
+    # task-weights lock), since a killed actor neither exits nor has its resource tracker clean up.
+    assert model.semaphores == set()
+    assert semaphore_files(model.semaphores) == []
     from ray.util import placement_group_table
 
     assert {pg["state"] for pg in placement_group_table().values()} <= {"REMOVED"}
@@ -287,10 +315,12 @@ def test_an_inference_actor_on_node_2_serves_the_samplers_with_every_version(clu
     dm = RolloutDataModule(
         env_id=FIXED, env_kwargs={"lengths": (3, 6, 2)}, num_envs=4, num_workers=2, cycles_per_step=2,
         inference=InferenceSettings(max_wait_ms=1.0), fleet=fleet,
+        faults=FaultSettings(verify_weights_every=1),
     )  # fmt: skip
     model = ServedModule(obs_dim=3, action_dim=2, update_epochs=1, num_minibatches=2)
     quiet_trainer(max_steps=8).fit(model, datamodule=dm)
     assert model.policy_version == 4
+    assert dm.delivery.verified == 4  # the actor's answers carried every version's delivery checksum
     assert model.seen == [(v, [v]) for v in range(4)]  # every step served by the version just published
     assert model.same_weights == [True] * 4  # bit for bit the trainer's weights at each batch
     assert model.nodes == [node2, node2] and model.inference_node == node2
