@@ -16,7 +16,17 @@ modules and the run's env package on the other core while this process imports L
 from __future__ import annotations
 
 import os
+import signal
 import sys
+
+INTERRUPTED = "fastlight: interrupted (Ctrl-C) while starting; nothing was trained"
+
+
+def _interrupted_while_importing(signum: int, frame: object) -> None:
+    # A KeyboardInterrupt raised inside an import leaves that module half-initialised (numpy's lazy
+    # attributes then recurse without end, and the next import fails with that instead): leave at once.
+    print(INTERRUPTED, file=sys.stderr, flush=True)
+    os._exit(130)
 
 
 def main() -> None:
@@ -24,12 +34,11 @@ def main() -> None:
     # Lightning, parses, builds the module and the probe env) is one line and 128 + SIGINT, as during
     # training, not the traceback of whichever import it interrupted. Nothing is left running: the
     # forkserver (started with Ctrl-C ignored) exits when this process does.
+    signal.signal(signal.SIGINT, _interrupted_while_importing)
     try:
         _main()
     except KeyboardInterrupt:
-        print(
-            "fastlight: interrupted (Ctrl-C) while starting; nothing was trained", file=sys.stderr, flush=True
-        )
+        print(INTERRUPTED, file=sys.stderr, flush=True)
         raise SystemExit(130) from None
 
 
@@ -44,6 +53,7 @@ def _main() -> None:
             warm_forkserver(peek_env_id(sys.argv[2:]))
     from fastlight.cli import main as cli
 
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # imported: a KeyboardInterrupt is safe again
     cli()
 
 
