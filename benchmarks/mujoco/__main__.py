@@ -1,5 +1,6 @@
 """``python -m benchmarks.mujoco``: learning per wall-clock second on MuJoCo, fastlight against
-Sample Factory, side by side in one run.
+Sample Factory, side by side in one run; with ``--env-steps N``, learning per env step beside CleanRL's
+published PPO (:mod:`benchmarks.mujoco.env_steps`).
 
 For every env and seed, one after the other (never at once: both use every core):
 
@@ -18,7 +19,8 @@ their timestamps; fastlight's ``rollout/return`` (completed episodes of each Rol
 TensorBoard event times. The score of a run is the mean return over its last ``--final-s`` seconds;
 env steps per second are the runs' frame counters over their training time.
 
-Writes ``mujoco.md``, ``mujoco.json`` and ``mujoco.png`` (return vs wall-clock) into ``--out``.
+Writes the equal-wall-clock section of ``mujoco.md``, ``mujoco.json`` and ``mujoco.png`` (return vs
+wall-clock) into ``--out``; each mode rewrites only its own section of ``mujoco.md``.
 ``--add-to mujoco.json`` adds this run's seeds to an earlier run's (its runs, curves included, are kept;
 the ceilings are this run's): e.g. a third seed after two.
 """
@@ -42,6 +44,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from benchmarks.mujoco import env_steps
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Sample Factory's env names for the gymnasium ids (sf_examples.mujoco.mujoco_utils).
@@ -169,7 +173,7 @@ def run_fastlight(env_id: str, seed: int, args: argparse.Namespace, work: Path) 
     hms = time.strftime("%H:%M:%S", time.gmtime(budget))
     fastlight = str(Path(sys.executable).with_name("fastlight"))
     cmd = [
-        fastlight, "fit", "--config", "configs/mujoco_ppo.yaml", "--data.env_id", env_id,
+        fastlight, "fit", "--config", args.config, "--data.env_id", env_id,
         "--seed_everything", str(seed), "--trainer.max_time", f"00:{hms}",
         "--trainer.default_root_dir", str(root),
         *args.fastlight_args,
@@ -192,14 +196,14 @@ def report(
         json.dumps({"command": command, "ceilings": ceilings, "runs": rows}, indent=1)
     )
     lines = [
-        "# Learning per wall-clock second on MuJoCo: fastlight vs Sample Factory",
+        RACE,
         "",
         f"Command: `{command}`",
         "",
         f"Each run {args.minutes:g} min from its process launch (start-up included), one at a time on "
         f"this machine ({os.cpu_count()} cores). Score: the mean training-episode return over the last "
         f"{args.final_s:g} s. Sample Factory 2.1.1 in its own virtualenv, its MuJoCo defaults, 2 workers x "
-        "8 envs, `--device cpu`; fastlight `configs/mujoco_ppo.yaml`. Plain-loop ceiling: one env, random "
+        f"8 envs, `--device cpu`; fastlight `{args.config}`. Plain-loop ceiling: one env, random "
         "actions, this process. In the plot, fastlight's curve is each Rollout's mean over its completed "
         "episodes (noisier), Sample Factory's its running mean over recent episodes; the scores average "
         "both over the same final window.",
@@ -233,9 +237,31 @@ def report(
                 f"- **{verdict}** {env_id}: fastlight's final return >= Sample Factory's: "
                 f"{means['fastlight']:.0f} vs {means['Sample Factory']:.0f} ({ratio:.2f}x)"
             )
-    lines += ["", "## Target", "", *verdicts, "", "![return vs wall-clock](mujoco.png)", ""]
-    (out / "mujoco.md").write_text("\n".join(lines))
+    lines += ["", "### Target", "", *verdicts, "", "![return vs wall-clock](mujoco.png)", ""]
+    write_section(out / "mujoco.md", lines)
     _plot(rows, args, out / "mujoco.png")
+
+
+TITLE = "# MuJoCo: learning per env step and per wall-clock second"
+RACE = "## Learning per wall-clock second: fastlight vs Sample Factory"
+
+
+def write_section(path: Path, lines: list[str]) -> None:
+    """Put ``lines`` (a ``## `` heading first) into ``path`` in place of the section with that heading,
+    or after the others; the other sections stay as they are."""
+    heading = lines[0]
+    sections: list[list[str]] = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if line.startswith("## ") or not sections:
+                sections.append([])
+            sections[-1].append(line)
+    sections = [sec for sec in sections if sec and sec[0].startswith("## ")]
+    body = [lines if sec[0] == heading else sec for sec in sections]
+    if all(sec[0] != heading for sec in sections):
+        body.append(lines)
+    text = "\n".join([TITLE, ""] + ["\n".join(sec).rstrip("\n") + "\n" for sec in body])
+    path.write_text(text)
 
 
 def _plot(rows: list[dict[str, Any]], args: argparse.Namespace, path: Path) -> None:
@@ -273,6 +299,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--final-s", type=float, default=20.0, help="the score averages the last this many seconds"
     )
     p.add_argument("--ceiling-s", type=float, default=10.0, help="seconds of the plain-loop measurement")
+    p.add_argument("--config", default="configs/mujoco_ppo.yaml", help="the fastlight config to run")
+    p.add_argument(
+        "--env-steps",
+        type=int,
+        default=None,
+        help="stop each fastlight run at this many env steps and report return per env step beside CleanRL's "
+        "published PPO (no Sample Factory runs); without it, the equal-wall-clock race",
+    )
+    p.add_argument(
+        "--final-steps",
+        type=float,
+        default=20_000,
+        help="with --env-steps: the score averages the last this many env steps",
+    )
     p.add_argument("--sf-python", default=None, help="python of a virtualenv with sample-factory==2.1.1")
     p.add_argument("--systems", nargs="+", default=["sf", "fastlight"], choices=["sf", "fastlight"])
     p.add_argument("--fastlight-args", nargs=argparse.REMAINDER, default=[], help="appended to fastlight fit")
@@ -280,6 +320,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--add-to", type=Path, default=None, help="an earlier mujoco.json whose runs to keep")
     args = p.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
+    if args.env_steps is not None:
+        if args.env_steps < 1:
+            p.error(f"--env-steps must be >= 1, got {args.env_steps}")
+        args.systems = ["fastlight"]
     if "sf" in args.systems and (args.sf_python is None or shutil.which(args.sf_python) is None):
         p.error(
             "--sf-python must name the python of a virtualenv with sample-factory==2.1.1 "
@@ -293,6 +337,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     rows: list[dict[str, Any]] = []
     args.earlier_command = None
     if args.add_to is not None:
+        # mujoco.json, or mujoco_env_steps.json with --env-steps
         earlier = json.loads(args.add_to.read_text())
         rows = [r for r in earlier["runs"] if r["env"] in args.env]
         args.earlier_command = earlier["command"]
@@ -304,6 +349,19 @@ def main(argv: Sequence[str] | None = None) -> None:
                              "choose other --seeds")  # fmt: skip
     os.environ.setdefault("MUJOCO_GL", "egl")
     work = Path(tempfile.mkdtemp(prefix="fastlight-mujoco-"))
+    if args.env_steps is not None:
+        for env_id in args.env:
+            for seed in args.seeds:
+                rows.append(env_steps.run(env_id, seed, args, work, _run))
+                r = rows[-1]
+                print(f"{env_id} seed {seed}: return {r['final_return']:.0f} at {r['env_steps']:,.0f} "
+                      f"env steps, {r['seconds'] / 60:.1f} min", file=sys.stderr, flush=True)  # fmt: skip
+        command = "python -m benchmarks.mujoco " + shlex.join(args.argv)
+        if args.earlier_command:
+            command = f"{args.earlier_command}`, then `{command}"
+        write_section(args.out / "mujoco.md", env_steps.report(rows, args, args.out, command))
+        print(f"wrote {args.out / 'mujoco.md'} (runs under {work})", file=sys.stderr)
+        return
     ceilings = {env_id: plain_loop_sps(env_id, args.ceiling_s, 0) for env_id in args.env}
     for env_id in args.env:
         for seed in args.seeds:

@@ -65,3 +65,52 @@ def test_add_to_keeps_earlier_runs_and_refuses_a_seed_it_has(tmp_path):
         SystemExit, match=r"already has runs \[\('Hopper-v4', 'fastlight', 1\)\]; choose other"
     ):
         main(["--env", "Hopper-v4", "--systems", "fastlight", "--seeds", "1", "2", "--add-to", str(earlier)])
+
+
+def test_env_step_score_averages_the_last_steps_and_skips_nan():
+    from benchmarks.mujoco.env_steps import score
+
+    s = {"steps": [2048.0, 4096.0, 6144.0, 8192.0], "t": [1, 2, 3, 4], "ret": [1.0, 10.0, float("nan"), 30.0]}
+    assert score(s, final_steps=5000) == {"final_return": 20.0, "env_steps": 8192.0}  # 4096 and 8192
+    assert score(s, final_steps=1) == {"final_return": 30.0, "env_steps": 8192.0}
+
+
+def test_env_step_section_gives_the_verdicts_against_cleanrl():
+    from benchmarks.mujoco.env_steps import CLEANRL_1M, CLEANRL_MINUTES, section
+
+    args = parse_args(["--env", "Hopper-v4", "--env-steps", "1000000", "--seeds", "0", "1"])
+    assert args.systems == ["fastlight"]  # no Sample Factory python needed in this mode
+    ref = CLEANRL_1M["Hopper-v4"][0]
+    rows = [
+        {
+            "env": "Hopper-v4",
+            "final_return": ref + d,
+            "seconds": 60 * CLEANRL_MINUTES / 5,
+            "env_steps_per_s": 3e3,
+        }
+        for d in (-100.0, 300.0)
+    ]
+    text = "\n".join(section(rows, args, "cmd"))
+    assert f"| Hopper-v4 | 2 | {ref + 100:.0f} ± 200 |" in text
+    assert "**met** Hopper-v4: mean return" in text and "(1.04x)" in text
+    assert (
+        f"**met** Hopper-v4: 1,000,000 steps >= 4x sooner than CleanRL's ~{CLEANRL_MINUTES:.0f} min" in text
+    )
+    rows[1]["final_return"] = ref - 300
+    rows[0]["seconds"] = rows[1]["seconds"] = 60 * CLEANRL_MINUTES / 3
+    text = "\n".join(section(rows, args, "cmd"))
+    assert "**MISSED** Hopper-v4: mean return" in text and "**MISSED** Hopper-v4: 1,000,000 steps" in text
+
+
+def test_each_mode_rewrites_only_its_own_section_of_mujoco_md(tmp_path):
+    from benchmarks.mujoco.__main__ import RACE, TITLE, write_section
+
+    md = tmp_path / "mujoco.md"
+    write_section(md, [RACE, "", "race table 1", "", "### Target", "", "- met"])
+    write_section(md, ["## Learning per env step", "", "step table 1"])
+    write_section(md, [RACE, "", "race table 2", "", "### Target"])
+    text = md.read_text()
+    assert text.startswith(TITLE + "\n")
+    assert "race table 1" not in text and "- met" not in text and "race table 2" in text
+    assert text.index("race table 2") < text.index("step table 1")  # the race keeps its place
+    assert text.count("## Learning per env step") == 1

@@ -264,7 +264,16 @@ class RLModule(PolicyModule):
 
     @override
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.Adam(self.param_groups(), lr=self.hparams.lr, eps=1e-5)
+        groups = self.param_groups()
+        # Fused Adam updates every tensor in one kernel: for the small MLPs of control tasks the
+        # per-tensor Python loop of the default was ~1/5 of an optimizer step. Plain tensors on CPU /
+        # CUDA only (sharded DTensor parameters keep the default implementation).
+        params = [p for g in groups for p in g["params"]]
+        fused = bool(params) and all(
+            type(p.data) is torch.Tensor and p.device.type in ("cpu", "cuda") and p.is_floating_point()
+            for p in params
+        )
+        return torch.optim.Adam(groups, lr=self.hparams.lr, eps=1e-5, fused=fused or None)
 
     @override
     def training_step(self, batch: Rollout, batch_idx: int) -> None:

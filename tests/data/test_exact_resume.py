@@ -26,7 +26,7 @@ CONFIGS = {
     ],
     "mujoco_ppo": [
         "--data.num_envs", "4", "--data.rollout_steps", "24", "--model.update_epochs", "2",
-        "--data.exact_resume", "true",
+        "--model.num_minibatches", "4", "--data.exact_resume", "true",
     ],
 }  # fmt: skip
 #: Lightning counts optimizer steps: update_epochs x num_minibatches per update.
