@@ -46,7 +46,9 @@ class NonfiniteSteps:
             # NaN propagates): one fused kernel, where a per-tensor check was ~1/10 of a small MLP's
             # optimizer step.
             norms = torch._foreach_norm(grads, float("inf"))
-            bad += [~torch.isfinite(n).to(loss.device) for n in norms]
+            if len({(n.dtype, n.device) for n in norms}) > 1:
+                norms = [n.to(loss.device, torch.float32) for n in norms]
+            bad.append(~torch.isfinite(torch.stack(norms)).all().to(loss.device))
         else:  # sharded (DTensor) gradients: each reduces on its own
             bad += [~torch.isfinite(g).all() for g in grads]
         flags = torch.stack(bad).to(torch.float32)

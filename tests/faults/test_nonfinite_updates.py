@@ -4,6 +4,7 @@ row naming loss or gradient and the step; a NaN reset under ``--data.nonfinite d
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import gymnasium as gym
@@ -118,3 +119,28 @@ def test_an_env_that_never_resets_cleanly_stops_even_under_drop():
     c = Collector([AlwaysNaN(gym.make("Fault-v0"))], mode="dpsa", max_horizon=5, nonfinite="drop")
     with pytest.raises(NonFiniteError, match=rf"observation \(from {RESET_RETRIES + 1} resets in a row\)"):
         c.collect(module.policy)
+
+
+@pytest.mark.parametrize(
+    ("grads", "skipped"),
+    [
+        # huge but finite, mixed dtypes, an empty gradient
+        ([torch.full((3,), 3e38), torch.ones(2, dtype=torch.bfloat16), torch.zeros(0)], False),
+        ([torch.ones(3), torch.tensor([1.0, float("inf")], dtype=torch.bfloat16)], True),
+        ([torch.tensor([float("nan"), 1.0]), torch.ones(2)], True),
+        ([torch.ones(2), torch.tensor([-float("inf")])], True),
+    ],
+)
+def test_the_gradient_check_flags_exactly_the_nonfinite_elements(grads, skipped):
+    """One max-abs norm per gradient decides: it is finite exactly when every element is, whatever
+    the dtypes (mixed here) and however large the finite values."""
+    from fastlight.modules.nonfinite import NonfiniteSteps
+
+    params = [torch.nn.Parameter(torch.zeros_like(g)) for g in grads]
+    for p, g in zip(params, grads, strict=True):
+        p.grad = g.clone()
+    check = NonfiniteSteps(limit=3)
+    with pytest.warns(UserWarning, match="non-finite gradient") if skipped else contextlib.nullcontext():
+        check.check(torch.optim.SGD(params, lr=0.1), torch.tensor(1.0), params, world_size=1, at=(0, 0, 0, 0))
+    assert check.skipped == int(skipped)
+    assert all(p.grad is None for p in params) == skipped
