@@ -1,7 +1,8 @@
 """Optional extras: the core install is the driving path; the rest comes with an extra.
 
 - core (``pip install fastlight``): highway-env driving, gymnasium ids, MLP policies, the CLI;
-- ``fastlight[metaworld]``: Meta-World MT10 envs (``metaworld``, ``mujoco``);
+- ``fastlight[metaworld]``: Meta-World MT10 envs (``metaworld``, ``mujoco``, and ``tokenizers`` for
+  their instructions);
 - ``fastlight[vla]``: the VLA policy and instruction tokenizer (``transformers``, ``tokenizers``,
   ``safetensors``) and its LoRA adapters (``peft``);
 - ``fastlight[ray]``: the Ray fleet, samplers as Ray actors on the nodes of a cluster (``ray``);
@@ -23,7 +24,7 @@ from types import ModuleType
 
 #: Extra -> the top-level modules it provides (pyproject.toml's [project.optional-dependencies]).
 EXTRAS: dict[str, tuple[str, ...]] = {
-    "metaworld": ("metaworld", "mujoco"),
+    "metaworld": ("metaworld", "mujoco", "tokenizers"),
     "vla": ("transformers", "tokenizers", "safetensors", "peft"),
     # The distribution stable-baselines3 imports as stable_baselines3.
     "bench": ("matplotlib", "pandas", "scipy", "rliable", "imageio", "stable_baselines3"),

@@ -67,9 +67,9 @@ FLOORS: list[tuple[str, ...]] = [
 #: Third-party packages and the only modules (a dotted name covers the modules under it) that import them.
 WALLS: dict[str, tuple[str, ...]] = {
     "ray": ("fastlight.fleet.ray",),
-    # envs.instruction_tokens builds the env's own WordLevel instruction tokenizer (a
+    # envs.instruction_tokens builds the env's own WordLevel instruction tokenizer (also as a
     # PreTrainedTokenizerFast, so that a VLA folder's AutoTokenizer loads it); the env, not the VLA,
-    # owns it, and it imports transformers only when a tokenizer is built.
+    # owns it, and it imports transformers only for that form (the envs encode with tokenizers alone).
     "transformers": ("fastlight.vla", "fastlight.envs.instruction_tokens"),
     "peft": ("fastlight.vla",),
 }

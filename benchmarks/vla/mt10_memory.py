@@ -47,7 +47,7 @@ COMMAND = "python -m benchmarks.vla.mt10_memory"
 CONFIG = "configs/vla_metaworld_mt10.yaml"
 
 #: Large imports a sampler may carry besides torch and the env: each reading says which it has.
-HEAVY_MODULES = ("transformers", "accelerate", "PIL", "scipy", "sympy", "lightning")
+HEAVY_MODULES = ("transformers", "peft", "accelerate", "PIL", "scipy", "sympy", "lightning")
 
 _ENV_INDEX = itertools.count()  # envs built by this process, in order
 
@@ -170,8 +170,8 @@ def step_cost(envs_n: int = 8, steps: int = 300, rounds: int = 3) -> dict[str, f
 def breakdown(config: str = CONFIG, num_envs: int = 8) -> list[tuple[str, float]]:
     """VmRSS (MB) of this process after each piece a sampler of ``config`` adds, in a sampler's
     order: its own imports, its envs, its policy (a sampler unpickles the one the trainer built,
-    which imports what building it imports), the first task, then every env through every task
-    (one state-only MT10 run; call it in a fresh process)."""
+    which imports what building it imports; none with the config's inference worker), the first
+    task, then every env through every task (one state-only MT10 run; call it in a fresh process)."""
     import yaml
 
     def vmrss() -> float:
@@ -182,15 +182,17 @@ def breakdown(config: str = CONFIG, num_envs: int = 8) -> list[tuple[str, float]
 
     out.append(("the sampler's imports (torch, fastlight.sampling)", vmrss()))
     from fastlight.envs.registry import make_env
-    from fastlight.vla.policy import VLAPolicy
 
     with open(config) as f:
         cfg = yaml.safe_load(f)
     data = cfg["data"]["init_args"]
     envs = [make_env(data["env_id"], env_kwargs=data["env_kwargs"]) for _ in range(num_envs)]
     out.append((f"{num_envs} MT10 envs made (metaworld, the instruction tokenizer)", vmrss()))
-    VLAPolicy(**cfg["model"]["init_args"]["policy"]["init_args"])
-    out.append(("the config's VLAPolicy (its backbone's imports)", vmrss()))
+    if data.get("inference") is None:  # else the inference worker holds the policy, not the sampler
+        from fastlight.vla.policy import VLAPolicy
+
+        VLAPolicy(**cfg["model"]["init_args"]["policy"]["init_args"])
+        out.append(("the config's VLAPolicy (its backbone's imports)", vmrss()))
     envs[0].reset(seed=0, options={"task_id": 0})
     out.append(("first task: its 50 goals and its model", vmrss()))
     for k in range(10):

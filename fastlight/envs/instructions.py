@@ -2,9 +2,11 @@
 
 AcceRL's VLA reads a natural-language instruction next to the camera frame (§experiments, MT10).
 :data:`INSTRUCTIONS` holds one sentence per MT10 task; other task names get their name as the
-sentence (:func:`instruction_for`). :func:`instruction_tokenizer` builds the local WordLevel
+sentence (:func:`instruction_for`). :func:`instruction_words` builds the local WordLevel
 tokenizer of :mod:`fastlight.envs.instruction_tokens` (which owns tokenisation and encoding) over every known
-sentence, once per process, so ids agree across envs and processes whatever tasks they run.
+sentence, once per process, so ids agree across envs and processes whatever tasks they run; it needs
+``tokenizers`` only. :func:`instruction_tokenizer` is the same vocabulary as a ``transformers``
+tokenizer, for code that decodes or takes one (never the envs: a sampler stays free of ``transformers``).
 
 An env that emits its instructions as token ids declares them with an ``instruction_table``
 attribute (:class:`InstructionTable`: every row it can emit and its sentence), so that a policy
@@ -15,10 +17,13 @@ with its own tokenizer can map those rows to its own tokens before sampling star
 from __future__ import annotations
 
 import functools
-import tempfile
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:  # through instruction_tokens: transformers stays behind its wall (tests/test_layering.py)
+    from fastlight.envs.instruction_tokens import PreTrainedTokenizerFast, Tokenizer
 
 
 @dataclass(frozen=True, eq=False)
@@ -61,10 +66,18 @@ def instruction_for(name: str) -> str:
 
 
 @functools.cache
-def instruction_tokenizer(extra: tuple[str, ...] = ()):
-    """WordLevel tokenizer over every MT10 sentence plus ``extra`` (built once per process)."""
-    from fastlight.envs.instruction_tokens import build_instruction_tokenizer
+def instruction_words(extra: tuple[str, ...] = ()) -> Tokenizer:
+    """The bare ``tokenizers`` WordLevel tokenizer over every MT10 sentence plus ``extra`` (built once
+    per process): what the envs encode with, so that a sampler imports no ``transformers``."""
+    from fastlight.envs.instruction_tokens import build_word_tokenizer
 
-    sentences = sorted(set(INSTRUCTIONS.values()) | set(extra))
-    with tempfile.TemporaryDirectory(prefix="fastlight-instr-") as folder:
-        return build_instruction_tokenizer(sentences, folder)
+    return build_word_tokenizer(sorted(set(INSTRUCTIONS.values()) | set(extra)))
+
+
+@functools.cache
+def instruction_tokenizer(extra: tuple[str, ...] = ()) -> PreTrainedTokenizerFast:
+    """:func:`instruction_words` as a ``transformers`` tokenizer (the same vocabulary and ids), for
+    decoding and for VLA code that takes a ``transformers`` tokenizer; imports ``transformers``."""
+    from fastlight.envs.instruction_tokens import as_pretrained_tokenizer
+
+    return as_pretrained_tokenizer(instruction_words(extra))

@@ -21,7 +21,10 @@ Meta-World tasks behind a single gymnasium env:
   The sentences (:data:`INSTRUCTIONS`, one per MT10 task; other task names get their name as
   the sentence) are tokenized by the local WordLevel tokenizer of
   :mod:`fastlight.envs.instruction_tokens`, built in memory over every known sentence, so ids agree across
-  envs and processes whatever ``tasks`` they run; ``env.unwrapped.tokenizer`` decodes them;
+  envs and processes whatever ``tasks`` they run. The env encodes with the ``tokenizers`` package
+  alone, so a sampler that only steps envs never imports ``transformers``;
+  ``env.unwrapped.tokenizer`` (the same vocabulary as a ``transformers`` tokenizer, built on first
+  read) decodes them;
 - actions ``Box(-1, 1, (4,))``: hand xyz displacement and gripper effort;
 - the episode *terminates* on ``info["success"]`` (``terminate_on_success``) and is
   *truncated* after ``max_path_length`` steps (default 200, not Meta-World's 500, to keep CPU
@@ -57,12 +60,18 @@ from __future__ import annotations
 import contextlib
 import weakref
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
 
-from fastlight.envs.instructions import INSTRUCTIONS, InstructionTable, instruction_for, instruction_tokenizer
+from fastlight.envs.instructions import (
+    INSTRUCTIONS,
+    InstructionTable,
+    instruction_for,
+    instruction_tokenizer,
+    instruction_words,
+)
 from fastlight.envs.metaworld_sims import SimKey, SimState, TaskSim, acquire, release
 from fastlight.envs.metaworld_tasks import (
     MT10_TASKS,
@@ -72,6 +81,9 @@ from fastlight.envs.metaworld_tasks import (
 )
 from fastlight.envs.registry import register_envs
 from fastlight.envs.rendering import render_offscreen, require_gl_backend
+
+if TYPE_CHECKING:  # through instruction_tokens: transformers stays behind its wall (tests/test_layering.py)
+    from fastlight.envs.instruction_tokens import PreTrainedTokenizerFast
 
 __all__ = [
     "INSTRUCTIONS", "MT10_TASKS", "STATE_DIM", "MetaWorldEnv", "goal_variations", "instruction_for",
@@ -153,8 +165,8 @@ class MetaWorldEnv(gym.Env):
         self.goal_seed, self.fast_render, self.flip_image = goal_seed, fast_render, flip_image
         self.render_mode = render_mode
         self.instructions = tuple(instruction_for(n) for n in self.task_names)
-        extra = tuple(sorted(s for s in self.instructions if s not in INSTRUCTIONS.values()))
-        self.tokenizer = instruction_tokenizer(extra)
+        self._extra = tuple(sorted(s for s in self.instructions if s not in INSTRUCTIONS.values()))
+        self._words = instruction_words(self._extra)
         self._ids, self._mask = self._encode(max_text_len)
         self.task_weights = np.full(len(self.task_names), 1.0 / len(self.task_names))
         self.observation_space = self._observation_space()
@@ -171,16 +183,22 @@ class MetaWorldEnv(gym.Env):
 
     # ------------------------------------------------------------------ construction
     def _encode(self, max_text_len: int) -> tuple[np.ndarray, np.ndarray]:
-        from fastlight.envs.instruction_tokens import encode_instructions
+        from fastlight.envs.instruction_tokens import encode_words
 
-        longest = max(len(self.tokenizer(s)["input_ids"]) for s in self.instructions)
+        longest = max(len(self._words.encode(s).ids) for s in self.instructions)
         if max_text_len < longest:
             raise ValueError(
                 f"--data.env_kwargs.max_text_len must be >= {longest} (longest instruction + [BOS]), "
                 f"got {max_text_len}"
             )
-        ids, mask = encode_instructions(self.tokenizer, list(self.instructions), max_text_len)
-        return ids.numpy().astype(np.int64), mask.numpy().astype(np.int64)
+        return encode_words(self._words, list(self.instructions), max_text_len)
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerFast:
+        """The instructions' vocabulary as a ``transformers`` tokenizer (decodes ``instruction_ids``).
+        Built on first read, not in ``__init__``: encoding needs no ``transformers``, and a sampler
+        that imported it would carry its imports for nothing."""
+        return instruction_tokenizer(self._extra)
 
     def _observation_space(self) -> gym.spaces.Dict:
         spaces: dict[str, gym.Space] = {}
@@ -188,7 +206,7 @@ class MetaWorldEnv(gym.Env):
             spaces["image"] = gym.spaces.Box(0, 255, (self.image_size, self.image_size, 3), dtype=np.uint8)
         if self.proprio_dim:
             spaces["proprio"] = gym.spaces.Box(-np.inf, np.inf, (self.proprio_dim,), dtype=np.float32)
-        vocab = len(self.tokenizer)
+        vocab = self._words.get_vocab_size()
         spaces["instruction_ids"] = gym.spaces.Box(0, vocab - 1, (self.max_text_len,), dtype=np.int64)
         spaces["instruction_mask"] = gym.spaces.Box(0, 1, (self.max_text_len,), dtype=np.int64)
         return gym.spaces.Dict(spaces)

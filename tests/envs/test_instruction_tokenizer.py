@@ -1,7 +1,11 @@
-"""WordLevel instruction tokenizer saved as a folder and reloaded with AutoTokenizer."""
+"""WordLevel instruction tokenizer saved as a folder and reloaded with AutoTokenizer, and the bare
+``tokenizers`` one the envs encode with (the same ids)."""
 
 from __future__ import annotations
 
+import tempfile
+
+import numpy as np
 import pytest
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
@@ -10,6 +14,7 @@ from fastlight.envs.instruction_tokens import (
     build_instruction_tokenizer,
     decode_instructions,
     encode_instructions,
+    encode_words,
 )
 from fastlight.vla.policy import VLAPolicy
 
@@ -56,3 +61,57 @@ def test_encoded_instructions_drive_the_policy(tmp_path) -> None:
     policy = VLAPolicy(vocab_size=300, hidden_size=16, intermediate_size=32, n_bins=16, max_text_len=8)
     out = policy.act({"instruction_ids": ids, "instruction_mask": mask})
     assert out.actions.shape == (3, 4) and out.values.shape == (3,)
+
+
+#: The MT10 instructions' ids (no padding) as the transformers tokenizer gave them before the envs
+#: encoded with the bare ``tokenizers`` one: a checkpoint trained on those ids must read the same.
+MT10_IDS = {
+    "reach-v3": [2, 31, 3, 4, 28, 36, 3, 18],
+    "push-v3": [2, 10, 3, 9, 33, 3, 4],
+    "pick-place-v3": [2, 26, 35, 3, 9, 13, 27, 23, 14, 3, 4],
+    "door-open-v3": [2, 5, 3, 17, 16, 30, 24, 19],
+    "drawer-open-v3": [2, 5, 3, 7],
+    "drawer-close-v3": [2, 10, 3, 7, 6],
+    "button-press-topdown-v3": [2, 29, 3, 15, 8, 3, 34],
+    "peg-insert-side-v3": [2, 21, 3, 25, 22, 3, 20, 8, 3, 32],
+    "window-open-v3": [2, 11, 3, 12, 5],
+    "window-close-v3": [2, 11, 3, 12, 6],
+}
+
+
+@pytest.mark.parametrize("max_len", [4, 8, 11, 16])  # truncating most, some, none (longest + [BOS]), padded
+def test_bare_tokenizer_gives_the_transformers_ids_for_every_mt10_instruction(max_len) -> None:
+    from fastlight.envs.instructions import INSTRUCTIONS, instruction_tokenizer, instruction_words
+
+    sentences = list(INSTRUCTIONS.values())
+    words, fast = instruction_words(), instruction_tokenizer()
+    ids, mask = encode_words(words, sentences, max_len)
+    want_ids, want_mask = encode_instructions(fast, sentences, max_len)
+    assert ids.dtype == mask.dtype == np.int64 and ids.shape == mask.shape == (len(sentences), max_len)
+    assert np.array_equal(ids, want_ids.numpy()) and np.array_equal(mask, want_mask.numpy())
+    # ... and those are the ids from before, row by row (truncated, then right-padded with [PAD] 0).
+    for row, row_mask, name in zip(ids, mask, INSTRUCTIONS, strict=True):
+        real = MT10_IDS[name][:max_len]
+        assert row.tolist() == real + [0] * (max_len - len(real)), name
+        assert row_mask.tolist() == [1] * len(real) + [0] * (max_len - len(real)), name
+    assert words.get_vocab_size() == len(fast) == 37
+    # A tokenizer trained apart, saved and reloaded the transformers way, has the same vocabulary.
+    with tempfile.TemporaryDirectory() as folder:
+        build_instruction_tokenizer(sorted(set(sentences)), folder)
+        loaded = AutoTokenizer.from_pretrained(folder)
+    assert torch.equal(encode_instructions(loaded, sentences, max_len)[0], want_ids)
+
+
+def test_bare_tokenizer_matches_transformers_on_words_it_never_saw() -> None:
+    from fastlight.envs.instructions import instruction_tokenizer, instruction_words
+
+    extra = ("Pick up the red block.", "open the fridge now please")  # sorted, as the env passes them
+    sentences = [*extra, "reach the goal position with the gripper", "OPEN  the  Drawer!"]
+    ids, mask = encode_words(instruction_words(extra), sentences, 6)
+    want_ids, want_mask = encode_instructions(instruction_tokenizer(extra), sentences, 6)
+    assert np.array_equal(ids, want_ids.numpy()) and np.array_equal(mask, want_mask.numpy())
+    assert ids[:3].tolist() == [[2, 9, 13, 3, 38, 18], [2, 4, 3, 22, 30, 33], [2, 37, 3, 5, 34, 42]]
+    assert int(ids[3, 4]) == 1  # "!" was never seen: [UNK]
+    assert instruction_words(extra).get_vocab_size() == len(instruction_tokenizer(extra)) == 43
+    with pytest.raises(ValueError, match="max_len"):
+        encode_words(instruction_words(), ["open the drawer"], 0)
