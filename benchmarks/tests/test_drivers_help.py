@@ -35,6 +35,7 @@ DRIVERS = (
     "benchmarks.overhead",
     "benchmarks.pruning",
     "benchmarks.rollback_cost",
+    "benchmarks.sampler_memory",
     "benchmarks.sampling",
     "benchmarks.sampling.auto_threshold",
     "benchmarks.sampling.model",

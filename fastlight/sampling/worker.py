@@ -23,6 +23,7 @@ reset and while it waits: the trainer restarts one whose counter stops (see ``Sa
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import queue
@@ -119,6 +120,10 @@ def run_sampler(bundle: SamplerBundle, outbox: Outgoing) -> bool:
     try:
         collector = Collector.for_sampler(bundle)
         bundle.policy.eval()
+        # What the sampler holds from its start (torch, the envs, the policy: ~250k objects) never becomes
+        # garbage: frozen, a full collection skips it, and _loop makes one after every round (<1 ms).
+        gc.collect()
+        gc.freeze()
         _loop(bundle, collector, outbox)
     except Exception:
         outbox.put(("error", bundle.index, traceback.format_exc()), bundle.stop, bundle.beat)
@@ -180,3 +185,9 @@ def _loop(bundle: SamplerBundle, collector: Collector, outbox: Outgoing) -> None
         served_by = ("the inference worker", policy.last_version, policy.last_checksum) if served else None
         item.stats.weights_held = [served_by or (f"sampler {bundle.index}", version, held)]
         outbox.put(("rollout", version, item), stop, beat)
+        # An env's per-episode objects in reference cycles (a highway-env road and its vehicles, made at
+        # every reset) live long enough to reach the oldest generation, which Python collects only once
+        # the objects promoted there reach a quarter of those it holds: left to it, the dead roads of
+        # ~100 rounds pile up, and the memory they leave behind grew the sampler 2 MB per 100 cycles
+        # (benchmarks/results/faults.md, the sampler memory soak).
+        gc.collect()
