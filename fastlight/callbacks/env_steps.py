@@ -18,6 +18,13 @@ it (a Rollout is never cut), saying so in one line; it overshoots by less than o
 TensorBoard, whose x-axis is the logger's step, the ``tensorboard_keys`` metrics are also written
 as ``env_steps/<key>`` with the env-step count as their step. The count is kept in checkpoints.
 
+**Learning-rate annealing.** With ``anneal_lr`` (and a budget), every optimizer parameter group's
+learning rate falls linearly from its value at the run's start to 0 at ``total_env_steps``, set
+before each update from the env steps trained on so far, as CleanRL's PPO anneals over its
+``total_timesteps`` (Huang et al., "The 37 Implementation Details of PPO", detail 4). A resumed run
+continues the schedule from its restored count; a learning rate changed at the resume (``--model.lr``)
+becomes the schedule's new starting value.
+
     fastlight fit --config configs/highway_dpsa.yaml --trainer.callbacks+=EnvStepBudget \\
         --trainer.callbacks.total_env_steps 200000
 """
@@ -48,6 +55,7 @@ class EnvStepBudget(Callback):
     Args:
         total_env_steps: the run's env-step budget; ``None`` only counts and logs.
         prog_bar: show ``env_steps`` in the progress bar.
+        anneal_lr: anneal every parameter group's learning rate linearly to 0 at ``total_env_steps``.
         tensorboard_keys: metrics also written to TensorBoard against env steps
             (``env_steps/<key>``), when logged in the same step.
         batch_counts_fn: ``batch -> RolloutStats`` for training batches that are not Rollouts (a
@@ -60,6 +68,7 @@ class EnvStepBudget(Callback):
         self,
         total_env_steps: int | None = None,
         prog_bar: bool = True,
+        anneal_lr: bool = False,
         tensorboard_keys: list[str] | None = None,
         batch_counts_fn: BatchCountsFn | None = None,
     ) -> None:
@@ -68,13 +77,50 @@ class EnvStepBudget(Callback):
             raise ValueError(
                 f"EnvStepBudget total_env_steps must be >= 1 or null (no budget), got {total_env_steps}"
             )
+        if anneal_lr and total_env_steps is None:
+            raise ValueError("EnvStepBudget anneal_lr needs total_env_steps (where the rate reaches 0)")
         self.total_env_steps = total_env_steps
         self.prog_bar = prog_bar
+        self.anneal_lr = anneal_lr
+        # Per optimizer, per group: the schedule's starting rate, and the rate it last set (to tell a rate
+        # restored from a checkpoint, which is the schedule's, from one set anew at a resume).
+        self._base_lrs: list[list[float]] | None = None
+        self._set_lrs: list[list[float]] | None = None
         self.tensorboard_keys = list(DEFAULT_TB_KEYS if tensorboard_keys is None else tensorboard_keys)
         self.env_steps = 0
         self.batch_counts_fn = batch_counts_fn
         missing = "no env_steps are counted, so total_env_steps never stops the run"
         self._batch_counts = BatchCounts("EnvStepBudget", batch_counts_fn, missing=missing)
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not self.anneal_lr:
+            return
+        current = [[float(g["lr"]) for g in opt.param_groups] for opt in trainer.optimizers]
+        saved_base, saved_set = self._base_lrs, self._set_lrs
+        if saved_base is None or saved_set is None or len(saved_set) != len(current):
+            self._base_lrs = current
+            return
+        # A group still at the rate this schedule last set keeps the schedule's start; one whose rate was
+        # changed at the resume starts the schedule from its new rate.
+        self._base_lrs = [
+            [b if lr == s else lr for lr, b, s in zip(cur, base, sets, strict=True)]
+            for cur, base, sets in zip(current, saved_base, saved_set, strict=True)
+        ]
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if not self.anneal_lr or self._base_lrs is None or self.total_env_steps is None:
+            return
+        frac = max(0.0, 1.0 - self.env_steps / self.total_env_steps)
+        self._set_lrs = []
+        for opt, bases in zip(trainer.optimizers, self._base_lrs, strict=True):
+            for group, base in zip(opt.param_groups, bases, strict=True):
+                group["lr"] = base * frac
+            self._set_lrs.append([float(g["lr"]) for g in opt.param_groups])
+        pl_module.log("learning_rate", self._set_lrs[0][0], on_step=True, on_epoch=False, batch_size=1)
 
     @override
     def on_train_batch_end(
@@ -115,8 +161,13 @@ class EnvStepBudget(Callback):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {"env_steps": self.env_steps}
+        state: dict[str, Any] = {"env_steps": self.env_steps}
+        if self._base_lrs is not None:
+            state["base_lrs"], state["set_lrs"] = self._base_lrs, self._set_lrs
+        return state
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.env_steps = int(state_dict["env_steps"])
+        self._base_lrs = state_dict.get("base_lrs")
+        self._set_lrs = state_dict.get("set_lrs")

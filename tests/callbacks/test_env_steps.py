@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import csv
 import logging
+from types import SimpleNamespace
 
 import lightning.pytorch as pl
 import pytest
+import torch
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 from fastlight.callbacks.env_steps import STATE_KEY, EnvStepBudget
@@ -105,6 +107,57 @@ def test_state_round_trip_and_bad_budget():
         want = rf"total_env_steps must be >= 1 or null \(no budget\), got {bad}"
         with pytest.raises(ValueError, match=want):
             EnvStepBudget(total_env_steps=bad)
+
+
+class _SeesLr(_Counting):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lrs: list[float] = []
+
+    def training_step(self, batch, batch_idx):
+        super().training_step(batch, batch_idx)
+        self.lrs.append(self.optimizers().optimizer.param_groups[0]["lr"])
+
+
+def test_anneal_lr_falls_linearly_with_the_env_steps_trained_on(tmp_path):
+    """Each update's rate is 0.1 x (1 - env steps before it / 32): CleanRL's schedule, in env steps."""
+    budget = EnvStepBudget(total_env_steps=32, anneal_lr=True)
+    logger = CSVLogger(tmp_path, name="csv")
+    module = _SeesLr()
+    trainer = pl.Trainer(max_epochs=1, callbacks=[budget], logger=logger, enable_checkpointing=False,
+                         enable_model_summary=False, enable_progress_bar=False, accelerator="cpu",
+                         log_every_n_steps=1)  # fmt: skip
+    trainer.fit(module)
+    want = [0.1 * (1 - n / 32) for n in [0, *CUMULATIVE[:-1]]]
+    assert module.lrs == pytest.approx(want, rel=1e-12)
+    assert _csv_column(logger, "learning_rate") == pytest.approx(want, rel=1e-6)
+    # Past the budget the rate is 0, never negative.
+    budget.env_steps = 40
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    budget.on_train_batch_start(SimpleNamespace(optimizers=[opt]), _Counting(), None, 0)
+    assert opt.param_groups[0]["lr"] == 0.0
+
+
+def test_anneal_lr_resume_keeps_the_schedule_unless_the_rate_was_changed():
+    def trainer_with(*lrs: float) -> SimpleNamespace:
+        groups = [{"params": [torch.nn.Parameter(torch.zeros(1))], "lr": lr} for lr in lrs]
+        return SimpleNamespace(optimizers=[torch.optim.SGD(groups)])
+
+    first = EnvStepBudget(total_env_steps=100, anneal_lr=True)
+    trainer = trainer_with(0.1, 0.01)
+    first.on_train_start(trainer, None)
+    first.env_steps = 50
+    first.on_train_batch_start(trainer, _Counting(), None, 0)
+    assert [g["lr"] for g in trainer.optimizers[0].param_groups] == pytest.approx([0.05, 0.005])
+    # Restored as saved (group 0), and group 1 set anew at the resume: its new rate starts the schedule.
+    resumed = EnvStepBudget(total_env_steps=100, anneal_lr=True)
+    resumed.load_state_dict(first.state_dict())
+    trainer = trainer_with(0.05, 0.02)
+    resumed.on_train_start(trainer, None)
+    resumed.on_train_batch_start(trainer, _Counting(), None, 0)
+    assert [g["lr"] for g in trainer.optimizers[0].param_groups] == pytest.approx([0.05, 0.01])
+    with pytest.raises(ValueError, match="anneal_lr needs total_env_steps"):
+        EnvStepBudget(anneal_lr=True)
 
 
 @pytest.mark.multiproc
