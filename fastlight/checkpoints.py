@@ -85,11 +85,16 @@ def read_checkpoint(path: str | Path, *, flag: str = "--ckpt") -> dict[str, Any]
     return ckpt
 
 
+#: Bytes the writable-root check writes (and removes): enough to meet a full filesystem's ENOSPC.
+WRITE_CHECK_BYTES = 64 * 1024
+
+
 def check_writable_dir(path: str | os.PathLike[str], *, flag: str = "--trainer.default_root_dir") -> None:
     """Refuse, in one line naming ``flag``, a directory this process cannot write to: a run's logs and
     checkpoints go there, and the first write (TensorBoard's, once the samplers have started) would
     fail with a long traceback. Creates nothing: the directory, or its nearest existing parent, must
-    be a directory in which a file can be created. That is tried (a temporary file, removed at once)
+    be a directory in which a file can be created and written. That is tried (a temporary file of
+    :data:`WRITE_CHECK_BYTES`, removed at once)
     rather than read off permission bits, which miss read-only mounts and which root passes anyway.
     Remote paths (``s3://...``) are not checked."""
     text = os.fspath(path)
@@ -107,8 +112,18 @@ def check_writable_dir(path: str | os.PathLike[str], *, flag: str = "--trainer.d
             f"{flag} {text}: not writable ({type(e).__name__}: {e.strerror or e} creating a file in "
             f"{probe}); choose a directory this user can write to"
         ) from e
-    os.close(fd)
-    os.remove(name)
+    try:
+        # A full filesystem still lets an empty file be created; a write of a few pages it refuses,
+        # here, rather than in TensorBoard's writer during Lightning's setup (a 68-line traceback).
+        os.write(fd, bytes(WRITE_CHECK_BYTES))
+    except OSError as e:
+        raise ValueError(
+            f"{flag} {text}: not writable ({type(e).__name__}: {e.strerror or e} writing a file in {probe}; "
+            f"{free_space(probe)}); free space there or choose another directory"
+        ) from e
+    finally:
+        os.close(fd)
+        os.remove(name)
 
 
 class CheckpointWriteError(OSError):

@@ -1,16 +1,18 @@
 """A ``--trainer.default_root_dir`` that cannot be written is refused in one line, before a run starts
 anything: a read-only directory (checked by a process without root's override), a path under a
-file; a writable one passes, and the check creates nothing."""
+file, a full filesystem; a writable one passes, and the check creates nothing."""
 
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 
 import pytest
 
 from fastlight.checkpoints import check_writable_dir
 from fastlight.cli_output import setting_error_line
+from tests.faults.test_log_writes import mount_tmpfs
 
 NOBODY = 65534
 
@@ -74,3 +76,38 @@ def test_a_read_only_root_is_refused_naming_the_flag_and_the_cause():
     finally:
         os.chmod(folder, 0o755)
         os.rmdir(folder)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs in a private namespace needs root")
+def test_a_full_filesystem_is_refused_with_its_free_space(tmp_path):
+    """A disk already full at the start still lets an empty file be created: the check writes. Before:
+    a 68-line traceback from TensorBoard's writer in Lightning's setup."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its own mount namespace with a 1 MiB tmpfs at `disk`, filled
+        try:
+            mount_tmpfs(disk, "1m")
+            fd = os.open(disk / "filler", os.O_WRONLY | os.O_CREAT)
+            try:
+                while True:
+                    os.write(fd, bytes(4096))
+            except OSError:
+                os.close(fd)
+            check_writable_dir(disk / "run")
+            said = "no error"
+        except BaseException as e:  # noqa: BLE001 - whatever happened goes back to the test
+            said = str(e)
+        os.write(write, said.encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as f:
+        said = f.read()
+    assert os.waitpid(pid, 0)[1] == 0
+    assert re.fullmatch(
+        rf"--trainer\.default_root_dir {re.escape(str(disk / 'run'))}: not writable \(OSError: No space left "
+        rf"on device writing a file in {re.escape(str(disk))}; 0 B free of 1\.0 MiB on the filesystem of "
+        rf"{re.escape(str(disk))}\); free space there or choose another directory",
+        said,
+    ), said
