@@ -31,8 +31,18 @@ from fastlight.envs import scenario_cost
 from fastlight.sampling.collector import POOL_RESET_S, Collector
 from tests.fake_envs import FixedLengthEnv
 
-KEYS = {"mode", "threshold", "clips", "reset_cost_s", "raw_tps", "effective_tps", "sample_efficiency",
-        "time_efficiency", "mean_episode_length", "speedup_vs_sequential"}
+KEYS = {
+    "mode",
+    "threshold",
+    "clips",
+    "reset_cost_s",
+    "raw_tps",
+    "effective_tps",
+    "sample_efficiency",
+    "time_efficiency",
+    "mean_episode_length",
+    "speedup_vs_sequential",
+}
 RESET = 0.02
 
 
@@ -64,9 +74,25 @@ FIGURES: list[Figure] = []  # what sampling_report.plot drew during the module's
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict], Path]:
     out = tmp_path_factory.mktemp("bench")
-    argv = ["--path", "single", "--env", "BenchRandomLength-v0", "--clips", "1", "4", "--valid-steps", "60",
-            "--rounds", "2",
-            "--reset-cost", str(RESET), "--shared-step-s", "0.002", "--out", str(out)]
+    argv = [
+        "--path",
+        "single",
+        "--env",
+        "BenchRandomLength-v0",
+        "--clips",
+        "1",
+        "4",
+        "--valid-steps",
+        "60",
+        "--rounds",
+        "2",
+        "--reset-cost",
+        str(RESET),
+        "--shared-step-s",
+        "0.002",
+        "--out",
+        str(out),
+    ]
     plot = sampling_report.plot
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(sampling_report, "plot", lambda *a, **kw: FIGURES.append(plot(*a, **kw)))
@@ -74,15 +100,19 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict], Path]:
 
 
 def _row(rows: list[dict], setting: str, mode: str, clips: int, threshold: float | None = None) -> dict:
-    return next(r for r in rows if (r["setting"], r["mode"], r["clips"], r["threshold"])
-                == (setting, mode, clips, threshold))
+    return next(
+        r
+        for r in rows
+        if (r["setting"], r["mode"], r["clips"], r["threshold"]) == (setting, mode, clips, threshold)
+    )
 
 
 def test_outputs_and_json_keys(bench: tuple[list[dict], Path]) -> None:
     rows, out = bench
     on_disk = json.loads((out / "sampling.json").read_text())
-    assert isinstance(on_disk, list) and len(on_disk) == len(plan(
-        ["native", "emulated_reset", "shared_sim"], [1, 4], [0.5, 0.75, 1.0]))
+    assert isinstance(on_disk, list) and len(on_disk) == len(
+        plan(["native", "emulated_reset", "shared_sim"], [1, 4], [0.5, 0.75, 1.0])
+    )
     assert all(KEYS <= set(r) for r in on_disk)
     md = (out / "sampling.md").read_text()
     assert "python -m benchmarks.sampling --path single --env BenchRandomLength-v0" in md
@@ -188,8 +218,12 @@ def test_emulated_resets_of_one_sampler_overlap(monkeypatch: pytest.MonkeyPatch)
 
 def test_shared_simulator_steps_clips_in_one_tick() -> None:
     clips = shared_sim_clips(
-        5, [(2, True), (7, True), (12, False)], step_s=0.0, reset_s=0.0,
-        observation_space=gym.spaces.Box(-1, 1, (3,)), action_space=gym.spaces.Discrete(2),
+        5,
+        [(2, True), (7, True), (12, False)],
+        step_s=0.0,
+        reset_s=0.0,
+        observation_space=gym.spaces.Box(-1, 1, (3,)),
+        action_space=gym.spaces.Discrete(2),
     )
     collector = Collector(clips, mode="dpsa", termination_threshold=1.0, max_horizon=50)
     rollout = collector.collect(RandomPolicy(2))
@@ -215,3 +249,17 @@ def test_random_policy_is_uniform_and_seeded() -> None:
     counts = torch.bincount(a.actions, minlength=4).float() / 4000
     assert torch.allclose(counts, torch.full((4,), 0.25), atol=0.03)
     assert torch.equal(a.values, torch.zeros(4000))
+
+
+def test_lengths_only_runs_the_real_setting_as_the_shared_simulators_lengths(tmp_path) -> None:
+    argv = ["--path", "single", "--env", "BenchRandomLength-v0", "--settings", "native", "shared_sim",
+            "--lengths-only", "50", "--clips", "1", "4", "--thresholds", "1.0", "--valid-steps", "40",
+            "--rounds", "1",
+            "--shared-step-s", "0.002", "--out", str(tmp_path)]  # fmt: skip
+    rows = main(argv)
+    [native] = [r for r in rows if r["setting"] == "native"]
+    assert (native["mode"], native["clips"]) == ("sequential", 1) and 50 <= native["valid_steps"] < 50 + 40
+    shared = {(r["mode"], r["clips"]) for r in rows if r["setting"] == "shared_sim"}
+    assert shared == {("sequential", 1), ("sgr", 1), ("sgr", 4), ("dpsa", 1), ("dpsa", 4)}
+    with pytest.raises(SystemExit, match="--lengths-only needs --settings shared_sim"):
+        main(["--path", "single", "--settings", "native", "--lengths-only", "9", "--out", str(tmp_path)])
