@@ -63,6 +63,24 @@ def score(series: dict[str, list[float]], final_steps: float) -> dict[str, float
     return {"final_return": float(last.mean()), "env_steps": float(steps[-1])}
 
 
+def budget_args(config: str, env_steps: int) -> list[str]:
+    """The ``fastlight fit`` arguments that stop a run of ``config`` at ``env_steps``: the config's own
+    ``EnvStepBudget`` (its last callback, where jsonargparse's ``--trainer.callbacks.*`` lands) given the
+    budget, keeping its other settings (``anneal_lr``), or one added where it has none."""
+    import yaml
+
+    callbacks = (yaml.safe_load(Path(config).read_text()).get("trainer") or {}).get("callbacks") or []
+    paths = [str(c.get("class_path", "")) if isinstance(c, dict) else "" for c in callbacks]
+    if any(p.endswith("EnvStepBudget") for p in paths[:-1]):
+        raise SystemExit(
+            f"{config}: EnvStepBudget must be the last callback for --env-steps to set its budget"
+        )
+    setting = ["--trainer.callbacks.total_env_steps", str(env_steps)]
+    if paths and paths[-1].endswith("EnvStepBudget"):
+        return setting
+    return ["--trainer.callbacks+=fastlight.EnvStepBudget", *setting]
+
+
 def run(env_id: str, seed: int, args: argparse.Namespace, work: Path, run_cmd: Any) -> dict[str, Any]:
     """One fastlight run to ``args.env_steps``; ``run_cmd`` is the race's process runner."""
     root = work / f"fastlight_{env_id}_{seed}"
@@ -70,9 +88,7 @@ def run(env_id: str, seed: int, args: argparse.Namespace, work: Path, run_cmd: A
     cmd = [
         fastlight, "fit", "--config", args.config, "--data.env_id", env_id, "--seed_everything", str(seed),
         "--trainer.max_time", "00:02:00:00", "--trainer.default_root_dir", str(root),
-        "--trainer.callbacks+=fastlight.EnvStepBudget",
-        "--trainer.callbacks.total_env_steps", str(args.env_steps),
-        *args.fastlight_args,
+        *budget_args(args.config, args.env_steps), *args.fastlight_args,
     ]  # fmt: skip
     launch = run_cmd(
         cmd, seconds=2 * 3600 + 120, log=work / f"fastlight_{env_id}_{seed}.log", env=dict(os.environ)

@@ -75,6 +75,27 @@ def test_env_step_score_averages_the_last_steps_and_skips_nan():
     assert score(s, final_steps=1) == {"final_return": 30.0, "env_steps": 8192.0}
 
 
+def test_env_step_budget_sets_the_configs_own_callback_or_adds_one(tmp_path):
+    from benchmarks.mujoco.env_steps import budget_args
+
+    # The shipped config holds one (with anneal_lr): only its budget changes.
+    assert budget_args("configs/mujoco_ppo.yaml", 5000) == ["--trainer.callbacks.total_env_steps", "5000"]
+    plain = tmp_path / "plain.yaml"
+    plain.write_text("trainer:\n  callbacks:\n    - class_path: fastlight.RolloutThroughput\n")
+    assert budget_args(str(plain), 7) == [
+        "--trainer.callbacks+=fastlight.EnvStepBudget",
+        "--trainer.callbacks.total_env_steps",
+        "7",
+    ]
+    buried = tmp_path / "buried.yaml"
+    buried.write_text(
+        "trainer:\n  callbacks:\n    - class_path: fastlight.EnvStepBudget\n"
+        "    - class_path: fastlight.RolloutThroughput\n"
+    )
+    with pytest.raises(SystemExit, match="must be the last callback"):
+        budget_args(str(buried), 7)
+
+
 def test_env_step_section_gives_the_verdicts_against_cleanrl():
     from benchmarks.mujoco.env_steps import CLEANRL_1M, CLEANRL_MINUTES, section
 
