@@ -53,7 +53,7 @@ from lightning.pytorch.utilities.types import STEP_OUTPUT
 from typing_extensions import override
 
 from fastlight.callbacks.env_steps import EnvStepBudget
-from fastlight.data.protocols import TrainsPolicy
+from fastlight.data.protocols import TrainsPolicy, implements
 from fastlight.rollout import Rollout
 
 #: The clock; a module attribute so tests can substitute a deterministic one.
@@ -121,7 +121,7 @@ class RolloutProgressBar(TQDMProgressBar):
         bounds = []
         if trainer.max_steps is not None and trainer.max_steps > 0:
             left = max(trainer.max_steps - trainer.global_step, 0)
-            per_batch = pl_module.optimizer_steps_per_update if isinstance(pl_module, TrainsPolicy) else None
+            per_batch = pl_module.optimizer_steps_per_update if implements(pl_module, TrainsPolicy) else None
             if isinstance(per_batch, int) and per_batch > 0:
                 bounds.append(done + math.ceil(left / per_batch))
             elif pl_module.automatic_optimization:

@@ -131,9 +131,19 @@ def missing_members(obj: object, protocol: type) -> list[str]:
     return sorted(n for n in get_protocol_members(protocol) if not hasattr(obj, n))
 
 
+def implements(obj: object, protocol: type) -> bool:
+    """Whether ``obj`` has every member of ``protocol``, looked up as attribute access finds it.
+
+    Not ``isinstance``: from Python 3.12 a runtime-checkable protocol looks members up with
+    ``inspect.getattr_static``, which misses what ``nn.Module.__getattr__`` serves (submodules and
+    parameters, such as a LightningModule's ``policy``), so ``isinstance(module, RolloutPolicyModule)``
+    is False there for every module that has one."""
+    return obj is not None and not missing_members(obj, protocol)
+
+
 def require(obj: object, protocol: type, *, who: str, what: str) -> None:
     """Raise ``TypeError`` unless ``obj`` implements ``protocol`` (``who`` needs it, as ``what``)."""
-    if isinstance(obj, protocol):
+    if implements(obj, protocol):
         return
     missing = missing_members(obj, protocol)
     got = "no DataModule (trainer.datamodule is None)" if obj is None else type(obj).__name__

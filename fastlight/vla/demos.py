@@ -50,7 +50,7 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler
 from typing_extensions import override
 
 from fastlight.data.datamodule import EnvSpec
-from fastlight.data.protocols import RolloutPolicyModule
+from fastlight.data.protocols import RolloutPolicyModule, implements
 from fastlight.envs.registry import make_env
 from fastlight.models.action_mapping import action_chunk
 from fastlight.rollout import success_after
@@ -425,7 +425,7 @@ class DemoDataModule(L.LightningDataModule):
         if self.hparams.get("action_chunk") is not None:
             return int(self.hparams.action_chunk)
         module = self.trainer.lightning_module if self.trainer is not None else None
-        if isinstance(module, RolloutPolicyModule):
+        if implements(module, RolloutPolicyModule):
             return action_chunk(module.policy.action_mapping())
         return None
 
