@@ -47,50 +47,26 @@ PATHS = ("procs", "single")
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.sampling", description=__doc__.split("\n")[0])
-    p.add_argument(
-        "--env",
-        default="highway-fast-v0",
-        help="gymnasium id (Discrete or Box actions; --path single: Discrete only)",
-    )
-    p.add_argument(
-        "--path",
-        default="procs",
-        choices=PATHS,
-        help="procs: the RolloutDataModule's sampler processes (what training gets); single: one process",
-    )
-    p.add_argument(
-        "--workers",
-        type=int,
-        default=default_workers(),
-        help="sampler processes with --path procs (default: one per core)",
-    )
+    p.add_argument("--env", default="highway-fast-v0",
+                   help="gymnasium id (Discrete or Box actions; --path single: Discrete only)")
+    p.add_argument("--path", default="procs", choices=PATHS,
+                   help="procs: the RolloutDataModule's sampler processes (what training gets); "
+                   "single: one process")
+    p.add_argument("--workers", type=int, default=default_workers(),
+                   help="sampler processes with --path procs (default: one per core)")
     p.add_argument("--clips", type=int, nargs="+", default=[1, 10, 30], help="numbers of parallel clips")
     p.add_argument("--thresholds", type=float, nargs="+", default=[0.5, 0.75, 1.0], help="DPSA thresholds")
     p.add_argument("--reset-cost", type=float, default=0.3, help="emulated seconds per env reset")
-    p.add_argument(
-        "--shared-step-s",
-        type=float,
-        default=0.015,
-        help="shared_sim tick latency (fixed, so that the model does not depend on machine load)",
-    )
+    p.add_argument("--shared-step-s", type=float, default=0.015,
+                   help="shared_sim tick latency (fixed, so that the model does not depend on machine load)")
     p.add_argument("--valid-steps", type=int, default=600, help="valid transitions per cell (all rounds)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved repetitions of the whole matrix")
-    p.add_argument(
-        "--settings",
-        nargs="+",
-        default=None,
-        choices=SETTINGS,
-        help="default: all with --path single; native and emulated_reset with --path procs",
-    )
-    p.add_argument(
-        "--lengths-only",
-        type=int,
-        default=0,
-        metavar="N",
-        help="with shared_sim: run the real setting's sequential cell only, for N valid "
-        "transitions before the first round, as the shared simulator's episode lengths (uncut "
-        "episodes); the real multi-clip cells are skipped",
-    )
+    p.add_argument("--settings", nargs="+", default=None, choices=SETTINGS,
+                   help="default: all with --path single; native and emulated_reset with --path procs")
+    p.add_argument("--lengths-only", type=int, default=0, metavar="N",
+                   help="with shared_sim: run the real setting's sequential cell only, for N valid "
+                   "transitions before the first round, as the shared simulator's episode lengths (uncut "
+                   "episodes); the real multi-clip cells are skipped")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     p.add_argument("--quick", action="store_true", help=f"a run of about a minute: {QUICK}")
@@ -153,7 +129,9 @@ def _prepare_shared(be: BenchEnv, totals: dict[RunSpec, RunTotals], args: argpar
     be.shared_step_s = args.shared_step_s
 
 
-def run_matrix(specs: Sequence[RunSpec], be: BenchEnv, args: argparse.Namespace) -> dict[RunSpec, RunTotals]:
+def run_matrix(
+    specs: Sequence[RunSpec], be: BenchEnv, args: argparse.Namespace
+) -> dict[RunSpec, RunTotals]:
     """Run each distinct spec ``args.rounds`` times, interleaved; totals per canonical spec."""
     unique = list(dict.fromkeys(s.canonical() for s in specs))
     totals = {s: RunTotals() for s in unique}
@@ -171,17 +149,15 @@ def run_matrix(specs: Sequence[RunSpec], be: BenchEnv, args: argparse.Namespace)
             t0 = time.perf_counter()
             seed = args.seed + 1000 * r
             if args.path == "procs":
-                run_procs(spec, be, valid_steps=steps, seed=seed, totals=totals[spec], workers=args.workers)
+                run_procs(
+                    spec, be, valid_steps=steps, seed=seed, totals=totals[spec], workers=args.workers
+                )
             else:
                 run_spec(spec, be, valid_steps=steps, seed=seed, totals=totals[spec])
             eff = float(totals[spec].metric.compute()["effective_tps"])
-            print(
-                f"[{r * len(unique) + k + 1}/{n}] {spec.setting:>14} {spec.mode:>10} "
-                f"thr={spec.threshold} clips={spec.clips}: {eff:7.1f} valid/s "
-                f"({time.perf_counter() - t0:.1f} s)",
-                file=sys.stderr,
-                flush=True,
-            )
+            print(f"[{r * len(unique) + k + 1}/{n}] {spec.setting:>14} {spec.mode:>10} "
+                  f"thr={spec.threshold} clips={spec.clips}: {eff:7.1f} valid/s "
+                  f"({time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)
     return totals
 
 
@@ -191,12 +167,7 @@ def _num(x: Any) -> float | None:
 
 
 def make_row(
-    spec: RunSpec,
-    totals: RunTotals,
-    seq_eff: float,
-    reset_cost_s: float,
-    *,
-    path: str = "single",
+    spec: RunSpec, totals: RunTotals, seq_eff: float, reset_cost_s: float, *, path: str = "single",
     workers: int = 1,
 ) -> dict[str, Any]:
     m = {k: float(v) for k, v in totals.metric.compute().items()}
@@ -206,30 +177,20 @@ def make_row(
     se = float(lengths.std(ddof=1) / math.sqrt(len(lengths))) if len(lengths) > 1 else math.nan
     canon = spec.canonical()
     return {
-        "setting": spec.setting,
-        "mode": spec.mode,
-        "threshold": spec.threshold,
-        "clips": spec.clips,
+        "setting": spec.setting, "mode": spec.mode, "threshold": spec.threshold, "clips": spec.clips,
         "path": path,
         "workers": 1 if path == "single" or spec.mode == "sequential" else min(workers, spec.clips),
         "elapsed_s": c["elapsed"],
         "reset_cost_s": 0.0 if spec.setting == "native" else reset_cost_s,
-        "raw_tps": m["raw_tps"],
-        "effective_tps": m["effective_tps"],
-        "sample_efficiency": m["sample_efficiency"],
-        "time_efficiency": m["time_efficiency"],
+        "raw_tps": m["raw_tps"], "effective_tps": m["effective_tps"],
+        "sample_efficiency": m["sample_efficiency"], "time_efficiency": m["time_efficiency"],
         "mean_episode_length": _num(mean_len),
         "speedup_vs_sequential": m["effective_tps"] / seq_eff,
-        "mean_episode_length_se": _num(se),
-        "resets_per_1k_valid": m["resets_per_1k_valid"],
+        "mean_episode_length_se": _num(se), "resets_per_1k_valid": m["resets_per_1k_valid"],
         "truncated_episode_share": _num(m["truncated_episode_share"]),
-        "valid_steps": int(c["valid_steps"]),
-        "raw_steps": int(c["raw_steps"]),
-        "episodes": len(lengths),
-        "global_resets": int(c["global_resets"]),
-        "wall_s": c["wall_time"],
-        "step_s": c["step_time"],
-        "reset_s": c["reset_time"],
+        "valid_steps": int(c["valid_steps"]), "raw_steps": int(c["raw_steps"]),
+        "episodes": len(lengths), "global_resets": int(c["global_resets"]),
+        "wall_s": c["wall_time"], "step_s": c["step_time"], "reset_s": c["reset_time"],
         "other_s": c["wall_time"] - c["step_time"] - c["reset_time"],
         "same_as": None if canon == spec else f"{canon.mode} (identical code path at 1 clip)",
     }
@@ -248,31 +209,19 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     for spec in specs:
         seq = totals[RunSpec(spec.setting, "sequential", 1)]
         seq_eff = float(seq.metric.compute()["effective_tps"])
-        rows.append(
-            make_row(
-                spec, totals[spec.canonical()], seq_eff, args.reset_cost, path=args.path, workers=args.workers
-            )
-        )
+        rows.append(make_row(spec, totals[spec.canonical()], seq_eff, args.reset_cost, path=args.path,
+                             workers=args.workers))
     meta = {
         "command": ("python -m benchmarks.sampling " + shlex.join(argv)).strip(),
-        "env": args.env,
-        "path": args.path,
-        "workers": args.workers,
-        "reset_cost_s": args.reset_cost,
-        "shared_step_s": be.shared_step_s,
-        "valid_steps": args.valid_steps,
-        "rounds": args.rounds,
-        "seed": args.seed,
-        "episode_pool": be.episode_pool,
-        "total_s": time.perf_counter() - t0,
-        "load_before": load_before,
-        "load_after": os.getloadavg(),
+        "env": args.env, "path": args.path, "workers": args.workers,
+        "reset_cost_s": args.reset_cost, "shared_step_s": be.shared_step_s,
+        "valid_steps": args.valid_steps, "rounds": args.rounds, "seed": args.seed,
+        "episode_pool": be.episode_pool, "total_s": time.perf_counter() - t0,
+        "load_before": load_before, "load_after": os.getloadavg(),
     }
     write_outputs(rows, meta, args.out)
-    print(
-        f"wrote {args.out}/sampling.md, sampling.json, sampling.png in {meta['total_s']:.0f} s",
-        file=sys.stderr,
-    )
+    print(f"wrote {args.out}/sampling.md, sampling.json, sampling.png in {meta['total_s']:.0f} s",
+          file=sys.stderr)
     return rows
 
 

@@ -31,18 +31,8 @@ from fastlight.envs import scenario_cost
 from fastlight.sampling.collector import POOL_RESET_S, Collector
 from tests.fake_envs import FixedLengthEnv
 
-KEYS = {
-    "mode",
-    "threshold",
-    "clips",
-    "reset_cost_s",
-    "raw_tps",
-    "effective_tps",
-    "sample_efficiency",
-    "time_efficiency",
-    "mean_episode_length",
-    "speedup_vs_sequential",
-}
+KEYS = {"mode", "threshold", "clips", "reset_cost_s", "raw_tps", "effective_tps", "sample_efficiency",
+        "time_efficiency", "mean_episode_length", "speedup_vs_sequential"}
 RESET = 0.02
 
 
@@ -74,25 +64,9 @@ FIGURES: list[Figure] = []  # what sampling_report.plot drew during the module's
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict], Path]:
     out = tmp_path_factory.mktemp("bench")
-    argv = [
-        "--path",
-        "single",
-        "--env",
-        "BenchRandomLength-v0",
-        "--clips",
-        "1",
-        "4",
-        "--valid-steps",
-        "60",
-        "--rounds",
-        "2",
-        "--reset-cost",
-        str(RESET),
-        "--shared-step-s",
-        "0.002",
-        "--out",
-        str(out),
-    ]
+    argv = ["--path", "single", "--env", "BenchRandomLength-v0", "--clips", "1", "4", "--valid-steps", "60",
+            "--rounds", "2",
+            "--reset-cost", str(RESET), "--shared-step-s", "0.002", "--out", str(out)]
     plot = sampling_report.plot
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(sampling_report, "plot", lambda *a, **kw: FIGURES.append(plot(*a, **kw)))
@@ -100,19 +74,15 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict], Path]:
 
 
 def _row(rows: list[dict], setting: str, mode: str, clips: int, threshold: float | None = None) -> dict:
-    return next(
-        r
-        for r in rows
-        if (r["setting"], r["mode"], r["clips"], r["threshold"]) == (setting, mode, clips, threshold)
-    )
+    return next(r for r in rows if (r["setting"], r["mode"], r["clips"], r["threshold"])
+                == (setting, mode, clips, threshold))
 
 
 def test_outputs_and_json_keys(bench: tuple[list[dict], Path]) -> None:
     rows, out = bench
     on_disk = json.loads((out / "sampling.json").read_text())
-    assert isinstance(on_disk, list) and len(on_disk) == len(
-        plan(["native", "emulated_reset", "shared_sim"], [1, 4], [0.5, 0.75, 1.0])
-    )
+    assert isinstance(on_disk, list) and len(on_disk) == len(plan(
+        ["native", "emulated_reset", "shared_sim"], [1, 4], [0.5, 0.75, 1.0]))
     assert all(KEYS <= set(r) for r in on_disk)
     md = (out / "sampling.md").read_text()
     assert "python -m benchmarks.sampling --path single --env BenchRandomLength-v0" in md
@@ -218,12 +188,8 @@ def test_emulated_resets_of_one_sampler_overlap(monkeypatch: pytest.MonkeyPatch)
 
 def test_shared_simulator_steps_clips_in_one_tick() -> None:
     clips = shared_sim_clips(
-        5,
-        [(2, True), (7, True), (12, False)],
-        step_s=0.0,
-        reset_s=0.0,
-        observation_space=gym.spaces.Box(-1, 1, (3,)),
-        action_space=gym.spaces.Discrete(2),
+        5, [(2, True), (7, True), (12, False)], step_s=0.0, reset_s=0.0,
+        observation_space=gym.spaces.Box(-1, 1, (3,)), action_space=gym.spaces.Discrete(2),
     )
     collector = Collector(clips, mode="dpsa", termination_threshold=1.0, max_horizon=50)
     rollout = collector.collect(RandomPolicy(2))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+from collections.abc import Callable
 
 import pytest
 
@@ -44,13 +45,23 @@ def refusal(target: str) -> str:
         with pytest.raises(ValueError) as e:
             check_writable_dir(target)
         return str(e.value)
+
+    def as_nobody() -> None:
+        os.setgid(NOBODY)
+        os.setuid(NOBODY)
+        check_writable_dir(target)
+
+    return said_in_child(as_nobody)
+
+
+def said_in_child(body: Callable[[], None]) -> str:
+    """Run ``body`` in a forked child (only plain file operations, then out without any teardown) and
+    return what it raised, as text, or ``"no error"``."""
     read, write = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the child: only plain file operations, then out without any teardown
+    if pid == 0:
         try:
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-            check_writable_dir(target)
+            body()
             said = "no error"
         except BaseException as e:  # noqa: BLE001 - whatever happened goes back to the test
             said = str(e)
@@ -84,27 +95,18 @@ def test_a_full_filesystem_is_refused_with_its_free_space(tmp_path):
     a 68-line traceback from TensorBoard's writer in Lightning's setup."""
     disk = tmp_path / "disk"
     disk.mkdir()
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: its own mount namespace with a 1 MiB tmpfs at `disk`, filled
+
+    def on_a_full_disk() -> None:  # its own mount namespace with a 1 MiB tmpfs at `disk`, filled
+        mount_tmpfs(disk, "1m")
+        fd = os.open(disk / "filler", os.O_WRONLY | os.O_CREAT)
         try:
-            mount_tmpfs(disk, "1m")
-            fd = os.open(disk / "filler", os.O_WRONLY | os.O_CREAT)
-            try:
-                while True:
-                    os.write(fd, bytes(4096))
-            except OSError:
-                os.close(fd)
-            check_writable_dir(disk / "run")
-            said = "no error"
-        except BaseException as e:  # noqa: BLE001 - whatever happened goes back to the test
-            said = str(e)
-        os.write(write, said.encode())
-        os._exit(0)
-    os.close(write)
-    with os.fdopen(read) as f:
-        said = f.read()
-    assert os.waitpid(pid, 0)[1] == 0
+            while True:
+                os.write(fd, bytes(4096))
+        except OSError:
+            os.close(fd)
+        check_writable_dir(disk / "run")
+
+    said = said_in_child(on_a_full_disk)
     assert re.fullmatch(
         rf"--trainer\.default_root_dir {re.escape(str(disk / 'run'))}: not writable \(OSError: No space left "
         rf"on device writing a file in {re.escape(str(disk))}; 0 B free of 1\.0 MiB on the filesystem of "
