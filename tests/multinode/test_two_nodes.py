@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -80,6 +81,39 @@ def fit_args(config: tuple[str, ...], root: Path, probe: Path) -> list[str]:
             "--trainer.callbacks.out", str(probe)]  # fmt: skip
 
 
+#: The prefix torch's logging gives every line of one record (level, date, time, pid, file:line).
+LOG_PREFIX = re.compile(r"^[EWI]\d{4} [\d:.]+ +\d+ \S+\.py:\d+\]")
+
+
+def without_exit_barrier_race(text: str) -> str:
+    """``text`` without torchrun's one known race, which comes after every worker has exited 0:
+    the agents meet at an exit barrier, the agent that hosts the store (node 0's) can pass it and
+    close the store before node 1's agent reads the result, and node 1's agent then logs "Error
+    waiting on exit barrier" with a traceback and still exits 0 (pytorch/pytorch#69520, open). Only
+    that record goes (the lines with its prefix); everything else stays."""
+    lines = text.splitlines()
+    prefixes = {m.group(0) for line in lines if "Error waiting on exit barrier" in line
+                if (m := LOG_PREFIX.match(line))}  # fmt: skip
+    return "\n".join(line for line in lines if not any(line.startswith(p) for p in prefixes))
+
+
+def test_only_the_exit_barrier_race_is_left_out():
+    race = ("E1204 17:15:52.273000 19633 torch/distributed/elastic/agent/server/api.py:1008] Error waiting "
+            "on exit barrier. Elapsed: 0.025 seconds\n"
+            "E1204 17:15:52.273000 19633 torch/distributed/elastic/agent/server/api.py:1008] Traceback "
+            "(most recent call last):\n"
+            "E1204 17:15:52.273000 19633 torch/distributed/elastic/agent/server/api.py:1008] "
+            "torch.distributed.DistNetworkError: Failed to recv, got 0 bytes.\n")  # fmt: skip
+    rank = "Traceback (most recent call last):\n  File \"x.py\", line 1\nValueError: boom\n"
+    other = ("E1204 17:15:53.000000 19633 torch/distributed/elastic/agent/server/api.py:700] Traceback "
+             "(most recent call last):\n")  # fmt: skip
+    assert "Traceback" not in without_exit_barrier_race("Seed set to 0\n" + race)
+    assert "Seed set to 0" in without_exit_barrier_race("Seed set to 0\n" + race)
+    assert "ValueError: boom" in without_exit_barrier_race(rank + race)
+    assert "Traceback" in without_exit_barrier_race(race + other)
+    assert without_exit_barrier_race(other) == other.rstrip("\n")
+
+
 def run_two_nodes(tmp_path: Path, launcher: str, config: tuple[str, ...]) -> tuple[list[Node], list[dict]]:
     """Start both nodes (``launcher`` "torchrun" or "lightning"), wait for both, return them and the
     ranks' probe reports (by global rank), asserting exit 0, no traceback and no process left."""
@@ -116,7 +150,7 @@ def run_two_nodes(tmp_path: Path, launcher: str, config: tuple[str, ...]) -> tup
     for n in nodes:
         text = n.log.read_text()
         assert n.proc.returncode == 0, f"node {n.rank} exited {n.proc.returncode}:\n{text[-3000:]}"
-        assert "Traceback" not in text, text[-3000:]
+        assert "Traceback" not in without_exit_barrier_race(text), text[-3000:]
     assert len(family) >= 4, family  # each node's rank and its sampler at least, seen and checked
     assert_no_orphans(family)
     return nodes, [json.loads((probe / f"rank{r}.json").read_text()) for r in (0, 1)]
