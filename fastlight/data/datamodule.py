@@ -36,7 +36,7 @@ from fastlight.data.data_settings import (
 from fastlight.data.env_spec import EnvSpec, task_names_of
 from fastlight.data.exact_resume import EXACT_KEY, restore_exact, save_exact
 from fastlight.data.prefetch import Prefetcher
-from fastlight.data.protocols import ChecksEnvSpec, RolloutPolicyModule, require
+from fastlight.data.protocols import ChecksEnvSpec, CopiesPolicy, RolloutPolicyModule, implements, require
 from fastlight.data.sampler_plan import resolve_rounds, sampler_configs
 from fastlight.data.tickets import StepTickets
 from fastlight.envs.registry import make_env
@@ -280,7 +280,8 @@ class RolloutDataModule(L.LightningDataModule):
         if isinstance(module, ChecksEnvSpec):
             module.check_env_spec(self.env_spec)
         self.check_minibatches(module)
-        policy = cpu_copy(module.policy).eval()
+        policy = module.rollout_copy() if implements(module, CopiesPolicy) else cpu_copy(module.policy)
+        policy.eval()
         # The strategy's device, known before the model is moved there.
         root = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
         rank = self.trainer.global_rank if self.trainer is not None else 0

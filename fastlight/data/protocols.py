@@ -119,6 +119,15 @@ class RolloutPolicyModule(Protocol):
 
 
 @runtime_checkable
+class CopiesPolicy(Protocol):
+    """A module that makes the samplers' CPU copy of its policy itself (a sharded policy cannot be
+    copied as it is: :class:`fastlight.modules.policy_module.PolicyModule` keeps the copy it made
+    before sharding)."""
+
+    def rollout_copy(self) -> nn.Module: ...
+
+
+@runtime_checkable
 class TrainsPolicy(RolloutPolicyModule, Protocol):
     """A :class:`RolloutPolicyModule` that also says how many optimizer steps one update takes
     (``WeightSync`` drains the inference worker before the last one)."""

@@ -9,6 +9,8 @@ import torch.distributed as dist
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 
+from fastlight.modules.sharding import local
+
 
 class NonfiniteSteps:
     """Drops a step's gradients when its loss or a gradient is NaN / inf, so that ``opt.step()``
@@ -39,9 +41,11 @@ class NonfiniteSteps:
         update, epoch, minibatch), what the warning and the error name."""
         if not self.limit:
             return
-        grads = [p.grad for p in params if p.grad is not None and p.grad.numel()]
+        # A sharded (DTensor) gradient is checked on this rank's shard; the all-reduce below joins
+        # the ranks' verdicts, so every shard is seen.
+        grads = [g for g in (local(p.grad) for p in params if p.grad is not None) if g.numel()]
         bad = [~torch.isfinite(loss).all()]
-        if grads and all(type(g) is torch.Tensor for g in grads):
+        if grads:
             # A gradient's max-abs norm is finite exactly when every element is (it cannot overflow;
             # NaN propagates): one fused kernel, where a per-tensor check was ~1/10 of a small MLP's
             # optimizer step.
@@ -49,8 +53,6 @@ class NonfiniteSteps:
             if len({(n.dtype, n.device) for n in norms}) > 1:
                 norms = [n.to(loss.device, torch.float32) for n in norms]
             bad.append(~torch.isfinite(torch.stack(norms)).all().to(loss.device))
-        else:  # sharded (DTensor) gradients: each reduces on its own
-            bad += [~torch.isfinite(g).all() for g in grads]
         flags = torch.stack(bad).to(torch.float32)
         if dist.is_available() and dist.is_initialized() and world_size > 1:
             dist.all_reduce(flags, op=dist.ReduceOp.MAX)

@@ -18,10 +18,14 @@ import lightning as L
 from torch import Tensor, nn
 from typing_extensions import override
 
+from fastlight.data.cpu_copy import cpu_copy
 from fastlight.models.normalization import NormalizedPolicy, resolve_normalization, with_normalization
 from fastlight.modules.checkpointing import check_weights_fit, keep_policy_config, use_typed_learning_rates
 from fastlight.modules.checks import build_policy_hint, policy_not_built
 from fastlight.modules.init_from import init_policy_from
+from fastlight.modules.sharding import STRATEGY_NAME, is_sharded, register_strategy, shard_policy
+
+register_strategy()  # --trainer.strategy fsdp2, wherever a fastlight module is used
 
 
 class PolicyModule(L.LightningModule):
@@ -66,6 +70,26 @@ class PolicyModule(L.LightningModule):
         )
         if wrapped is not self.policy:
             self.policy = wrapped
+        mesh = self.device_mesh  # set by --trainer.strategy fsdp2 (ModelParallelStrategy) only
+        if mesh is not None and not is_sharded(self.core_policy):
+            # The samplers' copy, made while the policy is whole (sharded, it cannot be copied); kept
+            # out of _modules, so it is no submodule (no state_dict entry, no optimizer parameter).
+            self.__dict__["_unsharded_copy"] = cpu_copy(self.policy)
+            shard_policy(self.core_policy, mesh)
+
+    def rollout_copy(self) -> nn.Module:
+        """A CPU copy of the policy for the samplers and the inference worker: under ``fsdp2`` the
+        one made before sharding (handed over once, then released), else a copy of it now. Its
+        frozen weights are final; the trainable ones and the buffers arrive with the first publish."""
+        if not is_sharded(self.core_policy):
+            return cpu_copy(self.policy)
+        copy = self.__dict__.pop("_unsharded_copy", None)
+        if copy is None:
+            raise RuntimeError(
+                f"{type(self).__name__}.rollout_copy: the policy is sharded (--trainer.strategy "
+                f"{STRATEGY_NAME}) and its copy from before sharding was already handed out"
+            )
+        return copy
 
     def normalization(self) -> tuple[bool, bool]:
         """Whether observations and returns are normalised (``None`` settings resolved: on for

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from fastlight.modules.sharding import full
 from fastlight.weights.publisher import WeightSyncError
 
 DIRECT = -1
@@ -118,8 +119,12 @@ def sync_entries(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
     a trainer changes them without gradients (the normalisation statistics of
     :mod:`fastlight.models.normalization`). Both ends derive the same list from their own copy,
     whose ``requires_grad`` flags travel with it (pickling and ``cpu_copy`` keep them).
+
+    A policy sharded with ``--trainer.strategy fsdp2`` publishes whole tensors: each sharded one is
+    gathered here (:func:`fastlight.modules.sharding.full`), on every rank at once.
     """
-    params = sorted(((k, v) for k, v in module.named_parameters() if v.requires_grad), key=lambda kv: kv[0])
+    params = sorted(((k, full(v)) for k, v in module.named_parameters() if v.requires_grad),
+                    key=lambda kv: kv[0])  # fmt: skip
     floating = ((k, v) for k, v in module.named_buffers() if v.is_floating_point())
     return params + sorted(floating, key=lambda kv: kv[0])
 

@@ -1,4 +1,5 @@
-"""A callback for DDP tests: each rank writes its parameter checksum, seeds and counters at the end of fit."""
+"""A callback for multi-rank tests: each rank writes its parameter checksum, seeds and counters (json) and
+its whole weights (``rank{r}.pt``) at the end of fit."""
 
 from __future__ import annotations
 
@@ -6,9 +7,10 @@ import json
 import os
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.callbacks import Callback
 
-from fastlight.weights.checksum import weights_checksum
+from fastlight.modules.sharding import full
 
 
 class DumpRankState(Callback):
@@ -17,10 +19,12 @@ class DumpRankState(Callback):
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         dm = trainer.datamodule
+        # Whole tensors under any strategy (an fsdp2 rank holds shards: gathered, on every rank).
+        weights = {k: full(p.detach()).cpu() for k, p in pl_module.policy.named_parameters()}
         state = {
             "rank": trainer.global_rank,
             "world_size": trainer.world_size,
-            "checksum": weights_checksum(pl_module.policy),
+            "checksum": sum(float(w.double().sum()) * (i + 1) for i, w in enumerate(weights.values())),
             "version": pl_module.policy_version,
             "seeds": [c.seed for c in dm.sampler_configs(trainer.global_rank)],
             "dwr_weights": [
@@ -41,3 +45,4 @@ class DumpRankState(Callback):
         os.makedirs(self.out_dir, exist_ok=True)
         with open(os.path.join(self.out_dir, f"rank{trainer.global_rank}.json"), "w") as f:
             json.dump(state, f)
+        torch.save(weights, os.path.join(self.out_dir, f"rank{trainer.global_rank}.pt"))

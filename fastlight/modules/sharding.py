@@ -1,0 +1,105 @@
+"""FSDP2 for the policy: ``--trainer.strategy fsdp2``, Lightning's own ``ModelParallelStrategy``.
+
+A policy that outgrows one GPU is sharded with PyTorch's FSDP2 (``fully_shard``): each transformer
+block of a Hugging Face backbone (the classes its ``_no_split_modules`` names, as accelerate wraps
+them) is one unit, and the policy itself is the root unit that holds the rest (heads, embeddings).
+The policy's own methods (``act``, ``evaluate``, ``value``, and a flow policy's
+``flow_matching_loss``) are registered as FSDP forward methods, so each gathers the root's
+parameters like ``forward`` does.
+
+Why not Lightning's ``fsdp`` (FSDP1): it wraps the whole LightningModule in one root unit whose
+forward is ``training_step``; an RL update runs several forward/backward pairs inside that one
+forward (every minibatch, the value recomputation, self-imitation), and FSDP1's post-backward hook
+refuses a backward while its root is still in its forward. FSDP2 has no such root: every unit
+gathers on its own forward and reduces its gradients on its own backward.
+
+``ModelParallelStrategy`` builds a 2-D device mesh (``data_parallel`` = nodes, ``tensor_parallel``
+= devices per node by default); :func:`shard_policy` hands it to ``fully_shard`` as it is, which
+shards within a node and replicates across nodes (HSDP), so gradients cross the slow link once
+per step. The name ``fsdp2`` is registered with ``save_distributed_checkpoint=False``: checkpoints
+stay one file (gathered on rank 0), which every fastlight tool reads.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from torch import Tensor, nn
+
+STRATEGY_NAME = "fsdp2"
+
+
+def forward_methods(policy: nn.Module) -> list[str]:
+    """The policy methods a training step calls instead of ``forward``, each of which must gather the
+    sharded parameters: :class:`~fastlight.models.base.Policy`'s, and a flow policy's loss."""
+    from fastlight.data.protocols import implements
+    from fastlight.models.base import FlowPolicy
+
+    return ["act", "evaluate", "value"] + (["flow_matching_loss"] if implements(policy, FlowPolicy) else [])
+
+
+def register_strategy() -> None:
+    """Register ``--trainer.strategy fsdp2`` with Lightning (idempotent)."""
+    from lightning.pytorch.strategies import ModelParallelStrategy, StrategyRegistry
+
+    if STRATEGY_NAME not in StrategyRegistry:
+        StrategyRegistry.register(
+            STRATEGY_NAME,
+            ModelParallelStrategy,
+            description="FSDP2 (fully_shard) of a fastlight policy: blocks and root sharded per node",
+            save_distributed_checkpoint=False,
+        )
+
+
+def block_classes(policy: nn.Module) -> set[type[nn.Module]]:
+    """The classes of ``policy``'s transformer blocks: those its Hugging Face models list in
+    ``_no_split_modules`` (empty for a policy without one: the policy is then a single unit)."""
+    from transformers import PreTrainedModel
+
+    names: set[str] = set()
+    for m in policy.modules():
+        if isinstance(m, PreTrainedModel):
+            names.update(m._no_split_modules or ())
+    return {type(m) for m in policy.modules() if type(m).__name__ in names}
+
+
+def shard_policy(policy: nn.Module, mesh: object) -> list[str]:
+    """Shard ``policy`` in place with FSDP2 over ``mesh`` (1-D: FSDP; 2-D: HSDP, replicated over the
+    first dimension); returns the names of the block units. Idempotent."""
+    from torch.distributed.fsdp import FSDPModule, fully_shard, register_fsdp_forward_method
+
+    if isinstance(policy, FSDPModule):
+        return []
+    classes = block_classes(policy)
+    blocks = [(name, m) for name, m in policy.named_modules() if name and type(m) in classes]
+    for _, block in blocks:  # children before the root: the root keeps what no block holds
+        fully_shard(block, mesh=mesh)
+    fully_shard(policy, mesh=mesh)
+    for method in forward_methods(policy):
+        register_fsdp_forward_method(policy, method)
+    return [name for name, _ in blocks]
+
+
+def is_sharded(policy: nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return any(isinstance(m, FSDPModule) for m in policy.modules())
+
+
+def _dtensor_class() -> type | None:
+    # A sampler never imports torch.distributed.tensor (a DTensor exists only where it was imported).
+    module = sys.modules.get("torch.distributed.tensor")
+    return None if module is None else module.DTensor
+
+
+def local(t: Tensor) -> Tensor:
+    """``t`` itself, or this rank's shard of a sharded (DTensor) one (no communication)."""
+    dtensor = _dtensor_class()
+    return t.to_local() if dtensor is not None and isinstance(t, dtensor) else t
+
+
+def full(t: Tensor) -> Tensor:
+    """``t`` itself, or the whole tensor of a sharded (DTensor) one: an all-gather that every rank of
+    its mesh must run at the same point (a publish, which every rank makes before each batch)."""
+    dtensor = _dtensor_class()
+    return t.full_tensor() if dtensor is not None and isinstance(t, dtensor) else t
