@@ -23,7 +23,13 @@ from fastlight.models.normalization import NormalizedPolicy, resolve_normalizati
 from fastlight.modules.checkpointing import check_weights_fit, keep_policy_config, use_typed_learning_rates
 from fastlight.modules.checks import build_policy_hint, policy_not_built
 from fastlight.modules.init_from import init_policy_from
-from fastlight.modules.sharding import STRATEGY_NAME, is_sharded, register_strategy, shard_policy
+from fastlight.modules.sharding import (
+    STRATEGY_NAME,
+    is_sharded,
+    refuse_fsdp1,
+    register_strategy,
+    shard_policy,
+)
 
 register_strategy()  # --trainer.strategy fsdp2, wherever a fastlight module is used
 
@@ -54,6 +60,8 @@ class PolicyModule(L.LightningModule):
         Lightning calls this inside the strategy's init context (device, sharding, precision), after
         ``setup`` and before a checkpoint is restored. Idempotent: it may run more than once.
         """
+        if self._trainer is not None:
+            refuse_fsdp1(self.trainer.strategy)
         if "policy" not in self._modules:
             try:
                 policy = self.build_policy()

@@ -51,6 +51,20 @@ def register_strategy() -> None:
         )
 
 
+def refuse_fsdp1(strategy: object) -> None:
+    """Refuse Lightning's ``fsdp`` (FSDP1) in one line that names ``fsdp2`` (see the module's docstring
+    for why it cannot run an RL update)."""
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    if isinstance(strategy, FSDPStrategy):
+        raise ValueError(
+            "--trainer.strategy fsdp (FSDP1) cannot run fastlight's update: it wraps the LightningModule "
+            "in one root unit whose forward is training_step, and refuses the several backward passes an "
+            f"update makes inside it; use --trainer.strategy {STRATEGY_NAME} (FSDP2, Lightning's "
+            "ModelParallelStrategy: the policy's blocks are sharded one by one)"
+        )
+
+
 def block_classes(policy: nn.Module) -> set[type[nn.Module]]:
     """The classes of ``policy``'s transformer blocks: those its Hugging Face models list in
     ``_no_split_modules`` (empty for a policy without one: the policy is then a single unit)."""

@@ -1,6 +1,7 @@
-"""FSDP for the VLA (GPU only: Lightning's FSDPStrategy refuses the CPU accelerator).
+"""FSDP2 for the VLA on GPUs (NCCL, bf16): ``--trainer.strategy fsdp2``.
 
-Run with ``pytest -m gpu`` on a CUDA machine; ``make test`` deselects the ``gpu`` marker.
+The same run on CPU ranks (gloo) is ``tests/modules/test_fsdp2.py``. Run with ``pytest -m gpu`` on a
+CUDA machine; ``make test`` deselects the ``gpu`` marker.
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ def test_vla_module_wraps_and_trains_under_fsdp(tmp_path):
         "--trainer.max_steps",
         "8",
         "--trainer.strategy",
-        "fsdp",
+        "fsdp2",
+        "--trainer.precision",
+        "bf16-mixed",
         "--trainer.devices",
         str(min(2, torch.cuda.device_count())),
         "--trainer.accelerator",

@@ -24,12 +24,12 @@ DETERMINISTIC = ("--data.max_staleness", "0", "--data.rank_rounds", "apart",
 #: highway, 2 updates of 4 x 4 minibatches.
 HIGHWAY = ("--data.env_id", "highway-fast-v0", "--data.num_envs", "2", "--data.num_workers", "1",
            "--data.max_horizon", "6", "--trainer.max_steps", "32", *DETERMINISTIC)  # fmt: skip
-#: The MT10 state-only VLA from scratch, 2 updates of 2 x 2 minibatches of the whole loss (no critic
-#: warm-up).
+#: The MT10 state-only VLA from scratch, updates of 2 epochs x 2 minibatches of the whole loss (no
+#: critic warm-up).
 MT10 = ("--model.init_from", "null", "--data.env_kwargs", "{tasks: MT10, image: false, max_path_length: 6}",
         "--data.num_envs", "2", "--data.num_workers", "1", "--data.max_horizon", "6",
         "--data.cycles_per_step", "2", "--model.sil_steps", "0", "--model.value_warmup_updates", "0",
-        "--trainer.max_steps", "8", *DETERMINISTIC)  # fmt: skip
+        *DETERMINISTIC)  # fmt: skip
 
 
 def rank_weights(root, ranks=(0, 1)) -> list[dict[str, torch.Tensor]]:
@@ -63,13 +63,20 @@ def test_fsdp2_ends_where_ddp_does_on_the_same_data(tmp_path):
 
 @pytest.mark.multiproc
 @pytest.mark.ranks
-def test_fsdp2_trains_the_vla_and_saves_one_checkpoint_file(tmp_path):
-    ranks = run_ddp(tmp_path, "configs/vla_metaworld_mt10.yaml", *MT10, strategy="fsdp2")
-    assert [r["version"] for r in ranks] == [2, 2]
+def test_fsdp2_trains_the_vla_saves_one_checkpoint_file_and_resumes(tmp_path):
+    config, path = "configs/vla_metaworld_mt10.yaml", tmp_path / "checkpoints" / "last.ckpt"
+    run_ddp(tmp_path, config, *MT10, "--trainer.max_steps", "4", strategy="fsdp2")  # 1 update of 2 x 2
+    first = torch.load(path, map_location="cpu", weights_only=False)
+    # The optimizer state is saved whole too (Adam's moments shaped like the whole parameters).
+    params = {k: v for k, v in first["state_dict"].items() if k.startswith("policy.")}
+    moments = [s["exp_avg"] for s in first["optimizer_states"][0]["state"].values()]
+    assert sorted(m.numel() for m in moments) == sorted(v.numel() for v in params.values())
+    ranks = run_ddp(tmp_path, config, *MT10, "--trainer.max_steps", "8", "--ckpt_path", str(path),
+                    strategy="fsdp2")  # fmt: skip
+    assert [r["version"] for r in ranks] == [2, 2]  # the saved version 1, then one more
     weights = rank_weights(tmp_path)
     assert_ranks_equal(weights)
     # The checkpoint holds rank 0's whole weights and loads into one process.
-    path = tmp_path / "checkpoints" / "last.ckpt"
     ckpt = torch.load(path, map_location="cpu", weights_only=False)
     saved = {k.removeprefix("policy."): v for k, v in ckpt["state_dict"].items() if k.startswith("policy.")}
     assert saved.keys() == weights[0].keys()
