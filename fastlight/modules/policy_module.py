@@ -55,7 +55,9 @@ class PolicyModule(L.LightningModule):
     @override
     def configure_model(self) -> None:
         """Build the policy with :meth:`build_policy` unless it exists (injected, or built before);
-        load ``--model.init_from``; wrap the policy in the normalisers when they are on.
+        load ``--model.init_from``; wrap the policy in the normalisers when they are on; under
+        ``--trainer.strategy fsdp2``, keep the samplers' whole copy and shard the policy
+        (:mod:`fastlight.modules.sharding`).
 
         Lightning calls this inside the strategy's init context (device, sharding, precision), after
         ``setup`` and before a checkpoint is restored. Idempotent: it may run more than once.
