@@ -348,8 +348,10 @@ NOT_RUN: dict[str, str] = {
     "ddp --trainer.accelerator gpu --trainer.devices 8 --trainer.num_nodes 2": (
         "a SLURM allocation of 2 nodes x 8 GPUs"
     ),
-    f"{MT10} --trainer.strategy fsdp --trainer.accelerator gpu --trainer.devices 8 "
-    "--trainer.precision bf16-mixed": "FSDP runs on CUDA only: 8 GPUs",
+    f"{MT10} --trainer.strategy fsdp2 --trainer.accelerator gpu --trainer.devices 8 "
+    "--trainer.precision bf16-mixed": (
+        "8 GPUs; fsdp2 on 2 CPU ranks is tests/modules/test_fsdp2.py, on one GPU tests/modules/test_fsdp.py"
+    ),
     # The Ray section runs as pasted (in its own home folder, on localhost, tiny sizes appended) in
     # tests/fleet/ray/test_ray_readme.py, which reads these commands from the README.
     **dict.fromkeys(

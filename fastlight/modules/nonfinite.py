@@ -9,7 +9,7 @@ import torch.distributed as dist
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 
-from fastlight.modules.sharding import local
+from fastlight.weights.sharded import local
 
 
 class NonfiniteSteps:

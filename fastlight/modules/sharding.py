@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import sys
 
-from torch import Tensor, nn
+from torch import nn
 
 STRATEGY_NAME = "fsdp2"
 
@@ -68,11 +68,14 @@ def refuse_fsdp1(strategy: object) -> None:
 def block_classes(policy: nn.Module) -> set[type[nn.Module]]:
     """The classes of ``policy``'s transformer blocks: those its Hugging Face models list in
     ``_no_split_modules`` (empty for a policy without one: the policy is then a single unit)."""
-    from transformers import PreTrainedModel
-
+    # transformers stays behind its wall (fastlight.vla): a Hugging Face model exists only where it
+    # was imported.
+    transformers = sys.modules.get("transformers")
+    if transformers is None:
+        return set()
     names: set[str] = set()
     for m in policy.modules():
-        if isinstance(m, PreTrainedModel):
+        if isinstance(m, transformers.PreTrainedModel):
             names.update(m._no_split_modules or ())
     return {type(m) for m in policy.modules() if type(m).__name__ in names}
 
@@ -98,22 +101,3 @@ def is_sharded(policy: nn.Module) -> bool:
     from torch.distributed.fsdp import FSDPModule
 
     return any(isinstance(m, FSDPModule) for m in policy.modules())
-
-
-def _dtensor_class() -> type | None:
-    # A sampler never imports torch.distributed.tensor (a DTensor exists only where it was imported).
-    module = sys.modules.get("torch.distributed.tensor")
-    return None if module is None else module.DTensor
-
-
-def local(t: Tensor) -> Tensor:
-    """``t`` itself, or this rank's shard of a sharded (DTensor) one (no communication)."""
-    dtensor = _dtensor_class()
-    return t.to_local() if dtensor is not None and isinstance(t, dtensor) else t
-
-
-def full(t: Tensor) -> Tensor:
-    """``t`` itself, or the whole tensor of a sharded (DTensor) one: an all-gather that every rank of
-    its mesh must run at the same point (a publish, which every rank makes before each batch)."""
-    dtensor = _dtensor_class()
-    return t.full_tensor() if dtensor is not None and isinstance(t, dtensor) else t

@@ -43,8 +43,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from fastlight.modules.sharding import full
 from fastlight.weights.publisher import WeightSyncError
+from fastlight.weights.sharded import full
 
 DIRECT = -1
 """``Slot.bucket`` of a tensor that is broadcast as itself instead of packed."""
@@ -121,7 +121,7 @@ def sync_entries(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
     whose ``requires_grad`` flags travel with it (pickling and ``cpu_copy`` keep them).
 
     A policy sharded with ``--trainer.strategy fsdp2`` publishes whole tensors: each sharded one is
-    gathered here (:func:`fastlight.modules.sharding.full`), on every rank at once.
+    gathered here (:func:`fastlight.weights.sharded.full`), on every rank at once.
     """
     params = sorted(((k, full(v)) for k, v in module.named_parameters() if v.requires_grad),
                     key=lambda kv: kv[0])  # fmt: skip

@@ -10,7 +10,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from fastlight.modules.sharding import full
+from fastlight.weights.sharded import full
 
 
 class DumpRankState(Callback):

@@ -14,7 +14,8 @@ from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, ModelParalle
 
 import fastlight.modules.policy_module  # noqa: F401  (registers fsdp2, as any fastlight module does)
 from fastlight.models.mlp import MLPActorCritic
-from fastlight.modules.sharding import block_classes, full, local, refuse_fsdp1, shard_policy
+from fastlight.modules.sharding import block_classes, refuse_fsdp1, shard_policy
+from fastlight.weights.sharded import full, local
 from tests.vla.test_vla_policy import _obs, _policy
 
 
