@@ -10,8 +10,9 @@ For every env and seed, one after the other (never at once: both use every core)
    rollout 64, batch 1024, 2 epochs, input and return normalisation) with ``--num_workers 2
    --num_envs_per_worker 8 --device cpu``, in its own virtualenv (``--sf-python``: Sample Factory
    2.1.1 needs gymnasium < 1.0), stopped after ``--minutes``;
-3. **fastlight**: ``fastlight fit --config configs/mujoco_ppo.yaml --data.env_id ENV --seed_everything
-   SEED --trainer.max_time`` for the same minutes.
+3. **fastlight**: ``fastlight fit --config configs/mujoco_ppo_fast.yaml --data.env_id ENV --seed_everything
+   SEED --trainer.max_time`` for the same minutes (the config for return per second; ``--env-steps``
+   runs ``configs/mujoco_ppo.yaml``, the one for return per env step).
 
 Both are timed from their process's launch, start-up included: what a user waits. Training-episode
 returns: Sample Factory's ``Avg episode reward`` lines (its running mean over recent episodes) with
@@ -49,6 +50,9 @@ from benchmarks.mujoco import env_steps
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Sample Factory's env names for the gymnasium ids (sf_examples.mujoco.mujoco_utils).
+#: The configs each mode runs by default: return per wall-clock second, return per env step.
+RACE_CONFIG = "configs/mujoco_ppo_fast.yaml"
+ENV_STEPS_CONFIG = "configs/mujoco_ppo.yaml"
 SF_ENVS = {
     "Hopper-v4": "mujoco_hopper",
     "HalfCheetah-v4": "mujoco_halfcheetah",
@@ -299,7 +303,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--final-s", type=float, default=20.0, help="the score averages the last this many seconds"
     )
     p.add_argument("--ceiling-s", type=float, default=10.0, help="seconds of the plain-loop measurement")
-    p.add_argument("--config", default="configs/mujoco_ppo.yaml", help="the fastlight config to run")
+    p.add_argument(
+        "--config",
+        default=None,
+        help="the fastlight config to run (default: configs/mujoco_ppo_fast.yaml for the race, "
+        "configs/mujoco_ppo.yaml with --env-steps)",
+    )
     p.add_argument(
         "--env-steps",
         type=int,
@@ -324,6 +333,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         if args.env_steps < 1:
             p.error(f"--env-steps must be >= 1, got {args.env_steps}")
         args.systems = ["fastlight"]
+    if args.config is None:
+        args.config = RACE_CONFIG if args.env_steps is None else ENV_STEPS_CONFIG
     if "sf" in args.systems and (args.sf_python is None or shutil.which(args.sf_python) is None):
         p.error(
             "--sf-python must name the python of a virtualenv with sample-factory==2.1.1 "

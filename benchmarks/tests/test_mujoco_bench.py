@@ -53,6 +53,19 @@ def test_sample_factory_needs_its_python(capsys):
     )
 
 
+def test_each_mode_runs_the_config_for_its_axis():
+    import os
+
+    from benchmarks.mujoco.__main__ import ENV_STEPS_CONFIG, RACE_CONFIG, ROOT
+
+    race = parse_args(["--systems", "fastlight"])
+    per_step = parse_args(["--env-steps", "1000"])
+    chosen = parse_args(["--env-steps", "1000", "--config", "my.yaml"])
+    assert (race.config, per_step.config, chosen.config) == (RACE_CONFIG, ENV_STEPS_CONFIG, "my.yaml")
+    assert RACE_CONFIG != ENV_STEPS_CONFIG
+    assert all(os.path.isfile(ROOT / c) for c in (RACE_CONFIG, ENV_STEPS_CONFIG))
+
+
 def test_add_to_keeps_earlier_runs_and_refuses_a_seed_it_has(tmp_path):
     import json
 
