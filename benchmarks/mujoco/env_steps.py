@@ -14,6 +14,7 @@ and the equal-env-step section of ``mujoco.md`` into ``--out``.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shlex
@@ -100,6 +101,15 @@ def run(env_id: str, seed: int, args: argparse.Namespace, work: Path, run_cmd: A
             "seconds": wall, "env_steps_per_s": got["env_steps"] / wall, **got}  # fmt: skip
 
 
+def share_of_three_seed_means_at_least(finals: np.ndarray, ref: float) -> float:
+    """The share of all 3-seed subsets of ``finals`` [n >= 3] whose mean is at least ``ref``: how often
+    a 3-seed comparison (CleanRL's published one is 3 seeds) would come out met, from these seeds."""
+    if len(finals) < 3:
+        raise ValueError(f"share_of_three_seed_means_at_least needs >= 3 seeds, got {len(finals)}")
+    means = [np.mean(c) for c in itertools.combinations(finals, 3)]
+    return float(np.mean([m >= ref for m in means]))
+
+
 def section(rows: list[dict[str, Any]], args: argparse.Namespace, command: str) -> list[str]:
     """The equal-env-step section of mujoco.md: the table, the targets and the plot."""
     n = args.env_steps
@@ -139,6 +149,16 @@ def section(rows: list[dict[str, Any]], args: argparse.Namespace, command: str) 
             "mean: "
             f"{finals.mean():.0f} vs {ref:.0f} ({finals.mean() / ref:.2f}x)"
         )
+        if len(finals) >= 5:  # enough seeds to say how sure the mean is
+            from benchmarks.stats.bootstrap import mean_ci
+
+            _, low, high = mean_ci(finals.tolist())
+            verdicts.append(
+                f"  - {len(finals)} seeds: 95 % bootstrap interval of the mean {low:.0f}-{high:.0f} "
+                f"(CleanRL's {ref:.0f} is {'inside' if low <= ref <= high else 'outside'} it); "
+                f"{share_of_three_seed_means_at_least(finals, ref):.0%} of the 3-seed subsets of these "
+                f"seeds have a mean >= {ref:.0f}"
+            )
         speed = CLEANRL_MINUTES / minutes.mean()
         verdicts.append(
             f"- **{'met' if speed >= 4 else 'MISSED'}** {env_id}: {n:,} steps >= 4x sooner than CleanRL's "

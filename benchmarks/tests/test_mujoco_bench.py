@@ -134,6 +134,11 @@ def test_env_step_section_gives_the_verdicts_against_cleanrl():
     rows[0]["seconds"] = rows[1]["seconds"] = 60 * CLEANRL_MINUTES / 3
     text = "\n".join(section(rows, args, "cmd"))
     assert "**MISSED** Hopper-v4: mean return" in text and "**MISSED** Hopper-v4: 1,000,000 steps" in text
+    assert "bootstrap interval" not in text  # two seeds say nothing of how sure the mean is
+    five = [{**rows[0], "final_return": ref + d} for d in (-400.0, -200.0, 0.0, 200.0, 1000.0)]
+    text = "\n".join(section(five, args, "cmd"))
+    # Subsets of 3 of the 5 offsets with a sum >= 0: the 6 with 1000, and {-200, 0, 200}: 7 of 10.
+    assert "CleanRL's 2383 is inside it); 70% of the 3-seed subsets" in text
 
 
 def test_each_mode_rewrites_only_its_own_section_of_mujoco_md(tmp_path):
@@ -148,3 +153,24 @@ def test_each_mode_rewrites_only_its_own_section_of_mujoco_md(tmp_path):
     assert "race table 1" not in text and "- met" not in text and "race table 2" in text
     assert text.index("race table 2") < text.index("step table 1")  # the race keeps its place
     assert text.count("## Learning per env step") == 1
+
+
+def test_share_of_three_seed_means_counts_every_subset_against_a_naive_loop():
+    import itertools
+
+    import numpy as np
+
+    from benchmarks.mujoco.env_steps import share_of_three_seed_means_at_least
+
+    finals = np.array([1000.0, 2000.0, 3000.0, 2500.0, 1500.0])
+    naive = 0
+    for i in range(5):
+        for j in range(i + 1, 5):
+            for k in range(j + 1, 5):
+                naive += (finals[i] + finals[j] + finals[k]) / 3 >= 2000
+    assert share_of_three_seed_means_at_least(finals, 2000.0) == naive / 10
+    assert len(list(itertools.combinations(range(5), 3))) == 10
+    assert share_of_three_seed_means_at_least(finals, 0.0) == 1.0
+    assert share_of_three_seed_means_at_least(finals, 3001.0) == 0.0
+    with pytest.raises(ValueError, match=">= 3 seeds"):
+        share_of_three_seed_means_at_least(finals[:2], 0.0)
