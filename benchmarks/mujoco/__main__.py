@@ -49,10 +49,10 @@ import numpy as np
 from benchmarks.mujoco import env_steps
 
 ROOT = Path(__file__).resolve().parents[2]
-#: Sample Factory's env names for the gymnasium ids (sf_examples.mujoco.mujoco_utils).
 #: The configs each mode runs by default: return per wall-clock second, return per env step.
 RACE_CONFIG = "configs/mujoco_ppo_fast.yaml"
 ENV_STEPS_CONFIG = "configs/mujoco_ppo.yaml"
+#: Sample Factory's env names for the gymnasium ids (sf_examples.mujoco.mujoco_utils).
 SF_ENVS = {
     "Hopper-v4": "mujoco_hopper",
     "HalfCheetah-v4": "mujoco_halfcheetah",
