@@ -24,10 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
-
 from benchmarks.procfs import descendants, spawned_descendants, start_ticks
 from fastlight.procs import alive, parent_pid
+from fastlight.safe_files import safe_load
 
 ROOT = Path.cwd()
 
@@ -64,7 +63,7 @@ def ckpt_updates(root: Path) -> int | None:
     path = root / "checkpoints" / "last.ckpt"
     if not path.is_file():
         return None
-    return int(torch.load(path, weights_only=False)["state_dict"]["_policy_version"])
+    return int(safe_load(path, flag="--root")["state_dict"]["_policy_version"])
 
 
 def newest_child(pid: int) -> int:

@@ -11,7 +11,8 @@ a copy loaded silently before; :func:`verify_checksum` (called by :func:`read_ch
 :meth:`AtomicCheckpointIO.load_checkpoint`, i.e. ``--ckpt_path``, ``--model.init_from`` and ``fastlight
 evaluate --ckpt``) refuses it in one line naming the file. A file without the comment (written
 before, or by another CheckpointIO) is loaded unchecked. Checking reads the file once more (about
-1-2 GB/s); a file is checked once per process (keyed by inode, size and mtime).
+1-2 GB/s); a file is checked once per process (keyed by inode, size and mtime). The checksum proves
+the file intact, not safe: reading runs no code whoever wrote it (:mod:`fastlight.safe_files`).
 
 **Failed writes.** ``torch.save`` reports a full disk as ``RuntimeError: ... unexpected pos`` (its zip
 writer's own error, raised while it closes the archive, with the ``OSError`` only as the context);
@@ -40,7 +41,7 @@ from typing import Any
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from fastlight import lightning_compat
+from fastlight.safe_files import ALLOWED, UnsafeFileError, safe_load
 
 #: The zip comment of a checksummed checkpoint: this prefix, then 64 hex digits.
 CHECKSUM_PREFIX = b"fastlight-sha256:"
@@ -77,7 +78,9 @@ def read_checkpoint(path: str | Path, *, flag: str = "--ckpt") -> dict[str, Any]
         raise FileNotFoundError(f"{flag}: no checkpoint file at {path}")
     verify_checksum(path, flag=flag)
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        ckpt = safe_load(path, flag=flag)
+    except UnsafeFileError:
+        raise
     except Exception as e:  # noqa: BLE001 - any unpickling error means "not a checkpoint"
         raise ValueError(f"{flag}: {path} is not a readable checkpoint ({type(e).__name__}: {e})") from e
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
@@ -182,13 +185,17 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def load_checkpoint(
         self, path: Any, map_location: Any = lambda storage, loc: storage, weights_only: bool | None = None
     ) -> dict[str, Any]:
+        # weights_only whatever the caller asks (see fastlight.safe_files): a file must not run code
         if "://" in str(path):
-            return super().load_checkpoint(path, map_location, weights_only)
+            with torch.serialization.safe_globals(ALLOWED):
+                return super().load_checkpoint(path, map_location, weights_only=True)
         if not os.path.isfile(path):
             raise FileNotFoundError(f"--ckpt_path: no checkpoint file at {path}")
         verify_checksum(path, flag="--ckpt_path")
         try:
-            ckpt = lightning_compat.load(path, map_location=map_location, weights_only=weights_only)
+            ckpt = safe_load(path, flag="--ckpt_path", map_location=map_location)
+        except UnsafeFileError:
+            raise
         except Exception as e:  # noqa: BLE001 - any unpickling error means "not a checkpoint"
             raise ValueError(
                 f"--ckpt_path: {path} is not a readable checkpoint, truncated or not written by torch.save "

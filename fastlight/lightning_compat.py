@@ -27,8 +27,6 @@ tests/faults/test_preemption.py, test_ddp_stop.py and test_lost_rank.py exercise
   ``_child_processes``): the launcher's thread that SIGKILLs rank 0 within 5 s of another rank's
   non-zero exit, which a rank stopping on purpose (exit 128 + signum) or a lost one triggers before
   any checkpoint is written; :func:`stand_down_child_observer` empties its list.
-- ``lightning.fabric.utilities.cloud_io._load``: ``torch.load`` through fsspec (local paths and
-  remote URLs alike), as Lightning itself reads a checkpoint (:func:`load`).
 - ``LightningModule._hparams`` and ``_hparams_initial``: :func:`record_hparams` writes the policy and
   the objective into a module's hparams as plain data (a class path and its init args), where
   checkpoints and loggers read them.
@@ -41,12 +39,11 @@ import subprocess
 import threading
 from collections.abc import Callable
 from types import FrameType
-from typing import IO, Any
+from typing import Any
 
 import lightning as L
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
-from lightning.fabric.utilities.cloud_io import _load
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnector
 
@@ -60,11 +57,6 @@ def record_hparams(module: L.LightningModule, values: dict[str, Any]) -> None:
     (``_hparams_initial``): ``save_hyperparameters`` has no public way to replace one value."""
     module._hparams.update(values)
     module._hparams_initial.update(copy.deepcopy(values))
-
-
-def load(path: str | IO[bytes], map_location: Any = None, weights_only: bool | None = None) -> Any:
-    """``torch.load`` of a local path or a remote URL, as Lightning reads checkpoints."""
-    return _load(path, map_location=map_location, weights_only=weights_only)
 
 
 def slurm_requeue_signal(trainer: L.Trainer) -> int | None:

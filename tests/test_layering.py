@@ -51,8 +51,20 @@ PACKAGE = "fastlight"
 
 #: Bottom to top; a name is the first component after ``fastlight.`` ("" is ``fastlight/__init__.py``).
 FLOORS: list[tuple[str, ...]] = [
-    ("procs", "extras", "rollout", "losses", "stats", "checkpoints", "checkpoint_link", "class_paths",
-     "rank_state", "lightning_compat", "log_writes"),
+    (
+        "procs",
+        "extras",
+        "rollout",
+        "losses",
+        "stats",
+        "safe_files",
+        "checkpoints",
+        "checkpoint_link",
+        "class_paths",
+        "rank_state",
+        "lightning_compat",
+        "log_writes",
+    ),
     ("advantages", "models", "weights", "metrics", "ranks"),
     ("envs", "inference"),
     ("sampling",),
@@ -331,8 +343,10 @@ def test_the_checker_finds_a_cycle_an_upward_edge_benchmarks_and_a_missing_modul
     up = upward_edges(edges, floors, "pkg")
     assert up == ["pkg/low.py:2: pkg.low (floor 0) imports pkg.high (floor 1)"]
     # Relative imports resolve to the sibling module (once per statement), not to the package.
-    assert [(e.dst, e.where) for e in edges["pkg.sub.a"]] == [("pkg.sub.b", "pkg/sub/a.py:1"),
-                                                             ("pkg.sub.b", "pkg/sub/a.py:2")]
+    assert [(e.dst, e.where) for e in edges["pkg.sub.a"]] == [
+        ("pkg.sub.b", "pkg/sub/a.py:1"),
+        ("pkg.sub.b", "pkg/sub/a.py:2"),
+    ]
     assert benchmarks == ["pkg/sub/b.py:3: pkg.sub.b imports benchmarks.sync"]
     assert unknown == ["pkg/sub/b.py:4: pkg.sub.b imports pkg.missing, which is not a module of pkg"]
 

@@ -10,7 +10,7 @@ resume, M more" equals "N + M straight" on the same kernels (``tests/data/test_e
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -18,6 +18,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 
 from fastlight.rank_state import gather_per_rank, world
+from fastlight.safe_files import key_path, local_mac, signed_here
 from fastlight.sampling.exact import SamplerState
 
 #: The DataModule checkpoint entry: per rank, ``{"rng": ..., "samplers": {index: SamplerState}}``.
@@ -48,17 +49,29 @@ def set_rng_states(states: Mapping[str, Any]) -> None:
 
 
 def states_to_plain(states: Mapping[int, SamplerState]) -> dict[int, dict[str, Any]]:
-    """Sampler positions as a checkpoint stores them (numbers and a byte tensor)."""
+    """Sampler positions as a checkpoint stores them (numbers, a byte tensor and its HMAC: the env
+    states are pickles, unpickled on resume only when this user's runs wrote them; see
+    :mod:`fastlight.safe_files`)."""
     return {i: {"version": s.version, "rounds": s.rounds, "resets": s.resets, "exact": s.exact,
-                "envs": None if s.envs is None else torch.frombuffer(bytearray(s.envs), dtype=torch.uint8)}
+                "envs": None if s.envs is None else torch.frombuffer(bytearray(s.envs), dtype=torch.uint8),
+                "mac": None if s.envs is None else local_mac(s.envs)}
             for i, s in states.items()}  # fmt: skip
 
 
-def states_from_plain(plain: Mapping[int, Mapping[str, Any]]) -> dict[int, SamplerState]:
-    return {int(i): SamplerState(int(p["version"]), int(p["rounds"]), int(p["resets"]),
-                                 envs=None if p["envs"] is None else p["envs"].numpy().tobytes(),
-                                 exact=bool(p["exact"]))
-            for i, p in plain.items()}  # fmt: skip
+def states_from_plain(plain: Mapping[int, Mapping[str, Any]]) -> tuple[dict[int, SamplerState], list[int]]:
+    """``(positions, samplers whose env states were dropped)``: an env state not signed by this user's
+    key (another user's checkpoint, a planted one) is never unpickled; its episodes start anew."""
+    states, unsigned = {}, []
+    for i, p in plain.items():
+        envs = None if p["envs"] is None else p["envs"].numpy().tobytes()
+        if envs is not None and not signed_here(envs, p.get("mac")):
+            envs = None
+            unsigned.append(int(i))
+        exact = bool(p["exact"]) and int(i) not in unsigned
+        states[int(i)] = SamplerState(
+            int(p["version"]), int(p["rounds"]), int(p["resets"]), envs=envs, exact=exact
+        )
+    return states, unsigned
 
 
 def not_exact(
@@ -69,9 +82,11 @@ def not_exact(
     ranks: int,
     rank_rounds: str,
     local: bool,
+    unsigned: Sequence[int] = (),
 ) -> list[str]:
     """Why a resume with these settings and the checkpoint's sampler ``states`` is not an exact
-    continuation (empty: it is)."""
+    continuation (empty: it is). ``unsigned``: samplers whose saved env states were refused
+    (:func:`states_from_plain`)."""
     why = []
     if saved_ranks is None:
         why.append("the checkpoint holds no RNG states or sampler positions (written by an older fastlight)")
@@ -89,7 +104,11 @@ def not_exact(
     if saved_ranks is not None and len(states) != hparams["num_workers"]:
         why.append(f"the checkpoint holds {len(states)} sampler position(s), this run has "
                    f"{hparams['num_workers']} sampler(s)")  # fmt: skip
-    lost = sorted(i for i, s in states.items() if not s.exact)
+    if unsigned:
+        why.append(f"the env states of samplers {list(unsigned)} were not written by this user's runs "
+                   f"(no matching HMAC under {key_path()}); they are pickles and could run code, so they "
+                   "are not read and the episodes under way start anew")  # fmt: skip
+    lost = sorted(i for i, s in states.items() if not s.exact and i not in unsigned)
     if lost and not hparams["exact_resume"]:
         why.append("--data.exact_resume false: the envs were not saved, so the episodes under way (autoreset "
                    "runs them on across rounds) start anew")  # fmt: skip
@@ -112,12 +131,19 @@ def restore_exact(
     rank, size = world()
     mine = saved[rank] if isinstance(saved, list) and len(saved) == size else None
     states: dict[int, SamplerState] = {}
+    unsigned: list[int] = []
     if mine is not None:
         set_rng_states(mine["rng"])
-        states = states_from_plain(mine["samplers"])
+        states, unsigned = states_from_plain(mine["samplers"])
     saved_ranks = len(saved) if isinstance(saved, list) else None
     why = not_exact(
-        hparams, states, saved_ranks=saved_ranks, ranks=size, rank_rounds=rank_rounds, local=local
+        hparams,
+        states,
+        saved_ranks=saved_ranks,
+        ranks=size,
+        rank_rounds=rank_rounds,
+        local=local,
+        unsigned=unsigned,
     )
     rank_zero_info(
         "fastlight: resumed as an exact continuation (the trainer's RNG, each sampler's seeds and envs)"

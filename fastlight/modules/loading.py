@@ -13,10 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 from torch import nn
 
 from fastlight.checkpoints import read_checkpoint
 from fastlight.modules.rl_module import RLModule
+from fastlight.safe_files import ALLOWED
 
 
 def module_class(ckpt: dict[str, Any], default: type[L.LightningModule]) -> type[L.LightningModule]:
@@ -25,7 +27,10 @@ def module_class(ckpt: dict[str, Any], default: type[L.LightningModule]) -> type
     if not path:
         return default
     module, _, name = path.rpartition(".")
-    return getattr(importlib.import_module(module), name)
+    cls = getattr(importlib.import_module(module), name)
+    if not (isinstance(cls, type) and issubclass(cls, L.LightningModule)):
+        raise TypeError(f"{path} is not a LightningModule class")  # never called, whatever it is
+    return cls
 
 
 def load_module_of(path: str | Path, ckpt: dict[str, Any], *, flag: str = "--ckpt") -> L.LightningModule:
@@ -35,13 +40,15 @@ def load_module_of(path: str | Path, ckpt: dict[str, Any], *, flag: str = "--ckp
     class_path = (ckpt.get("hyper_parameters") or {}).get("_class_path")
     try:
         cls = module_class(ckpt, RLModule)
-    except (ImportError, AttributeError) as e:
+    except (ImportError, AttributeError, TypeError) as e:
         raise ValueError(
             f"{flag}: cannot import the checkpoint's module class {class_path!r} ({type(e).__name__}: {e}); "
             "run from the directory that holds its package, or add that directory to PYTHONPATH"
         ) from e
     try:
-        module = cls.load_from_checkpoint(str(path), map_location="cpu")
+        # The file's tensors and plain data only (fastlight.safe_files): the caller read it that way already
+        with torch.serialization.safe_globals(ALLOWED):
+            module = cls.load_from_checkpoint(str(path), map_location="cpu", weights_only=True)
     except (RuntimeError, TypeError, KeyError) as e:
         recorded = "" if class_path else " (it records no class path, so it was loaded as RLModule)"
         raise ValueError(

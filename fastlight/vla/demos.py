@@ -54,6 +54,7 @@ from fastlight.data.protocols import RolloutPolicyModule, implements
 from fastlight.envs.registry import make_env
 from fastlight.models.action_mapping import action_chunk
 from fastlight.rollout import success_after
+from fastlight.safe_files import safe_load
 
 #: Bump when the cached arrays change meaning.
 CACHE_FORMAT = 1
@@ -262,7 +263,7 @@ def save_demos(path: Path, demos: Demos, settings: DemoSettings) -> None:
 
 def load_demos(path: Path, settings: DemoSettings) -> Demos:
     """Load a cache file, refusing one recorded with other settings (never reused silently)."""
-    payload = torch.load(path, map_location="cpu", weights_only=False)
+    payload = safe_load(path, flag=f"demo cache {path}")
     recorded = payload.get("settings") if isinstance(payload, dict) else None
     if recorded != settings.as_json():
         diff = (
