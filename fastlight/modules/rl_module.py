@@ -42,6 +42,7 @@ from fastlight.models.mlp import MLPActorCritic
 from fastlight.models.normalization import NormalizedPolicy
 from fastlight.modules.checkpointing import save_hparams
 from fastlight.modules.checks import check_mlp_sizes, check_settings
+from fastlight.modules.logp_mismatch import LogpMismatch, on_current_weights
 from fastlight.modules.minibatch import Minibatch, recompute_values
 from fastlight.modules.nonfinite import NonfiniteSteps
 from fastlight.modules.objectives import Objective, PPOClip, as_objective
@@ -148,6 +149,8 @@ class RLModule(PolicyModule):
         self.register_buffer("_policy_version", torch.zeros((), dtype=torch.long))
         #: Skips optimizer steps with a NaN / inf loss or gradient (``--model.max_nonfinite_updates``).
         self.nonfinite = NonfiniteSteps(max_nonfinite_updates)
+        #: ``rollout/logp_mismatch_*``: samplers' vs learner's log-likelihoods before each update.
+        self.mismatch = LogpMismatch()
 
     #: The objective ``objective=None`` means (a subclass may choose another, e.g. VLAModule GIPO).
     default_objective: type[Objective] = PPOClip
@@ -273,6 +276,9 @@ class RLModule(PolicyModule):
             type(p.data) is torch.Tensor and p.device.type in ("cpu", "cuda") and p.is_floating_point()
             for p in params
         )
+        # Lightning refuses to clip the gradients of a fused optimizer under mixed precision (it would
+        # unscale them itself), so --trainer.precision *-mixed keeps the per-tensor loop.
+        fused = fused and not (self._trainer is not None and "mixed" in str(self.trainer.precision))
         return torch.optim.Adam(groups, lr=self.hparams.lr, eps=1e-5, fused=fused or None)
 
     @override
@@ -305,12 +311,15 @@ class RLModule(PolicyModule):
         # A rollout with fewer valid transitions than minibatches (DPSA cycles vary) splits into
         # as many as it has, never into empty ones; one with none is not an update.
         pieces = min(h.num_minibatches, idx.numel())
+        fresh = on_current_weights(rollout.policy_version, rollout.valid, self.policy_version)
         for epoch in range(h.update_epochs if pieces else 0):
             perm = idx[torch.randperm(idx.numel(), device=idx.device)]
             for minibatch, mb_idx in enumerate(torch.tensor_split(perm, pieces)):
                 mb = data.select(mb_idx)
                 count = self._global_count(mb.valid)
                 out = self.evaluate_actions(mb)
+                if epoch == 0 and minibatch == 0:  # before any optimizer step of this update
+                    self.mismatch.measure(learner=out.logprobs, behaviour=mb.logprobs, fresh=fresh)
                 loss, info = self.compute_loss(mb, out, count)
                 opt.zero_grad(set_to_none=True)
                 self.manual_backward(loss)
@@ -356,6 +365,7 @@ class RLModule(PolicyModule):
         if isinstance(datamodule, ReportsFaults):
             metrics.update({k: torch.tensor(v) for k, v in datamodule.fault_counters().items()})
         metrics.update(rollout_metrics(rollout, current_version=self.policy_version - 1))
+        metrics.update(self.mismatch.metrics())
         n = max(rollout.num_valid, 1)
         shown = {k: metrics.pop(k) for k in ("rollout/return",) if k in metrics}
         self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=n)

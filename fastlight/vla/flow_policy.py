@@ -65,7 +65,8 @@ def load_pi0(path: str) -> nn.Module:
             "FlowVLAPolicy "
             "loads pi0 folders; use --model.policy.class_path fastlight.vla.policy.VLAPolicy for this one"
         )
-    return t.PI0ForConditionalGeneration.from_pretrained(path)
+    # fp32 weights whatever the folder's dtype (see VLAPolicy._load_backbone): --trainer.precision computes
+    return t.PI0ForConditionalGeneration.from_pretrained(path).float()
 
 
 @dataclass(frozen=True)

@@ -178,7 +178,11 @@ class VLAPolicy(PicklableCapture, PolicyBase):
     def _load_backbone(self, path: str | None, *llama_sizes) -> tuple[nn.Module, bool]:
         if path is None:
             return build_llama(*llama_sizes), False
-        return load_backbone(path, self.trust_remote_code)
+        model, is_vlm = load_backbone(path, self.trust_remote_code)
+        # Trainable weights in fp32 whatever dtype the folder was saved in (transformers loads a bf16
+        # folder as bf16, and Adam's small steps on bf16 master weights round away); the compute
+        # precision is Lightning's --trainer.precision. The upcast of saved bf16 values is exact.
+        return model.float(), is_vlm
 
     def _setup_vision(
         self, path: str | None, image_size: int | None, patch_size: int, hidden: int, freeze: bool

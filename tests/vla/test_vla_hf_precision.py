@@ -116,3 +116,35 @@ def test_fit_runs_an_update_in_bf16(llava, tmp_path, precision, dtype):
     state = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     decoder = [v for k, v in state["state_dict"].items() if ".layers.0.self_attn.q_proj." in k]
     assert decoder and {v.dtype for v in decoder} == {dtype}
+
+
+def resave_in_bf16(folder: Path, auto_class: type) -> None:
+    """The folder's weights as real checkpoints ship them: bfloat16 (its config's dtype too)."""
+    auto_class.from_pretrained(folder).to(torch.bfloat16).save_pretrained(folder)
+
+
+def test_a_bf16_folder_trains_with_fp32_weights(tmp_path):
+    import transformers
+
+    from benchmarks.tiny_vlm import save_tiny_pi0
+    from fastlight.vla.flow_policy import FlowVLAPolicy
+
+    vlm = save_tiny_vlm("llava", tmp_path / "llava", sentences=list(SENTENCES))
+    resave_in_bf16(vlm, transformers.AutoModelForImageTextToText)
+    pi0 = save_tiny_pi0(tmp_path / "pi0", sentences=list(SENTENCES))
+    resave_in_bf16(pi0, transformers.PI0ForConditionalGeneration)
+    # What transformers alone gives (dtype="auto"): bf16 master weights, where an Adam step of lr 5e-6
+    # (RLinf's) on a weight near 1 rounds away (bf16's spacing there is 2^-7).
+    raw = transformers.AutoModelForImageTextToText.from_pretrained(vlm)
+    assert {p.dtype for p in raw.parameters()} == {torch.bfloat16}
+    for policy in (
+        VLAPolicy(backbone=str(vlm), action_dim=4, proprio_dim=4, image_size=SIDE),
+        FlowVLAPolicy(backbone=str(pi0), action_dim=3, action_chunk=2, proprio_dim=5, max_text_len=6),
+    ):
+        assert {p.dtype for p in policy.parameters() if p.is_floating_point()} == {torch.float32}
+        weight = next(p for n, p in policy.named_parameters() if "norm" in n and p.requires_grad)
+        before = weight.detach().clone()
+        opt = torch.optim.Adam([weight], lr=5e-6)
+        weight.sum().backward()
+        opt.step()
+        assert (weight.detach() - before).abs().min() > 4e-6  # every entry moved by about lr
