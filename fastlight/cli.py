@@ -29,10 +29,10 @@ import fastlight.data.datamodule  # noqa: F401
 import fastlight.vla.demos  # noqa: F401
 import fastlight.vla.module  # noqa: F401
 import fastlight.vla.sft  # noqa: F401
-from fastlight.callbacks.preemption import Preempted, PreemptionCheckpoint
+from fastlight.callbacks.preemption import Preempted, PreemptionCheckpoint, stop_reported
 from fastlight.checkpoints import AtomicCheckpointIO, check_writable_dir
 from fastlight.class_paths import same_class
-from fastlight.cli_defaults import complete_run_config, resume_last, root_dir
+from fastlight.cli_defaults import complete_run_config, forget_run_folders, resume_last, root_dir
 from fastlight.cli_output import SettingError, debug_enabled, one_line_errors, quiet_third_party
 from fastlight.cli_parser import (
     FastlightArgumentParser,
@@ -109,6 +109,7 @@ class FastlightCLI(LightningCLI):
             check_command_line(argv)
             note_nested_help(argv)
         super().parse_arguments(parser, args)
+        self.config = forget_run_folders(self.config)  # a run's saved config.yaml starts a new version
         check_init_from(self.config)
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
@@ -309,9 +310,13 @@ def main() -> None:
             # fit ended, and a second SIGTERM now (a scheduler's duplicate) would kill it by signal.
             ignore_stop_signals()
             raise
-        except RuntimeError:
-            # A collective failed because a rank was lost: PreemptionCheckpoint's line names it.
-            if peer_watch.reported_loss() is not None and not debug_enabled():
+        except Exception as e:
+            # A fault stop whose one line PreemptionCheckpoint printed, or a collective that failed
+            # because a rank was lost (its line names it): no traceback after the line.
+            reported = stop_reported(e) or (
+                isinstance(e, RuntimeError) and peer_watch.reported_loss() is not None
+            )
+            if reported and not debug_enabled():
                 raise SystemExit(1) from None
             raise
 

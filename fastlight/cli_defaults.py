@@ -97,6 +97,56 @@ def complete_run_config(cfg: Namespace) -> Namespace:
     return run_defaults(cfg, version=next_version(root_dir(cfg)), last_exists=resume_last(cfg) != "last")
 
 
+def forget_run_folders(cfg: Namespace) -> Namespace:
+    """``cfg`` (a subcommand's config, or the whole one) without the folders :func:`run_defaults` filled
+    in for an earlier run: a run's saved ``config.yaml`` given as ``--config`` then gets a version of its
+    own under its ``--trainer.default_root_dir`` (the command line's, when given), never the version it
+    was saved by, whose files would be overwritten. The folders are recognised together: the
+    PreemptionCheckpoint at ``<R>/checkpoints`` with version ``n``, checkpoint callbacks at
+    ``<R>/checkpoints/version_n``, and the default loggers at ``R`` with version ``n``."""
+    sub = cfg.get("subcommand")
+    if sub and isinstance(cfg.get(sub), Namespace):
+        cfg = cfg.clone()
+        cfg[sub] = forget_run_folders(cfg[sub])
+        return cfg
+    trainer = cfg.get("trainer")
+    callbacks = trainer.get("callbacks") if isinstance(trainer, Namespace) else None
+    if not isinstance(callbacks, list):
+        return cfg
+    args = next((_init_args(cb) for cb in callbacks if _is(cb, PREEMPTION)), Namespace())
+    checkpoints, version = args.get("dirpath"), args.get("version")
+    if not (isinstance(checkpoints, str) and isinstance(version, int)):
+        return cfg
+    if os.path.basename(os.path.normpath(checkpoints)) != "checkpoints":
+        return cfg
+    root, run_dir = (
+        os.path.dirname(os.path.normpath(checkpoints)),
+        os.path.join(checkpoints, f"version_{version}"),
+    )
+    cfg = cfg.clone()
+    for cb in cfg["trainer"]["callbacks"]:
+        args = _init_args(cb) if isinstance(cb, Namespace) else Namespace()
+        if _is(cb, PREEMPTION):
+            args["dirpath"], args["version"] = None, None
+        elif any(_is(cb, p) for p in (MODEL_CHECKPOINT, TIMED)) and args.get("dirpath") == run_dir:
+            args["dirpath"] = None
+    derived = [
+        Namespace(class_path=p, init_args=Namespace(save_dir=root, name=n, version=version))
+        for p, n in LOGGERS
+    ]
+    loggers = cfg["trainer"].get("logger")
+    if isinstance(loggers, list) and [_logger_key(x) for x in loggers] == [_logger_key(x) for x in derived]:
+        cfg["trainer"]["logger"] = None
+    return cfg
+
+
+def _logger_key(logger: Any) -> tuple[Any, ...] | None:
+    if not isinstance(logger, Namespace):
+        return None
+    args = logger.get("init_args") or Namespace()
+    return (logger.get("class_path"), args.get("save_dir"), args.get("name"), args.get("version"))
+
+
 def resume_last(cfg: Namespace) -> str:
     """What ``--ckpt_path last`` resumes: ``<root>/checkpoints/last.ckpt`` where it exists, else
     ``last`` (Lightning's: no checkpoint found, training starts afresh, e.g. a requeued job's first

@@ -5,6 +5,7 @@ its only writer), and ``--ckpt_path last`` / that path resume into the next vers
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ import torch
 from jsonargparse import Namespace
 from torch.utils.data import DataLoader
 
-from fastlight.callbacks.preemption import PreemptionCheckpoint
+from fastlight.callbacks.preemption import Preempted, PreemptionCheckpoint
 from fastlight.cli_defaults import (
     ENV_STEPS,
     LOST_RANK,
@@ -21,7 +22,14 @@ from fastlight.cli_defaults import (
     next_version,
     run_defaults,
 )
-from tests.faults.test_preemption import STEPS_PER_UPDATE, Rollouts, SignalInUpdate, saved_step, trainer
+from tests.faults.test_preemption import (  # noqa: F401 - python_sigint is a fixture
+    STEPS_PER_UPDATE,
+    Rollouts,
+    SignalInUpdate,
+    python_sigint,
+    saved_step,
+    trainer,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_each_run_writes_its_version_and_last_ckpt_is_the_latest_runs(tmp_path):
     ckpts = tmp_path / "checkpoints"
     ckpts.mkdir()
-    torch.save({"global_step": 99, "state_dict": {}}, ckpts / "last.ckpt")  # from before versioned folders
+    torch.save({"global_step": 1, "state_dict": {}}, ckpts / "last.ckpt")  # from before versioned folders
     for version, updates in ((0, 2), (1, 3)):
         cb = PreemptionCheckpoint(every_minutes=None, version=version)
         trainer(tmp_path, cb, max_steps=updates * STEPS_PER_UPDATE).fit(
@@ -39,13 +47,59 @@ def test_each_run_writes_its_version_and_last_ckpt_is_the_latest_runs(tmp_path):
         assert cb.run_ckpt_path == str(ckpts / f"version_{version}" / "last.ckpt")
         assert os.path.samefile(cb.ckpt_path, cb.run_ckpt_path)
     assert sorted(os.listdir(ckpts)) == ["last-before-version_0.ckpt", "last.ckpt", "version_0", "version_1"]
-    assert saved_step(ckpts / "last-before-version_0.ckpt") == 99  # kept, not overwritten
+    assert saved_step(ckpts / "last-before-version_0.ckpt") == 1  # kept, not overwritten
     assert saved_step(ckpts / "version_0" / "last.ckpt") == 2 * STEPS_PER_UPDATE
     assert saved_step(ckpts / "last.ckpt") == 3 * STEPS_PER_UPDATE  # the second run's
     # A plain file, not a symlink: moved elsewhere (an SFT checkpoint handed on), it still loads.
     assert not os.path.islink(ckpts / "last.ckpt")
     os.replace(ckpts / "last.ckpt", tmp_path / "moved.ckpt")
     assert saved_step(tmp_path / "moved.ckpt") == 3 * STEPS_PER_UPDATE
+
+
+def test_a_shorter_run_never_takes_last_ckpt_from_a_longer_one(tmp_path, capsys):
+    """A quick look after a long run (or a run that fails early) writes its own version; last.ckpt keeps
+    naming the longer run's checkpoint, and the end line names this run's file instead."""
+    ckpts = tmp_path / "checkpoints"
+    for version, updates in ((0, 5), (1, 2)):
+        cb = PreemptionCheckpoint(every_minutes=None, version=version)
+        trainer(tmp_path, cb, max_steps=updates * STEPS_PER_UPDATE).fit(
+            SignalInUpdate(), DataLoader(Rollouts(50), batch_size=None)
+        )
+    assert os.path.samefile(ckpts / "last.ckpt", ckpts / "version_0" / "last.ckpt")
+    assert saved_step(ckpts / "version_1" / "last.ckpt") == 2 * STEPS_PER_UPDATE  # written all the same
+    assert cb.resume_path == str(ckpts / "version_1" / "last.ckpt")
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line == (
+        f"fastlight: {ckpts / 'last.ckpt'} still names a longer run's checkpoint (global step 10, this "
+        f"run's 4); this run's is {ckpts / 'version_1' / 'last.ckpt'}"
+    )
+    # A third run that goes further takes it, at its first save past the longer run's step.
+    cb = PreemptionCheckpoint(every_minutes=None, version=2, every_epoch=True)
+    trainer(tmp_path, cb, max_steps=6 * STEPS_PER_UPDATE, limit_train_batches=3).fit(
+        SignalInUpdate(), DataLoader(Rollouts(50), batch_size=None)
+    )
+    assert os.path.samefile(ckpts / "last.ckpt", ckpts / "version_2" / "last.ckpt")
+    assert sorted(os.listdir(ckpts)) == ["last.ckpt", "version_0", "version_1", "version_2"]
+
+
+@pytest.mark.usefixtures("python_sigint")
+def test_a_run_that_completes_no_update_writes_no_checkpoint(tmp_path, capsys):
+    ckpts = tmp_path / "checkpoints"
+    cb = PreemptionCheckpoint(every_minutes=None, version=0)
+    trainer(tmp_path, cb, max_steps=2 * STEPS_PER_UPDATE).fit(
+        SignalInUpdate(), DataLoader(Rollouts(50), batch_size=None)
+    )
+    cb = PreemptionCheckpoint(every_minutes=None, version=1)
+    with pytest.raises(Preempted):  # stopped while it waits for its first batch
+        trainer(tmp_path, cb, max_steps=100).fit(
+            SignalInUpdate(signum=signal.SIGTERM, wait_at=0), DataLoader(Rollouts(50), batch_size=None)
+        )
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line == (
+        "fastlight: stopped by SIGTERM at global step 0 before this run's first update; no checkpoint written"
+    )
+    assert os.listdir(ckpts / "version_1") == []
+    assert os.path.samefile(ckpts / "last.ckpt", ckpts / "version_0" / "last.ckpt")
 
 
 def test_next_version_is_past_every_checkpoint_and_log_folder(tmp_path):
@@ -120,6 +174,36 @@ def test_two_cli_runs_with_one_root_dir(tmp_path, capsys):
         assert saved_step(ckpts / f"version_{version}" / "last.ckpt") == step
     assert not list(root.rglob("last-v*.ckpt"))
     assert sorted(os.listdir(root / "tb")) == sorted(os.listdir(root / "csv")) == ["version_0", "version_1"]
+
+
+def test_a_runs_saved_config_resumes_into_a_new_version_and_the_command_lines_root(tmp_path, capsys):
+    """``fit --config <root>/tb/version_0/config.yaml --ckpt_path last``: the saved config pins the first
+    run's folders (loggers' version 0, the checkpoints' dirpath); the resume still writes version_1 and
+    leaves every file of version_0 as it was, and a root dir typed on the command line wins."""
+    from fastlight.cli import cli_main
+
+    root = tmp_path / "run"
+    args = [
+        "fit", "--config", str(ROOT / "configs" / "highway_dpsa.yaml"),
+        "--data.env_id", "tests.fake_envs:Fault-v0",
+        "--data.num_envs", "2", "--data.num_workers", "1", "--data.max_horizon", "8",
+        "--data.steps_per_epoch", "1", "--model.update_epochs", "1", "--model.num_minibatches", "2",
+        "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(root),
+        "--trainer.max_steps", "2",
+    ]  # fmt: skip
+    cli_main(args)
+    saved = root / "tb" / "version_0" / "config.yaml"
+    first = {p: p.read_bytes() for p in root.rglob("*") if p.is_file() and "version_0" in p.parts}
+    assert saved in first and root / "csv" / "version_0" / "metrics.csv" in first
+    again = cli_main(["fit", "--config", str(saved), "--ckpt_path", "last", "--trainer.max_steps", "4"])
+    assert again.trainer.global_step == 4
+    assert {p: p.read_bytes() for p in first} == first  # nothing of version_0 rewritten
+    assert sorted(os.listdir(root / "tb")) == sorted(os.listdir(root / "csv")) == ["version_0", "version_1"]
+    assert saved_step(root / "checkpoints" / "version_1" / "last.ckpt") == 4
+    elsewhere = tmp_path / "elsewhere"
+    cli_main(["fit", "--config", str(saved), "--trainer.default_root_dir", str(elsewhere)])  # max_steps 2
+    assert sorted(os.listdir(elsewhere / "checkpoints")) == ["last.ckpt", "version_0"]
+    assert sorted(os.listdir(root / "tb")) == ["version_0", "version_1"]  # the first root untouched
 
 
 @pytest.mark.parametrize(

@@ -277,11 +277,13 @@ TWO_NODES = (
     '--trainer.num_nodes 2 "$@" & done; wait -n && wait -n\' two-nodes --trainer.max_steps 8'
 )
 
-#: README command -> how it runs. Highway runs all write runs/highway_dpsa (README order: the
-#: evaluations read the "quick look" run's checkpoint, and the user's own env comes after them).
+#: README command -> how it runs. Highway runs write runs/highway_dpsa, the quick look its own root
+#: (README order: the evaluations read the main job's checkpoint; the user's own env comes after them).
 RUN: dict[str, Run] = {
     f"{HIGHWAY}": Run(TINY, fitted(1)),
-    f"{HIGHWAY} --trainer.max_steps 3": Run(without(TINY, "--trainer.max_steps"), fitted(3)),
+    f"{HIGHWAY} --trainer.max_steps 3 --trainer.default_root_dir runs/quick_look": Run(
+        without(TINY, "--trainer.max_steps"), fitted(3)
+    ),
     f"{HIGHWAY} --print_config": Run((), printed_config),
     f"{HIGHWAY} --data.reset_mode sgr": Run(TINY, fitted(1), slow=True),
     f"{HIGHWAY} --trainer.callbacks+=EnvStepBudget --trainer.callbacks.total_env_steps 200000": Run(

@@ -22,7 +22,10 @@ The file, ``<default_root_dir>/checkpoints/last.ckpt`` by default, is the newest
 from, and this callback its only writer: ``ModelCheckpoint(save_last=True)`` saves at its own triggers
 only and writes ``last-v1.ckpt`` next to an existing one, so the CLI sets ``every_epoch`` here instead.
 With ``version=N`` the run writes ``<dirpath>/version_N/<filename>.ckpt``, and the stable path becomes
-a second name of it at every save (:mod:`fastlight.checkpoint_link`).
+a second name of it at every save (:mod:`fastlight.checkpoint_link`) once this run has trained at least
+as far (global step) as the checkpoint the stable path named when the run began: a quick look after a
+long run, or a run that fails early, never takes ``last.ckpt`` from it. Such a run says so at its end,
+naming its own file. A run that completes no update writes nothing.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from types import FrameType
 from typing import Any, Protocol, runtime_checkable
 
@@ -49,6 +53,7 @@ from fastlight.data.protocols import StopsSampling
 from fastlight.log_writes import LogWriteError
 from fastlight.ranks.launcher import end_launched_ranks, stop_with_launcher
 from fastlight.ranks.slurm import slurm_requeue
+from fastlight.safe_files import safe_load
 
 __all__ = ["HandlesStop", "Preempted", "PreemptionCheckpoint"]
 
@@ -112,6 +117,10 @@ class PreemptionCheckpoint(Callback):
         self._signum: int | None = None  # the stop signal of this fit (the first one, or the agreed one)
         self._stopping = False  # the stop has begun (its checkpoint is being written, or is written)
         self._stable_checked = False  # the file found at ckpt_path before this run's first save
+        #: The global step of the checkpoint at ckpt_path when this run first saved (-1: none, or this
+        #: run's): the stable path moves to this run's file only once the run is at least that far.
+        self._floor: int | None = None
+        self._updates = 0  # updates completed in this fit
         self._last_save = time.monotonic()
 
     @property
@@ -155,6 +164,7 @@ class PreemptionCheckpoint(Callback):
             os.makedirs(os.path.dirname(self.run_ckpt_path), exist_ok=True)
         self._active, self._trained, self._signum, self._in_update = True, False, None, False
         self._stopping, self.saved_step, self.ignored_signals = False, None, 0
+        self._updates, self._floor = 0, None
         self._distributed, self._rank = trainer.world_size > 1, trainer.global_rank
         if self.handle_signals and threading.current_thread() is threading.main_thread():
             lightning_compat.install_stop_handler(trainer, self._on_signal)
@@ -173,6 +183,7 @@ class PreemptionCheckpoint(Callback):
     @override
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
         self._in_update = False
+        self._updates += 1
         due = self.every_minutes is not None and time.monotonic() - self._last_save >= 60 * self.every_minutes
         signum, due = self._agree(trainer, due)
         if signum:
@@ -201,8 +212,18 @@ class PreemptionCheckpoint(Callback):
 
     @override
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """A run that ends mid-epoch (``max_steps``, ``max_time``) leaves its final state too."""
+        """A run that ends mid-epoch (``max_steps``, ``max_time``) leaves its final state too; one that
+        completed no update leaves nothing (a new start gives the same)."""
+        if not self._updates:
+            return
         self._save(trainer)
+        if self.resume_path != self.ckpt_path and trainer.is_global_zero:
+            print(
+                f"fastlight: {self.ckpt_path} still names a longer run's checkpoint (global step "
+                f"{self._floor}, this run's {trainer.global_step}); this run's is {self.resume_path}",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def _save(self, trainer: L.Trainer) -> None:
         """Write the checkpoint (rank 0) with every rank: a write that fails on rank 0 raises a
@@ -214,7 +235,7 @@ class PreemptionCheckpoint(Callback):
                 trainer.save_checkpoint(self.run_ckpt_path, weights_only=False)  # a full resume point
             written = True
             if trainer.is_global_zero:  # only rank 0 writes the file
-                self._point_stable_path()
+                self._point_stable_path(trainer.global_step)
         except OSError as e:
             error = e
             if not isinstance(e, CheckpointWriteError):
@@ -230,12 +251,24 @@ class PreemptionCheckpoint(Callback):
         self.saved_step = trainer.global_step
         self._last_save = time.monotonic()
 
-    def _point_stable_path(self) -> None:
-        """Make ``ckpt_path`` a second name of ``run_ckpt_path`` (:mod:`fastlight.checkpoint_link`)."""
+    def _point_stable_path(self, step: int) -> None:
+        """Make ``ckpt_path`` a second name of ``run_ckpt_path`` (:mod:`fastlight.checkpoint_link`) once
+        this run, at global step ``step``, is as far as the checkpoint found there (module docstring)."""
+        if self.run_ckpt_path == self.ckpt_path:
+            return
+        if self._floor is None:
+            self._floor = checkpoint_step(self.ckpt_path, unless=self.run_ckpt_path)
+        if step < self._floor:
+            return
         keep = None if self._stable_checked else f"{self.filename}-before-version_{self.version}.ckpt"
-        if self.run_ckpt_path != self.ckpt_path:
-            self._stable_checked = True  # only a file found before this run's first save is kept
-            link_as(self.run_ckpt_path, self.ckpt_path, keep_as=keep)
+        self._stable_checked = True  # only a file found before this run's first save is kept
+        link_as(self.run_ckpt_path, self.ckpt_path, keep_as=keep)
+
+    @property
+    def resume_path(self) -> str:
+        """The newest checkpoint of this fit: ``ckpt_path`` unless a longer run's file still holds it."""
+        moved = self._floor is None or (self.saved_step is not None and self.saved_step >= self._floor)
+        return self.ckpt_path if moved else self.run_ckpt_path
 
     @override
     def on_exception(
@@ -257,18 +290,27 @@ class PreemptionCheckpoint(Callback):
             trainer.datamodule.stop()  # no sampler is restarted (nor samples) while this one stops
         what = signal.Signals(exception.signum).name if isinstance(exception, Preempted) else None
         what, at = what or type(exception).__name__, f"at global step {trainer.global_step}"
-        # A log that could not be written: its line is the cause, then what became of the checkpoint.
+        # The error's own words: a log that could not be written is the cause, then what became of the
+        # checkpoint; any other error's first line (the command prints no traceback after this line).
         said = f": {exception.strerror}" if isinstance(exception, LogWriteError) else ""
+        if (
+            not said
+            and not isinstance(exception, Preempted | CheckpointWriteError)
+            and str(exception).strip()
+        ):
+            said = f": {str(exception).strip().splitlines()[0]}"
         if not self._trained:
             where = f"before training started{said}; no checkpoint written"
+        elif not self._updates:  # nothing a new start (or the checkpoint resumed) does not give
+            where = f"{at} before this run's first update{said}; no checkpoint written"
         elif isinstance(exception, CheckpointWriteError):  # the disk that refused it would refuse it again
             where = f"{at}: {exception.strerror}"
         else:
             try:
                 if self.saved_step != trainer.global_step:  # else this update is on disk already
                     self._save(trainer)
-                hint = self.resume_hint.format(path=self.ckpt_path)
-                where = f"{at}{said}; checkpoint saved to {self.ckpt_path} (resume with {hint})"
+                hint = self.resume_hint.format(path=self.resume_path)
+                where = f"{at}{said}; checkpoint saved to {self.resume_path} (resume with {hint})"
                 if isinstance(exception, Preempted) and trainer.is_global_zero:
                     if exception.signum == lightning_compat.slurm_requeue_signal(trainer):
                         where += "; " + slurm_requeue(trainer, self.run_ckpt_path)
@@ -279,7 +321,24 @@ class PreemptionCheckpoint(Callback):
             exception.reported = True  # the command prints it once
         if trainer.is_global_zero:
             where += end_launched_ranks(trainer) if agreed else ""  # they stop too: say how they ended
+            # A signal or a full disk says all in its line; any other error's traceback is kept.
+            plain = not isinstance(exception, Preempted | CheckpointWriteError | LogWriteError)
+            if plain and (kept := self._keep_traceback(exception)):
+                where += f"; traceback in {kept}"
             print(f"fastlight: stopped by {what} {where}", file=sys.stderr, flush=True)
+            global _reported
+            _reported = exception
+
+    def _keep_traceback(self, exception: BaseException) -> str | None:
+        """Write ``exception``'s traceback beside this run's checkpoint (the terminal gets one line)."""
+        path = os.path.join(os.path.dirname(self.run_ckpt_path), "traceback.txt")
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as f:
+                f.write("".join(traceback.format_exception(exception)))
+        except OSError:
+            return None
+        return path
 
     def _report_final_log_error(self, trainer: L.Trainer, exception: BaseException) -> None:
         """A logger's last flush failed: Lightning finalizes the loggers after the callbacks' teardown, once
@@ -288,7 +347,9 @@ class PreemptionCheckpoint(Callback):
             return
         exception.reported = True  # the command prints it once
         if trainer.is_global_zero:
-            line = f"training finished at global step {self.saved_step}, checkpoint saved to {self.ckpt_path}"
+            line = (
+                f"training finished at global step {self.saved_step}, checkpoint saved to {self.resume_path}"
+            )
             print(f"fastlight: {line}; then {exception.strerror}", file=sys.stderr, flush=True)
 
     def write_alone(self, trainer: L.Trainer, checkpoint: dict[str, Any]) -> None:
@@ -296,7 +357,7 @@ class PreemptionCheckpoint(Callback):
         gather, no barrier, whichever rank this is: the survivors' save after a rank is lost."""
         with saving():
             trainer.strategy.checkpoint_io.save_checkpoint(checkpoint, self.run_ckpt_path)
-        self._point_stable_path()
+        self._point_stable_path(int(checkpoint["global_step"]))
         self.saves += 1
         self.saved_step = int(checkpoint["global_step"])
 
@@ -311,7 +372,7 @@ class PreemptionCheckpoint(Callback):
             )
         elif self._signum is not None:  # came after the last update
             line = f"{signal.Signals(self._signum).name} arrived as training ended; the run finished, "
-            line += f"checkpoint saved to {self.ckpt_path}"
+            line += f"checkpoint saved to {self.resume_path}"
         if line is not None and trainer.is_global_zero:
             print(f"fastlight: {line}", file=sys.stderr, flush=True)
 
@@ -327,6 +388,27 @@ class PreemptionCheckpoint(Callback):
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.saves = int(state_dict.get("saves", 0))
+
+
+#: The exception whose stop line this process printed (rank 0), for :func:`stop_reported`.
+_reported: BaseException | None = None
+
+
+def stop_reported(error: BaseException) -> bool:
+    """Whether ``error`` ended a fit whose one-line stop was printed: the command then exits with status
+    1 and no traceback (it is in the run's ``traceback.txt``; ``FASTLIGHT_DEBUG=1`` prints it too)."""
+    return _reported is not None and error is _reported
+
+
+def checkpoint_step(path: str, *, unless: str) -> int:
+    """The global step of the checkpoint at ``path``; -1 when there is none, it is ``unless`` itself, or it
+    cannot be read (``link_as`` keeps such a file under another name)."""
+    if not os.path.isfile(path) or (os.path.exists(unless) and os.path.samefile(path, unless)):
+        return -1
+    try:  # mmap: the tensors are not read
+        return int(safe_load(path, flag="--ckpt_path", mmap=True).get("global_step", -1))
+    except Exception:  # noqa: BLE001 - an unreadable file is replaced (and kept), as before
+        return -1
 
 
 def _max_over_ranks(trainer: L.Trainer, *values: int) -> list[int]:

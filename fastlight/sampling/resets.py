@@ -139,7 +139,7 @@ class EnvResets:
             return
         raise NonFiniteError(
             f"{self._where(i)} returned a non-finite {what} at episode step {self._eps[i].step}: "
-            f"{preview(value)}"
+            f"{preview(value)} (--data.nonfinite drop drops such episodes instead)"
         )
 
     def _where(self, i: int) -> str:

@@ -166,6 +166,13 @@ def test_nan_reward_stops_the_run_naming_the_env_with_a_checkpoint(tmp_path):
     assert "crashed" in text  # the SamplerError names the sampler worker
     line = last_line(log)
     assert line.startswith("fastlight: stopped by SamplerError at global step ")
+    # One line that names the fix, no traceback (it is kept beside the checkpoint).
+    assert "(--data.nonfinite drop drops such episodes instead)" in line
+    assert line.endswith(f"; traceback in {root / 'checkpoints' / 'version_0' / 'traceback.txt'}")
+    assert (
+        "Traceback" not in text
+        and "NonFiniteError" in (root / "checkpoints" / "version_0" / "traceback.txt").read_text()
+    )
     assert_no_orphans(children)
     ckpt = torch.load(root / "checkpoints" / "last.ckpt", weights_only=False)
     weights = [v for k, v in ckpt["state_dict"].items() if k.startswith("policy.")]

@@ -340,7 +340,12 @@ def test_a_callback_that_handles_the_stop_takes_it_over(tmp_path, kind, capsys):
     if kind is RuntimeError:
         assert lines == [] and cb.saves == 0 and not (tmp_path / "checkpoints").exists()
     else:
-        assert lines == [f"fastlight: stopped by RuntimeError at global step 4; checkpoint saved to "
-                         f"{tmp_path / 'checkpoints' / 'last.ckpt'} (resume with trainer.fit(..., "
-                         f"ckpt_path={str(tmp_path / 'checkpoints' / 'last.ckpt')!r}))"]  # fmt: skip
+        ckpts = tmp_path / "checkpoints"
+        last = ckpts / "last.ckpt"
+        assert lines == [
+            f"fastlight: stopped by RuntimeError at global step 4: a collective failed; checkpoint saved to "
+            f"{last} (resume with trainer.fit(..., ckpt_path={str(last)!r})); traceback in "
+            f"{ckpts / 'traceback.txt'}"
+        ]
+        assert "RuntimeError: a collective failed" in (tmp_path / "checkpoints" / "traceback.txt").read_text()
         assert saved_step(tmp_path / "checkpoints" / "last.ckpt") == 4
