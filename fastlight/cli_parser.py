@@ -90,6 +90,8 @@ def check_config_files(args: Sequence[str]) -> None:
             yaml.safe_load(path.read_text())
         except OSError as e:
             raise SettingError(f"--config {value}: {e.strerror or e}") from e
+        except UnicodeDecodeError as e:
+            raise SettingError(f"--config {value}: not a YAML file (not UTF-8 text: byte {e.start})") from e
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""

@@ -64,6 +64,11 @@ MISTAKES: list[tuple[str, tuple[str, ...], str]] = [
         ("--config", "{tmp}/bad.yaml"),
         "--config {tmp}/bad.yaml: line 3, column 7: mapping values are not allowed here",
     ),
+    (
+        "binary-config",
+        ("--config", "{tmp}/binary.yaml"),
+        "--config {tmp}/binary.yaml: not a YAML file (not UTF-8 text: byte 0)",
+    ),
     ("missing-ckpt", ("--ckpt_path", "{tmp}/x.ckpt"), "--ckpt_path: no checkpoint file at {tmp}/x.ckpt"),
     (
         "missing-init-from",
@@ -178,6 +183,7 @@ def test_a_mistake_is_one_line_naming_the_flag(runs, name, args, line, tmp_path,
     if name in SUBPROCESS:
         tmp, out = runs[name]
     else:
+        (tmp_path / "binary.yaml").write_bytes(bytes([0x91, 0xFF, 0x00, 0x12]) * 64)
         tmp, out = tmp_path, fit_in_process(tmp_path, args, monkeypatch, capsys)
     errors = [x for x in out.stderr.splitlines() if x.strip()]
     assert out.returncode == 2, out.stderr
