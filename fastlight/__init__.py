@@ -44,6 +44,7 @@ _EXPORTS: dict[str, str] = {
     "DynamicWeightedResampling": "fastlight.callbacks.dwr",
     "EnvStepBudget": "fastlight.callbacks.env_steps",
     "LostRankCheckpoint": "fastlight.callbacks.lost_rank",
+    "PeriodicEvaluation": "fastlight.callbacks.periodic_evaluation",
     "PreemptionCheckpoint": "fastlight.callbacks.preemption",
     "RolloutProgressBar": "fastlight.callbacks.progress",
     "RolloutThroughput": "fastlight.callbacks.throughput",
@@ -65,6 +66,7 @@ __all__ = [
     "LoRASettings",
     "LostRankCheckpoint",
     "MLPActorCritic",
+    "PeriodicEvaluation",
     "Objective",
     "PPOClip",
     "Policy",
@@ -104,6 +106,7 @@ if TYPE_CHECKING:  # static checkers and IDEs see the real classes
     from fastlight.callbacks.dwr import DynamicWeightedResampling
     from fastlight.callbacks.env_steps import EnvStepBudget
     from fastlight.callbacks.lost_rank import LostRankCheckpoint
+    from fastlight.callbacks.periodic_evaluation import PeriodicEvaluation
     from fastlight.callbacks.preemption import PreemptionCheckpoint
     from fastlight.callbacks.progress import RolloutProgressBar
     from fastlight.callbacks.throughput import RolloutThroughput

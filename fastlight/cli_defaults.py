@@ -19,8 +19,8 @@ output (a YAML interpolation would be resolved before the override).
 **Files.** Every run is version ``N``, the next number free in ``<root>/checkpoints``, ``<root>/tb``
 and ``<root>/csv``, so one number names its checkpoints and its logs::
 
-    <root>/checkpoints/version_N/   this run's checkpoints (ModelCheckpoint, TimedCheckpoint, and
-                                    PreemptionCheckpoint's last.ckpt)
+    <root>/checkpoints/version_N/   this run's checkpoints (ModelCheckpoint, TimedCheckpoint,
+                                    PeriodicEvaluation's best.ckpt, PreemptionCheckpoint's last.ckpt)
     <root>/checkpoints/last.ckpt    the newest checkpoint of the latest run (PreemptionCheckpoint's)
     <root>/tb/version_N/, <root>/csv/version_N/
 
@@ -45,6 +45,7 @@ from jsonargparse import Namespace
 
 from fastlight.callbacks.env_steps import EnvStepBudget
 from fastlight.callbacks.lost_rank import LostRankCheckpoint
+from fastlight.callbacks.periodic_evaluation import PeriodicEvaluation
 from fastlight.callbacks.preemption import PreemptionCheckpoint
 from fastlight.callbacks.timed_checkpoint import TimedCheckpoint
 from fastlight.class_paths import class_path, resolve, same_class
@@ -56,6 +57,7 @@ PREEMPTION = class_path(PreemptionCheckpoint)
 ENV_STEPS = class_path(EnvStepBudget)
 LOST_RANK = class_path(LostRankCheckpoint)
 TIMED = class_path(TimedCheckpoint)
+PERIODIC_EVAL = class_path(PeriodicEvaluation)
 #: The default loggers: class path and folder name under the root dir.
 LOGGERS = (
     ("lightning.pytorch.loggers.TensorBoardLogger", "tb"),
@@ -128,7 +130,10 @@ def forget_run_folders(cfg: Namespace) -> Namespace:
         args = _init_args(cb) if isinstance(cb, Namespace) else Namespace()
         if _is(cb, PREEMPTION):
             args["dirpath"], args["version"] = None, None
-        elif any(_is(cb, p) for p in (MODEL_CHECKPOINT, TIMED)) and args.get("dirpath") == run_dir:
+        elif (
+            any(_is(cb, p) for p in (MODEL_CHECKPOINT, TIMED, PERIODIC_EVAL))
+            and args.get("dirpath") == run_dir
+        ):
             args["dirpath"] = None
     derived = [
         Namespace(class_path=p, init_args=Namespace(save_dir=root, name=n, version=version))
@@ -172,7 +177,7 @@ def run_defaults(cfg: Namespace, *, version: int, last_exists: bool) -> Namespac
     every_epoch = False
     for cb in callbacks:
         path = cb.get("class_path") if isinstance(cb, Namespace) else None  # a callback object: as given
-        if not any(same_class(path, p) for p in (MODEL_CHECKPOINT, TIMED)):
+        if not any(same_class(path, p) for p in (MODEL_CHECKPOINT, TIMED, PERIODIC_EVAL)):
             continue
         args = _init_args(cb)
         if args.get("dirpath") is None:

@@ -109,78 +109,7 @@ def env_settings(ckpt: dict[str, Any], env_id: str | None, override: dict[str, A
 
 
 # ---------------------------------------------------------------------- playing
-def play_seeded(
-    policy: Any, env_id: str, env_kwargs: dict[str, Any], args: argparse.Namespace, wrappers: list[dict]
-) -> tuple[list[EpisodeRecord], float]:
-    """``(episodes, GIF fps)``: episode ``i`` on seed ``--seed + i``; ``--video`` keeps ``env.render()``."""
-    from fastlight.envs.registry import make_env
-    from fastlight.envs.wrappers import EnvWrapper, wrap_env, wrapper_of
-    from fastlight.evaluation import one_at_a_time, play_episodes, policy_act_fn, seeded_specs
-    from fastlight.models.action_mapping import action_chunk
-
-    if args.video:
-        # rgb_array frames need no window: SDL's offscreen driver draws without looking for a
-        # display (not "dummy": highway-env then stops drawing, every frame the first one).
-        os.environ.setdefault("SDL_VIDEODRIVER", "offscreen")
-    kwargs = {**env_kwargs, "render_mode": "rgb_array"} if args.video else env_kwargs
-    # What the policy saw: the run's gymnasium wrappers (a flattened Dict, say), not fastlight's EnvWrapper
-    # settings (an emulated scenario-load cost: see the module docstring).
-    gym_wrappers = [w for w in map(wrapper_of, wrappers) if not isinstance(w, EnvWrapper)]
-    env = wrap_env(make_env(env_id, env_kwargs=kwargs, flag="--env"), gym_wrappers)
-    try:
-        fps = args.fps or float(min(max(env.metadata.get("render_fps") or 20, 1), 30))
-        act = one_at_a_time(policy_act_fn(policy, deterministic=not args.sample))
-        specs = seeded_specs(args.episodes, args.seed, record=bool(args.video))
-        return play_episodes(act, [env], specs, action_chunk=action_chunk(policy.action_mapping())), fps
-    finally:
-        env.close()
-
-
-def play_multitask(
-    policy: Any, env_id: str, env_kwargs: dict[str, Any], args: argparse.Namespace, *, record: bool
-) -> list[EpisodeRecord]:
-    """fastlight's Meta-World: :func:`fastlight.evaluation.play_tasks`, ``--episodes`` per task."""
-    from fastlight.evaluation import play_tasks, policy_batch_act_fn
-    from fastlight.models.action_mapping import action_chunk
-
-    return play_tasks(
-        policy_batch_act_fn(policy, deterministic=not args.sample),
-        env_id=env_id,
-        env_kwargs=env_kwargs,
-        episodes_per_task=args.episodes,
-        seed=args.seed,
-        batch=args.batch,
-        record=args.episodes if record else 0,
-        action_chunk=action_chunk(policy.action_mapping()),  # chunks play open-loop, lengths in env steps
-    )
-
-
 # ---------------------------------------------------------------------- statistics and output
-def summarise(episodes: list[EpisodeRecord], *, seed: int) -> dict[str, Any]:
-    """Mean return (bootstrap CI), mean length, success / crash rates (Wilson CIs) where reported."""
-    from fastlight.stats import stratified_mean_ci, wilson_interval
-
-    returns = np.asarray([e.ret for e in episodes], dtype=np.float64)
-    mean, low, high = stratified_mean_ci({"all": returns}, n_boot=N_BOOT, seed=seed)  # one stratum
-    out: dict[str, Any] = {
-        "episodes": len(episodes),
-        "return": {"mean": mean, "ci_low": low, "ci_high": high, "std": float(returns.std())},
-        "length": {"mean": float(np.mean([e.length for e in episodes]))},
-        "return_ci": "95% percentile bootstrap of the mean over episodes (10,000 resamples)",
-    }
-    for key, seen in (
-        ("success_rate", [e.success for e in episodes if e.success is not None]),
-        ("crash_rate", [e.crashed for e in episodes if e.crashed is not None]),
-    ):
-        if len(seen) < len(episodes):
-            out[key] = None  # the env does not report it (on every episode)
-            continue
-        k = int(sum(seen))
-        lo, hi = wilson_interval(k, len(seen))
-        out[key] = {"rate": k / len(seen), "ci_low": lo, "ci_high": hi, "count": k}
-    return out
-
-
 def write_gifs(directory: Path, episodes: list[EpisodeRecord], fps: float) -> list[str]:
     """``episode_<i>[_<task>]_seed<seed>.gif`` for every episode that kept frames."""
     import imageio.v3 as iio
@@ -281,18 +210,25 @@ def _evaluate(
 ) -> dict[str, Any]:
     import torch
 
+    from fastlight.evaluation import play_policy, summarise
+
     torch.manual_seed(args.seed)  # --sample: reproducible
     video_note = None
-    if task_names:
-        record = bool(args.video) and image_mode
-        if args.video and not image_mode:
-            video_note = "--video: state mode has no camera frames; image mode is data.env_kwargs.image: true"
-            print(f"{PROG}: {video_note}", file=sys.stderr)
-        episodes = play_multitask(module.policy, env_id, env_kwargs, args, record=record)
-        fps = args.fps or 20.0
-    else:
-        wrappers = (ckpt.get("datamodule_hyper_parameters") or {}).get("env_wrappers") or []
-        episodes, fps = play_seeded(module.policy, env_id, env_kwargs, args, wrappers)
+    record = bool(args.video)
+    if task_names and args.video and not image_mode:
+        record = False
+        video_note = "--video: state mode has no camera frames; image mode is data.env_kwargs.image: true"
+        print(f"{PROG}: {video_note}", file=sys.stderr)
+    if record:
+        # rgb_array frames need no window: SDL's offscreen driver draws without looking for a
+        # display (not "dummy": highway-env then stops drawing, every frame the first one).
+        os.environ.setdefault("SDL_VIDEODRIVER", "offscreen")
+    wrappers = (ckpt.get("datamodule_hyper_parameters") or {}).get("env_wrappers") or []
+    episodes, _, render_fps = play_policy(
+        module.policy, env_id, env_kwargs, episodes=args.episodes, seed=args.seed,
+        deterministic=not args.sample, wrappers=wrappers, batch=args.batch, record=record,
+    )  # fmt: skip
+    fps = args.fps or render_fps
     videos = write_gifs(Path(args.video), episodes, fps) if args.video else []
     version = ckpt["state_dict"].get("_policy_version")
     result: dict[str, Any] = {
@@ -305,7 +241,7 @@ def _evaluate(
         "task_names": list(task_names),
         "seed": args.seed,
         "sample": args.sample,
-        "summary": summarise(episodes, seed=args.seed),
+        "summary": summarise(episodes, seed=args.seed, n_boot=N_BOOT),
         "videos": videos,
         "video_note": video_note,
         "episodes": [_row(i, e) for i, e in enumerate(episodes)],

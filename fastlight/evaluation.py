@@ -34,7 +34,7 @@ and with the literature.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -67,6 +67,7 @@ def policy_act_fn(policy: torch.nn.Module, *, deterministic: bool = False) -> Ac
             if not isinstance(obs, dict)
             else {k: np.asarray(v)[None] for k, v in obs.items()}
         )
+        batch = _to(batch, device_of(policy))
         out = policy.act(batch, step=torch.tensor([step]), deterministic=deterministic)
         return action_to_env(policy, out.actions)[0]
 
@@ -79,11 +80,25 @@ def policy_batch_act_fn(policy: torch.nn.Module, *, deterministic: bool = True) 
     @torch.no_grad()
     def act(obs: Any, step: np.ndarray) -> np.ndarray:
         out = policy.act(
-            obs_to_tensor(obs), step=torch.as_tensor(step, dtype=torch.long), deterministic=deterministic
+            _to(obs_to_tensor(obs), device_of(policy)),
+            step=torch.as_tensor(step, dtype=torch.long),
+            deterministic=deterministic,
         )
         return policy.env_action(out.actions).detach().cpu().numpy()
 
     return act
+
+
+def device_of(policy: torch.nn.Module) -> torch.device:
+    """Where the policy computes (its first parameter's device; the CPU for one without parameters)."""
+    return next((p.device for p in policy.parameters()), torch.device("cpu"))
+
+
+def _to(obs: Any, device: torch.device) -> Any:
+    """Observation tensors (a dict of them too) on ``device``: a policy trained on a GPU plays there."""
+    if device.type == "cpu":
+        return obs
+    return {k: v.to(device) for k, v in obs.items()} if isinstance(obs, dict) else obs.to(device)
 
 
 def random_act_fn(env: gym.Env, seed: int) -> ActFn:
@@ -309,6 +324,72 @@ def play_tasks(
     finally:
         for env in envs:
             env.close()
+
+
+def play_policy(
+    policy: torch.nn.Module,
+    env_id: str,
+    env_kwargs: dict[str, Any],
+    *,
+    episodes: int,
+    seed: int,
+    deterministic: bool = True,
+    wrappers: Sequence[Mapping[str, Any]] = (),
+    batch: int = 4,
+    record: bool = False,
+) -> tuple[list[EpisodeRecord], tuple[str, ...], float]:
+    """``(episodes, task names, the env's render fps)``: what ``fastlight evaluate`` and
+    :class:`~fastlight.callbacks.periodic_evaluation.PeriodicEvaluation` play. On fastlight's
+    multi-task Meta-World, ``episodes`` per task (:func:`play_tasks`, ``batch`` in lockstep); on any
+    other env, episode ``i`` on seed ``seed + i`` inside the run's gymnasium ``wrappers`` (what the
+    policy saw, e.g. a flattened Dict; fastlight's own :class:`EnvWrapper` settings, an emulated
+    scenario-load cost, are left out). ``record``: keep frames (``env.render()``, or the camera)."""
+    from fastlight.envs.wrappers import EnvWrapper, wrap_env, wrapper_of
+    from fastlight.models.action_mapping import action_chunk
+
+    chunk = action_chunk(policy.action_mapping())  # chunks play open-loop, lengths in env steps
+    task_names, _ = probe_env(env_id, env_kwargs)
+    if task_names:
+        act = policy_batch_act_fn(policy, deterministic=deterministic)
+        played = play_tasks(act, env_id=env_id, env_kwargs=env_kwargs, episodes_per_task=episodes, seed=seed,
+                            batch=batch, record=episodes if record else 0, action_chunk=chunk)  # fmt: skip
+        return played, task_names, 20.0
+    kwargs = {**env_kwargs, "render_mode": "rgb_array"} if record else env_kwargs
+    gym_wrappers = [w for w in map(wrapper_of, wrappers) if not isinstance(w, EnvWrapper)]
+    env = wrap_env(make_env(env_id, env_kwargs=kwargs, flag="--env"), gym_wrappers)
+    try:
+        fps = float(min(max(env.metadata.get("render_fps") or 20, 1), 30))
+        act = one_at_a_time(policy_act_fn(policy, deterministic=deterministic))
+        specs = seeded_specs(episodes, seed, record=record)
+        return play_episodes(act, [env], specs, action_chunk=chunk), (), fps
+    finally:
+        env.close()
+
+
+def summarise(episodes: list[EpisodeRecord], *, seed: int, n_boot: int = 10_000) -> dict[str, Any]:
+    """Mean return (95% percentile-bootstrap CI over episodes), mean length, and the success and crash
+    rates (95% Wilson CIs) where the env reports them on every episode (else ``None``)."""
+    from fastlight.stats import stratified_mean_ci, wilson_interval
+
+    returns = np.asarray([e.ret for e in episodes], dtype=np.float64)
+    mean, low, high = stratified_mean_ci({"all": returns}, n_boot=n_boot, seed=seed)  # one stratum
+    out: dict[str, Any] = {
+        "episodes": len(episodes),
+        "return": {"mean": mean, "ci_low": low, "ci_high": high, "std": float(returns.std())},
+        "length": {"mean": float(np.mean([e.length for e in episodes]))},
+        "return_ci": f"95% percentile bootstrap of the mean over episodes ({n_boot:,} resamples)",
+    }
+    for key, seen in (
+        ("success_rate", [e.success for e in episodes if e.success is not None]),
+        ("crash_rate", [e.crashed for e in episodes if e.crashed is not None]),
+    ):
+        if len(seen) < len(episodes):
+            out[key] = None  # the env does not report it (on every episode)
+            continue
+        k = int(sum(seen))
+        lo, hi = wilson_interval(k, len(seen))
+        out[key] = {"rate": k / len(seen), "ci_low": lo, "ci_high": hi, "count": k}
+    return out
 
 
 # ---------------------------------------------------------------------- multi-task summaries

@@ -3,6 +3,7 @@
 from fastlight.callbacks.dwr import DynamicWeightedResampling
 from fastlight.callbacks.env_steps import EnvStepBudget
 from fastlight.callbacks.lost_rank import LostRankCheckpoint
+from fastlight.callbacks.periodic_evaluation import PeriodicEvaluation
 from fastlight.callbacks.preemption import PreemptionCheckpoint
 from fastlight.callbacks.progress import RolloutProgressBar
 from fastlight.callbacks.throughput import RolloutThroughput
@@ -13,6 +14,7 @@ __all__ = [
     "DynamicWeightedResampling",
     "EnvStepBudget",
     "LostRankCheckpoint",
+    "PeriodicEvaluation",
     "PreemptionCheckpoint",
     "RolloutProgressBar",
     "RolloutThroughput",

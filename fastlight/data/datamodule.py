@@ -186,12 +186,8 @@ class RolloutDataModule(L.LightningDataModule):
         self._handed: int | None = None  # the policy version of the last Rollout handed out
         self._warned_stalled = False
         h = self.hparams
-        self.advice = SamplingAdvice(
-            reset_mode=h.reset_mode,
-            termination_threshold=h.termination_threshold,
-            max_horizon=h.max_horizon,
-            num_envs=h.num_envs,
-        )
+        self.advice = SamplingAdvice(reset_mode=h.reset_mode, termination_threshold=h.termination_threshold,
+                                     max_horizon=h.max_horizon, num_envs=h.num_envs)  # fmt: skip
         self.last_sync: SyncStats | None = None  # the latest publish's (None before the first)
         self.delivery = faults.delivery_check(keep=max_staleness + 1)  # did the published weights arrive?
         self.dropped_stale = 0
@@ -221,6 +217,10 @@ class RolloutDataModule(L.LightningDataModule):
         return AttributeDict(
             {k if k.startswith("_") else f"data.{k}": v for k, v in super().hparams_initial.items()}
         )
+
+    def evaluation_env(self) -> tuple[str, dict[str, Any], list[dict[str, Any]]]:
+        """The env evaluation episodes play (:class:`~fastlight.data.protocols.EvaluationEnv`)."""
+        return self.hparams.env_id, dict(self.hparams.env_kwargs or {}), list(self.hparams.env_wrappers or [])
 
     # Sizes linked to the model by the CLI (``link_arguments`` with apply_on="instantiate").
     @property

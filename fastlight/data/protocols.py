@@ -21,6 +21,8 @@ DataModule                                   its task count from :class:`MultiTa
                                              ``batch_counts_fn`` (:data:`BatchCountsFn`)
 ``PreemptionCheckpoint`` of the DataModule   :class:`StopsSampling` (``stop``), where it has
                                              samplers to end before the stop checkpoint
+``PeriodicEvaluation`` of the DataModule     :class:`EvaluationEnv` (``evaluation_env``), unless
+                                             the callback is given ``env_id``
 ===========================================  ====================================================
 
 ``require(...)`` checks one of them when the run starts and raises a ``TypeError`` naming both
@@ -97,6 +99,14 @@ class StopsSampling(Protocol):
     (a signal, a fault) calls it before its last checkpoint, so no sampler is restarted meanwhile."""
 
     def stop(self) -> None: ...
+
+
+@runtime_checkable
+class EvaluationEnv(Protocol):
+    """A DataModule that says which env it samples, for evaluation episodes: ``(env_id, env_kwargs,
+    gymnasium wrapper settings)`` as a checkpoint records them (``class_path`` + ``init_args``)."""
+
+    def evaluation_env(self) -> tuple[str, dict[str, Any], list[dict[str, Any]]]: ...
 
 
 @runtime_checkable

@@ -263,3 +263,26 @@ def test_a_sound_run_logs_the_receivers_it_verified(path, mode, monkeypatch):
     per_version = 2 if path == "sampler_copies" else 1
     assert logged == [per_version * (k + 1) for k in range(3)]
     assert dm.delivery.verified == 3 * per_version
+
+
+@pytest.mark.multiproc
+def test_a_transport_that_skips_some_versions_is_caught_at_the_first_with_the_defaults(monkeypatch):
+    """Intermittent non-delivery (issue 49): every odd version, the samplers' copies get the previous
+    version's weights again. With the default (every version checked) the run stops at version 1."""
+    assert FaultSettings().verify_weights_every == 1
+    publish, previous = SharedWeights.publish, {}
+
+    def skip_odd(self, module, version, **kw):
+        sent = previous.get(id(self), module) if version % 2 else module
+        previous[id(self)] = copy.deepcopy(module)
+        return publish(self, sent, version, **kw)
+
+    monkeypatch.setattr(SharedWeights, "publish", skip_odd)
+    dm = RolloutDataModule(env_id=FIXED, num_envs=2, num_workers=2)  # default FaultSettings
+    model = RLModule(obs_dim=3, action_dim=2, update_epochs=1, num_minibatches=1, lr=1e-2)
+    with pytest.raises(WeightSyncError, match=r"sampler [01] holds version 1 with checksum"):
+        try:
+            quiet_trainer(max_steps=20, callbacks=[WeightSync()]).fit(model, datamodule=dm)
+        finally:
+            wait_no_children()
+    assert model.policy_version <= 3  # caught within a version or two of rollouts, not 14 updates later
