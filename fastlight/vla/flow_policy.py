@@ -91,6 +91,13 @@ class FlowVLAPolicy(PicklableCapture, PolicyBase):
         action_chunk: ``H``, env steps executed per call (``<=`` the model's ``chunk_size``).
         num_steps: ``K``, Euler steps of the denoising chain.
         sde_steps: ``"one"`` (one uniformly drawn step per sample is stochastic) or ``"all"``.
+        sde_logprob: with ``sde_steps="all"``, the chain's log-likelihood per entry is the ``"sum"`` of its
+            ``K`` steps' log-densities (the joint density; a log-ratio then adds ``K`` steps' log-ratios,
+            so a clip range or GIPO's sigma means about ``1/K`` of it per step) or their ``"mean"``
+            (RLinf's joint mode: the clip range means per step what it means with ``"one"``).
+        train_padding: SFT (``flow_matching_loss``) also trains the chunk steps past ``H`` and the action
+            dims past ``D`` toward their zero action (openpi's way: their velocities feed the executed
+            entries through the expert's attention); ``False`` masks them out.
         noise_level: the flow-SDE's ``a`` in ``sigma_k = a sqrt(t_k / (1 - t_k))`` (> 0).
         proprio_dim: the env's proprio size, pi0's state (``<=`` the model's ``max_state_dim``).
         max_text_len, max_episode_steps, value_mlp_hidden: as :class:`~fastlight.vla.policy.VLAPolicy`.
@@ -107,6 +114,7 @@ class FlowVLAPolicy(PicklableCapture, PolicyBase):
         action_chunk: int = 1,
         num_steps: int = 10,
         sde_steps: Literal["one", "all"] = "one",
+        sde_logprob: Literal["sum", "mean"] = "sum",
         noise_level: float = 0.5,
         proprio_dim: int = 0,
         max_text_len: int = 16,
@@ -118,6 +126,7 @@ class FlowVLAPolicy(PicklableCapture, PolicyBase):
         vocab_size: int = 512,
         hidden_size: int = 32,
         num_hidden_layers: int = 2,
+        train_padding: bool = True,
     ) -> None:
         super().__init__()
         for name, value, low in (("action_dim", action_dim, 1), ("action_chunk", action_chunk, 1),
@@ -127,13 +136,17 @@ class FlowVLAPolicy(PicklableCapture, PolicyBase):
                 raise ValueError(f"{FLAG}.{name} must be an int >= {low}, got {value!r}")
         if sde_steps not in SDE_STEPS:
             raise ValueError(f"{FLAG}.sde_steps must be one of {', '.join(SDE_STEPS)}, got {sde_steps!r}")
+        if sde_logprob not in ("sum", "mean"):
+            raise ValueError(f"{FLAG}.sde_logprob must be sum or mean, got {sde_logprob!r}")
         if not noise_level > 0:
             raise ValueError(f"{FLAG}.noise_level must be > 0 (the SDE noise scale), got {noise_level}")
         if backbone is None and image_size is not None:
             raise ValueError(f"{FLAG}.image_size needs {BACKBONE_FLAG} (a pi0 folder, its image processor)")
         self.action_dim, self.action_chunk, self.proprio_dim = action_dim, action_chunk, proprio_dim
         self.num_steps, self.sde_steps, self.noise_level = num_steps, sde_steps, float(noise_level)
-        self.max_text_len = max_text_len
+        self.max_text_len, self.train_padding = max_text_len, bool(train_padding)
+        #: Divides the summed log-densities: K stochastic steps averaged (sde_logprob "mean"), else 1.
+        self.logprob_steps = num_steps if sde_steps == "all" and sde_logprob == "mean" else 1
         self.lora = as_lora_settings(lora)
         self.backbone = (
             build_pi0(vocab_size, hidden_size, num_hidden_layers, action_chunk, action_dim, proprio_dim)
@@ -261,11 +274,13 @@ class FlowVLAPolicy(PicklableCapture, PolicyBase):
         if not every:
             chain = chain[torch.arange(n, device=dev)[:, None], first[:, None] + torch.arange(2, device=dev)]
         packed = torch.cat([self._executed(x), first[:, None].float(), chain.flatten(1)], 1)
-        return ActOutput(packed, self._executed(logp), values)
+        return ActOutput(packed, self._executed(logp) / self.logprob_steps, values)
 
     def evaluate(self, obs: dict[str, Tensor], actions: Tensor, *, step: Tensor | None = None) -> EvalOutput:
         """Log-densities ``[N, H*D]`` of the stored chain's stochastic step(s) under the current weights,
-        their Gaussian entropies ``[N, H*D]`` and values ``[N]``."""
+        and values ``[N]``. The "entropy" ``[N, H*D]`` is the Gaussian entropy of the SDE's noise at those
+        steps: a constant of the noise schedule (``noise_level``, ``num_steps``), not of the weights, so
+        an entropy bonus does nothing here (``loss/entropy`` reports the schedule)."""
         prefix = self._prefix(obs)
         first, states = self._unpack(actions)
         logp = ent = 0.0
@@ -276,7 +291,8 @@ class FlowVLAPolicy(PicklableCapture, PolicyBase):
             mean, std = sde_transition(states[:, j], v, first + j, self.num_steps, self.noise_level)
             logp = logp + gaussian_logprob(states[:, j + 1], mean, std)
             ent = ent + gaussian_entropy(std).expand_as(mean)
-        return EvalOutput(self._executed(logp), self._executed(ent), values)
+        k = self.logprob_steps
+        return EvalOutput(self._executed(logp) / k, self._executed(ent) / k, values)
 
     def value(self, obs: dict[str, Tensor], *, step: Tensor | None = None) -> Tensor:
         """Critic only: the state token's hidden state does not depend on the chain, so any state does."""
@@ -292,7 +308,8 @@ class FlowVLAPolicy(PicklableCapture, PolicyBase):
     ) -> tuple[Tensor, dict[str, Tensor]]:
         """pi0's own training forward (``actions=``: a Beta-sampled time, velocity MSE) on continuous
         actions ``[N, H*D]`` (step-major), mean over the valid executed entries (``valid`` ``[N]`` or
-        ``[N, H*D]``; padded chunk steps and action dims never count). Returns ``(loss, {})``."""
+        ``[N, H*D]``) and, with ``train_padding``, the padded chunk steps and action dims of every sample
+        with a valid entry (their target is a zero action). Returns ``(loss, {})``."""
         cache, mask, state = self._prefix(obs)
         n = state.shape[0]
         if actions.shape != (n, self.action_chunk * self.action_dim):
@@ -304,7 +321,11 @@ class FlowVLAPolicy(PicklableCapture, PolicyBase):
         target[:, : self.action_chunk, : self.action_dim] = actions.reshape(n, self.action_chunk, -1)
         loss = self.backbone(state=state, actions=target, attention_mask=mask, cache=cache).loss  # [N, C, M]
         keep = torch.ones_like(actions, dtype=torch.bool) if valid is None else valid.bool()
-        return masked_mean(self._executed(loss.float()), keep), {}
+        keep = keep.expand_as(actions) if keep.dim() == 2 else keep[:, None].expand_as(actions)
+        h, d = self.action_chunk, self.action_dim
+        grid = keep.new_full(loss.shape, self.train_padding) & keep.any(1)[:, None, None]
+        grid[:, :h, :d] = keep.reshape(n, h, d)
+        return masked_mean(loss.float(), grid), {}
 
     def action_mapping(self) -> ActionMapping:
         """Packed actions -> the executed chunk in [-1, 1]: ``[N, H, D]`` (``[N, D]`` for ``H = 1``)."""

@@ -247,6 +247,7 @@ def test_bad_settings_are_refused_in_one_line(folder, tmp_path):
 
     cases = [
         ({"sde_steps": "two"}, "--model.policy.init_args.sde_steps must be one of one, all, got 'two'"),
+        ({"sde_logprob": "max"}, "--model.policy.init_args.sde_logprob must be sum or mean, got 'max'"),
         ({"noise_level": 0.0}, "--model.policy.init_args.noise_level must be > 0"),
         ({"action_chunk": 5}, "--model.policy.init_args.action_chunk=5 exceeds the pi0 model's chunk_size=4"),
         ({"proprio_dim": 9}, "init_args.proprio_dim=9 exceeds the pi0 model.s max_state_dim=8"),
@@ -293,3 +294,41 @@ def test_fit_evaluate_and_resume_from_a_pi0_folder(tmp_path):
     assert "success rate" in said
     run([*fit, "--trainer.max_steps", "4", "--ckpt_path", "last"])
     assert torch.load(ckpt, weights_only=False)["global_step"] == 4
+
+
+@pytest.mark.parametrize("train_padding", [True, False])
+def test_flow_matching_loss_trains_the_padded_entries_unless_told(folder, train_padding):
+    """Against pi0's own per-entry loss on the same noise and times: the mean over the valid executed
+    entries plus (train_padding) every padded chunk step and action dim of a sample with a valid entry."""
+    p = policy(folder, train_padding=train_padding)
+    o, acts = obs(), torch.rand(4, H * D) * 2 - 1
+    valid = torch.tensor([[True] * D + [False] * D, [True] * (H * D), [False] * (H * D), [True] * (H * D)])
+    torch.manual_seed(3)
+    got, _ = p.flow_matching_loss(o, acts, valid)
+    torch.manual_seed(3)
+    cache, mask, state = p._prefix(o)
+    target = state.new_zeros(4, *p.chunk_shape)
+    target[:, :H, :D] = acts.reshape(4, H, D)
+    full = p.backbone(state=state, actions=target, attention_mask=mask, cache=cache).loss.float()  # [N, C, M]
+    total, count = 0.0, 0
+    for i in range(4):
+        for c in range(p.chunk_shape[0]):
+            for m in range(p.chunk_shape[1]):
+                executed = c < H and m < D
+                keep = bool(valid[i, c * D + m]) if executed else train_padding and bool(valid[i].any())
+                total, count = total + float(full[i, c, m]) * keep, count + keep
+    torch.testing.assert_close(got.item(), total / count, rtol=1e-5, atol=1e-6)
+
+
+def test_sde_logprob_mean_is_the_sum_over_the_chain_divided_by_its_steps(folder):
+    torch.manual_seed(0)
+    summed = policy(folder, sde_steps="all")
+    mean = policy(folder, sde_steps="all", sde_logprob="mean")
+    mean.load_state_dict(summed.state_dict())
+    o = obs()
+    out = summed.act(o)
+    with torch.no_grad():
+        a, b = summed.evaluate(o, out.actions), mean.evaluate(o, out.actions)
+    torch.testing.assert_close(b.logprobs * STEPS, a.logprobs, rtol=1e-5, atol=1e-5)
+    # One stochastic step: nothing to average, the setting changes nothing.
+    assert policy(folder, sde_steps="one", sde_logprob="mean").logprob_steps == 1
