@@ -281,10 +281,27 @@ def cli_main(args: list[str] | None = None, *, run: bool = True) -> FastlightCLI
 _NO_LOOP = ("validate", "test", "predict")
 
 
+#: ``fastlight --help``: the three commands (LightningCLI's own would list fit, validate, test, predict).
+TOP_HELP = """usage: fastlight {fit,evaluate,plot} ...
+
+fastlight: RL training for uneven episode lengths (FAST, AcceRL) on PyTorch Lightning.
+
+commands:
+  fit        train:  fastlight fit --config configs/highway_dpsa.yaml
+             (fastlight fit --help lists the groups; --model.help CLASS, --data.help CLASS their settings)
+  evaluate   play a checkpoint's policy for full episodes:  fastlight evaluate --ckpt PATH [--episodes N]
+  plot       learning curves from a run's CSV logs:  fastlight plot RUN_DIR [--x env_steps] [--y METRIC ...]
+
+Each command takes --help."""
+
+
 def main() -> None:
     # fastlight's own subcommands, dispatched before LightningCLI parses (``fit`` is unchanged);
     # imported here so that ``fit`` does not load them.
     sub = sys.argv[1] if len(sys.argv) > 1 else None
+    if sub in (None, "-h", "--help"):
+        print(TOP_HELP, file=sys.stdout if sub else sys.stderr)
+        raise SystemExit(0 if sub else 2)
     if sub == "evaluate":
         from fastlight.evaluate import main as evaluate
 

@@ -216,3 +216,13 @@ def test_a_nested_help_prints_flags_that_paste():
     assert out.returncode == 0, out.stderr
     assert "  --model.objective.sigma SIGMA" in out.stdout, out.stdout
     assert "  --objective." not in out.stdout
+
+
+def test_top_level_help_lists_the_three_commands():
+    out = run("--help")
+    assert out.returncode == 0, out.stderr
+    commands = [line.split()[0] for line in out.stdout.splitlines() if line[:2] == "  " and line[2:3] != " "]
+    assert commands == ["fit", "evaluate", "plot"], out.stdout
+    assert "validate" not in out.stdout  # an RL module has no validation loop (one line says so)
+    bare = run()
+    assert bare.returncode == 2 and bare.stderr.startswith("usage: fastlight {fit,evaluate,plot}")

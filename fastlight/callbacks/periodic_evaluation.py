@@ -49,7 +49,8 @@ class PeriodicEvaluation(Callback):
         mode: ``max`` or ``min`` (``min`` for ``eval/crash_rate``).
         save_best: keep ``best.ckpt``.
         batch: multi-task env: episodes of one task played in lockstep.
-        env_id, env_kwargs: the env to play (default: the DataModule's, through :class:`EvaluationEnv`).
+        env_id: the env to play (default: the DataModule's, through :class:`EvaluationEnv`).
+        env_kwargs: its settings (merged over the DataModule's when ``env_id`` is not given).
         dirpath: where ``best.ckpt`` goes (default: beside this run's ``last.ckpt``).
     """
 
