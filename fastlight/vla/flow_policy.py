@@ -31,6 +31,7 @@ from fastlight.vla.hf_vlm import BACKBONE_FLAG, PicklableCapture
 from fastlight.vla.image_encoder import image_encoder, image_tokens
 from fastlight.vla.inputs import episode_step, instruction_inputs, proprio_input
 from fastlight.vla.lora import LoRASettings, apply_lora, as_lora_settings
+from fastlight.vla.pi05 import Pi05Prompt, is_pi05, pi05_expert, pi05_flow_loss, pi05_prefix
 from fastlight.vla.retokenize import Retokenizer
 from fastlight.vla.value_heads import ActionAwareValueHead
 
@@ -54,19 +55,21 @@ def build_pi0(vocab: int, hidden: int, layers: int, chunk: int, action_dim: int,
 
 
 def load_pi0(path: str) -> nn.Module:
-    """``PI0ForConditionalGeneration`` of the local folder ``path``; anything else refused in one line."""
+    """``PI0ForConditionalGeneration`` or ``PI05ForConditionalGeneration`` (:mod:`fastlight.vla.pi05`) of the
+    local folder ``path``; anything else refused in one line."""
     t = import_extra("transformers", extra="vla", what="the flow VLA policy")
     if not (Path(path) / "config.json").is_file():
         raise ValueError(f"{BACKBONE_FLAG} {path}: not a local model folder (no config.json there)")
     config = t.AutoConfig.from_pretrained(path)
-    if not isinstance(config, t.PI0Config):
+    classes = {"PI0Config": "PI0ForConditionalGeneration", "PI05Config": "PI05ForConditionalGeneration"}
+    if type(config).__name__ not in classes:
         raise ValueError(
-            f"{BACKBONE_FLAG} {path}: its config is a {type(config).__name__}, not a PI0Config: "
-            "FlowVLAPolicy "
-            "loads pi0 folders; use --model.policy.class_path fastlight.vla.policy.VLAPolicy for this one"
+            f"{BACKBONE_FLAG} {path}: its config is a {type(config).__name__}, not a PI0Config or "
+            "PI05Config: FlowVLAPolicy loads pi0 and pi0.5 folders; use --model.policy.class_path "
+            "fastlight.vla.policy.VLAPolicy for this one"
         )
     # fp32 weights whatever the folder's dtype (see VLAPolicy._load_backbone): --trainer.precision computes
-    return t.PI0ForConditionalGeneration.from_pretrained(path).float()
+    return getattr(t, classes[type(config).__name__]).from_pretrained(path).float()
 
 
 @dataclass(frozen=True)
@@ -154,11 +157,15 @@ class FlowVLAPolicy(PicklableCapture, PolicyBase):
             else load_pi0(backbone)
         )
         cfg = self.backbone.config
-        for name, value, what, most in (
-            ("action_chunk", action_chunk, "chunk_size", cfg.chunk_size),
-            ("action_dim", action_dim, "max_action_dim", cfg.max_action_dim),
-            ("proprio_dim", proprio_dim, "max_state_dim", cfg.max_state_dim),
-        ):
+        self.pi05 = is_pi05(cfg)  # what differs: fastlight.vla.pi05
+        if self.pi05 and image_size is not None:
+            raise ValueError(f"{FLAG}.image_size: image mode is not supported for pi0.5 folders yet "
+                             "(state and instruction only: image_size null)")  # fmt: skip
+        limits = [("action_chunk", action_chunk, "chunk_size", cfg.chunk_size),
+                  ("action_dim", action_dim, "max_action_dim", cfg.max_action_dim)]  # fmt: skip
+        if not self.pi05:  # pi0.5 reads the state as text: any size
+            limits.append(("proprio_dim", proprio_dim, "max_state_dim", cfg.max_state_dim))
+        for name, value, what, most in limits:
             if value > most:
                 raise ValueError(f"{FLAG}.{name}={value} exceeds the pi0 model's {what}={most}")
         cfg.loss_reduction = "none"  # flow_matching_loss masks the padded chunk steps and dims itself
@@ -177,12 +184,15 @@ class FlowVLAPolicy(PicklableCapture, PolicyBase):
         lm = vlm.get_decoder()
         last = lm.layers[-1]
         attention = last.self_attn
-        unused = [self.backbone.model.dit.get_input_embeddings(), attention.q_proj, attention.o_proj,
-                  last.mlp, last.post_attention_layernorm, lm.norm]  # fmt: skip
+        unused = [attention.q_proj, attention.o_proj, last.mlp, last.post_attention_layernorm, lm.norm]
+        if not self.pi05:  # pi0.5's expert has no token embeddings
+            unused.append(self.backbone.model.dit.get_input_embeddings())
         for module in [*encoder.frozen, *unused]:
             module.requires_grad_(False)
         self.retokenizer = Retokenizer(backbone)
-        hidden = cfg.dit_config.hidden_size
+        self.prompt = Pi05Prompt(backbone) if self.pi05 else None
+        # The critic reads pi0's state token in the expert, pi0.5's prompt end in the VLM.
+        hidden = cfg.vlm_config.text_config.hidden_size if self.pi05 else cfg.dit_config.hidden_size
         self.value_head = ActionAwareValueHead(hidden, max_episode_steps, value_mlp_hidden)
         self.train()  # from_pretrained returns eval mode
 
@@ -190,6 +200,8 @@ class FlowVLAPolicy(PicklableCapture, PolicyBase):
         """As :meth:`fastlight.vla.policy.VLAPolicy.bind_instructions`: the folder's tokenizer, once."""
         rows = self.backbone.get_input_embeddings().weight.shape[0]
         device = self.value_head.score.weight.device
+        if self.prompt is not None:
+            self.prompt.sentences = [str(s) for s in sentences]
         return self.retokenizer.bind(sentences, ids, mask, vocab_rows=rows, device=device)
 
     def policy_parameters(self) -> list[nn.Parameter]:
@@ -202,6 +214,8 @@ class FlowVLAPolicy(PicklableCapture, PolicyBase):
     def _prefix(self, obs: dict[str, Tensor]) -> tuple[Any, Tensor, Tensor]:
         """Observation -> (the VLM's key/value cache of the prefix, its mask ``[N, S0]``, the state
         ``[N, max_state_dim]`` in the backbone's dtype), as pi0's ``sample_actions`` builds them."""
+        if self.pi05:
+            return pi05_prefix(self, obs)
         ids, mask = instruction_inputs(obs, self.max_text_len)
         ids, mask = self.retokenizer(ids.long(), mask.long())
         vlm = self.backbone.model.vlm
@@ -222,6 +236,8 @@ class FlowVLAPolicy(PicklableCapture, PolicyBase):
     def _expert(self, prefix: tuple[Any, Tensor, Tensor], x: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         """One velocity: chain states ``x [N, C, M]`` at steps ``k [N]`` -> (``v [N, C, M]`` float32, the
         state token's last hidden state ``[N, 1, H_expert]``). The cache is cropped back to the prefix."""
+        if self.pi05:
+            return pi05_expert(self, prefix, x, k)
         cache, mask, state = prefix
         length = cache.get_seq_length()
         t = sde_times(self.num_steps, x.device)[k]
@@ -319,7 +335,10 @@ class FlowVLAPolicy(PicklableCapture, PolicyBase):
             )
         target = state.new_zeros(n, *self.chunk_shape)
         target[:, : self.action_chunk, : self.action_dim] = actions.reshape(n, self.action_chunk, -1)
-        loss = self.backbone(state=state, actions=target, attention_mask=mask, cache=cache).loss  # [N, C, M]
+        if self.pi05:
+            loss = pi05_flow_loss(self, (cache, mask, state), target)
+        else:
+            loss = self.backbone(state=state, actions=target, attention_mask=mask, cache=cache).loss
         keep = torch.ones_like(actions, dtype=torch.bool) if valid is None else valid.bool()
         keep = keep.expand_as(actions) if keep.dim() == 2 else keep[:, None].expand_as(actions)
         h, d = self.action_chunk, self.action_dim

@@ -105,9 +105,9 @@ def load_backbone(path: str, trust_remote_code: bool = False) -> tuple[nn.Module
             f"set {TRUST_FLAG} true to run it, or use a folder of a transformers architecture"
         )
     config = transformers.AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
-    if config.model_type == "pi0":  # maps in AutoModelForImageTextToText, but has no action tokens to prune
+    if config.model_type in ("pi0", "pi05"):  # flow matching: no action tokens to prune
         raise ValueError(
-            f"{BACKBONE_FLAG} {path}: a pi0 folder (flow matching) loads with "
+            f"{BACKBONE_FLAG} {path}: a {config.model_type} folder (flow matching) loads with "
             "--model.policy.class_path fastlight.vla.flow_policy.FlowVLAPolicy, not VLAPolicy"
         )
     text = config.get_text_config()

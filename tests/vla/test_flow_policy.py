@@ -268,10 +268,13 @@ def test_bad_settings_are_refused_in_one_line(folder, tmp_path):
 
 
 @pytest.mark.slow  # three CLI runs (about 2 minutes on 2 cores)
-def test_fit_evaluate_and_resume_from_a_pi0_folder(tmp_path):
+@pytest.mark.parametrize("kind", ["pi0", "pi05"])
+def test_fit_evaluate_and_resume_from_a_pi0_folder(tmp_path, kind):
+    from benchmarks.tiny_vlm import save_tiny_pi05
     from fastlight.envs.instructions import INSTRUCTIONS
 
-    pi0 = save_tiny_pi0(tmp_path / "pi0", sentences=list(INSTRUCTIONS.values()))
+    save = save_tiny_pi0 if kind == "pi0" else save_tiny_pi05
+    pi0 = save(tmp_path / kind, sentences=list(INSTRUCTIONS.values()))
     root = tmp_path / "run"
     fit = [
         str(FASTLIGHT), "fit", "--config", "configs/vla_metaworld_flow.yaml",
@@ -332,3 +335,61 @@ def test_sde_logprob_mean_is_the_sum_over_the_chain_divided_by_its_steps(folder)
     torch.testing.assert_close(b.logprobs * STEPS, a.logprobs, rtol=1e-5, atol=1e-5)
     # One stochastic step: nothing to average, the setting changes nothing.
     assert policy(folder, sde_steps="one", sde_logprob="mean").logprob_steps == 1
+
+
+@pytest.fixture(scope="module")
+def pi05_folder(tmp_path_factory) -> str:
+    from benchmarks.tiny_vlm import save_tiny_pi05
+
+    return str(save_tiny_pi05(tmp_path_factory.mktemp("pi05") / "pi05", sentences=SENTENCES, chunk_size=4))
+
+
+def bound(folder: str, **kw) -> FlowVLAPolicy:
+    from fastlight.envs.instruction_tokens import encode_instructions
+    from fastlight.envs.instructions import instruction_tokenizer
+
+    p = policy(folder, **kw)
+    ids, mask = encode_instructions(instruction_tokenizer(), list(SENTENCES), 6)
+    assert p.bind_instructions(SENTENCES, ids, mask)
+    return p
+
+
+def pi05_obs(p: FlowVLAPolicy, proprio: torch.Tensor) -> dict[str, torch.Tensor]:
+    rows = torch.arange(proprio.shape[0]) % len(SENTENCES)
+    keys = p.retokenizer.row_keys.cpu()
+    return {
+        "instruction_ids": keys.clamp(min=0)[rows],
+        "instruction_mask": (keys >= 0).long()[rows],
+        "proprio": proprio,
+    }
+
+
+def test_pi05_writes_the_state_into_its_prompt_and_trains_like_pi0(pi05_folder):
+    """pi0.5: the prompt is its processor's (the state in 256 bins), the learner scores the sampler's chains
+    exactly, the state changes the actions and the value, and SFT and RL reach every trainable weight."""
+    from transformers import AutoConfig
+
+    assert type(AutoConfig.from_pretrained(pi05_folder)).__name__ == "PI05Config"
+    p = bound(pi05_folder, sde_steps="all")
+    assert p.pi05 and p.prompt is not None
+    state = torch.tensor([[-1.0, -0.5, 0.0, 0.5, 0.999]])
+    assert p.prompt.prompts(["push_the puck"], state) == [
+        "<bos>Task: push the puck, State: 0 64 128 192 255;\nAction: "
+    ]
+    g = torch.Generator().manual_seed(0)
+    o = pi05_obs(p, torch.rand(4, P, generator=g) * 2 - 1)
+    torch.manual_seed(1)
+    out = p.act(o)
+    with torch.no_grad():
+        ev = p.evaluate(o, out.actions)
+    torch.testing.assert_close(ev.logprobs, out.logprobs, atol=1e-5, rtol=1e-5)
+    other = {**o, "proprio": -o["proprio"]}
+    torch.manual_seed(1)  # the same noise: only the state differs
+    moved = p.act(other)
+    assert not torch.allclose(moved.actions[:, : H * D], out.actions[:, : H * D])
+    assert not torch.allclose(p.value(other), p.value(o))
+    loss, _ = p.flow_matching_loss(o, torch.rand(4, H * D) * 2 - 1)
+    ev = p.evaluate(o, out.actions)
+    (loss - (ev.logprobs.mean() + ev.values.mean())).backward()
+    missing = [n for n, q in p.named_parameters() if q.requires_grad and q.grad is None]
+    assert missing == [], missing
