@@ -319,24 +319,23 @@ def main() -> None:
             file=sys.stderr,
         )
         raise SystemExit(2)
-    with one_line_errors():  # a bad setting: one line naming the flag (FASTLIGHT_DEBUG=1: traceback)
-        try:
-            cli_main()  # LightningCLI reads sys.argv itself
-        except Preempted:
-            # The process exits with 128 + signum: Lightning gave the process's handlers back as the
-            # fit ended, and a second SIGTERM now (a scheduler's duplicate) would kill it by signal.
-            ignore_stop_signals()
-            raise
-        except Exception as e:
-            # A fault stop whose one line PreemptionCheckpoint printed, or a collective that failed
-            # because a rank was lost (its line names it): no traceback after the line.
-            reported = stop_reported(e) or (
-                isinstance(e, RuntimeError) and peer_watch.reported_loss() is not None
-            )
-            if reported and not debug_enabled():
-                raise SystemExit(1) from None
-            raise
-
+    try:
+        with one_line_errors():  # a bad setting: one line naming the flag (FASTLIGHT_DEBUG=1: traceback)
+            try:
+                cli_main()  # LightningCLI reads sys.argv itself
+            except Preempted:
+                # The process exits with 128 + signum: Lightning gave the process's handlers back as the
+                # fit ended, and a second SIGTERM now (a scheduler's duplicate) would kill it by signal.
+                ignore_stop_signals()
+                raise
+    except Exception as e:
+        # A fault stop whose one line PreemptionCheckpoint printed, or a collective that failed because
+        # a rank was lost (its line names it): no traceback after the line.
+        lost = isinstance(e, RuntimeError) and peer_watch.reported_loss() is not None
+        reported = stop_reported(e) or lost
+        if reported and not debug_enabled():
+            raise SystemExit(1) from None
+        raise
 
 if __name__ == "__main__":
     main()

@@ -87,8 +87,8 @@ def test_weight_sync_logs_each_publish_once_with_its_stats():
     assert [m["sync/version"] for m in logged] == [0.0, 1.0, 2.0]
     keys = {"sync/latency_ms", "sync/trainer_wait_ms", "sync/bytes", "sync/collectives", "sync/version"}
     assert set(logged[0]) == keys | {"sync/verified"}
-    # --data.faults.verify_weights_every 10 (the default): version 0 checked on the one sampler, 1 and 2 not.
-    assert [m["sync/verified"] for m in logged] == [1.0, 1.0, 1.0]
+    # --data.faults.verify_weights_every 1 (the default): every version checked on the one sampler.
+    assert [m["sync/verified"] for m in logged] == [1.0, 2.0, 3.0]
     floats = sum(p.numel() for p in model.policy.state_dict().values() if p.is_floating_point())
     assert logged[-1]["sync/bytes"] == 4 * floats  # the whole float32 buffer
     assert dm.last_sync.version == 2 and dm.last_sync.mode == "shared_memory"
