@@ -37,6 +37,12 @@ class DumpRankState(Callback):
                 for c in trainer.callbacks
                 if type(c).__name__ == "DynamicWeightedResampling"
             ],
+            # The latest evaluation each rank logged (PeriodicEvaluation's), and its best score.
+            "evaluations": [
+                {"last": c.last, "best": c.best, "count": c.evaluations}
+                for c in trainer.callbacks
+                if type(c).__name__ == "PeriodicEvaluation"
+            ],
             # This rank's own sampler counts (RolloutThroughput's totals).
             "throughput_totals": [
                 dict(c.totals) for c in trainer.callbacks if type(c).__name__ == "RolloutThroughput"

@@ -116,3 +116,26 @@ def test_two_rank_ddp_on_mt10_state_only_with_dwr_pooled(tmp_path):
     # DWR statistics are pooled over ranks: both hold the same windows and weights.
     assert ranks[0]["dwr_weights"] == ranks[1]["dwr_weights"] and ranks[0]["dwr_weights"]
     assert ranks[0]["dwr_outcomes"] == ranks[1]["dwr_outcomes"] and ranks[0]["dwr_outcomes"][0] > 0
+
+
+@pytest.mark.multiproc
+@pytest.mark.ranks
+def test_periodic_evaluation_under_ddp_agrees_on_every_rank(tmp_path):
+    """Rank 0 plays, every rank logs the same numbers and takes part in best.ckpt's save."""
+    ranks = run_ddp(
+        tmp_path, "configs/highway_dpsa.yaml",
+        "--data.num_envs", "2", "--data.num_workers", "1", "--data.max_horizon", "6",
+        "--model.update_epochs", "1", "--model.num_minibatches", "2", "--trainer.max_steps", "4",
+        "--config", os.path.join(ROOT, "callbacks", "evaluation.yaml"),
+        "--trainer.callbacks.every_updates", "1", "--trainer.callbacks.episodes", "2",
+    )  # fmt: skip
+    evals = [r["evaluations"][0] for r in ranks]
+    assert [e["count"] for e in evals] == [2, 2]  # after each of the 2 updates
+    assert evals[0] == evals[1] and evals[0]["last"]["eval/return"] == pytest.approx(
+        evals[0]["last"]["eval/return"]
+    )
+    assert {"eval/return", "eval/length", "eval/crash_rate"} <= set(evals[0]["last"])
+    best = torch.load(
+        tmp_path / "checkpoints" / "version_0" / "best.ckpt", map_location="cpu", weights_only=True
+    )
+    assert best["global_step"] in (2, 4)
