@@ -193,7 +193,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         module = load_module_of(args.ckpt, ckpt)
         task_names, image_mode = probe_env(env_id, env_kwargs)
         # A VLA whose backbone has its own tokenizer re-tokenizes the env's instructions.
-        bind_instruction_table(module.policy, env_spec_of(env_id, env_kwargs).instructions)
+        wrappers = (ckpt.get("datamodule_hyper_parameters") or {}).get("env_wrappers") or []
+        bind_instruction_table(module.policy, env_spec_of(env_id, env_kwargs, wrappers).instructions)
     except (FileNotFoundError, ValueError) as e:
         fail(str(e).splitlines()[0])
     return _evaluate(args, module, ckpt, env_id, env_kwargs, task_names, image_mode)

@@ -247,5 +247,17 @@ class MultiDiscreteEnv(FixedLengthEnv):
         self.action_space = gym.spaces.MultiDiscrete([3, 3])
 
 
+class FlatMultiDiscrete(gym.ActionWrapper):
+    """The README's way for a MultiDiscrete env: one Discrete action over every combination."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        self.nvec = [int(n) for n in env.action_space.nvec]
+        self.action_space = gym.spaces.Discrete(int(np.prod(self.nvec)))
+
+    def action(self, action):
+        return np.array(np.unravel_index(int(action), self.nvec))
+
+
 gym.register("DictObs-v0", entry_point=DictObsEnv)
 gym.register("MultiDiscrete-v0", entry_point=MultiDiscreteEnv)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -13,6 +13,7 @@ import torch
 from fastlight.data.protocols import MultiTaskEnv
 from fastlight.envs.instructions import InstructionTable
 from fastlight.envs.registry import make_env
+from fastlight.envs.wrappers import EnvWrapper, wrap_env, wrapper_of
 
 
 @runtime_checkable
@@ -71,9 +72,13 @@ def bind_instruction_table(policy: object, table: InstructionTable | None) -> bo
     return policy.bind_instructions(table.sentences, torch.as_tensor(table.ids), torch.as_tensor(table.mask))
 
 
-def env_spec_of(env_id: str, env_kwargs: dict[str, Any] | None = None) -> EnvSpec:
-    """The :class:`EnvSpec` of env ``env_id`` built with ``env_kwargs`` (built, read, closed)."""
-    env = make_env(env_id, env_kwargs=env_kwargs)
+def env_spec_of(
+    env_id: str, env_kwargs: dict[str, Any] | None = None, wrappers: Sequence[Mapping[str, Any]] = ()
+) -> EnvSpec:
+    """The :class:`EnvSpec` of env ``env_id`` built with ``env_kwargs`` inside the gymnasium ``wrappers``
+    a run or checkpoint records (what the policy saw: an ActionWrapper's actions), built, read, closed."""
+    env = wrap_env(make_env(env_id, env_kwargs=env_kwargs), [w for w in map(wrapper_of, wrappers)
+                                                             if not isinstance(w, EnvWrapper)])  # fmt: skip
     try:
         return EnvSpec.from_env(env)
     finally:

@@ -103,3 +103,15 @@ def test_a_vla_config_on_an_env_without_instructions_is_one_line(tmp_path, monke
     ]  # fmt: skip
     line = one_line(argv, monkeypatch, capsys)
     assert "VLAModule needs a dict observation with 'instruction_ids'" in line and "got Box(" in line, line
+
+
+@pytest.mark.multiproc
+def test_evaluate_plays_a_multidiscrete_checkpoint_through_its_action_wrapper(tmp_path):
+    """Trained through the ActionWrapper the one-line refusal points to; evaluate checks the wrapped
+    env's spaces (it used to refuse the unwrapped MultiDiscrete one)."""
+    from fastlight.evaluate import main as evaluate
+
+    wrapper = "[{class_path: tests.fake_envs.FlatMultiDiscrete}]"
+    cli_main(settings(tmp_path, "tests.fake_envs:MultiDiscrete-v0", "--data.env_wrappers", wrapper))
+    result = evaluate(["--ckpt", str(tmp_path / "checkpoints" / "last.ckpt"), "--episodes", "2"])
+    assert result["env_id"] == "tests.fake_envs:MultiDiscrete-v0" and len(result["episodes"]) == 2
