@@ -28,8 +28,12 @@ first Rollout over the seconds since then, cleanrl's ``SPS``), then every other 
   (epochs x batches per epoch). Both totals show when both are known;
 - otherwise no bar: the counts, the items and the time elapsed.
 
-**Not a terminal** (a CI log, ``| tee``, a batch job's output file): the bar is off, as tqdm's
-``disable=None`` does, since every redraw would land in the file; the metrics are in the loggers.
+**Not a terminal** (a CI log, ``| tee``, a batch job's output file under ``nohup`` or SLURM): the bar
+is off, as tqdm's ``disable=None`` does, since every redraw would land in the file. Instead the same
+items are printed as one plain line every ``log_every_s`` seconds (and at the end), with the percentage
+done and the time left where a total is known::
+
+    fastlight: rollout 12/500 | env_steps 10,202 | return 23.4 | 2% | 0:00:10 elapsed, 0:07:50 left
 
 A training batch that is not a :class:`~fastlight.rollout.Rollout` (a supervised stage's
 demonstrations) is counted as a ``batch``. Given to a ``Trainer`` by hand, list it after the
@@ -77,8 +81,14 @@ class RolloutProgressBar(TQDMProgressBar):
         process_position: offset the bar by this many lines, as Lightning's.
     """
 
-    def __init__(self, refresh_rate: int = 1, process_position: int = 0) -> None:
+    def __init__(self, refresh_rate: int = 1, process_position: int = 0, log_every_s: float = 60.0) -> None:
+        """``log_every_s``: with stdout not a terminal, seconds between two plain progress lines (> 0)."""
+        if not log_every_s > 0:
+            raise ValueError(f"RolloutProgressBar log_every_s must be > 0, got {log_every_s}")
         super().__init__(refresh_rate=refresh_rate, process_position=process_position, leave=False)
+        self.log_every_s = float(log_every_s)
+        self._logged_at: float | None = None  # when the last plain line was printed
+        self._started = _now()
         self.unit = "rollout"  # "batch" once a training batch is not a Rollout
         self._first_count: tuple[float, int] | None = None  # (time, env steps) at the first batch
 
@@ -165,10 +175,10 @@ class RolloutProgressBar(TQDMProgressBar):
         elapsed = _now() - start
         return (steps - first) / elapsed if elapsed > 0 and steps > first else None
 
-    def _redraw(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        bar = self._train_progress_bar
-        if bar is None or bar.disable:
-            return
+    def _describe(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule
+    ) -> tuple[list[str], int, int | None]:
+        """The items as ``name value`` texts, and the progress ``(n, total)`` the bar fills."""
         rollouts = self.batches_done(trainer)
         rollout_total = self.rollout_total(trainer, pl_module)
         budget = _env_step_budget(trainer)
@@ -182,9 +192,14 @@ class RolloutProgressBar(TQDMProgressBar):
                 text += f"/{env_total:,}"
             parts.append(f"{name} {text}")
         if env_total is not None:
-            n, total = budget.env_steps, env_total
-        else:
-            n, total = rollouts, rollout_total
+            return parts, budget.env_steps, env_total
+        return parts, rollouts, rollout_total
+
+    def _redraw(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        bar = self._train_progress_bar
+        if bar is None or bar.disable:
+            return
+        parts, n, total = self._describe(trainer, pl_module)
         bar.bar_format = _NO_TOTAL if total is None else _WITH_TOTAL
         bar.total = total
         bar.n = min(n, total) if total is not None else n
@@ -195,7 +210,7 @@ class RolloutProgressBar(TQDMProgressBar):
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.train_progress_bar = self.init_train_tqdm()
-        self._first_count = None
+        self._first_count, self._logged_at, self._started = None, None, _now()
         budget = _env_step_budget(trainer)
         start = budget.env_steps if budget is not None and budget.total_env_steps else None
         # tqdm's rate and time left count from here: a resumed run starts at its count, not at 0.
@@ -228,6 +243,26 @@ class RolloutProgressBar(TQDMProgressBar):
                 self._first_count = (_now(), steps)
         if self._should_update(self.batches_done(trainer), -1):
             self._redraw(trainer, pl_module)
+        if self._logging and (self._logged_at is None or _now() - self._logged_at >= self.log_every_s):
+            self._log_line(trainer, pl_module)
+
+    @property
+    def _logging(self) -> bool:
+        """Plain lines instead of the bar: enabled, with stdout not a terminal (rank 0 only)."""
+        return super().is_enabled and not _is_terminal(sys.stdout)
+
+    def _log_line(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        parts, n, total = self._describe(trainer, pl_module)
+        now = _now()
+        elapsed = now - self._started
+        clock = f"{_hms(elapsed)} elapsed"
+        if total:
+            done = min(n / total, 1.0)
+            parts.append(f"{done:.0%}")
+            if done > 0:
+                clock += f", {_hms(elapsed * (1 - done) / done)} left"
+        print(f"fastlight: {' | '.join(parts)} | {clock}", file=sys.stdout, flush=True)
+        self._logged_at = now
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -236,6 +271,8 @@ class RolloutProgressBar(TQDMProgressBar):
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._redraw(trainer, pl_module)  # the last Rollout, whatever the refresh rate
+        if self._logging:
+            self._log_line(trainer, pl_module)
         self.train_progress_bar.close()
 
     @override
@@ -262,6 +299,11 @@ def _format(value: Any) -> str:
     if math.isfinite(value) and abs(value) >= 1000:
         return f"{value:,.0f}"
     return f"{value:.3g}"
+
+
+def _hms(seconds: float) -> str:
+    s = int(round(seconds))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
 
 
 def _is_terminal(stream: TextIO | None) -> bool:

@@ -148,9 +148,17 @@ def test_effective_tps_is_the_sps_when_logged(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_off_when_stdout_is_not_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
-    bar, drawn = _fit(monkeypatch, stdout=io.StringIO(), callbacks=[EnvStepBudget()], max_steps=8)
+    """A log file gets no redraws, but a plain line every log_every_s seconds and one at the end."""
+    bar, drawn = _fit(monkeypatch, stdout=io.StringIO(), callbacks=[EnvStepBudget()], max_steps=12)
     assert not bar.is_enabled and bar.train_progress_bar.disable
-    assert drawn == ""  # a log file gets no redraws
+    assert "\r" not in drawn and "|#" not in drawn  # no bar
+    # The clock ticks 4 s per Rollout: the first line after Rollout 1, then none within 60 s, the last.
+    assert drawn.splitlines() == [
+        "fastlight: rollout 1/3 | env_steps 4,000 | return 10 | ep_len 30 | 33% | "
+        "0:00:04 elapsed, 0:00:08 left",
+        "fastlight: rollout 3/3 | env_steps 13,202 | return 23.4 | ep_len 41.5 | SPS 1,150 | 100% | "
+        "0:00:12 elapsed, 0:00:00 left",
+    ]
 
 
 def _cli(tmp_path, *extra: str):
