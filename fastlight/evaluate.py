@@ -18,7 +18,8 @@ episodes, :func:`fastlight.stats.stratified_mean_ci` with one stratum), mean epi
 success rate (an episode succeeded if any step's ``info['success']`` or ``info['is_success']``
 is true: :func:`fastlight.rollout.success_after`) and crash rate (highway-env's ``info['crashed']``
 at the last step) with Wilson score intervals, each where the env reports it. Printed, and
-written with one row per episode to ``--out`` (default ``<ckpt>.eval.json``). ``--video DIR``
+written with one row per episode to ``--out`` (default: a file of its own per call,
+``<ckpt>.eval-<date>-<time>-seed<seed>.json``, and the latest also as ``<ckpt>.eval.json``). ``--video DIR``
 writes one GIF per episode (imageio, from the optional ``bench`` extra). A policy acting in action
 chunks plays each chunk open-loop (lengths count env steps, as in training).
 
@@ -32,6 +33,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -60,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=10_000, help="episode i is reset with seed + i")
     p.add_argument("--video", metavar="DIR", help="write one GIF per episode here (needs the bench extra)")
     p.add_argument("--fps", type=float, help="GIF frame rate (default: the env's render_fps, at most 30)")
-    p.add_argument("--out", metavar="FILE.json", help="results file (default: <ckpt>.eval.json)")
+    out_help = "results file (default: one per call beside the checkpoint, the latest also <ckpt>.eval.json)"
+    p.add_argument("--out", metavar="FILE.json", help=out_help)
     p.add_argument("--sample", action="store_true", help="sample actions instead of the greedy one")
     p.add_argument("--env", metavar="ID", help="gymnasium id, instead of the checkpoint's data.env_id")
     p.add_argument("--env-kwargs", metavar="JSON", help="merged over the checkpoint's data.env_kwargs")
@@ -251,9 +254,15 @@ def _evaluate(
         from fastlight.evaluation import per_task_summary
 
         result["per_task"] = per_task_summary(episodes, task_names, n_boot=N_BOOT, seed=args.seed)
-    out = Path(args.out or str(Path(args.ckpt).with_suffix("")) + ".eval.json")
+    text = json.dumps(result, indent=1) + "\n"
+    if args.out:
+        out = Path(args.out)
+    else:  # each call its own file, the latest also under the stable <ckpt>.eval.json
+        stem = str(Path(args.ckpt).with_suffix(""))
+        out = Path(f"{stem}.eval-{time.strftime('%Y%m%d-%H%M%S')}-seed{args.seed}.json")
+        Path(f"{stem}.eval.json").write_text(text)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    out.write_text(text)
     print(report(result))
     print(f"{PROG}: wrote {out}" + (f" and {len(videos)} GIFs under {args.video}" if videos else ""))
     return result

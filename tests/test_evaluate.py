@@ -173,9 +173,11 @@ def test_vla_metaworld_checkpoint_plays_every_task(vla_ckpt, tmp_path, capsys):
     from fastlight.evaluation import eval_seed
 
     result = main(["--ckpt", str(vla_ckpt), "--episodes", "2", "--seed", "3", "--video", str(tmp_path / "v")])
-    # Default results file: beside the checkpoint.
+    # Default results file: beside the checkpoint, one per call, the latest also under a stable name.
     written = vla_ckpt.with_name("last.eval.json")
     assert json.loads(written.read_text())["summary"] == json.loads(json.dumps(result["summary"]))
+    (own,) = vla_ckpt.parent.glob("last.eval-*-seed3.json")
+    assert own.read_text() == written.read_text()
     assert result["module"] == "fastlight.VLASFTModule"  # the public name, as the CLI records it
     assert result["env_id"] == "fastlight/MetaWorld-v0" and result["task_names"] == ["reach-v3"]
     assert result["env_kwargs"]["max_path_length"] == 10  # the checkpoint's env settings
