@@ -13,8 +13,10 @@ carries its own sizes, checked against the env before any sampler starts).
 from __future__ import annotations
 
 import os
+import re
 import sys
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import lightning as L
@@ -44,6 +46,7 @@ from fastlight.data.datamodule import RolloutDataModule
 from fastlight.data.protocols import ChecksEnvSpec
 from fastlight.log_writes import guard_logger_writes
 from fastlight.modules.rl_module import RLModule
+from fastlight.modules.sharding import refuse_fsdp1
 from fastlight.modules.weights_fit import plain_setting
 from fastlight.procs import ignore_stop_signals
 from fastlight.ranks import peer_watch
@@ -108,6 +111,10 @@ class FastlightCLI(LightningCLI):
         if isinstance(argv, list | tuple):
             check_command_line(argv)
             note_nested_help(argv)
+            if args is None:  # LightningCLI reads sys.argv itself (and warns when given both)
+                sys.argv[1:] = joined_negative_values(argv)
+            else:
+                args = joined_negative_values(argv)
         super().parse_arguments(parser, args)
         self.config = forget_run_folders(self.config)  # a run's saved config.yaml starts a new version
         check_init_from(self.config)
@@ -115,6 +122,7 @@ class FastlightCLI(LightningCLI):
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
         """Atomic checkpoint files unless the user brings a CheckpointIO of their own; loggers whose failed
         write stops the run in one line (:mod:`fastlight.log_writes`)."""
+        refuse_fsdp1(self._get(self.config_init, "trainer", default={}).get("strategy"))
         plugins = self._get(self.config_init, "trainer", default={}).get("plugins")
         plugins = [] if plugins is None else list(plugins) if isinstance(plugins, list) else [plugins]
         if not any(isinstance(p, CheckpointIO) for p in plugins):
@@ -202,6 +210,21 @@ class FastlightCLI(LightningCLI):
                 file=sys.stderr,
                 flush=True,
             )
+
+
+_NUMBER = re.compile(r"-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+
+
+def joined_negative_values(argv: Sequence[str]) -> list[str]:
+    """``--flag -1e-3`` as ``--flag=-1e-3``: argparse reads a value that starts with ``-`` as the next
+    option ("expected one argument"), so a negative number is handed to its flag explicitly."""
+    out: list[str] = []
+    for arg in argv:
+        if out and out[-1].startswith("--") and "=" not in out[-1] and _NUMBER.fullmatch(arg):
+            out[-1] = f"{out[-1]}={arg}"
+        else:
+            out.append(arg)
+    return out
 
 
 def check_same_env(ckpt_path: str, theirs: str | None, data: Namespace | None) -> None:

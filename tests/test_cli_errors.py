@@ -87,6 +87,19 @@ MISTAKES: list[tuple[str, tuple[str, ...], str]] = [
     ),
     ("optimizer", ("--optimizer", "AdamW"), OPTIMIZER),
     (
+        "negative-value",
+        ("--model.lr", "-1e-3"),
+        "--model.lr must be > 0, got -0.001",
+    ),  # not "expected one argument"
+    (
+        "fsdp1-on-a-cpu",  # refused before Lightning's own GPU-only check and its traceback
+        ("--trainer.strategy", "fsdp"),
+        "--trainer.strategy fsdp (FSDP1) cannot run fastlight's update: it wraps the LightningModule in one "
+        "root unit whose forward is training_step, and refuses the several backward passes an update makes "
+        "inside it; use --trainer.strategy fsdp2 (FSDP2, Lightning's ModelParallelStrategy: the policy's "
+        "blocks are sharded one by one)",
+    ),
+    (
         "seed",
         ("--seed_everything", "abc"),
         """Parser key "seed_everything": Expected a <class 'bool'>. Got value: abc""",
@@ -110,7 +123,8 @@ DEBUG = ("debug", *MISTAKES[2][1:])
 WARM = ("missing-config", "bad-yaml", "env-kwargs")
 #: The cases that run as a subprocess of the console script (the rest run in this process): those that get
 #: past the parser (the Trainer's own checks print after Lightning's logging is set up).
-SUBPROCESS = (*WARM, "missing-ckpt", "missing-init-from", "trainer-max-time", "trainer-max-steps")
+SUBPROCESS = (*WARM, "missing-ckpt", "missing-init-from", "trainer-max-time", "trainer-max-steps",
+              "negative-value", "fsdp1-on-a-cpu")  # fmt: skip
 #: Subprocess cases that only repeat a path another case takes (a second warm-up reading, a second
 #: missing file, a second Trainer check): ``slow``, so that ``make test`` launches five commands here.
 SLOW = ("env-kwargs", "missing-init-from", "trainer-max-steps")

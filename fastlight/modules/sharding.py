@@ -54,9 +54,14 @@ def register_strategy() -> None:
 def refuse_fsdp1(strategy: object) -> None:
     """Refuse Lightning's ``fsdp`` (FSDP1) in one line that names ``fsdp2`` (see the module's docstring
     for why it cannot run an RL update)."""
-    from lightning.pytorch.strategies import FSDPStrategy
+    from lightning.pytorch.strategies import FSDPStrategy, StrategyRegistry
 
-    if isinstance(strategy, FSDPStrategy):
+    # A name (the command line's --trainer.strategy, checked before Lightning builds the strategy, which
+    # on a CPU fails first with its own traceback) or the strategy object.
+    if isinstance(strategy, str) and strategy in StrategyRegistry:
+        strategy = StrategyRegistry[strategy]["strategy"]
+    cls = strategy if isinstance(strategy, type) else type(strategy)
+    if issubclass(cls, FSDPStrategy):
         raise ValueError(
             "--trainer.strategy fsdp (FSDP1) cannot run fastlight's update: it wraps the LightningModule "
             "in one root unit whose forward is training_step, and refuses the several backward passes an "
