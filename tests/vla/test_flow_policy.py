@@ -257,8 +257,8 @@ def test_bad_settings_are_refused_in_one_line(folder, tmp_path):
         with pytest.raises(ValueError, match=msg.replace("(", r"\(")):
             policy(folder, **kw)
     llava = save_tiny_vlm("llava", tmp_path / "llava", sentences=SENTENCES, n_bins=8)
-    refused = r"not a PI0Config or PI05Config: FlowVLAPolicy loads pi0 and pi0.5 folders; use .*\.VLAPolicy for "
-    refused += "this one$"
+    refused = r"not a PI0Config or PI05Config: FlowVLAPolicy loads pi0 and pi0.5 folders; use "
+    refused += r".*\.VLAPolicy for this one$"
     with pytest.raises(ValueError, match=refused):
         FlowVLAPolicy(backbone=str(llava))
     with pytest.raises(ValueError, match=r"a pi0 folder \(flow matching\) loads with .*FlowVLAPolicy"):
