@@ -40,7 +40,9 @@ class PeriodicEvaluation(Callback):
     """Evaluation episodes every ``every_updates`` updates or ``every_minutes`` (see the module docstring).
 
     Args:
-        every_updates: updates between two evaluations (``null``: by time only).
+        every_updates: updates between two evaluations (``null``: by time only). An evaluation stalls the
+            trainer while it plays (10 highway episodes: ~7 s, ~1.5 updates of the main job on 2 cores),
+            so 50 costs about 3 % of the run's env steps/s (benchmarks/results/overhead.md).
         every_minutes: training wall-clock between two evaluations (``null``: by updates only).
         episodes: episodes per evaluation (per task on a multi-task env).
         seed: episode ``i`` is reset with ``seed + i`` (as ``fastlight evaluate --seed``).
@@ -56,7 +58,7 @@ class PeriodicEvaluation(Callback):
 
     def __init__(
         self,
-        every_updates: int | None = 25,
+        every_updates: int | None = 50,
         every_minutes: float | None = None,
         episodes: int = 10,
         seed: int = 10_000,
