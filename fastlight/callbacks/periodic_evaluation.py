@@ -96,6 +96,16 @@ class PeriodicEvaluation(Callback):
         self._last_time = time.monotonic()
 
     @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        from lightning.pytorch.strategies import ModelParallelStrategy
+
+        if isinstance(trainer.strategy, ModelParallelStrategy):  # rank 0 alone cannot run a sharded policy
+            raise ValueError(
+                "PeriodicEvaluation does not run under --trainer.strategy fsdp2 yet (rank 0 plays alone, and "
+                "a sharded policy's forward needs every rank); use fastlight evaluate on its checkpoints"
+            )
+
+    @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._updates, self._last_time = 0, time.monotonic()
 

@@ -130,3 +130,10 @@ def test_evaluation_leaves_the_training_rng_and_mode_as_they_were():
 def test_bad_settings_are_one_line(kwargs, match):
     with pytest.raises(ValueError, match=match):
         PeriodicEvaluation(**kwargs)
+
+
+def test_fsdp2_is_refused_in_one_line_instead_of_hanging():
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    with pytest.raises(ValueError, match="PeriodicEvaluation does not run under --trainer.strategy fsdp2"):
+        PeriodicEvaluation().setup(SimpleNamespace(strategy=ModelParallelStrategy()), None, "fit")
