@@ -260,21 +260,12 @@ def save_tiny_pi05(
     PaliGemma processor whose tokenizer is trained on ``sentences`` and on the digits and words of
     pi0.5's prompt (``Task: ..., State: 12 200 ...;\\nAction:``), for ``FlowVLAPolicy(backbone=folder)``.
     ``chunk_size`` / ``action_dim`` are the model's; the state goes into the prompt. Returns the folder."""
-    t = import_extra("transformers", extra="vla", what="the tiny pi0.5")
+    from fastlight.vla.flow_policy import build_pi0
+
     words = [*sentences, "Task: , State: ;\nAction: ", " ".join(str(b) for b in range(256))]
     processor = _processor("paligemma", _tokenizer("paligemma", words), 32, 8)
-    vocab = len(processor.tokenizer)
-    sizes = {"hidden_size": hidden_size, "intermediate_size": 2 * hidden_size, "num_attention_heads": 2}
-    text = {**sizes, "vocab_size": vocab, "num_hidden_layers": 2, "num_key_value_heads": 1,
-            "head_dim": hidden_size // 2}  # fmt: skip
-    vision = t.SiglipVisionConfig(**sizes, num_hidden_layers=1, image_size=32, patch_size=8)
-    gemma = t.GemmaConfig(**text)
-    sized = {"projection_dim": hidden_size, "hidden_size": hidden_size, "image_token_index": vocab}
-    vlm = t.PaliGemmaConfig(vision_config=vision, text_config=gemma, vocab_size=vocab, **sized)
-    config = t.PI05Config(vlm_config=vlm, dit_config=t.GemmaConfig(**text), chunk_size=chunk_size,
-                          max_action_dim=action_dim)  # fmt: skip
     torch.manual_seed(seed)
-    model = t.PI05ForConditionalGeneration(config)
+    model = build_pi0(len(processor.tokenizer), hidden_size, 2, chunk_size, action_dim, 0, pi05=True)
     for name, param in model.named_parameters():
         # The adaRMS gates start at zero (adaLN-Zero): every expert block would be the identity, the
         # prompt (instruction and state) could not reach the actions. A trained checkpoint's are not zero.

@@ -143,6 +143,17 @@ def test_run_defaults_place_every_file_of_the_run_and_are_idempotent(tmp_path):
     assert fresh.trainer.callbacks[0].init_args.every_epoch is False
 
 
+def tiny_fit(root: Path) -> list[str]:
+    """``fastlight fit`` of the highway config on the fault env, one tiny sampler, into ``root``."""
+    return [
+        "fit", "--config", str(ROOT / "configs" / "highway_dpsa.yaml"),
+        "--data.env_id", "tests.fake_envs:Fault-v0",
+        "--data.num_envs", "2", "--data.num_workers", "1", "--data.max_horizon", "8",
+        "--data.steps_per_epoch", "1", "--model.update_epochs", "1", "--model.num_minibatches", "2",
+        "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(root),
+    ]  # fmt: skip
+
+
 @pytest.mark.multiproc
 def test_two_cli_runs_with_one_root_dir(tmp_path, capsys):
     """Two runs: two version folders, and last.ckpt the second run's (a resume by --ckpt_path last,
@@ -150,13 +161,7 @@ def test_two_cli_runs_with_one_root_dir(tmp_path, capsys):
     from fastlight.cli import cli_main
 
     root = tmp_path / "run"
-    args = [
-        "fit", "--config", str(ROOT / "configs" / "highway_dpsa.yaml"),
-        "--data.env_id", "tests.fake_envs:Fault-v0",
-        "--data.num_envs", "2", "--data.num_workers", "1", "--data.max_horizon", "8",
-        "--data.steps_per_epoch", "1", "--model.update_epochs", "1", "--model.num_minibatches", "2",
-        "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(root),
-    ]  # fmt: skip
+    args = tiny_fit(root)
     first = cli_main([*args, "--trainer.max_steps", "2"])
     assert first.trainer.global_step == 2
     capsys.readouterr()
@@ -176,6 +181,7 @@ def test_two_cli_runs_with_one_root_dir(tmp_path, capsys):
     assert sorted(os.listdir(root / "tb")) == sorted(os.listdir(root / "csv")) == ["version_0", "version_1"]
 
 
+@pytest.mark.multiproc
 def test_a_runs_saved_config_resumes_into_a_new_version_and_the_command_lines_root(tmp_path, capsys):
     """``fit --config <root>/tb/version_0/config.yaml --ckpt_path last``: the saved config pins the first
     run's folders (loggers' version 0, the checkpoints' dirpath); the resume still writes version_1 and
@@ -183,15 +189,7 @@ def test_a_runs_saved_config_resumes_into_a_new_version_and_the_command_lines_ro
     from fastlight.cli import cli_main
 
     root = tmp_path / "run"
-    args = [
-        "fit", "--config", str(ROOT / "configs" / "highway_dpsa.yaml"),
-        "--data.env_id", "tests.fake_envs:Fault-v0",
-        "--data.num_envs", "2", "--data.num_workers", "1", "--data.max_horizon", "8",
-        "--data.steps_per_epoch", "1", "--model.update_epochs", "1", "--model.num_minibatches", "2",
-        "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(root),
-        "--trainer.max_steps", "2",
-    ]  # fmt: skip
-    cli_main(args)
+    cli_main([*tiny_fit(root), "--trainer.max_steps", "2"])
     saved = root / "tb" / "version_0" / "config.yaml"
     first = {p: p.read_bytes() for p in root.rglob("*") if p.is_file() and "version_0" in p.parts}
     assert saved in first and root / "csv" / "version_0" / "metrics.csv" in first

@@ -39,9 +39,12 @@ FLAG = "--model.policy.init_args"
 SDE_STEPS = ("one", "all")
 
 
-def build_pi0(vocab: int, hidden: int, layers: int, chunk: int, action_dim: int, state_dim: int) -> nn.Module:
+def build_pi0(
+    vocab: int, hidden: int, layers: int, chunk: int, action_dim: int, state_dim: int, *, pi05: bool = False
+) -> nn.Module:
     """A random ``PI0ForConditionalGeneration``: a tiny PaliGemma (SigLIP 32x32, Gemma) and a Gemma expert
-    of the same depth, heads and head size (the expert attends to the VLM's cached keys layer by layer)."""
+    of the same depth, heads and head size (the expert attends to the VLM's cached keys layer by layer);
+    ``pi05``: a ``PI05ForConditionalGeneration`` of the same sizes (the state goes in its prompt)."""
     t = import_extra("transformers", extra="vla", what="the flow VLA policy")
     sizes = {"hidden_size": hidden, "intermediate_size": 2 * hidden, "num_attention_heads": 2}
     text = {**sizes, "vocab_size": vocab, "num_hidden_layers": layers, "num_key_value_heads": 1,
@@ -49,6 +52,10 @@ def build_pi0(vocab: int, hidden: int, layers: int, chunk: int, action_dim: int,
     vision = t.SiglipVisionConfig(**sizes, num_hidden_layers=1, image_size=32, patch_size=8)
     vlm = t.PaliGemmaConfig(vision_config=vision, text_config=t.GemmaConfig(**text), projection_dim=hidden,
                             hidden_size=hidden, vocab_size=vocab, image_token_index=vocab)  # fmt: skip
+    if pi05:
+        config = t.PI05Config(vlm_config=vlm, dit_config=t.GemmaConfig(**text), chunk_size=chunk,
+                              max_action_dim=action_dim)  # fmt: skip
+        return t.PI05ForConditionalGeneration(config)
     config = t.PI0Config(vlm_config=vlm, dit_config=t.GemmaConfig(**text), chunk_size=chunk,
                          max_action_dim=action_dim, max_state_dim=max(state_dim, 1))  # fmt: skip
     return t.PI0ForConditionalGeneration(config)
