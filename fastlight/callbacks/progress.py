@@ -82,7 +82,12 @@ class RolloutProgressBar(TQDMProgressBar):
     """
 
     def __init__(self, refresh_rate: int = 1, process_position: int = 0, log_every_s: float = 60.0) -> None:
-        """``log_every_s``: with stdout not a terminal, seconds between two plain progress lines (> 0)."""
+        """
+        Args:
+            refresh_rate: redraw the bar every this many Rollouts (0 turns it off).
+            process_position: the bar's line, for several bars at once (Lightning's).
+            log_every_s: with stdout not a terminal, seconds between two plain progress lines (> 0).
+        """
         if not log_every_s > 0:
             raise ValueError(f"RolloutProgressBar log_every_s must be > 0, got {log_every_s}")
         super().__init__(refresh_rate=refresh_rate, process_position=process_position, leave=False)

@@ -312,9 +312,10 @@ def test_two_sampler_processes_cut_their_cycles_together(rounds):
 
 @pytest.mark.multiproc
 def test_an_asynchronous_batch_takes_the_other_samplers_round_cut_short():
-    """``max_staleness 1``: sampler 0's clips end after 2 steps, sampler 1's after 150. Sampler 0's
+    """``max_staleness 1``: sampler 0's clips end after 2 steps, sampler 1's after ``LONG``. Sampler 0's
     items complete each batch; sampler 1's rounds are then cut at their next step and join it
-    (without the cut they play 150 steps: the same setting as ``apart`` above)."""
+    (without the cut they play ``LONG`` steps)."""
+    LONG = 1000  # noqa: N806 - a constant of this test
     import lightning as L
 
     from fastlight.data.datamodule import RolloutDataModule
@@ -330,9 +331,11 @@ def test_an_asynchronous_batch_takes_the_other_samplers_round_cut_short():
             cut_counts.append(batch.stats.cut_in_flight)
             lags.append(int(pl_module.policy_version) - int(batch.policy_version[batch.valid].min()))
 
+    # Sampler 1's clips last 1,000 steps (2 s): an uncut round outlasts any update on a slow or loaded
+    # machine (with 150 steps, 0.3 s, a round could end before the trainer asked for it).
     dm = RolloutDataModule(
-        env_id="tests.fake_envs:SamplerLength-v0", num_envs=4, num_workers=2, termination_threshold=0.5,
-        max_horizon=200, cycles_per_step=2, max_staleness=1,
+        env_id="tests.fake_envs:SamplerLength-v0", env_kwargs={"long": LONG}, num_envs=4, num_workers=2,
+        termination_threshold=0.5, max_horizon=LONG + 50, cycles_per_step=2, max_staleness=1,
     )  # fmt: skip
     assert dm.rank_rounds == "together"  # the default in an asynchronous run of the local fleet
     model = RLModule(obs_dim=3, action_dim=2, update_epochs=1, num_minibatches=1)
@@ -345,7 +348,7 @@ def test_an_asynchronous_batch_takes_the_other_samplers_round_cut_short():
     assert torch.get_num_threads() == before
     long = [e for e in episodes if e.length > 2 or e.cut]  # sampler 1's (sampler 0's end at 2)
     assert long, "sampler 1's cut rounds never reached a batch"
-    assert all(e.cut and e.length < 150 for e in long), sorted(e.length for e in long)
+    assert all(e.cut and e.length < LONG for e in long), sorted(e.length for e in long)
     assert sum(cut_counts) >= 1 and max(lags) <= 1
 
 
