@@ -260,14 +260,21 @@ def _differences(
     for key, value in mine.items():
         if key in _LINKED or key == "init_from" or key not in saved:  # init_from: not read on resume
             continue
-        theirs = plain_setting(saved[key])
-        if theirs != value:
-            out.append(f"--model.{key} {value} (checkpoint: {theirs})")
+        out += _leaf_differences(f"--model.{key}", value, plain_setting(saved[key]))
     init_args = data.get("init_args") if isinstance(data, Namespace) else None
     for key, value in plain_setting(init_args or Namespace()).items():
-        if saved_data and key in saved_data and plain_setting(saved_data[key]) != value:
-            out.append(f"--data.{key} {value} (checkpoint: {plain_setting(saved_data[key])})")
+        if saved_data and key in saved_data:
+            out += _leaf_differences(f"--data.{key}", value, plain_setting(saved_data[key]))
     return out
+
+
+def _leaf_differences(flag: str, mine: Any, theirs: Any) -> list[str]:
+    """``<flag> <yours> (checkpoint: <theirs>)`` for each differing leaf: a nested setting (a policy's
+    ``init_args``) names only the keys that differ, by their own flag, never two whole dicts."""
+    if isinstance(mine, dict) and isinstance(theirs, dict):
+        return [line for k in dict.fromkeys([*mine, *theirs])
+                for line in _leaf_differences(f"{flag}.{k}", mine.get(k), theirs.get(k))]  # fmt: skip
+    return [] if mine == theirs else [f"{flag} {mine} (checkpoint: {theirs})"]
 
 
 def cli_main(args: list[str] | None = None, *, run: bool = True) -> FastlightCLI:

@@ -491,3 +491,18 @@ def test_two_spellings_of_one_callback_merge_into_one():
         Namespace(class_path=full, init_args=Namespace(window=8)),
     ])  # fmt: skip
     assert len(merged) == 1 and merged[0]["init_args"]["window"] == 8
+
+
+def test_a_resume_mismatch_names_only_the_nested_settings_that_differ():
+    """A resume whose policy folder differs: one short item naming that flag, not two dumped dicts."""
+    from jsonargparse import Namespace
+
+    from fastlight.cli import _differences
+
+    old = {"backbone": "/old", "n_bins": 256, "lora": None}
+    saved_policy = {"class_path": "fastlight.VLAPolicy", "init_args": old}
+    saved = {"_class_path": "fastlight.VLAModule", "policy": saved_policy, "lr": 1e-4}
+    new = Namespace(backbone="/new", n_bins=256, lora=None)
+    policy = Namespace(class_path="fastlight.VLAPolicy", init_args=new)
+    typed = Namespace(class_path="fastlight.VLAModule", init_args=Namespace(policy=policy, lr=1e-4))
+    assert _differences(saved, typed) == ["--model.policy.init_args.backbone /new (checkpoint: /old)"]
