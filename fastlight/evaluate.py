@@ -231,6 +231,7 @@ def _evaluate(
     episodes, _, render_fps = play_policy(
         module.policy, env_id, env_kwargs, episodes=args.episodes, seed=args.seed,
         deterministic=not args.sample, wrappers=wrappers, batch=args.batch, record=record,
+        task_names=task_names,  # probed once, in main
     )  # fmt: skip
     fps = args.fps or render_fps
     videos = write_gifs(Path(args.video), episodes, fps) if args.video else []

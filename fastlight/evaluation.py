@@ -337,18 +337,21 @@ def play_policy(
     wrappers: Sequence[Mapping[str, Any]] = (),
     batch: int = 4,
     record: bool = False,
+    task_names: tuple[str, ...] | None = None,
 ) -> tuple[list[EpisodeRecord], tuple[str, ...], float]:
     """``(episodes, task names, the env's render fps)``: what ``fastlight evaluate`` and
     :class:`~fastlight.callbacks.periodic_evaluation.PeriodicEvaluation` play. On fastlight's
     multi-task Meta-World, ``episodes`` per task (:func:`play_tasks`, ``batch`` in lockstep); on any
     other env, episode ``i`` on seed ``seed + i`` inside the run's gymnasium ``wrappers`` (what the
     policy saw, e.g. a flattened Dict; fastlight's own :class:`EnvWrapper` settings, an emulated
-    scenario-load cost, are left out). ``record``: keep frames (``env.render()``, or the camera)."""
+    scenario-load cost, are left out). ``record``: keep frames (``env.render()``, or the camera).
+    ``task_names``: :func:`probe_env`'s, where the caller probed already (``None``: probed here)."""
     from fastlight.envs.wrappers import EnvWrapper, wrap_env, wrapper_of
     from fastlight.models.action_mapping import action_chunk
 
     chunk = action_chunk(policy.action_mapping())  # chunks play open-loop, lengths in env steps
-    task_names, _ = probe_env(env_id, env_kwargs)
+    if task_names is None:
+        task_names, _ = probe_env(env_id, env_kwargs)
     if task_names:
         act = policy_batch_act_fn(policy, deterministic=deterministic)
         played = play_tasks(act, env_id=env_id, env_kwargs=env_kwargs, episodes_per_task=episodes, seed=seed,
