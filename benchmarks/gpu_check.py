@@ -66,14 +66,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def vla_bf16_update(device: str) -> dict[str, Any]:
     """One GIPO step of a tiny-VLM VLAPolicy cast to bf16 (Lightning's ``bf16-true``) on ``device``."""
     from benchmarks.tiny_vlm import save_tiny_vlm
-    from fastlight.envs.instruction_tokens import encode_instructions
-    from fastlight.envs.instructions import INSTRUCTIONS, instruction_tokenizer
+    from fastlight.envs.instruction_tokens import encode_words
+    from fastlight.envs.instructions import INSTRUCTIONS, instruction_words
     from fastlight.losses import gipo_loss
     from fastlight.vla.policy import VLAPolicy
 
     n, side = 6, 48
     sentences = tuple(INSTRUCTIONS.values())[:3]
-    ids, mask = encode_instructions(instruction_tokenizer(), list(sentences), 16)
+    ids, mask = map(torch.from_numpy, encode_words(instruction_words(), list(sentences), 16))
     with tempfile.TemporaryDirectory(prefix="fastlight-gpu-check-") as tmp:
         folder = save_tiny_vlm("llava", Path(tmp) / "llava", sentences=list(INSTRUCTIONS.values()))
         torch.manual_seed(0)

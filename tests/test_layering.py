@@ -33,7 +33,7 @@ A module may import from its own floor and the floors below; same-floor edges ar
 
 A module missing from the floors fails the test until it is placed. Walls on top of the floors
 (:data:`WALLS`): ``ray`` is imported only under ``fleet/ray/``, ``transformers`` and ``peft`` only under
-``vla/`` (one named exception), and ``sampling`` never imports ``fleet``. No module is over
+``vla/``, and ``sampling`` never imports ``fleet``. No module is over
 :data:`MAX_LINES` lines. The checkers themselves are tested on tiny fake packages with a cycle, an
 upward import, a third-party import outside its folder and a long module, so a green run means something.
 """
@@ -79,10 +79,7 @@ FLOORS: list[tuple[str, ...]] = [
 #: Third-party packages and the only modules (a dotted name covers the modules under it) that import them.
 WALLS: dict[str, tuple[str, ...]] = {
     "ray": ("fastlight.fleet.ray",),
-    # envs.instruction_tokens builds the env's own WordLevel instruction tokenizer (also as a
-    # PreTrainedTokenizerFast, so that a VLA folder's AutoTokenizer loads it); the env, not the VLA,
-    # owns it, and it imports transformers only for that form (the envs encode with tokenizers alone).
-    "transformers": ("fastlight.vla", "fastlight.envs.instruction_tokens"),
+    "transformers": ("fastlight.vla",),
     "peft": ("fastlight.vla",),
 }
 #: ``(importer, imported)`` package pairs that must have no edge, whatever the floors say.

@@ -4,32 +4,27 @@ VLA policies (AcceRL fine-tunes OpenVLA-OFT) read a natural-language instruction
 image. Without network access we cannot fetch a pretrained tokenizer, so
 :func:`build_word_tokenizer` builds a ``tokenizers`` WordLevel vocabulary over the instruction set
 (lower-cased, whitespace/punctuation split) with special tokens ``[PAD]=0``, ``[UNK]=1``,
-``[BOS]=2``; every encoding starts with ``[BOS]``. :func:`build_instruction_tokenizer` wraps it
-as a ``transformers`` ``PreTrainedTokenizerFast`` saved as a folder that
-``transformers.AutoTokenizer.from_pretrained(save_dir)`` loads.
+``[BOS]=2``; every encoding starts with ``[BOS]``.
 
-:func:`encode_instructions` (a ``transformers`` tokenizer) and :func:`encode_words` (the bare
-``tokenizers`` one) turn sentences into right-padded ``ids [N, L]`` and ``mask [N, L]`` (1 = real
+:func:`encode_words` turns sentences into right-padded ``ids [N, L]`` and ``mask [N, L]`` (1 = real
 token), the ``instruction_ids`` / ``instruction_mask`` observation keys of
-:class:`fastlight.vla.policy.VLAPolicy`; both give the same ids. The envs encode with
-:func:`encode_words`, so that a sampler process that only steps envs never imports
-``transformers`` (nor the PIL and Hugging Face hub modules it pulls in).
+:class:`fastlight.vla.policy.VLAPolicy`: the ids a ``transformers`` ``PreTrainedTokenizerFast`` over
+the same tokenizer gives, without importing ``transformers`` (nor the PIL and Hugging Face hub
+modules it pulls in) into a sampler that only steps envs. ``tokenizer.decode(ids,
+skip_special_tokens=True)`` reads them back.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-from torch import Tensor
 
 from fastlight.extras import import_extra
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
-    from transformers import PreTrainedTokenizerFast
 
 PAD, UNK, BOS = "[PAD]", "[UNK]", "[BOS]"
 SPECIAL_TOKENS = (PAD, UNK, BOS)
@@ -57,59 +52,11 @@ def build_word_tokenizer(sentences: Iterable[str]) -> Tokenizer:
     return tok
 
 
-def as_pretrained_tokenizer(tok: Tokenizer, save_dir: str | Path | None = None) -> PreTrainedTokenizerFast:
-    """``tok`` (from :func:`build_word_tokenizer`, copied, not changed) as a ``transformers``
-    ``PreTrainedTokenizerFast`` with ``pad_token=[PAD]``, ``unk_token=[UNK]``, ``bos_token=[BOS]``,
-    right padding; saved to ``save_dir`` (a folder ``AutoTokenizer.from_pretrained`` loads) if given."""
-    import_extra("transformers", extra="vla", what="the instruction tokenizer")
-    from transformers import PreTrainedTokenizerFast
-
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, unk_token=UNK, bos_token=BOS)
-    fast.padding_side = "right"
-    if save_dir is not None:
-        Path(save_dir).mkdir(parents=True, exist_ok=True)
-        fast.save_pretrained(str(save_dir))
-    return fast
-
-
-def build_instruction_tokenizer(sentences: Iterable[str], save_dir: str | Path) -> PreTrainedTokenizerFast:
-    """Build a WordLevel tokenizer over ``sentences``, save it to ``save_dir`` and return it.
-
-    The returned object is a ``transformers.PreTrainedTokenizerFast`` with ``pad_token=[PAD]``
-    (id 0), ``unk_token=[UNK]`` (id 1) and ``bos_token=[BOS]`` (id 2, prepended to every
-    encoding); the folder reloads with ``AutoTokenizer.from_pretrained(save_dir)``. Words not
-    seen in ``sentences`` map to ``[UNK]``. Raises ``ValueError`` if ``sentences`` is empty.
-    """
-    # transformers first: without it, the message names the vla extra (tokenizers comes with both).
-    import_extra("transformers", extra="vla", what="the instruction tokenizer")
-    return as_pretrained_tokenizer(build_word_tokenizer(sentences), save_dir)
-
-
-def encode_instructions(tokenizer, sentences: Sequence[str], max_len: int) -> tuple[Tensor, Tensor]:
-    """Sentences -> ``(ids [N, max_len] long, mask [N, max_len] long)``, right-padded and truncated.
-
-    ``tokenizer`` is any ``transformers`` tokenizer with a pad token (e.g. the one from
-    :func:`build_instruction_tokenizer` or ``AutoTokenizer.from_pretrained(folder)``).
-    Raises ``ValueError`` for ``max_len < 1`` or an empty ``sentences``.
-    """
-    if max_len < 1:
-        raise ValueError(f"max_len must be >= 1, got {max_len}")
-    if isinstance(sentences, str):
-        sentences = [sentences]
-    if len(sentences) == 0:
-        raise ValueError("encode_instructions needs at least one sentence, got none")
-    if tokenizer.padding_side != "right":
-        raise ValueError(f"tokenizer.padding_side must be 'right', got {tokenizer.padding_side!r}")
-    enc = tokenizer(
-        list(sentences), padding="max_length", truncation=True, max_length=max_len, return_tensors="pt"
-    )
-    return enc["input_ids"].long(), enc["attention_mask"].long()
-
-
 def encode_words(tok: Tokenizer, sentences: Sequence[str], max_len: int) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`encode_instructions` with the bare ``tokenizers`` tokenizer of :func:`build_word_tokenizer`:
-    ``(ids [N, max_len], mask [N, max_len])`` int64, the same ids (it sets the truncation and padding
-    ``PreTrainedTokenizerFast`` sets before the same ``encode_batch``). ``tok`` is not changed."""
+    """Sentences -> ``(ids [N, max_len], mask [N, max_len])`` int64, right-padded and truncated, with the
+    tokenizer of :func:`build_word_tokenizer` (it sets the truncation and padding a ``transformers``
+    ``PreTrainedTokenizerFast`` sets before the same ``encode_batch``, so the ids are the same). ``tok``
+    is not changed. Raises ``ValueError`` for ``max_len < 1`` or an empty ``sentences``."""
     if max_len < 1:
         raise ValueError(f"max_len must be >= 1, got {max_len}")
     if isinstance(sentences, str):
@@ -129,14 +76,4 @@ def encode_words(tok: Tokenizer, sentences: Sequence[str], max_len: int) -> tupl
     return ids, np.array([e.attention_mask for e in enc], dtype=np.int64)
 
 
-def decode_instructions(tokenizer, ids: Tensor) -> list[str]:
-    """``ids [N, L]`` -> the N sentences (special tokens dropped; text is lower-cased by the tokenizer)."""
-    if ids.dim() != 2:
-        raise ValueError(f"ids must be [N, L], got shape {tuple(ids.shape)}")
-    return [tokenizer.decode(row.tolist(), skip_special_tokens=True) for row in ids]
-
-
-__all__ = [
-    "SPECIAL_TOKENS", "as_pretrained_tokenizer", "build_instruction_tokenizer", "build_word_tokenizer",
-    "decode_instructions", "encode_instructions", "encode_words",
-]  # fmt: skip
+__all__ = ["SPECIAL_TOKENS", "build_word_tokenizer", "encode_words"]

@@ -5,8 +5,7 @@ AcceRL's VLA reads a natural-language instruction next to the camera frame (§ex
 sentence (:func:`instruction_for`). :func:`instruction_words` builds the local WordLevel
 tokenizer of :mod:`fastlight.envs.instruction_tokens` (which owns tokenisation and encoding) over every known
 sentence, once per process, so ids agree across envs and processes whatever tasks they run; it needs
-``tokenizers`` only. :func:`instruction_tokenizer` is the same vocabulary as a ``transformers``
-tokenizer, for code that decodes or takes one (never the envs: a sampler stays free of ``transformers``).
+``tokenizers`` only (a sampler stays free of ``transformers``).
 
 An env that emits its instructions as token ids declares them with an ``instruction_table``
 attribute (:class:`InstructionTable`: every row it can emit and its sentence), so that a policy
@@ -22,8 +21,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:  # through instruction_tokens: transformers stays behind its wall (tests/test_layering.py)
-    from fastlight.envs.instruction_tokens import PreTrainedTokenizerFast, Tokenizer
+if TYPE_CHECKING:
+    from fastlight.envs.instruction_tokens import Tokenizer
 
 
 @dataclass(frozen=True, eq=False)
@@ -72,12 +71,3 @@ def instruction_words(extra: tuple[str, ...] = ()) -> Tokenizer:
     from fastlight.envs.instruction_tokens import build_word_tokenizer
 
     return build_word_tokenizer(sorted(set(INSTRUCTIONS.values()) | set(extra)))
-
-
-@functools.cache
-def instruction_tokenizer(extra: tuple[str, ...] = ()) -> PreTrainedTokenizerFast:
-    """:func:`instruction_words` as a ``transformers`` tokenizer (the same vocabulary and ids), for
-    decoding and for VLA code that takes a ``transformers`` tokenizer; imports ``transformers``."""
-    from fastlight.envs.instruction_tokens import as_pretrained_tokenizer
-
-    return as_pretrained_tokenizer(instruction_words(extra))

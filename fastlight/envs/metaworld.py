@@ -23,8 +23,7 @@ Meta-World tasks behind a single gymnasium env:
   :mod:`fastlight.envs.instruction_tokens`, built in memory over every known sentence, so ids agree across
   envs and processes whatever ``tasks`` they run. The env encodes with the ``tokenizers`` package
   alone, so a sampler that only steps envs never imports ``transformers``;
-  ``env.unwrapped.tokenizer`` (the same vocabulary as a ``transformers`` tokenizer, built on first
-  read) decodes them;
+  ``env.unwrapped.instruction_table`` holds every sentence with its ids;
 - actions ``Box(-1, 1, (4,))``: hand xyz displacement and gripper effort;
 - the episode *terminates* on ``info["success"]`` (``terminate_on_success``) and is
   *truncated* after ``max_path_length`` steps (default 200, not Meta-World's 500, to keep CPU
@@ -60,7 +59,7 @@ from __future__ import annotations
 import contextlib
 import weakref
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -69,7 +68,6 @@ from fastlight.envs.instructions import (
     INSTRUCTIONS,
     InstructionTable,
     instruction_for,
-    instruction_tokenizer,
     instruction_words,
 )
 from fastlight.envs.metaworld_sims import SimKey, SimState, TaskSim, acquire, release
@@ -82,12 +80,9 @@ from fastlight.envs.metaworld_tasks import (
 from fastlight.envs.registry import register_envs
 from fastlight.envs.rendering import render_offscreen, require_gl_backend
 
-if TYPE_CHECKING:  # through instruction_tokens: transformers stays behind its wall (tests/test_layering.py)
-    from fastlight.envs.instruction_tokens import PreTrainedTokenizerFast
-
 __all__ = [
     "INSTRUCTIONS", "MT10_TASKS", "STATE_DIM", "MetaWorldEnv", "goal_variations", "instruction_for",
-    "instruction_tokenizer", "parse_tasks", "register_envs", "render_offscreen",
+    "parse_tasks", "register_envs", "render_offscreen",
 ]  # fmt: skip
 
 
@@ -192,13 +187,6 @@ class MetaWorldEnv(gym.Env):
                 f"got {max_text_len}"
             )
         return encode_words(self._words, list(self.instructions), max_text_len)
-
-    @property
-    def tokenizer(self) -> PreTrainedTokenizerFast:
-        """The instructions' vocabulary as a ``transformers`` tokenizer (decodes ``instruction_ids``).
-        Built on first read, not in ``__init__``: encoding needs no ``transformers``, and a sampler
-        that imported it would carry its imports for nothing."""
-        return instruction_tokenizer(self._extra)
 
     def _observation_space(self) -> gym.spaces.Dict:
         spaces: dict[str, gym.Space] = {}

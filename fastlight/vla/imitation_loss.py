@@ -15,21 +15,36 @@ from fastlight.losses.masked import masked_mean
 
 
 def token_cross_entropy(
-    *, logits: Tensor, bins: Tensor, valid: Tensor | None = None, label_smoothing: float = 0.0
+    *,
+    logits: Tensor,
+    bins: Tensor,
+    valid: Tensor | None = None,
+    label_smoothing: float = 0.0,
+    bin_sigma: float = 0.0,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Masked mean cross-entropy of action bins, and the token accuracy / bin error.
 
     Shapes: ``logits [N, K, B]`` (K action tokens, B bins), ``bins [N, K]`` long, ``valid`` ``[N]``
     or ``[N, K]`` bool (default all valid). Returns ``(loss [], info)`` with ``token_accuracy``
     (argmax bin = target) and ``bin_error`` (mean absolute distance in bins), both detached.
+
+    ``bin_sigma > 0`` replaces each one-hot target by a Gaussian over the neighbouring bins of that
+    width (in bins; the HL-Gauss targets of Imani & White, 2018, Farebrother et al., 2024): the bins
+    are ordered, and a policy trained on one-hot targets spreads what it does not put on the target
+    over far bins, so sampling it explores either nothing or nonsense. With the Gaussian, sampling
+    explores actions near the demonstrated one, which an RL stage can then reinforce.
     """
     if logits.shape[:-1] != bins.shape:
         raise ValueError(f"logits {tuple(logits.shape)} must be bins {tuple(bins.shape)} + [n_bins]")
     valid = torch.ones_like(bins, dtype=torch.bool) if valid is None else valid.bool()
     if valid.dim() == 1:
         valid = valid[:, None].expand_as(bins)
+    target: Tensor = bins.flatten()
+    if bin_sigma > 0:
+        grid = torch.arange(logits.shape[-1], device=bins.device, dtype=torch.float32)
+        target = torch.softmax(-0.5 * ((grid - target[:, None].float()) / bin_sigma) ** 2, dim=-1)
     ce = F.cross_entropy(
-        logits.flatten(0, 1), bins.flatten(), reduction="none", label_smoothing=label_smoothing
+        logits.flatten(0, 1), target, reduction="none", label_smoothing=label_smoothing
     ).view_as(bins)
     loss = masked_mean(ce, valid)
     with torch.no_grad():

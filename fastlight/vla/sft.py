@@ -45,14 +45,21 @@ class VLASFTModule(VLAModule):
 
     Args:
         label_smoothing: spread this much of each token's target mass over the other bins.
+        bin_sigma: a Gaussian target of this width in bins around each demonstrated bin instead of a
+            one-hot one (0: one-hot): the policy then samples actions near the demonstrated ones,
+            the exploration an RL stage needs (256 bins over [-1, 1]: 4 bins are 0.03).
         warmup_steps: linear learning-rate warm-up over this many optimizer steps.
         **kwargs: :class:`~fastlight.vla.module.VLAModule`'s settings (``policy``, ``lr``,
             ``value_lr``, ``max_grad_norm``, ...).
     """
 
-    def __init__(self, label_smoothing: float = 0.0, warmup_steps: int = 100, **kwargs: Any) -> None:
+    def __init__(
+        self, label_smoothing: float = 0.0, bin_sigma: float = 0.0, warmup_steps: int = 100, **kwargs: Any
+    ) -> None:
         if not 0.0 <= label_smoothing < 1.0:
             raise ValueError(f"--model.label_smoothing must be in [0, 1), got {label_smoothing}")
+        if not bin_sigma >= 0.0:
+            raise ValueError(f"--model.bin_sigma must be >= 0 (0: one-hot targets), got {bin_sigma}")
         if warmup_steps < 0:
             raise ValueError(f"--model.warmup_steps must be >= 0, got {warmup_steps}")
         if kwargs.get("sil_steps", 0):
@@ -107,7 +114,11 @@ class VLASFTModule(VLAModule):
         bins = policy.action_tokenizer.encode(actions).to(self.device)  # [B, K]
         logits, _ = policy(batch["obs"], actions=bins)  # [B, K, n_bins]
         return token_cross_entropy(
-            logits=logits, bins=bins, valid=valid, label_smoothing=self.hparams.label_smoothing
+            logits=logits,
+            bins=bins,
+            valid=valid,
+            label_smoothing=self.hparams.label_smoothing,
+            bin_sigma=self.hparams.get("bin_sigma", 0.0),
         )
 
     @override

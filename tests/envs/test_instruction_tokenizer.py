@@ -1,22 +1,54 @@
-"""WordLevel instruction tokenizer saved as a folder and reloaded with AutoTokenizer, and the bare
-``tokenizers`` one the envs encode with (the same ids)."""
+"""The bare ``tokenizers`` WordLevel tokenizer the envs encode with gives the ids of the same
+vocabulary as a ``transformers`` tokenizer (saved as a folder, reloaded with AutoTokenizer): the
+transformers forms live here, for the comparison; the package encodes without transformers."""
 
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from fastlight.envs.instruction_tokens import (
-    build_instruction_tokenizer,
-    decode_instructions,
-    encode_instructions,
-    encode_words,
-)
+from fastlight.envs.instruction_tokens import BOS, PAD, UNK, build_word_tokenizer, encode_words
+from fastlight.envs.instructions import instruction_words
 from fastlight.vla.policy import VLAPolicy
+
+
+def build_instruction_tokenizer(sentences: Iterable[str], save_dir: str | Path) -> PreTrainedTokenizerFast:
+    """The WordLevel tokenizer over ``sentences`` as a ``PreTrainedTokenizerFast``, saved to ``save_dir``."""
+    return as_pretrained(build_word_tokenizer(sentences), save_dir)
+
+
+def as_pretrained(tok, save_dir: str | Path | None = None) -> PreTrainedTokenizerFast:
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, unk_token=UNK, bos_token=BOS)
+    fast.padding_side = "right"
+    if save_dir is not None:
+        fast.save_pretrained(str(save_dir))
+    return fast
+
+
+def instruction_tokenizer(extra: tuple[str, ...] = ()) -> PreTrainedTokenizerFast:
+    return as_pretrained(instruction_words(extra))
+
+
+def encode_instructions(
+    tokenizer, sentences: Sequence[str], max_len: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if max_len < 1:
+        raise ValueError(f"max_len must be >= 1, got {max_len}")
+    enc = tokenizer(
+        list(sentences), padding="max_length", truncation=True, max_length=max_len, return_tensors="pt"
+    )
+    return enc["input_ids"].long(), enc["attention_mask"].long()
+
+
+def decode_instructions(tokenizer, ids: torch.Tensor) -> list[str]:
+    return [tokenizer.decode(row.tolist(), skip_special_tokens=True) for row in ids]
+
 
 SENTENCES = ["Pick up the red block.", "open the drawer", "push the button to the left"]
 
@@ -81,7 +113,7 @@ MT10_IDS = {
 
 @pytest.mark.parametrize("max_len", [4, 8, 11, 16])  # truncating most, some, none (longest + [BOS]), padded
 def test_bare_tokenizer_gives_the_transformers_ids_for_every_mt10_instruction(max_len) -> None:
-    from fastlight.envs.instructions import INSTRUCTIONS, instruction_tokenizer, instruction_words
+    from fastlight.envs.instructions import INSTRUCTIONS
 
     sentences = list(INSTRUCTIONS.values())
     words, fast = instruction_words(), instruction_tokenizer()
@@ -103,7 +135,6 @@ def test_bare_tokenizer_gives_the_transformers_ids_for_every_mt10_instruction(ma
 
 
 def test_bare_tokenizer_matches_transformers_on_words_it_never_saw() -> None:
-    from fastlight.envs.instructions import instruction_tokenizer, instruction_words
 
     extra = ("Pick up the red block.", "open the fridge now please")  # sorted, as the env passes them
     sentences = [*extra, "reach the goal position with the gripper", "OPEN  the  Drawer!"]

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from fastlight.envs import instructions, metaworld, metaworld_sims, metaworld_tasks, registry, rendering
-from fastlight.envs.instruction_tokens import decode_instructions
+from fastlight.envs.instructions import instruction_words
 from fastlight.envs.metaworld import INSTRUCTIONS, MT10_TASKS, STATE_DIM, MetaWorldEnv
 from fastlight.envs.registry import make_env
 
@@ -98,10 +98,11 @@ def test_instruction_ids_decode_to_the_sentence():
         env._task = k
         obs = env._obs(np.zeros(STATE_DIM))
         ids, mask = torch.as_tensor(obs["instruction_ids"]), torch.as_tensor(obs["instruction_mask"])
-        assert decode_instructions(env.tokenizer, ids[None]) == [INSTRUCTIONS[name]]
-        assert int(ids[0]) == env.tokenizer.bos_token_id
+        words = instruction_words()
+        assert words.decode(ids.tolist(), skip_special_tokens=True) == INSTRUCTIONS[name]
+        assert int(ids[0]) == words.token_to_id("[BOS]")
         assert int(mask.sum()) == len(INSTRUCTIONS[name].split()) + 1  # words + [BOS]
-        assert not bool((ids[mask == 0] != env.tokenizer.pad_token_id).any())
+        assert not bool((ids[mask == 0] != words.token_to_id("[PAD]")).any())
     # Ids do not depend on which tasks an env runs (the vocabulary covers every MT10 sentence).
     single = reach(image=False)
     single._task = 0
@@ -176,7 +177,7 @@ def test_image_mode_without_mujoco_gl_names_the_variable(monkeypatch):
 
 def test_moved_names_stay_importable_from_the_adapter_module():
     homes = {
-        "INSTRUCTIONS": instructions, "instruction_for": instructions, "instruction_tokenizer": instructions,
+        "INSTRUCTIONS": instructions, "instruction_for": instructions,
         "MT10_TASKS": metaworld_tasks, "STATE_DIM": metaworld_tasks, "parse_tasks": metaworld_tasks,
         "goal_variations": metaworld_tasks, "register_envs": registry, "render_offscreen": rendering,
     }  # fmt: skip
