@@ -35,7 +35,13 @@ from torch import Tensor
 
 from fastlight.losses.masked import check_mask, zero_invalid
 
-__all__ = ["chunk_rewards", "global_advantage_moments", "masked_gae", "normalize_advantages"]
+__all__ = [
+    "chunk_rewards",
+    "global_advantage_moments",
+    "group_relative_advantages",
+    "masked_gae",
+    "normalize_advantages",
+]
 
 
 def _check_gae_inputs(tensors: dict[str, Tensor], gamma: float, lam: float) -> None:
@@ -185,3 +191,39 @@ def normalize_advantages(
     """
     mean, std = global_advantage_moments(advantages, valid, group=group)
     return zero_invalid((zero_invalid(advantages, valid) - mean) / (std + eps), valid)
+
+
+def group_relative_advantages(
+    *,
+    rewards: Tensor,
+    terminated: Tensor,
+    truncated: Tensor,
+    valid: Tensor,
+    group_size: int,
+    eps: float = 1e-6,
+) -> Tensor:
+    """GRPO's advantages (Shao et al., 2024, §4.1.2 outcome supervision; SimpleVLA-RL and RLinf's VLA RL):
+    each clip's return (its valid rewards, undiscounted) minus the mean over its group, over the
+    group's standard deviation, on every valid step of the clip.
+
+    Shapes: ``[T, E]`` each. A column holds one clip per sampling cycle (each ends with a done step,
+    as ``Rollout.validate`` asks), and a group is ``group_size`` consecutive columns whose clips of one
+    cycle started from the same seed (``--data.group_size``). A group whose clips all earned the same
+    return gets 0: it says nothing about which actions were better. Returns ``[T, E]``, 0 where invalid.
+    """
+    _check_episode_structure(terminated, truncated, valid)
+    n_env = rewards.shape[1]
+    if group_size < 1 or n_env % group_size:
+        raise ValueError(f"group_size {group_size} must be >= 1 and divide the rollout's {n_env} columns")
+    done = ((terminated | truncated) & valid).long()
+    clip = torch.cumsum(done, 0) - done  # [T, E]: which clip of its column each step belongs to
+    clips = done.sum(0).view(-1, group_size)  # [E / G, G]
+    if bool((clips != clips[:, :1]).any()):
+        raise ValueError(f"the columns of a group hold different numbers of clips: {done.sum(0).tolist()}")
+    n_clip = max(int(clips.max()), 1)
+    clip = clip.clamp(max=n_clip - 1)
+    returns = torch.zeros(n_clip, n_env, dtype=rewards.dtype, device=rewards.device)
+    returns.scatter_add_(0, clip, zero_invalid(rewards, valid))
+    g = returns.view(n_clip, -1, group_size)
+    adv = (g - g.mean(-1, keepdim=True)) / (g.std(-1, unbiased=False, keepdim=True) + eps)
+    return zero_invalid(adv.view(n_clip, n_env).gather(0, clip), valid)

@@ -432,3 +432,68 @@ def test_rl_module_discounts_chunks_and_keeps_todays_path_without_them() -> None
     ref = masked_gae(rewards=r, discounts=g, **gae)
     assert torch.equal(adv, ref[0]) and torch.equal(ret, ref[1])
     assert not torch.allclose(adv, m.compute_advantages(plain)[0])  # gamma^h is not gamma
+
+
+def grpo_loop(rewards, terminated, truncated, valid, group_size):
+    """Naive GRPO: walk each column's clips, then standardise each clip's return within its group."""
+    t_len, n_env = rewards.shape
+    returns = [[] for _ in range(n_env)]  # per column: [return, [steps]] per clip
+    for e in range(n_env):
+        total, steps = 0.0, []
+        for t in range(t_len):
+            if not valid[t, e]:
+                continue
+            total, steps = total + float(rewards[t, e]), [*steps, t]
+            if terminated[t, e] or truncated[t, e]:
+                returns[e].append((total, steps))
+                total, steps = 0.0, []
+    adv = torch.zeros(t_len, n_env, dtype=torch.float64)
+    for g in range(0, n_env, group_size):
+        for c in range(len(returns[g])):
+            r = torch.tensor([returns[e][c][0] for e in range(g, g + group_size)], dtype=torch.float64)
+            z = (r - r.mean()) / (r.std(unbiased=False) + 1e-6)
+            for k, e in enumerate(range(g, g + group_size)):
+                for t in returns[e][c][1]:
+                    adv[t, e] = z[k]
+    return adv
+
+
+def test_group_relative_advantages_match_a_naive_loop_over_clips_and_groups():
+    from fastlight.advantages import group_relative_advantages
+
+    g = torch.Generator().manual_seed(3)
+    t_len, n_env, group = 12, 6, 3
+    rewards = torch.randn(t_len, n_env, generator=g, dtype=torch.float64)
+    valid = torch.zeros(t_len, n_env, dtype=torch.bool)
+    terminated = torch.zeros_like(valid)
+    truncated = torch.zeros_like(valid)
+    # two cycles of 6 steps; each column's clip ends at its own step, then dummy (invalid) steps
+    ends = torch.randint(0, 6, (2, n_env), generator=g)
+    for c in range(2):
+        for e in range(n_env):
+            end = 6 * c + int(ends[c, e])
+            valid[6 * c : end + 1, e] = True
+            (terminated if (c + e) % 2 else truncated)[end, e] = True
+    rewards[2, 1] = float("nan")  # garbage where invalid must not leak (made invalid below when there)
+    if valid[2, 1]:
+        rewards[2, 1] = 0.5
+    adv = group_relative_advantages(
+        rewards=rewards, terminated=terminated, truncated=truncated, valid=valid, group_size=group
+    )
+    torch.testing.assert_close(
+        adv, grpo_loop(rewards, terminated, truncated, valid, group), rtol=1e-9, atol=1e-9
+    )
+    # a group whose clips earned the same return says nothing: zero advantages
+    same = torch.where(valid, torch.ones_like(rewards), rewards)
+    flat = group_relative_advantages(
+        rewards=same * 0 + valid.double() * 0,
+        terminated=terminated,
+        truncated=truncated,
+        valid=valid,
+        group_size=2,
+    )
+    assert bool((flat == 0).all())
+    with pytest.raises(ValueError, match="group_size 4 must be >= 1 and divide the rollout's 6 columns"):
+        group_relative_advantages(
+            rewards=rewards, terminated=terminated, truncated=truncated, valid=valid, group_size=4
+        )

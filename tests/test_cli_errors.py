@@ -58,6 +58,12 @@ MISTAKES: list[tuple[str, tuple[str, ...], str]] = [
         ("--data.termination_threshold", "1.5"),
         "--data.termination_threshold must be in [0, 1] or auto, got 1.5",
     ),
+    (
+        "group-size",
+        ("--data.group_size", "3"),
+        "--data.group_size 3 must divide each sampler's envs (--data.num_envs 2 / --data.num_workers 1) with "
+        "--data.reset_mode dpsa or sgr (got dpsa)",
+    ),
     ("missing-config", ("--config", "configs/nope.yaml"), "--config configs/nope.yaml: no such file"),
     (
         "bad-yaml",

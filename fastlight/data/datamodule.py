@@ -83,6 +83,9 @@ class RolloutDataModule(L.LightningDataModule):
         max_horizon: DPSA/SGR cycle cap in steps (then truncate and bootstrap).
         rollout_steps: steps per round in ``autoreset`` / ``sequential`` mode.
         cycles_per_step: sampling cycles each sampler contributes to one training step.
+        group_size: this many consecutive envs of a sampler start every cycle from the same seed (the
+            same initial state and task), the groups of GRPO (``--model.advantage grpo``). It must
+            divide each sampler's envs (``num_envs / num_workers``); ``dpsa`` / ``sgr`` modes only.
         valid_steps_per_step: if set, every training step's Rollout holds at least this many valid
             transitions (each sampler collects whole cycles until it has its share), so reset modes
             compare at equal data per update (FAST §Experiments).
@@ -145,6 +148,7 @@ class RolloutDataModule(L.LightningDataModule):
         max_horizon: int = 200,
         rollout_steps: int = 128,
         cycles_per_step: int = 1,
+        group_size: int = 1,
         valid_steps_per_step: int | None = None,
         max_staleness: int = 0,
         rank_rounds: RankRounds = "auto",
@@ -207,6 +211,11 @@ class RolloutDataModule(L.LightningDataModule):
             hp["fleet"] = plain_settings(hp["fleet"], class_path=True)
             wrappers = [plain_settings(w, class_path=True) for w in hp["env_wrappers"] or []]
             hp["env_wrappers"] = wrappers or None
+
+    @property
+    def group_size(self) -> int:
+        """``--data.group_size`` (:class:`~fastlight.data.protocols.GroupsEnvs`)."""
+        return int(self.hparams.group_size)
 
     @property
     @override

@@ -53,6 +53,15 @@ class TaskWeightSink(Protocol):
 
 
 @runtime_checkable
+class GroupsEnvs(Protocol):
+    """A DataModule whose envs start each cycle in groups of ``group_size`` from one seed
+    (``RolloutDataModule``'s ``--data.group_size``), as GRPO's advantages compare them."""
+
+    @property
+    def group_size(self) -> int: ...
+
+
+@runtime_checkable
 class MultiTaskData(TaskWeightSink, Protocol):
     """A DataModule whose env has named tasks (``task_names`` is None for a single-task env)."""
 

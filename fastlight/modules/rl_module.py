@@ -25,15 +25,15 @@ checkpoint is checked for is the base class, :class:`~fastlight.modules.policy_m
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 from typing_extensions import override
 
-from fastlight.advantages import chunk_rewards, masked_gae, normalize_advantages
-from fastlight.data.protocols import ReportsFaults
+from fastlight.advantages import chunk_rewards, group_relative_advantages, masked_gae, normalize_advantages
+from fastlight.data.protocols import GroupsEnvs, ReportsFaults
 from fastlight.losses import entropy_bonus, explained_variance, value_loss
 from fastlight.losses.ratios import Granularity
 from fastlight.models.action_mapping import action_chunk
@@ -87,6 +87,10 @@ class RLModule(PolicyModule):
         value_clip_eps: PPO2-style value clipping range, ``None`` for the unclipped loss.
         max_grad_norm: gradient clipping by global norm (``None`` disables).
         normalize_advantages: standardise advantages over valid steps (globally under DDP).
+        advantage: ``gae`` (masked GAE over the critic's values) or ``grpo``: each clip's return
+            against the other clips of its group, which started from the same seed
+            (:func:`~fastlight.advantages.group_relative_advantages`; needs ``--data.group_size`` >= 2;
+            the critic still learns, and ``normalize_advantages`` is not applied on top).
         normalize_obs: keep running observation statistics in the policy and act on normalised
             observations (:class:`~fastlight.models.normalization.NormalizedPolicy`: updated from each
             Rollout's valid steps, published with the weights, saved in checkpoints). ``None``
@@ -129,6 +133,7 @@ class RLModule(PolicyModule):
         value_clip_eps: float | None = None,
         max_grad_norm: float | None = 0.5,
         normalize_advantages: bool = True,
+        advantage: Literal["gae", "grpo"] = "gae",
         normalize_obs: bool | None = None,
         normalize_returns: bool | None = None,
         recompute_values: bool = False,
@@ -186,7 +191,15 @@ class RLModule(PolicyModule):
             lam=h.gae_lambda,
             discounts=discounts,
         )
-        if h.normalize_advantages:
+        if h.get("advantage", "gae") == "grpo":
+            adv = group_relative_advantages(
+                rewards=rollout.rewards,
+                terminated=rollout.terminated,
+                truncated=rollout.truncated,
+                valid=rollout.valid,
+                group_size=self._group_size(),
+            )
+        elif h.normalize_advantages:
             # One all-reduce of (sum, sum of squares, count) under DDP (AcceRL §global normalisation).
             adv = normalize_advantages(adv, rollout.valid)
         if isinstance(self.policy, NormalizedPolicy):
@@ -194,6 +207,16 @@ class RLModule(PolicyModule):
             # Factory's order); GAE above used the values in return units as sampled.
             self.policy.update_returns(ret, rollout.valid, reduce=self.sum_over_ranks)
         return adv, ret, values
+
+    def _group_size(self) -> int:
+        data = self._trainer.datamodule if self._trainer is not None else None
+        size = data.group_size if isinstance(data, GroupsEnvs) else 1
+        if size < 2:
+            raise ValueError(
+                "--model.advantage grpo compares clips that started alike: set --data.group_size to 2 or "
+                f"more (a divisor of each sampler's envs), got {size}"
+            )
+        return size
 
     def evaluate_actions(self, mb: Minibatch) -> EvalOutput:
         return self.policy.evaluate(mb.obs, mb.actions, step=mb.step)

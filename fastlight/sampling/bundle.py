@@ -40,6 +40,8 @@ class SamplerConfig:
     #: Applied around every env, in order (``--data.env_wrappers``, e.g. ``ScenarioLoadCost``).
     env_wrappers: tuple[AnyEnvWrapper, ...] = ()
     seed: int = 0
+    #: ``--data.group_size``: consecutive envs of a sampler that start each cycle from one seed.
+    group_size: int = 1
     nonfinite: str = "raise"
     #: ``--data.rank_rounds`` resolved: ``together``: the rank's samplers end their rounds together
     #: through a :class:`~fastlight.sampling.round_signal.RoundSignal` (the bundle's ``rounds``).

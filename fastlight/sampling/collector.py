@@ -94,6 +94,7 @@ class Collector(EnvSteps):
         max_horizon: int = 200,
         rollout_steps: int = 128,
         seed: int = 0,
+        group_size: int = 1,
         nonfinite: str = "raise",
         heartbeat: Callable[[], None] | None = None,
         rounds: RoundView | None = None,
@@ -131,6 +132,12 @@ class Collector(EnvSteps):
         self.max_horizon = max_horizon
         self.rollout_steps = rollout_steps
         self.seed = seed
+        if group_size < 1 or len(self.envs) % group_size or (group_size > 1 and mode not in ("dpsa", "sgr")):
+            raise ValueError(
+                f"--data.group_size {group_size} must be >= 1, divide each sampler's envs ({len(self.envs)}) "
+                f"and, above 1, run with --data.reset_mode dpsa or sgr (groups start together), got {mode}"
+            )
+        self.group_size = group_size
         self._pool = ThreadPoolExecutor(max_workers=len(self.envs), thread_name_prefix="fastlight-reset")
         #: Global resets and rounds done: the next ones' seeds (:mod:`fastlight.sampling.exact`).
         self.resets = 0
@@ -157,6 +164,7 @@ class Collector(EnvSteps):
             max_horizon=cfg.max_horizon,
             rollout_steps=cfg.rollout_steps,
             seed=cfg.seed,
+            group_size=cfg.group_size,
             nonfinite=cfg.nonfinite,
             heartbeat=bundle.beat,
             rounds=bundle.rounds,

@@ -39,6 +39,7 @@ class EnvResets:
     envs: list[gym.Env]
     mode: str
     seed: int
+    group_size: int
     nonfinite: str
     heartbeat: Callable[[], None]
     reset_cost: float | None
@@ -94,7 +95,8 @@ class EnvResets:
         def one(i: int) -> tuple[int, Any, dict, int, float]:
             # A global reset seeds every env from the count (a resumed sampler redoes the same one);
             # an env resetting alone (autoreset) goes on with its own RNG, saved with it.
-            seed = reset_seed(self.seed, self.resets, i) if every else None
+            # Envs of one group (group_size consecutive ones) start from the same seed: GRPO's group.
+            seed = reset_seed(self.seed, self.resets, i // self.group_size) if every else None
             dropped = 0
             t = time.perf_counter()
             try:

@@ -289,3 +289,22 @@ def test_a_discarded_reset_ahead_is_done_again_at_the_cycle_start(obs_value_poli
     c.discard_ahead()  # e.g. DWR weights arrived after it
     c.collect(obs_value_policy).validate()
     assert [e.reset_calls for e in c.envs] == [2, 2]  # the discarded one, then the cycle's own
+
+
+def test_group_size_starts_each_group_of_envs_from_one_seed(obs_value_policy):
+    """GRPO's groups (``--data.group_size``): consecutive envs share their reset seed, every cycle."""
+    import gymnasium as gym
+
+    envs = [gym.make("CartPole-v1") for _ in range(6)]
+    c = Collector(envs, mode="dpsa", termination_threshold=1.0, max_horizon=4, seed=7, group_size=3)
+    for _ in range(2):  # the second cycle's groups share a new seed
+        first = c.collect(obs_value_policy).obs[0]  # [E, 4]: the cycle's initial observations
+        assert torch.equal(first[0], first[1]) and torch.equal(first[0], first[2])
+        assert torch.equal(first[3], first[5]) and not torch.equal(first[0], first[3])
+    c.close()
+    with pytest.raises(
+        ValueError, match=r"--data.group_size 4 must be >= 1, divide each sampler's envs \(6\)"
+    ):
+        Collector([gym.make("CartPole-v1") for _ in range(6)], group_size=4)
+    with pytest.raises(ValueError, match="run with --data.reset_mode dpsa or sgr"):
+        Collector([gym.make("CartPole-v1") for _ in range(2)], mode="autoreset", group_size=2)
