@@ -35,6 +35,9 @@ def check_data_settings(args: dict[str, Any]) -> None:
         rollout_steps=args["rollout_steps"],
         nonfinite=args["nonfinite"],
     )
+    for name in ("prefetch", "num_workers", "cycles_per_step", "steps_per_epoch", "group_size"):
+        if args[name] <= 0:
+            raise ValueError(f"--data.{name} must be > 0, got {args[name]}")
     group = args["group_size"]
     uneven = num_envs % num_workers or (num_envs // num_workers) % group
     if group > 1 and (uneven or mode not in ("dpsa", "sgr")):
@@ -42,9 +45,6 @@ def check_data_settings(args: dict[str, Any]) -> None:
             f"--data.group_size {group} must divide each sampler's envs (--data.num_envs {num_envs} / "
             f"--data.num_workers {num_workers}) with --data.reset_mode dpsa or sgr (got {mode})"
         )
-    for name in ("prefetch", "num_workers", "cycles_per_step", "steps_per_epoch", "group_size"):
-        if args[name] <= 0:
-            raise ValueError(f"--data.{name} must be > 0, got {args[name]}")
     if num_workers > num_envs:
         raise ValueError(f"--data.num_workers must be <= --data.num_envs ({num_envs}), got {num_workers}")
     if mode == "sequential" and num_workers != num_envs:
