@@ -22,6 +22,7 @@ from __future__ import annotations
 from lightning.pytorch.utilities import rank_zero_warn
 
 from fastlight.rollout import RolloutStats
+from fastlight.sampling.collector_settings import RESET_MODES
 
 #: Rollouts to sum before judging (the first cycles of a run include start-up).
 MIN_ROLLOUTS = 4
@@ -46,6 +47,7 @@ class SamplingAdvice:
         self, *, reset_mode: str, termination_threshold: float | str, max_horizon: int, num_envs: int
     ) -> None:
         self.reset_mode = reset_mode
+        self.traits = RESET_MODES[reset_mode]
         self.threshold = termination_threshold
         self.max_horizon = max_horizon
         self.num_envs = num_envs
@@ -56,8 +58,8 @@ class SamplingAdvice:
 
     def update(self, stats: RolloutStats) -> list[str]:
         """Add one Rollout's counters; returns (and warns) the advice lines first due now."""
-        if self.reset_mode not in ("dpsa", "sgr"):
-            return []  # autoreset cuts nothing and resets one env at a time
+        if not self.traits.cycles:
+            return []  # without cycles nothing is cut and envs reset one at a time
         self.rollouts += 1
         for e in stats.episodes:
             self.episodes += 1
@@ -82,14 +84,14 @@ class SamplingAdvice:
         cut = self.cut_by_threshold / self.episodes
         mode, thr = self.reset_mode, self.threshold
         if cut > CUT_SHARE_WARN:
-            if mode == "sgr":
-                todo = "--data.reset_mode dpsa (SGR cuts every env at the first end)"
+            if not self.traits.threshold:
+                todo = f"--data.reset_mode dpsa ({mode.upper()} cuts every env at the first end)"
             elif thr == "auto":
                 todo = "--data.max_horizon or more envs per sampler (auto could not keep the cut share lower)"
             else:
                 todo = "raise --data.termination_threshold (e.g. 0.9) or set it to auto"
             setting = f"--data.reset_mode {mode}" + (
-                f", --data.termination_threshold {thr}" if mode == "dpsa" else ""
+                f", --data.termination_threshold {thr}" if self.traits.threshold else ""
             )
             out.append(
                 (
@@ -112,7 +114,7 @@ class SamplingAdvice:
         if reset > RESET_SHARE_WARN:
             todo = (
                 "--data.reset_mode dpsa with a high --data.termination_threshold (or auto)"
-                if mode == "sgr"
+                if not self.traits.threshold
                 else "raise --data.termination_threshold (or set it to auto) so each cycle runs longer "
                 "per reset"
                 if thr != "auto"

@@ -37,7 +37,7 @@ from fastlight.data.env_spec import EnvSpec, task_names_of
 from fastlight.data.exact_resume import EXACT_KEY, restore_exact, save_exact
 from fastlight.data.prefetch import Prefetcher
 from fastlight.data.protocols import ChecksEnvSpec, CopiesPolicy, RolloutPolicyModule, implements, require
-from fastlight.data.sampler_plan import resolve_rounds, sampler_configs
+from fastlight.data.sampler_plan import RankRounds, resolve_rank_rounds, sampler_configs
 from fastlight.data.tickets import StepTickets
 from fastlight.envs.registry import make_env
 from fastlight.envs.wrappers import AnyEnvWrapper, EnvWrapper, wrap_env, wrapper_of
@@ -51,7 +51,6 @@ from fastlight.sampling.bundle import SamplerConfig
 from fastlight.sampling.collector_settings import Nonfinite, ResetMode
 from fastlight.sampling.exact import SamplerState
 from fastlight.sampling.obs import obs_to_tensor, stack_obs
-from fastlight.sampling.round_signal import RankRounds
 from fastlight.weights.publisher import SyncStats
 
 __all__ = ["EnvSpec", "RolloutDataModule", "StepTickets", "cpu_copy"]
@@ -165,6 +164,8 @@ class RolloutDataModule(L.LightningDataModule):
         self.env_wrappers: tuple[AnyEnvWrapper, ...] = tuple(env_wrappers or ())
         self.inference, self.faults = inference, faults
         check_data_settings(locals())
+        #: ``together`` or ``apart``: ``--data.rank_rounds`` resolved for these settings and fleet.
+        self.rank_rounds = resolve_rank_rounds(locals(), fleet)
         self.save_hyperparameters()
         self._plain_settings()
         # Samplers receive them pickled: a gymnasium wrapper is rebuilt from its settings (class_path +
@@ -246,12 +247,6 @@ class RolloutDataModule(L.LightningDataModule):
         )
 
     @property
-    def rank_rounds(self) -> str:
-        """``together`` or ``apart``: ``--data.rank_rounds``, with ``auto`` resolved for this run's
-        settings and fleet (:func:`~fastlight.sampling.round_signal.resolve_rank_rounds`)."""
-        return resolve_rounds(self.hparams, shared_memory=self.fleet.shared_memory)
-
-    @property
     def env_seed(self) -> int:
         """The base env seed: ``--data.seed`` if set, else the global seed Lightning's
         ``seed_everything`` exported (``PL_GLOBAL_SEED``), else 0. Read when the samplers start, so a
@@ -263,7 +258,7 @@ class RolloutDataModule(L.LightningDataModule):
 
     def sampler_configs(self, rank: int) -> list[SamplerConfig]:
         configs = sampler_configs(self.hparams, rank=rank, seed=self.env_seed, env_wrappers=self.env_wrappers,
-                                  shared_memory=self.fleet.shared_memory)  # fmt: skip
+                                  rank_rounds=self.rank_rounds)  # fmt: skip
         return [replace(c, resume=self._resume_states.get(i)) for i, c in enumerate(configs)]
 
     def start(self, module: RolloutPolicyModule | None = None) -> None:

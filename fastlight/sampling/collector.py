@@ -35,25 +35,12 @@ from fastlight.models.base import Policy, ServedPolicy
 from fastlight.rollout import Rollout, RolloutStats
 from fastlight.sampling.auto_threshold import AUTO, CycleCosts, ThresholdChooser
 from fastlight.sampling.bundle import SamplerBundle
-from fastlight.sampling.collector_settings import (
-    NONFINITE,
-    RESET_MODES,
-    Nonfinite,
-    ResetMode,
-    check_collector_settings,
-)
-from fastlight.sampling.env_faults import EnvError, NonFiniteError, is_finite
+from fastlight.sampling.collector_settings import RESET_MODES, check_collector_settings
 from fastlight.sampling.episodes import Episode, record
 from fastlight.sampling.exact import SamplerState, env_state, restore_env, seed_round
-from fastlight.sampling.resets import POOL_RESET_S, RESET_RETRIES
-from fastlight.sampling.round_signal import RoundView, cycle_key
+from fastlight.sampling.round_signal import RoundView, cycle_key, together_blockers
 from fastlight.sampling.rows import RowBuffer
 from fastlight.sampling.steps import EnvSteps
-
-__all__ = [
-    "NONFINITE", "POOL_RESET_S", "RESET_MODES", "RESET_RETRIES", "Collector", "EnvError", "NonFiniteError",
-    "Nonfinite", "ResetMode", "check_collector_settings", "is_finite",
-]
 
 
 class Collector(EnvSteps):
@@ -99,35 +86,29 @@ class Collector(EnvSteps):
         rounds: RoundView | None = None,
         save_envs: bool = False,
     ) -> None:
-        rank_rate = rounds is not None and rounds.shared_rate
-        if rank_rate and (mode not in ("dpsa", "sgr") or termination_threshold == AUTO):
-            raise ValueError(
-                "the rank's termination rate (--data.rank_rounds together, --data.max_staleness 0) needs "
-                f"--data.reset_mode dpsa or sgr and a fixed --data.termination_threshold, got {mode} / "
-                f"{termination_threshold}"
-            )
         check_collector_settings(
-            mode=mode,
-            num_envs=len(envs),
-            termination_threshold=termination_threshold,
-            max_horizon=max_horizon,
-            rollout_steps=rollout_steps,
-            nonfinite=nonfinite,
-        )
+            mode=mode, num_envs=len(envs), termination_threshold=termination_threshold,
+            max_horizon=max_horizon, rollout_steps=rollout_steps, nonfinite=nonfinite,
+        )  # fmt: skip
+        if rounds is not None and rounds.shared_rate:  # the rank's rate: --data.max_staleness 0
+            threshold = termination_threshold
+            wrong = together_blockers(reset_mode=mode, max_staleness=0, termination_threshold=threshold,
+                                      cycles_per_step=1)  # fmt: skip
+            for flag, (value, allowed) in wrong.items():
+                raise ValueError(f"the rank's termination rate (--data.rank_rounds together) needs {flag} "
+                                 f"{allowed}, got {value!r}")  # fmt: skip
         self.nonfinite = nonfinite
         self.save_envs = save_envs
         self.rounds = rounds
         self.heartbeat = heartbeat if heartbeat is not None else _no_beat
         self.envs = list(envs)
         self.mode = mode
+        self.traits = RESET_MODES[mode]
         self.termination_threshold = termination_threshold
-        # `auto`: one chooser per Collector, from this sampler's own costs (dpsa only: sgr cuts at
-        # the first end by definition, autoreset never cuts).
-        self.chooser = (
-            ThresholdChooser(len(self.envs), max_horizon, seed=seed)
-            if termination_threshold == AUTO and mode == "dpsa"
-            else None
-        )
+        # `auto`: one chooser per Collector, from this sampler's own costs (only where the mode's cut
+        # waits for the threshold).
+        auto = termination_threshold == AUTO and self.traits.threshold
+        self.chooser = ThresholdChooser(len(self.envs), max_horizon, seed=seed) if auto else None
         self.max_horizon = max_horizon
         self.rollout_steps = rollout_steps
         self.seed = seed
@@ -171,7 +152,7 @@ class Collector(EnvSteps):
     def state(self, version: int) -> SamplerState:
         """This sampler's position after the round it ran on ``version``: what a resumed sampler needs
         to go on as this one would (:mod:`fastlight.sampling.exact`)."""
-        if self.mode in ("dpsa", "sgr") or self._obs is None:  # every episode ends with its cycle
+        if self.traits.cycles or self._obs is None:  # every episode ends with its cycle
             return SamplerState(version, self.rounds_done, self.resets)
         if not self.save_envs:  # saving them costs ~0.1 ms per MuJoCo env and round, ~9 ms for highway
             return SamplerState(version, self.rounds_done, self.resets, exact=False)
@@ -216,7 +197,7 @@ class Collector(EnvSteps):
         if self._served:  # the inference worker ranks stragglers by progress per round
             policy.new_round(self.heartbeat)
         self._chunk = action_chunk(policy.action_mapping())
-        if self.mode in ("dpsa", "sgr"):
+        if self.traits.cycles:
             rank_rate = cycle is not None and self.rounds is not None and self.rounds.shared_rate
             rows = self._collect_cycle(policy, stats, cycle_key(policy_version, cycle) if rank_rate else None)
         else:
@@ -236,7 +217,7 @@ class Collector(EnvSteps):
         """Whether a cycle at env step ``t`` with ``fraction`` of its clips ended is truncated."""
         if t >= self.max_horizon:
             return True
-        if self.mode == "sgr":
+        if not self.traits.threshold:
             return fraction > 0
         # A small epsilon: k / E computed by the chooser must cut at k ended envs, not k + 1.
         return fraction >= threshold - 1e-9
@@ -266,7 +247,7 @@ class Collector(EnvSteps):
         if key is not None:
             self.rounds.begin(key)
         threshold = self.chooser.threshold() if self.chooser is not None else self.termination_threshold
-        stats.threshold_sum += float(threshold) if self.mode == "dpsa" else 0.0
+        stats.threshold_sum += float(threshold) if self.traits.threshold else 0.0
         rows = RowBuffer(self.num_envs, self._chunk)
         alive = [True] * self.num_envs
         # t: the cycle's env-step time (policy steps x their chunks' span; one per step without chunks)

@@ -18,6 +18,7 @@ from typing import Any
 import gymnasium as gym
 
 from fastlight.rollout import RolloutStats
+from fastlight.sampling.collector_settings import ResetTraits
 from fastlight.sampling.env_faults import EnvError, NonFiniteError, is_finite, preview
 from fastlight.sampling.episodes import Episode
 from fastlight.sampling.exact import reset_seed
@@ -37,7 +38,7 @@ class EnvResets:
     builds on it (its ``__init__`` sets every attribute annotated here)."""
 
     envs: list[gym.Env]
-    mode: str
+    traits: ResetTraits
     seed: int
     nonfinite: str
     heartbeat: Callable[[], None]
@@ -61,7 +62,7 @@ class EnvResets:
         ``reset_time`` and ``wall_time``. A second call before that cycle is a no-op; in
         ``autoreset`` mode, which has no global reset between rounds, it does nothing.
         """
-        if self.mode not in ("dpsa", "sgr") or self._ahead is not None:
+        if not self.traits.cycles or self._ahead is not None:
             return
         stats = RolloutStats()
         t0 = time.perf_counter()

@@ -39,12 +39,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal, get_args
+from typing import Any
 
-#: ``--data.rank_rounds``: ``together`` (refused where it cannot work), ``apart`` (each sampler ends
-#: its own rounds: the same seeds give the same cycles), ``auto`` (``together`` where it can work).
-RankRounds = Literal["auto", "together", "apart"]
-RANK_ROUNDS: tuple[str, ...] = get_args(RankRounds)
+from fastlight.sampling.collector_settings import CYCLE_MODES, RESET_MODES
 
 #: Cycle index bits of a key (``version * CYCLES + k``): at most this many cycles per version.
 CYCLES = 64
@@ -67,21 +64,13 @@ def together_blockers(
     wrong: dict[str, tuple[object, str]] = {}
     if max_staleness > 0:
         return wrong
-    if reset_mode not in ("dpsa", "sgr"):
-        wrong["--data.reset_mode"] = (reset_mode, "dpsa or sgr")
+    if not RESET_MODES[reset_mode].cycles:
+        wrong["--data.reset_mode"] = (reset_mode, CYCLE_MODES)
     if termination_threshold == "auto":
         wrong["--data.termination_threshold"] = (termination_threshold, "a number, not auto")
     if cycles_per_step > CYCLES:
         wrong["--data.cycles_per_step"] = (cycles_per_step, f"<= {CYCLES}")
     return wrong
-
-
-def resolve_rank_rounds(value: str, *, blockers: Mapping[str, object], shared_memory: bool) -> str:
-    """``together`` or ``apart``: ``auto`` is ``together`` where it can work (no blockers, samplers on
-    the trainer's machine) and ``apart`` elsewhere; the other two are themselves."""
-    if value != "auto":
-        return value
-    return "together" if not blockers and shared_memory else "apart"
 
 
 def cycle_key(version: int, k: int) -> int:

@@ -14,7 +14,8 @@ from fastlight.envs import ScenarioLoadCost, scenario_cost
 from fastlight.procs import seed_everything
 from fastlight.rollout import Rollout
 from fastlight.sampling.bundle import RankHandles
-from fastlight.sampling.collector import POOL_RESET_S, Collector
+from fastlight.sampling.collector import Collector
+from fastlight.sampling.resets import POOL_RESET_S
 from tests.policies import ObsValuePolicy
 
 FIXED = "tests.fake_envs:FixedLength-v0"

@@ -17,7 +17,8 @@ import torch
 from fastlight.advantages import chunk_rewards, masked_gae
 from fastlight.models.action_mapping import ChunkActions, IdentityActions, action_chunk
 from fastlight.models.base import ActOutput, EvalOutput
-from fastlight.sampling.collector import Collector, NonFiniteError
+from fastlight.sampling.collector import Collector
+from fastlight.sampling.env_faults import NonFiniteError
 from tests.fake_envs import FaultEnv, FixedLengthEnv
 
 D = 2  # action dimensions

@@ -16,7 +16,8 @@ from fastlight.sampling.auto_threshold import (
     ThresholdChooser,
     kaplan_meier,
 )
-from fastlight.sampling.collector import Collector, check_collector_settings
+from fastlight.sampling.collector import Collector
+from fastlight.sampling.collector_settings import check_collector_settings
 from tests.fake_envs import FixedLengthEnv
 
 
