@@ -33,7 +33,7 @@ from fastlight.data.data_settings import (
     thread_plan,
     threads_line,
 )
-from fastlight.data.env_spec import EnvSpec, task_names_of
+from fastlight.data.env_spec import EnvSizes, EnvSpec, task_names_of
 from fastlight.data.exact_resume import EXACT_KEY, restore_exact, save_exact
 from fastlight.data.prefetch import Prefetcher
 from fastlight.data.protocols import ChecksEnvSpec, CopiesPolicy, RolloutPolicyModule, implements, require
@@ -61,7 +61,7 @@ DEFAULT_FAULTS = FaultSettings()
 DEFAULT_FLEET = LocalFleet()
 
 
-class RolloutDataModule(L.LightningDataModule):
+class RolloutDataModule(EnvSizes, L.LightningDataModule):
     """Background sampling for on-policy RL. Every argument is keyword-only; the settings of one
     concern are one typed object (``inference``, ``faults``, ``env_wrappers``, ``fleet``).
 
@@ -74,13 +74,14 @@ class RolloutDataModule(L.LightningDataModule):
             emulated scenario-load latency ``fastlight.envs.ScenarioLoadCost`` (FAST §background).
         num_envs: environment clips in total per trainer rank, spread over the samplers.
         num_workers: sampler processes per trainer rank.
-        reset_mode: ``dpsa | sgr | autoreset | sequential`` (FAST §DPSA).
+        reset_mode: how the envs reset (FAST §DPSA;
+            :data:`~fastlight.sampling.collector_settings.RESET_MODES` says what each mode is).
         termination_threshold: DPSA unified truncation when this fraction of clips has ended, or
             ``auto``: each sampler chooses it every cycle for the most valid steps per second with
             at most 20 % of the episodes cut (:mod:`fastlight.sampling.auto_threshold`;
             ``perf/termination_threshold`` logs the choice).
-        max_horizon: DPSA/SGR cycle cap in steps (then truncate and bootstrap).
-        rollout_steps: steps per round in ``autoreset`` / ``sequential`` mode.
+        max_horizon: cycle cap in steps (then truncate and bootstrap) in the modes whose rounds are cycles.
+        rollout_steps: steps per round in the other modes.
         cycles_per_step: sampling cycles each sampler contributes to one training step.
         valid_steps_per_step: if set, every training step's Rollout holds at least this many valid
             transitions (each sampler collects whole cycles until it has its share), so reset modes
@@ -88,23 +89,16 @@ class RolloutDataModule(L.LightningDataModule):
         max_staleness: 0 = strictly on-policy; k = accept data up to k versions old (older data is
             dropped and counted as ``rollout/dropped_stale``).
         rank_rounds: whether the rank's samplers end their rounds together
-            (:mod:`fastlight.sampling.round_signal`). ``together``: with ``max_staleness: 0``, DPSA's
-            termination rate counts every clip of the rank, as FAST §DPSA counts "terminated clips
-            among all clips", so the samplers truncate together and the trainer no longer waits for
-            the slowest one while the others idle (needs ``dpsa``/``sgr`` and a fixed threshold);
-            with ``max_staleness`` above 0, once a training step's super-batch is complete the other
-            samplers end the round they are sampling at their next step (unified truncation: clips
-            still running are truncated and bootstrapped) and the batch takes those rounds, so
-            their steps are not a version old in the next batch (``rollout/cut_in_flight`` counts
-            them). Either way the local fleet only, and the cuts depend on the processes' relative
-            speed (not reproducible bit for bit). ``apart``: each sampler ends its own rounds (the
-            same seeds give the same cycles). ``auto`` (default): ``together`` where it can work.
+            (:mod:`fastlight.sampling.round_signal`): ``together`` (local fleet only, not reproducible
+            bit for bit): with ``max_staleness: 0`` on DPSA's termination rate over every clip of the
+            rank (FAST §DPSA), above 0 by cutting the other samplers' rounds in flight once a batch is
+            complete (``rollout/cut_in_flight``); ``apart``: each on its own (the same seeds give the
+            same cycles); ``auto`` (default): ``together`` where it can work.
         prefetch: super-batches the background prefetcher keeps ready (AcceRL §prefetch).
         trainer_threads: torch intra-op threads of the trainer once its samplers start. ``None``
             (default): the cores its local samplers leave (:meth:`thread_plan`), at least 1;
-            unchanged when ``OMP_NUM_THREADS`` is set or the fleet is remote. torch's own default,
-            one thread per core, competes with the busy samplers: an asynchronous highway update
-            took 6x longer on 2 cores (``benchmarks/results/sync.md``, Run 6).
+            unchanged when ``OMP_NUM_THREADS`` is set or the fleet is remote (torch's own default,
+            one thread per core, competes with the busy samplers).
         inference: :class:`~fastlight.inference.InferenceSettings`: one inference worker process
             holds the policy and serves every sampler (AcceRL §inference); ``None`` (default): each
             sampler acts with its own CPU copy of the policy.
@@ -121,12 +115,10 @@ class RolloutDataModule(L.LightningDataModule):
             ``fastlight`` command warmed one (it does for ``fit``), else ``spawn``
             (:mod:`fastlight.fleet.start`).
         fleet: where the samplers run: local processes (:class:`~fastlight.fleet.pool.LocalFleet`,
-            the default) or Ray actors on any node of a cluster
-            (:class:`~fastlight.fleet.ray.fleet.RayFleet`, ``--data.fleet
-            fastlight.fleet.ray.fleet.RayFleet --data.fleet.init_args.address auto``). Sampling,
-            staleness, seeds and the restart budget are the same with either.
-        exact_resume: ``autoreset``: samplers save their envs after every round (~0.1 ms per MuJoCo
-            env), so a resume continues their episodes; the rest of an exact resume is always saved
+            the default) or Ray actors on any node of a cluster (:class:`~fastlight.fleet.ray.fleet.RayFleet`).
+            Sampling, staleness, seeds and the restart budget are the same with either.
+        exact_resume: ``autoreset``: samplers save their envs after every round, so a resume
+            continues their episodes; the rest of an exact resume is always saved
             (:mod:`fastlight.data.exact_resume`: when "N updates, stop, resume, M more" equals
             "N + M straight"; a resume says in one line whether it is exact).
     """
@@ -222,19 +214,6 @@ class RolloutDataModule(L.LightningDataModule):
     def evaluation_env(self) -> tuple[str, dict[str, Any], list[dict[str, Any]]]:
         """The env evaluation episodes play (:class:`~fastlight.data.protocols.EvaluationEnv`)."""
         return self.hparams.env_id, dict(self.hparams.env_kwargs or {}), list(self.hparams.env_wrappers or [])
-
-    # Sizes linked to the model by the CLI (``link_arguments`` with apply_on="instantiate").
-    @property
-    def obs_dim(self) -> int:
-        return self.env_spec.obs_dim
-
-    @property
-    def action_dim(self) -> int:
-        return self.env_spec.action_dim
-
-    @property
-    def continuous(self) -> bool:
-        return self.env_spec.continuous
 
     def thread_plan(
         self, ranks_here: int, device: torch.device | str = "cpu"

@@ -179,7 +179,7 @@ def _loop(bundle: SamplerBundle, collector: Collector, outbox: Outgoing) -> None
         while valid < cfg.min_valid_steps and not stop.is_set() and not parts[-1].stats.cut_in_flight:
             parts.append(collector.collect(policy, policy_version=version))
             valid += parts[-1].stats.valid_steps
-        item = rollout_to_numpy(Rollout.cat_time(parts))
+        item = rollout_to_numpy(Rollout.cat(parts, dim=0))
         item.stats.sampler = bundle.index
         item.stats.sampler_states = {bundle.index: collector.state(version)}
         served_by = ("the inference worker", policy.last_version, policy.last_checksum) if served else None
