@@ -115,8 +115,9 @@ class RolloutDataModule(EnvSizes, L.LightningDataModule):
             ``fastlight`` command warmed one (it does for ``fit``), else ``spawn``
             (:mod:`fastlight.fleet.start`).
         fleet: where the samplers run: local processes (:class:`~fastlight.fleet.pool.LocalFleet`,
-            the default) or Ray actors on any node of a cluster (:class:`~fastlight.fleet.ray.fleet.RayFleet`).
-            Sampling, staleness, seeds and the restart budget are the same with either.
+            the default) or Ray actors on any node of a cluster
+            (:class:`~fastlight.fleet.ray.fleet.RayFleet`); sampling, staleness, seeds and the restart
+            budget are the same with either.
         exact_resume: ``autoreset``: samplers save their envs after every round, so a resume
             continues their episodes; the rest of an exact resume is always saved
             (:mod:`fastlight.data.exact_resume`: when "N updates, stop, resume, M more" equals
