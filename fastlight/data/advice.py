@@ -81,51 +81,33 @@ class SamplingAdvice:
 
     def _advice(self) -> list[tuple[str, str]]:
         out = []
+        mode, thr, cuts = self.reset_mode, self.threshold, self.traits.threshold
         cut = self.cut_by_threshold / self.episodes
-        mode, thr = self.reset_mode, self.threshold
         if cut > CUT_SHARE_WARN:
-            if not self.traits.threshold:
+            if not cuts:
                 todo = f"--data.reset_mode dpsa ({mode.upper()} cuts every env at the first end)"
             elif thr == "auto":
                 todo = "--data.max_horizon or more envs per sampler (auto could not keep the cut share lower)"
             else:
                 todo = "raise --data.termination_threshold (e.g. 0.9) or set it to auto"
-            setting = f"--data.reset_mode {mode}" + (
-                f", --data.termination_threshold {thr}" if self.traits.threshold else ""
-            )
-            out.append(
-                (
-                    "cut",
-                    f"fastlight: {cut:.0%} of episodes were cut short by the unified truncation "
-                    f"(perf/truncated_episode_share; {setting}): the long episodes stop when the short ones "
-                    f"end, and their returns are bootstrapped; {todo}",
-                )
-            )
+            setting = f"--data.reset_mode {mode}" + (f", --data.termination_threshold {thr}" if cuts else "")
+            out.append(("cut", f"fastlight: {cut:.0%} of episodes were cut short by the unified truncation "
+                        f"(perf/truncated_episode_share; {setting}): the long episodes stop when the short "
+                        f"ones end, and their returns are bootstrapped; {todo}"))  # fmt: skip
         horizon = self.cut_by_horizon / self.episodes
         if horizon > CUT_SHARE_WARN:
-            out.append(
-                (
-                    "horizon",
-                    f"fastlight: {horizon:.0%} of episodes ran past --data.max_horizon {self.max_horizon} "
-                    "and were cut there; raise --data.max_horizon to the episodes' length",
-                )
-            )
+            out.append(("horizon", f"fastlight: {horizon:.0%} of episodes ran past --data.max_horizon "
+                        f"{self.max_horizon} and were cut there; raise --data.max_horizon to the episodes' "
+                        "length"))  # fmt: skip
         reset = self.reset_time / self.wall_time if self.wall_time > 0 else 0.0
         if reset > RESET_SHARE_WARN:
-            todo = (
-                "--data.reset_mode dpsa with a high --data.termination_threshold (or auto)"
-                if not self.traits.threshold
-                else "raise --data.termination_threshold (or set it to auto) so each cycle runs longer "
-                "per reset"
-                if thr != "auto"
-                else "more envs per sampler (their resets overlap) or a cheaper env.reset"
-            )
-            out.append(
-                (
-                    "reset",
-                    f"fastlight: the samplers spent {reset:.0%} of their time in env.reset "
-                    f"(perf/time_efficiency {self.step_time / self.wall_time:.2f}): every {mode} cycle "
-                    f"starts with a reset of all envs; {todo}",
-                )
-            )
+            if not cuts:
+                todo = "--data.reset_mode dpsa with a high --data.termination_threshold (or auto)"
+            elif thr != "auto":
+                todo = "raise --data.termination_threshold (or set it to auto): longer cycles per reset"
+            else:
+                todo = "more envs per sampler (their resets overlap) or a cheaper env.reset"
+            out.append(("reset", f"fastlight: the samplers spent {reset:.0%} of their time in env.reset "
+                        f"(perf/time_efficiency {self.step_time / self.wall_time:.2f}): every {mode} cycle "
+                        f"starts with a reset of all envs; {todo}"))  # fmt: skip
         return out

@@ -25,6 +25,7 @@ import pickle
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 import gymnasium as gym
@@ -48,12 +49,12 @@ class Collector(EnvSteps):
 
     Args:
         envs: the E environments (``len(envs) == 1`` for ``sequential``).
-        mode: ``dpsa | sgr | autoreset | sequential``.
+        mode: the reset mode (:data:`~fastlight.sampling.collector_settings.RESET_MODES`).
         termination_threshold: DPSA's unified-truncation threshold on the fraction of ended envs,
             or ``"auto"``: chosen every cycle from the measured step cost, reset cost and episode
             lengths (:class:`~fastlight.sampling.auto_threshold.ThresholdChooser`).
-        max_horizon: DPSA/SGR cycle length cap in env steps; reaching it truncates and bootstraps.
-        rollout_steps: env steps per env per ``collect()`` in ``autoreset`` / ``sequential`` mode
+        max_horizon: cycle length cap in env steps; reaching it truncates and bootstraps.
+        rollout_steps: env steps per env per ``collect()`` in the modes without cycles
             (with action chunks of ``H``: ``ceil(rollout_steps / H)`` policy steps).
         seed: the sampler's base seed: env ``i``'s seed in global reset ``n`` and the action noise of
             round ``n`` are functions of it (:mod:`fastlight.sampling.exact`); an env resetting alone
@@ -123,8 +124,7 @@ class Collector(EnvSteps):
         # Running mean of one env.reset() in seconds; None until the first reset was timed (the
         # first global reset uses the pool: a scenario load may be slow).
         self.reset_cost: float | None = None
-        # The next dpsa/sgr cycle's global reset, done ahead by reset_ahead(): its counters and
-        # wall seconds, charged to that cycle.
+        # The next cycle's global reset, done ahead by reset_ahead(): its counters and wall seconds.
         self._ahead: tuple[RolloutStats, float] | None = None
 
     @classmethod
@@ -152,15 +152,13 @@ class Collector(EnvSteps):
     def state(self, version: int) -> SamplerState:
         """This sampler's position after the round it ran on ``version``: what a resumed sampler needs
         to go on as this one would (:mod:`fastlight.sampling.exact`)."""
+        state = SamplerState(version, self.rounds_done, self.resets)
         if self.traits.cycles or self._obs is None:  # every episode ends with its cycle
-            return SamplerState(version, self.rounds_done, self.resets)
-        if not self.save_envs:  # saving them costs ~0.1 ms per MuJoCo env and round, ~9 ms for highway
-            return SamplerState(version, self.rounds_done, self.resets, exact=False)
-        envs = [env_state(env) for env in self.envs]
-        if any(e is None for e in envs):
-            return SamplerState(version, self.rounds_done, self.resets, exact=False)
-        carry = pickle.dumps((envs, self._obs, self._eps))
-        return SamplerState(version, self.rounds_done, self.resets, envs=carry)
+            return state
+        envs = [env_state(env) for env in self.envs] if self.save_envs else [None]
+        if any(e is None for e in envs):  # not saved (--data.exact_resume false), or not savable
+            return replace(state, exact=False)
+        return replace(state, envs=pickle.dumps((envs, self._obs, self._eps)))
 
     def restore(self, state: SamplerState) -> None:
         """Go on from ``state`` (a checkpoint's, for this sampler's index and settings)."""
@@ -177,7 +175,7 @@ class Collector(EnvSteps):
 
     @torch.no_grad()
     def collect(self, policy: Policy, *, policy_version: int = 0, cycle: int | None = None) -> Rollout:
-        """One sampling cycle (``dpsa``/``sgr``) or ``rollout_steps`` steps (``autoreset``).
+        """One sampling cycle (a mode with cycles) or ``rollout_steps`` steps (the others).
 
         ``cycle``: with a round signal (``rounds``), which of the training step's cycles this is on
         ``policy_version`` (0 begins the step's round). Strictly on-policy, the cycle is truncated on

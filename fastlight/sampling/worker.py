@@ -120,8 +120,8 @@ def run_sampler(bundle: SamplerBundle, outbox: Outgoing) -> bool:
     try:
         collector = Collector.for_sampler(bundle)
         bundle.policy.eval()
-        # What the sampler holds from its start (torch, the envs, the policy: ~250k objects) never becomes
-        # garbage: frozen, a full collection skips it, and _loop makes one after every round (<1 ms).
+        # What the sampler holds from its start (torch, the envs, the policy) never becomes garbage:
+        # frozen, a full collection skips it, and _loop makes one after every round cheaply.
         gc.collect()
         gc.freeze()
         _loop(bundle, collector, outbox)
@@ -142,9 +142,8 @@ def _loop(bundle: SamplerBundle, collector: Collector, outbox: Outgoing) -> None
     resume = cfg.resume
     # What this sampler acts with, reported with each item for the trainer's DeliveryCheck: a served
     # policy's weights are the inference worker's (its answers carry their checksum); a copy's checksum
-    # is taken right after each load, every version (a strided slice per tensor: 0.6 ms for a 3-layer MLP,
-    # 10 ms for 400 tensors on a loaded 2-core machine, small next to a round), so the sampler needs no
-    # setting and the trainer alone chooses the versions it checks.
+    # (a strided slice per tensor, small next to a round) is taken after each load, so the trainer alone
+    # chooses the versions it checks.
     served, held = isinstance(policy, ServedPolicy), math.nan
     while not stop.is_set():
         latest = weights.version
@@ -186,8 +185,6 @@ def _loop(bundle: SamplerBundle, collector: Collector, outbox: Outgoing) -> None
         item.stats.weights_held = [served_by or (f"sampler {bundle.index}", version, held)]
         outbox.put(("rollout", version, item), stop, beat)
         # An env's per-episode objects in reference cycles (a highway-env road and its vehicles, made at
-        # every reset) live long enough to reach the oldest generation, which Python collects only once
-        # the objects promoted there reach a quarter of those it holds: left to it, the dead roads of
-        # ~100 rounds pile up, and the memory they leave behind grew the sampler 2 MB per 100 cycles
-        # (benchmarks/results/faults.md, the sampler memory soak).
+        # every reset) reach the oldest generation, which Python collects only once the objects promoted
+        # there reach a quarter of those it holds: left to it, the dead roads pile up and grow the sampler.
         gc.collect()
