@@ -277,19 +277,17 @@ class RolloutDataModule(EnvSizes, L.LightningDataModule):
             torch.set_num_threads(threads)
             rank_zero_info(threads_line(self.hparams, threads, inference))
         self.pool.start()
+        # A completed batch cuts the other samplers' rounds in flight where rounds end together in an
+        # asynchronous run.
+        cuts = self.rank_rounds == "together" and self.hparams.max_staleness > 0
         self.prefetcher = Prefetcher(
             self.pool.next_item,
             lambda: int(module.policy_version),
             items_per_batch=self.pool.num_workers,
             max_staleness=self.hparams.max_staleness,
             depth=self.hparams.prefetch,
-            cut_in_flight=self.pool.cut_in_flight if self._cuts_in_flight() else None,
+            cut_in_flight=self.pool.cut_in_flight if cuts else None,
         ).start()
-
-    def _cuts_in_flight(self) -> bool:
-        """Whether a completed batch cuts the other samplers' rounds in flight: their rounds end
-        together in an asynchronous run."""
-        return self.rank_rounds == "together" and self.hparams.max_staleness > 0
 
     def max_valid_per_rollout(self) -> int:
         """The most valid transitions one training step's Rollout can hold on this rank."""

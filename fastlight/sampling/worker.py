@@ -31,7 +31,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -53,8 +53,8 @@ def rollout_from_numpy(r: Rollout) -> Rollout:
 
 
 class Handoff:
-    """One finished item at a time, handed over to whoever takes it (the Ray actor's trainer call,
-    or :class:`Outbox`'s sender thread); the sampler keeps beating while it waits."""
+    """Where a sampler's items go, one finished item at a time, handed over to whoever takes it (the Ray
+    actor's trainer call, or :class:`Outbox`'s sender thread); the sampler keeps beating while it waits."""
 
     def __init__(self) -> None:
         self.items: queue.Queue[Any] = queue.Queue(maxsize=1)
@@ -94,12 +94,6 @@ class Outbox(Handoff):
         self.thread.join(timeout=timeout)
 
 
-class Outgoing(Protocol):
-    """Where a sampler's items go: its :class:`Outbox` (a process) or a Ray actor's handoff."""
-
-    def put(self, item: Any, stop: Any, beat: Callable[[], None]) -> None: ...
-
-
 def sampler_main(bundle: SamplerBundle, conn: Any, parent_pid: int) -> None:
     """Entry point of a sampler process (spawned): ``bundle`` is what the sampler is given, ``conn`` the
     write end of its pipe to the trainer, ``parent_pid`` the trainer's pid (the process dies with it)."""
@@ -113,7 +107,7 @@ def sampler_main(bundle: SamplerBundle, conn: Any, parent_pid: int) -> None:
     os._exit(1 if failed else 0)
 
 
-def run_sampler(bundle: SamplerBundle, outbox: Outgoing) -> bool:
+def run_sampler(bundle: SamplerBundle, outbox: Handoff) -> bool:
     """Build the sampler's Collector and run its rounds until the stop; an exception goes out as
     ``("error", index, traceback)``. Returns whether it failed."""
     collector = None
@@ -134,7 +128,7 @@ def run_sampler(bundle: SamplerBundle, outbox: Outgoing) -> bool:
     return False
 
 
-def _loop(bundle: SamplerBundle, collector: Collector, outbox: Outgoing) -> None:
+def _loop(bundle: SamplerBundle, collector: Collector, outbox: Handoff) -> None:
     cfg, policy, weights, task_weights = bundle.config, bundle.policy, bundle.weights, bundle.task_weights
     beat, stop = bundle.beat, bundle.stop
     version = -1
