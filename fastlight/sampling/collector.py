@@ -101,7 +101,7 @@ class Collector(EnvSteps):
         self.nonfinite = nonfinite
         self.save_envs = save_envs
         self.rounds = rounds
-        self.heartbeat = heartbeat if heartbeat is not None else _no_beat
+        self.heartbeat = heartbeat if heartbeat is not None else lambda: None
         self.envs = list(envs)
         self.mode = mode
         self.traits = RESET_MODES[mode]
@@ -200,7 +200,7 @@ class Collector(EnvSteps):
             rows = self._collect_cycle(policy, stats, cycle_key(policy_version, cycle) if rank_rate else None)
         else:
             rows = self._collect_autoreset(policy, stats)
-        rollout = RowBuffer.to_rollout(rows, policy_version=policy_version, stats=stats)
+        rollout = rows.to_rollout(policy_version=policy_version, stats=stats)
         if self._chunk is None:
             stats.raw_steps = rollout.valid.numel()
             stats.valid_steps = int(rollout.valid.sum())
@@ -320,7 +320,3 @@ class Collector(EnvSteps):
                 stats.cut_in_flight += 1
                 break
         return rows
-
-
-def _no_beat() -> None:
-    pass

@@ -109,10 +109,10 @@ class RowBuffer:
         self.rows.append(row)
         return row
 
-    @staticmethod
-    def to_rollout(buf: RowBuffer, *, policy_version: int, stats: RolloutStats) -> Rollout:
-        rows = buf.rows
-        stats.episodes.extend(buf.episodes)
+    def to_rollout(self, *, policy_version: int, stats: RolloutStats) -> Rollout:
+        """The Rows as one Rollout, with the finished episodes added to ``stats``."""
+        rows = self.rows
+        stats.episodes.extend(self.episodes)
         if isinstance(rows[0].obs, dict):
             obs: Any = {k: np.stack([r.obs[k] for r in rows]) for k in rows[0].obs}
         else:
@@ -121,7 +121,7 @@ class RowBuffer:
         def stack(name: str) -> Tensor:
             return torch.from_numpy(np.stack([getattr(r, name) for r in rows]))
 
-        chunked = buf.chunk is not None
+        chunked = self.chunk is not None
         return Rollout(
             obs=obs_to_tensor(obs),
             actions=torch.stack([r.actions for r in rows]),
@@ -131,7 +131,7 @@ class RowBuffer:
             # Per-row version when the policy reports one (a remote policy whose weights may
             # change mid-round), else the version the round was started with.
             policy_version=torch.tensor(
-                [[r.version if r.version >= 0 else policy_version] * buf.num_envs for r in rows],
+                [[r.version if r.version >= 0 else policy_version] * self.num_envs for r in rows],
                 dtype=torch.long,
             ),
             stats=stats,
