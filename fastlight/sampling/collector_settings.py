@@ -22,28 +22,31 @@ class ResetTraits:
 
     Attributes:
         cycles: a ``collect()`` is one sampling cycle that ends in a unified truncation (a global reset,
-            ``max_horizon`` its cap), so its reset can be done ahead and a rank's samplers can share one
-            termination rate (:mod:`fastlight.sampling.round_signal`); otherwise ``rollout_steps`` steps
+            ``max_horizon`` its cap), so its reset can be done ahead; otherwise ``rollout_steps`` steps
             whose episodes carry over to the next call, each env resetting on its own.
         threshold: a cycle is truncated once ``termination_threshold`` of its envs have ended (``auto``
             chooses it); otherwise at the first end.
+        shares_rate: a rank's samplers can end their cycles on one termination rate over all their
+            clips (``--data.rank_rounds together`` with ``--data.max_staleness 0``,
+            :mod:`fastlight.sampling.round_signal`).
         one_env: one env per sampler (``--data.num_envs`` equal to ``--data.num_workers``).
     """
 
     cycles: bool
     threshold: bool = False
+    shares_rate: bool = False
     one_env: bool = False
 
 
 #: Every :data:`ResetMode` (in its order) and what it is.
 RESET_MODES: dict[str, ResetTraits] = {
-    "dpsa": ResetTraits(cycles=True, threshold=True),
-    "sgr": ResetTraits(cycles=True),  # Synchronous Global Reset: dpsa with termination_threshold = 1/E
+    "dpsa": ResetTraits(cycles=True, threshold=True, shares_rate=True),
+    "sgr": ResetTraits(cycles=True, shares_rate=True),  # Synchronous Global Reset: cut at the first end
     "autoreset": ResetTraits(cycles=False),
     "sequential": ResetTraits(cycles=False, one_env=True),  # the baseline of FAST's speed-up table
 }
-#: The reset modes whose ``collect()`` is a cycle, as an error line names them.
-CYCLE_MODES = " or ".join(m for m, t in RESET_MODES.items() if t.cycles)
+#: The reset modes whose samplers can share a termination rate, as an error line names them.
+RATE_MODES = " or ".join(m for m, t in RESET_MODES.items() if t.shares_rate)
 
 #: A setting's range: a test of its value and what it must be, for the line
 #: ``--data.<name> must be <what>, got <value>``.

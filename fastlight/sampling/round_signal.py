@@ -38,7 +38,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from fastlight.sampling.collector_settings import CYCLE_MODES, RESET_MODES
+from fastlight.sampling.collector_settings import RATE_MODES, RESET_MODES
 
 #: Cycle index bits of a key (``version * CYCLES + k``): at most this many cycles per version.
 CYCLES = 64
@@ -56,13 +56,13 @@ def together_blockers(
 ) -> dict[str, tuple[object, str]]:
     """The settings that keep a rank's samplers from ending their rounds together: flag -> (value,
     what it must be). Only the shared rate (``max_staleness 0``) has any: its samplers must sample
-    the same cycles on the same weights (DPSA/SGR cycles, one fixed threshold); a cut in flight ends
-    any round."""
+    the same cycles on the same weights (a mode that shares the rate, one fixed threshold); a cut in
+    flight ends any round."""
     wrong: dict[str, tuple[object, str]] = {}
     if max_staleness > 0:
         return wrong
-    if not RESET_MODES[reset_mode].cycles:
-        wrong["--data.reset_mode"] = (reset_mode, CYCLE_MODES)
+    if not RESET_MODES[reset_mode].shares_rate:
+        wrong["--data.reset_mode"] = (reset_mode, RATE_MODES)
     if termination_threshold == "auto":
         wrong["--data.termination_threshold"] = (termination_threshold, "a number, not auto")
     if cycles_per_step > CYCLES:

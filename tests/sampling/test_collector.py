@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fastlight.sampling.collector import Collector
-from fastlight.sampling.collector_settings import CYCLE_MODES, RESET_MODES, ResetMode
+from fastlight.sampling.collector_settings import RATE_MODES, RESET_MODES, ResetMode
 from tests.fake_envs import FixedLengthEnv
 
 
@@ -163,7 +163,7 @@ def test_bad_settings_name_the_flag(kwargs, match):
 
 def test_every_reset_mode_the_cli_takes_has_its_traits():
     assert tuple(RESET_MODES) == get_args(ResetMode)
-    assert CYCLE_MODES == "dpsa or sgr"
+    assert RATE_MODES == "dpsa or sgr"
 
 
 def test_collector_on_highway_validates():
