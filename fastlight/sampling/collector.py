@@ -36,7 +36,7 @@ from fastlight.models.base import Policy, ServedPolicy
 from fastlight.rollout import Rollout, RolloutStats
 from fastlight.sampling.auto_threshold import AUTO, CycleCosts, ThresholdChooser
 from fastlight.sampling.bundle import SamplerBundle
-from fastlight.sampling.collector_settings import RESET_MODES, check_collector_settings
+from fastlight.sampling.collector_settings import COLLECTOR_RANGES, RESET_MODES, check_ranges
 from fastlight.sampling.episodes import Episode, record
 from fastlight.sampling.exact import SamplerState, env_state, restore_env, seed_round
 from fastlight.sampling.round_signal import RoundView, cycle_key, together_blockers
@@ -87,10 +87,11 @@ class Collector(EnvSteps):
         rounds: RoundView | None = None,
         save_envs: bool = False,
     ) -> None:
-        check_collector_settings(
-            mode=mode, num_envs=len(envs), termination_threshold=termination_threshold,
-            max_horizon=max_horizon, rollout_steps=rollout_steps, nonfinite=nonfinite,
-        )  # fmt: skip
+        check_ranges(dict(reset_mode=mode, num_envs=len(envs), termination_threshold=termination_threshold,
+                          max_horizon=max_horizon, rollout_steps=rollout_steps, nonfinite=nonfinite),
+                     COLLECTOR_RANGES)  # fmt: skip
+        if RESET_MODES[mode].one_env and len(envs) != 1:
+            raise ValueError(f"--data.num_envs must be 1 with --data.reset_mode {mode}, got {len(envs)}")
         if rounds is not None and rounds.shared_rate:  # the rank's rate: --data.max_staleness 0
             threshold = termination_threshold
             wrong = together_blockers(reset_mode=mode, max_staleness=0, termination_threshold=threshold,

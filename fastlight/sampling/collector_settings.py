@@ -68,25 +68,8 @@ COLLECTOR_RANGES: dict[str, Range] = {
 }
 
 
-def check_ranges(values: Mapping[str, Any], ranges: Mapping[str, Range], prefix: str = "--data.") -> None:
+def check_ranges(values: Mapping[str, Any], ranges: Mapping[str, Range]) -> None:
     """Refuse the first of ``values`` outside its range, naming the flag and what it allows."""
     for name, (ok, allowed) in ranges.items():
         if not ok(values[name]):
-            raise ValueError(f"{prefix}{name} must be {allowed}, got {values[name]!r}")
-
-
-def check_collector_settings(
-    *,
-    mode: str,
-    num_envs: int,
-    termination_threshold: float | str,
-    max_horizon: int,
-    rollout_steps: int,
-    nonfinite: str = "raise",
-) -> None:
-    """Validate collector settings; errors name the CLI flag and the allowed values."""
-    values = {"reset_mode": mode, "num_envs": num_envs, "termination_threshold": termination_threshold,
-              "max_horizon": max_horizon, "rollout_steps": rollout_steps, "nonfinite": nonfinite}  # fmt: skip
-    check_ranges(values, COLLECTOR_RANGES)
-    if RESET_MODES[mode].one_env and num_envs != 1:
-        raise ValueError(f"--data.num_envs must be 1 with --data.reset_mode {mode}, got {num_envs}")
+            raise ValueError(f"--data.{name} must be {allowed}, got {values[name]!r}")
