@@ -173,7 +173,7 @@ def main() -> None:
             collector.collect(policy, policy_version=version, cycle=k) for k in range(args.cycles_per_step)
         ]
         cycles += len(parts)
-        item = rollout_to_numpy(Rollout.cat_time(parts))
+        item = rollout_to_numpy(Rollout.cat(parts, dim=0))
         item.stats.sampler = 0
         item.stats.sampler_states = {0: collector.state(version)}
         item.stats.weights_held = [("sampler 0", version, held)]

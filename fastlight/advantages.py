@@ -113,7 +113,7 @@ def masked_gae(
     """GAE(γ, λ) over a padded ``[T, E]`` rollout; see the module docstring for the recursion.
 
     ``discounts [T, E]`` (action chunks: ``γ^{h_t}`` from :func:`chunk_rewards`) replaces ``γ`` per
-    transition; ``None`` (the default) discounts every transition by ``gamma``, as before.
+    transition; ``None`` (the default) discounts every transition by ``gamma``.
 
     Shapes: every input ``[T, E]``; ``terminated``, ``truncated``, ``valid`` bool. Returns
     ``(advantages, returns)``, both ``[T, E]`` and exactly 0 where ``valid`` is False, whatever

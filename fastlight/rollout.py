@@ -45,8 +45,9 @@ episodes (length, return, outcome) for ``rollout/*`` logging and DWR.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import torch
@@ -54,23 +55,10 @@ from torch import Tensor
 
 Obs = Tensor | dict[str, Tensor]
 
-#: Per-step fields, in a fixed order (obs first; it may be a dict).
-STEP_FIELDS = (
-    "obs",
-    "actions",
-    "logprobs",
-    "values",
-    "rewards",
-    "terminated",
-    "truncated",
-    "valid",
-    "step",
-    "task_id",
-    "policy_version",
-    "bootstrap_values",
-)
 #: Per-step fields that only action-chunk Rollouts carry (``None`` otherwise).
 CHUNK_FIELDS = ("step_rewards", "env_steps")
+#: RolloutStats fields that do not add up in :meth:`RolloutStats.merge`.
+_NOT_SUMMED = ("sampler", "sampler_states")
 
 
 #: The info keys that report success: Meta-World's ``success``, gymnasium-robotics' ``is_success``.
@@ -170,23 +158,14 @@ class RolloutStats:
     weights_held: list[tuple[str, int, float]] = field(default_factory=list)
 
     def merge(self, other: RolloutStats) -> RolloutStats:
-        """Counters of two cycles taken one after the other (times add up)."""
+        """Counters of two cycles taken one after the other: counts, times and lists add up, the
+        sampler states join, and ``sampler`` is -1 unless both are one sampler's."""
+        summed = {f.name: getattr(self, f.name) + getattr(other, f.name)
+                  for f in fields(self) if f.name not in _NOT_SUMMED}  # fmt: skip
         return RolloutStats(
-            raw_steps=self.raw_steps + other.raw_steps,
-            valid_steps=self.valid_steps + other.valid_steps,
-            step_time=self.step_time + other.step_time,
-            reset_time=self.reset_time + other.reset_time,
-            wall_time=self.wall_time + other.wall_time,
-            global_resets=self.global_resets + other.global_resets,
-            episodes=self.episodes + other.episodes,
-            data_wait_s=self.data_wait_s + other.data_wait_s,
-            dropped_stale=self.dropped_stale + other.dropped_stale,
-            dropped_nonfinite=self.dropped_nonfinite + other.dropped_nonfinite,
-            threshold_sum=self.threshold_sum + other.threshold_sum,
-            cut_in_flight=self.cut_in_flight + other.cut_in_flight,
+            **summed,
             sampler=self.sampler if self.sampler == other.sampler else -1,
             sampler_states=self.sampler_states | other.sampler_states,
-            weights_held=self.weights_held + other.weights_held,
         )
 
 
@@ -194,6 +173,12 @@ def _map_obs(obs: Obs, fn) -> Obs:
     if isinstance(obs, dict):
         return {k: fn(v) for k, v in obs.items()}
     return fn(obs)
+
+
+def _cat(parts: list[Obs], dim: int) -> Obs:
+    if isinstance(parts[0], dict):
+        return {k: torch.cat([p[k] for p in parts], dim=dim) for k in parts[0]}
+    return torch.cat(parts, dim=dim)
 
 
 def _obs_leading(obs: Obs) -> tuple[int, ...]:
@@ -305,52 +290,20 @@ class Rollout:
         return self.map(pad)
 
     @staticmethod
-    def cat(rollouts: list[Rollout]) -> Rollout:
-        """Stack rollouts side by side along E (a super-batch), padding T to the longest.
-
-        Padding is ``valid=False``; with the SMPO reduction it has no effect on the loss.
-        """
-        if not rollouts:
-            raise ValueError("Rollout.cat needs at least one rollout")
-        horizon = max(r.shape[0] for r in rollouts)
-        padded = [r.pad_to(horizon) for r in rollouts]
-        first = padded[0]
-        kw: dict[str, Any] = {}
-        for name in _joint_fields(padded, "cat"):
-            parts = [getattr(r, name) for r in padded]
-            if isinstance(first.obs, dict) and name == "obs":
-                kw[name] = {k: torch.cat([p[k] for p in parts], dim=1) for k in first.obs}
-            else:
-                kw[name] = torch.cat(parts, dim=1)
-        stats = padded[0].stats
-        for r in padded[1:]:
-            stats = stats.merge(r.stats)
-        return Rollout(**kw, stats=stats)
-
-    @staticmethod
-    def cat_time(rollouts: list[Rollout]) -> Rollout:
-        """Join consecutive rollouts of the same E envs along time (several sampling cycles).
-
-        Valid because every cycle ends each column with a done step (see ``validate``), so
-        the masked GAE never carries across the seam.
-        """
-        if not rollouts:
-            raise ValueError("Rollout.cat_time needs at least one rollout")
-        envs = {r.shape[1] for r in rollouts}
-        if len(envs) != 1:
-            raise ValueError(f"Rollout.cat_time needs the same E in every rollout, got {sorted(envs)}")
-        first = rollouts[0]
-        kw: dict[str, Any] = {}
-        for name in _joint_fields(rollouts, "cat_time"):
-            parts = [getattr(r, name) for r in rollouts]
-            if isinstance(first.obs, dict) and name == "obs":
-                kw[name] = {k: torch.cat([p[k] for p in parts], dim=0) for k in first.obs}
-            else:
-                kw[name] = torch.cat(parts, dim=0)
-        stats = first.stats
-        for r in rollouts[1:]:
-            stats = stats.merge(r.stats)
-        return Rollout(**kw, stats=stats)
+    def cat(rollouts: list[Rollout], dim: int = 1) -> Rollout:
+        """Join rollouts along E (``dim=1``: a super-batch, T padded to the longest with ``valid=False``
+        steps, which the SMPO reduction ignores) or along T (``dim=0``: consecutive cycles of the same E
+        envs; every cycle ends each column with a done step (see ``validate``), so the masked GAE never
+        carries across the seam). Their stats are merged."""
+        if not rollouts or dim not in (0, 1):
+            raise ValueError(f"Rollout.cat needs at least one rollout and dim 0 or 1, got dim {dim}")
+        if dim == 1:
+            horizon = max(r.shape[0] for r in rollouts)
+            rollouts = [r.pad_to(horizon) for r in rollouts]
+        elif len(envs := {r.shape[1] for r in rollouts}) != 1:
+            raise ValueError(f"Rollout.cat along T needs the same E in every rollout, got {sorted(envs)}")
+        kw = {name: _cat([getattr(r, name) for r in rollouts], dim) for name in _joint_fields(rollouts)}
+        return Rollout(**kw, stats=functools.reduce(RolloutStats.merge, [r.stats for r in rollouts]))
 
     def flat(self, name: str) -> Tensor | dict[str, Tensor]:
         """Field ``name`` flattened over ``[T, E]`` to ``[T*E, ...]``."""
@@ -360,10 +313,14 @@ class Rollout:
         return t.reshape(-1, *t.shape[2:])
 
 
-def _joint_fields(rollouts: list[Rollout], what: str) -> tuple[str, ...]:
+def _joint_fields(rollouts: list[Rollout]) -> tuple[str, ...]:
     """The per-step fields of rollouts to be joined: all chunked with one ``H``, or none chunked."""
     kinds = {r.step_rewards.shape[2] if r.chunked else None for r in rollouts}
     if len(kinds) != 1:
         shown = sorted("no chunks" if k is None else f"H={k}" for k in kinds)
-        raise ValueError(f"Rollout.{what} needs rollouts with the same action chunks, got {shown}")
+        raise ValueError(f"Rollout.cat needs rollouts with the same action chunks, got {shown}")
     return rollouts[0]._fields()
+
+
+#: Per-step fields, in a fixed order (obs first; it may be a dict).
+STEP_FIELDS = tuple(f.name for f in fields(Rollout) if f.name not in ("stats", *CHUNK_FIELDS))

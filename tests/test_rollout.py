@@ -49,10 +49,10 @@ def test_cat_pads_shorter_rollouts_with_invalid_steps():
     assert torch.equal(c.obs[:3, :2], a.obs) and torch.equal(c.obs[3:, :2], torch.zeros(2, 2, 4))
 
 
-def test_cat_time_joins_cycles_and_merges_stats():
+def test_cat_along_time_joins_cycles_and_merges_stats():
     a, b = make(3, 2), make(2, 2)
     a.stats.valid_steps, b.stats.valid_steps = 6, 4
-    c = Rollout.cat_time([a, b]).validate()
+    c = Rollout.cat([a, b], dim=0).validate()
     assert c.shape == (5, 2) and c.stats.valid_steps == 10
     with pytest.raises(ValueError, match=r"same E in every rollout, got \[1, 2\]"):
-        Rollout.cat_time([make(2, 2), make(2, 1)])
+        Rollout.cat([make(2, 2), make(2, 1)], dim=0)

@@ -28,7 +28,8 @@ from benchmarks.sampling.runs import (
 )
 from benchmarks.sampling.shared_sim import shared_sim_clips
 from fastlight.envs import scenario_cost
-from fastlight.sampling.collector import POOL_RESET_S, Collector
+from fastlight.sampling.collector import Collector
+from fastlight.sampling.resets import POOL_RESET_S
 from tests.fake_envs import FixedLengthEnv
 
 KEYS = {"mode", "threshold", "clips", "reset_cost_s", "raw_tps", "effective_tps", "sample_efficiency",

@@ -32,7 +32,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -149,34 +148,42 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument(
         "--sft-flag", action="append", default=[], help="a flag for sft_continued (repeatable; '--x=v')"
     )
+    p.add_argument("--parallel", type=int, default=1, help="training runs at once (they share the cores)")
     p.add_argument("--episodes-per-task", type=int, default=20)
     p.add_argument("--n-boot", type=int, default=10_000)
     p.add_argument("--runs", default="runs/vla_ablation", help="folder of the training runs")
     p.add_argument("--out", default="benchmarks/results/vla_ablation", help="writes <out>.md and <out>.json")
     args = p.parse_args(argv)
-    if args.minutes < 1:
-        p.error(f"--minutes must be >= 1, got {args.minutes}")
+    if args.minutes < 1 or args.parallel < 1:
+        p.error(f"--minutes and --parallel must be >= 1, got {args.minutes} and {args.parallel}")
     runs = Path(args.runs)
     config = rl_config(args.tasks, runs)
     env = {**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}
-    commands, ckpts = {}, [f"sft_start={args.sft}"]
+    commands, ckpts, todo = {}, [f"sft_start={args.sft}"], []
     for seed in args.seeds:
         for arm in args.arms:
             root = runs / arm / f"seed{seed}"
-            last = root / "checkpoints" / "last.ckpt"
             cmd = arm_command(arm, args, seed, root, config)
             commands[f"{arm}-s{seed}"] = " ".join(cmd[1:])
-            if not last.exists():
-                print(f"{COMMAND}: {arm} seed {seed} for {args.minutes} min -> {root}", flush=True)
-                start = time.monotonic()
-                with open(runs / f"{arm}-s{seed}.log", "w") as log:
-                    done = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
-                if done.returncode != 0 or not last.exists():
-                    raise SystemExit(
-                        f"{COMMAND}: {arm} seed {seed} failed (rc {done.returncode}); see {log.name}"
-                    )
-                print(f"{COMMAND}: {arm} seed {seed} done in {time.monotonic() - start:.0f} s", flush=True)
-            ckpts.append(f"{arm}-s{seed}={last}")
+            ckpts.append(f"{arm}-s{seed}={root / 'checkpoints' / 'last.ckpt'}")
+            if not (root / "checkpoints" / "last.ckpt").exists():
+                todo.append((f"{arm}-s{seed}", cmd, root))
+    # --parallel runs at once share the machine alike, so every arm still gets equal compute.
+    for i in range(0, len(todo), args.parallel):
+        batch = todo[i : i + args.parallel]
+        procs = []
+        for name, cmd, root in batch:
+            print(f"{COMMAND}: {name} for {args.minutes} min -> {root}", flush=True)
+            log = open(runs / f"{name}.log", "w")  # noqa: SIM115 - closed below, after the run
+            procs.append(
+                (name, subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log, root)
+            )
+        for name, proc, log, root in procs:
+            rc = proc.wait()
+            log.close()
+            if rc != 0 or not (root / "checkpoints" / "last.ckpt").exists():
+                raise SystemExit(f"{COMMAND}: {name} failed (rc {rc}); see {log.name}")
+            print(f"{COMMAND}: {name} done", flush=True)
     eval_args = [f"--ckpt={c}" for c in ckpts] + [
         "--episodes-per-task", str(args.episodes_per_task), "--batch", "10", "--out", f"{args.out}_eval",
         "--title", f"Ablation from one SFT checkpoint, {args.minutes} min per arm",

@@ -22,6 +22,7 @@ from __future__ import annotations
 from lightning.pytorch.utilities import rank_zero_warn
 
 from fastlight.rollout import RolloutStats
+from fastlight.sampling.collector_settings import RESET_MODES
 
 #: Rollouts to sum before judging (the first cycles of a run include start-up).
 MIN_ROLLOUTS = 4
@@ -46,6 +47,7 @@ class SamplingAdvice:
         self, *, reset_mode: str, termination_threshold: float | str, max_horizon: int, num_envs: int
     ) -> None:
         self.reset_mode = reset_mode
+        self.traits = RESET_MODES[reset_mode]
         self.threshold = termination_threshold
         self.max_horizon = max_horizon
         self.num_envs = num_envs
@@ -56,8 +58,8 @@ class SamplingAdvice:
 
     def update(self, stats: RolloutStats) -> list[str]:
         """Add one Rollout's counters; returns (and warns) the advice lines first due now."""
-        if self.reset_mode not in ("dpsa", "sgr"):
-            return []  # autoreset cuts nothing and resets one env at a time
+        if not self.traits.cycles:
+            return []  # without cycles nothing is cut and envs reset one at a time
         self.rollouts += 1
         for e in stats.episodes:
             self.episodes += 1
@@ -79,51 +81,33 @@ class SamplingAdvice:
 
     def _advice(self) -> list[tuple[str, str]]:
         out = []
+        mode, thr, cuts = self.reset_mode, self.threshold, self.traits.threshold
         cut = self.cut_by_threshold / self.episodes
-        mode, thr = self.reset_mode, self.threshold
         if cut > CUT_SHARE_WARN:
-            if mode == "sgr":
-                todo = "--data.reset_mode dpsa (SGR cuts every env at the first end)"
+            if not cuts:
+                todo = f"--data.reset_mode dpsa ({mode.upper()} cuts every env at the first end)"
             elif thr == "auto":
                 todo = "--data.max_horizon or more envs per sampler (auto could not keep the cut share lower)"
             else:
                 todo = "raise --data.termination_threshold (e.g. 0.9) or set it to auto"
-            setting = f"--data.reset_mode {mode}" + (
-                f", --data.termination_threshold {thr}" if mode == "dpsa" else ""
-            )
-            out.append(
-                (
-                    "cut",
-                    f"fastlight: {cut:.0%} of episodes were cut short by the unified truncation "
-                    f"(perf/truncated_episode_share; {setting}): the long episodes stop when the short ones "
-                    f"end, and their returns are bootstrapped; {todo}",
-                )
-            )
+            setting = f"--data.reset_mode {mode}" + (f", --data.termination_threshold {thr}" if cuts else "")
+            out.append(("cut", f"fastlight: {cut:.0%} of episodes were cut short by the unified truncation "
+                        f"(perf/truncated_episode_share; {setting}): the long episodes stop when the short "
+                        f"ones end, and their returns are bootstrapped; {todo}"))  # fmt: skip
         horizon = self.cut_by_horizon / self.episodes
         if horizon > CUT_SHARE_WARN:
-            out.append(
-                (
-                    "horizon",
-                    f"fastlight: {horizon:.0%} of episodes ran past --data.max_horizon {self.max_horizon} "
-                    "and were cut there; raise --data.max_horizon to the episodes' length",
-                )
-            )
+            out.append(("horizon", f"fastlight: {horizon:.0%} of episodes ran past --data.max_horizon "
+                        f"{self.max_horizon} and were cut there; raise --data.max_horizon to the episodes' "
+                        "length"))  # fmt: skip
         reset = self.reset_time / self.wall_time if self.wall_time > 0 else 0.0
         if reset > RESET_SHARE_WARN:
-            todo = (
-                "--data.reset_mode dpsa with a high --data.termination_threshold (or auto)"
-                if mode == "sgr"
-                else "raise --data.termination_threshold (or set it to auto) so each cycle runs longer "
-                "per reset"
-                if thr != "auto"
-                else "more envs per sampler (their resets overlap) or a cheaper env.reset"
-            )
-            out.append(
-                (
-                    "reset",
-                    f"fastlight: the samplers spent {reset:.0%} of their time in env.reset "
-                    f"(perf/time_efficiency {self.step_time / self.wall_time:.2f}): every {mode} cycle "
-                    f"starts with a reset of all envs; {todo}",
-                )
-            )
+            if not cuts:
+                todo = "--data.reset_mode dpsa with a high --data.termination_threshold (or auto)"
+            elif thr != "auto":
+                todo = "raise --data.termination_threshold (or set it to auto): longer cycles per reset"
+            else:
+                todo = "more envs per sampler (their resets overlap) or a cheaper env.reset"
+            out.append(("reset", f"fastlight: the samplers spent {reset:.0%} of their time in env.reset "
+                        f"(perf/time_efficiency {self.step_time / self.wall_time:.2f}): every {mode} cycle "
+                        f"starts with a reset of all envs; {todo}"))  # fmt: skip
         return out

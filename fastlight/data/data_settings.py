@@ -13,89 +13,53 @@ import lightning as L
 import torch
 
 from fastlight.class_paths import class_path as import_path
+from fastlight.data.sampler_plan import RANK_ROUNDS
 from fastlight.envs.wrappers import check_env_wrappers
 from fastlight.fleet.faults import FaultSettings
 from fastlight.fleet.start import check_start_method
 from fastlight.inference.settings import InferenceSettings
 from fastlight.procs import spare_threads, usable_cores
-from fastlight.sampling.collector_settings import check_collector_settings
-from fastlight.sampling.round_signal import RANK_ROUNDS, together_blockers
+from fastlight.sampling.collector_settings import COLLECTOR_RANGES, RESET_MODES, Range, check_ranges
+
+#: ``RolloutDataModule``'s settings with a range, in the order they are checked (the Collector's first).
+DATA_RANGES: dict[str, Range] = COLLECTOR_RANGES | {
+    "prefetch": (lambda v: v > 0, "> 0"),
+    "num_workers": (lambda v: v > 0, "> 0"),
+    "cycles_per_step": (lambda v: v > 0, "> 0"),
+    "steps_per_epoch": (lambda v: v > 0, "> 0"),
+    "group_size": (lambda v: v > 0, "> 0"),
+    "valid_steps_per_step": (lambda v: v is None or v >= 1, "null or >= 1"),
+    "trainer_threads": (lambda v: v is None or v >= 1, "null (auto) or >= 1"),
+    "max_staleness": (lambda v: v >= 0, ">= 0"),
+    "rank_rounds": (lambda v: v in RANK_ROUNDS, "one of " + " | ".join(RANK_ROUNDS)),
+}
 
 
 def check_data_settings(args: dict[str, Any]) -> None:
     """Every ``RolloutDataModule`` setting's check (``args``: its constructor's arguments), before
-    anything is built; errors name the CLI flag."""
+    anything is built; errors name the CLI flag. (``--data.rank_rounds together`` where it cannot work
+    is refused where it is resolved: :func:`~fastlight.data.sampler_plan.resolve_rank_rounds`.)"""
     check_start_method(args["start_method"])
+    check_ranges(args, DATA_RANGES)
     mode, num_envs, num_workers = args["reset_mode"], args["num_envs"], args["num_workers"]
-    check_collector_settings(
-        mode=mode,
-        num_envs=num_envs if mode != "sequential" else 1,
-        termination_threshold=args["termination_threshold"],
-        max_horizon=args["max_horizon"],
-        rollout_steps=args["rollout_steps"],
-        nonfinite=args["nonfinite"],
-    )
-    for name in ("prefetch", "num_workers", "cycles_per_step", "steps_per_epoch", "group_size"):
-        if args[name] <= 0:
-            raise ValueError(f"--data.{name} must be > 0, got {args[name]}")
     group = args["group_size"]
     uneven = num_envs % num_workers or (num_envs // num_workers) % group
-    if group > 1 and (uneven or mode not in ("dpsa", "sgr")):
+    if group > 1 and (uneven or not RESET_MODES[mode].cycles):
+        cycled = " or ".join(m for m, traits in RESET_MODES.items() if traits.cycles)
         raise ValueError(
             f"--data.group_size {group} must divide each sampler's envs (--data.num_envs {num_envs} / "
-            f"--data.num_workers {num_workers}) with --data.reset_mode dpsa or sgr (got {mode})"
+            f"--data.num_workers {num_workers}) with --data.reset_mode {cycled} (got {mode})"
         )
     if num_workers > num_envs:
         raise ValueError(f"--data.num_workers must be <= --data.num_envs ({num_envs}), got {num_workers}")
-    if mode == "sequential" and num_workers != num_envs:
+    if RESET_MODES[mode].one_env and num_workers != num_envs:
         raise ValueError(
-            "--data.reset_mode sequential runs one env per sampler: set --data.num_envs equal "
+            f"--data.reset_mode {mode} runs one env per sampler: set --data.num_envs equal "
             f"to --data.num_workers, got num_envs={num_envs}, num_workers={num_workers}"
         )
-    valid = args["valid_steps_per_step"]
-    if valid is not None and valid < 1:
-        raise ValueError(f"--data.valid_steps_per_step must be null or >= 1, got {valid}")
-    threads = args["trainer_threads"]
-    if threads is not None and threads < 1:
-        raise ValueError(f"--data.trainer_threads must be null (auto) or >= 1, got {threads}")
-    if args["max_staleness"] < 0:
-        raise ValueError(f"--data.max_staleness must be >= 0, got {args['max_staleness']}")
-    check_rank_rounds(args)
     check_type("inference", args["inference"], InferenceSettings, optional=True)
     check_type("faults", args["faults"], FaultSettings)
     check_env_wrappers(args["env_wrappers"] or ())
-
-
-def check_rank_rounds(args: dict[str, Any]) -> None:
-    """``--data.rank_rounds together`` ends a rank's rounds together through the trainer machine's
-    memory (:mod:`fastlight.sampling.round_signal`); refuse what it cannot mean (``auto`` falls back to
-    ``apart`` there instead)."""
-    value = args["rank_rounds"]
-    if value not in RANK_ROUNDS:
-        raise ValueError(f"--data.rank_rounds must be one of {', '.join(RANK_ROUNDS)}, got {value!r}")
-    if value != "together":
-        return
-    fleet = args["fleet"]
-    if not fleet.shared_memory:
-        raise ValueError(
-            f"--data.rank_rounds together signals through the trainer machine's memory, which "
-            f"{type(fleet).__name__}'s samplers cannot read: use auto or apart"
-        )
-    for flag, (value, allowed) in rank_rounds_blockers(args).items():
-        raise ValueError(
-            f"--data.rank_rounds together with --data.max_staleness 0 shares one termination rate, "
-            f"which needs {flag} {allowed} (the rank's samplers must sample the same cycles on the same "
-            f"weights), got {value!r}; --data.rank_rounds auto ends them together only where it can"
-        )
-
-
-def rank_rounds_blockers(args: Mapping[str, Any]) -> dict[str, tuple[object, str]]:
-    return together_blockers(
-        reset_mode=args["reset_mode"],
-        max_staleness=args["max_staleness"],
-        termination_threshold=args["termination_threshold"],
-        cycles_per_step=args["cycles_per_step"],
-    )
 
 
 def check_type(name: str, value: object, cls: type, *, optional: bool = False) -> None:
@@ -122,10 +86,14 @@ def plain_settings(value: Any, *, class_path: bool = False) -> Any:
 
 def max_valid_per_rollout(h: Any) -> int:
     """The most valid transitions one training step's Rollout can hold on a rank (``h``: the
-    DataModule's hparams): every env stepping for the whole cycle (``max_horizon`` in dpsa/sgr,
-    ``rollout_steps`` otherwise)."""
-    steps = h.max_horizon if h.reset_mode in ("dpsa", "sgr") else h.rollout_steps
-    return max(h.num_envs * h.cycles_per_step * steps, h.valid_steps_per_step or 0)
+    DataModule's hparams): every env stepping for the whole cycle (``max_horizon`` where the reset
+    mode's ``collect()`` is a cycle, ``rollout_steps`` otherwise)."""
+    return max(h.num_envs * h.cycles_per_step * h[_cycle(h)], h.valid_steps_per_step or 0)
+
+
+def _cycle(h: Any) -> str:
+    """The setting that caps a Rollout's env steps per env and cycle."""
+    return "max_horizon" if RESET_MODES[h.reset_mode].cycles else "rollout_steps"
 
 
 def check_minibatches(h: Any, module: object) -> None:
@@ -136,7 +104,7 @@ def check_minibatches(h: Any, module: object) -> None:
         return
     wanted, most = module.hparams.get("num_minibatches"), max_valid_per_rollout(h)
     if wanted is not None and wanted > most:
-        cycle = "max_horizon" if h.reset_mode in ("dpsa", "sgr") else "rollout_steps"
+        cycle = _cycle(h)
         raise ValueError(
             f"--model.num_minibatches must be <= {most}, the most valid "
             f"transitions a Rollout can hold (--data.num_envs {h.num_envs} x --data.cycles_per_step "

@@ -33,11 +33,11 @@ from fastlight.data.data_settings import (
     thread_plan,
     threads_line,
 )
-from fastlight.data.env_spec import EnvSpec, task_names_of
+from fastlight.data.env_spec import EnvSizes, EnvSpec, task_names_of
 from fastlight.data.exact_resume import EXACT_KEY, restore_exact, save_exact
 from fastlight.data.prefetch import Prefetcher
 from fastlight.data.protocols import ChecksEnvSpec, CopiesPolicy, RolloutPolicyModule, implements, require
-from fastlight.data.sampler_plan import resolve_rounds, sampler_configs
+from fastlight.data.sampler_plan import RankRounds, resolve_rank_rounds, sampler_configs
 from fastlight.data.tickets import StepTickets
 from fastlight.envs.registry import make_env
 from fastlight.envs.wrappers import AnyEnvWrapper, EnvWrapper, wrap_env, wrapper_of
@@ -51,7 +51,6 @@ from fastlight.sampling.bundle import SamplerConfig
 from fastlight.sampling.collector_settings import Nonfinite, ResetMode
 from fastlight.sampling.exact import SamplerState
 from fastlight.sampling.obs import obs_to_tensor, stack_obs
-from fastlight.sampling.round_signal import RankRounds
 from fastlight.weights.publisher import SyncStats
 
 __all__ = ["EnvSpec", "RolloutDataModule", "StepTickets", "cpu_copy"]
@@ -62,7 +61,7 @@ DEFAULT_FAULTS = FaultSettings()
 DEFAULT_FLEET = LocalFleet()
 
 
-class RolloutDataModule(L.LightningDataModule):
+class RolloutDataModule(EnvSizes, L.LightningDataModule):
     """Background sampling for on-policy RL. Every argument is keyword-only; the settings of one
     concern are one typed object (``inference``, ``faults``, ``env_wrappers``, ``fleet``).
 
@@ -75,13 +74,14 @@ class RolloutDataModule(L.LightningDataModule):
             emulated scenario-load latency ``fastlight.envs.ScenarioLoadCost`` (FAST §background).
         num_envs: environment clips in total per trainer rank, spread over the samplers.
         num_workers: sampler processes per trainer rank.
-        reset_mode: ``dpsa | sgr | autoreset | sequential`` (FAST §DPSA).
+        reset_mode: how the envs reset (FAST §DPSA;
+            :data:`~fastlight.sampling.collector_settings.RESET_MODES` says what each mode is).
         termination_threshold: DPSA unified truncation when this fraction of clips has ended, or
             ``auto``: each sampler chooses it every cycle for the most valid steps per second with
             at most 20 % of the episodes cut (:mod:`fastlight.sampling.auto_threshold`;
             ``perf/termination_threshold`` logs the choice).
-        max_horizon: DPSA/SGR cycle cap in steps (then truncate and bootstrap).
-        rollout_steps: steps per round in ``autoreset`` / ``sequential`` mode.
+        max_horizon: cycle cap in steps (then truncate and bootstrap) in the modes whose rounds are cycles.
+        rollout_steps: steps per round in the other modes.
         cycles_per_step: sampling cycles each sampler contributes to one training step.
         group_size: this many consecutive envs of a sampler start every cycle from the same seed (the
             same initial state and task), the groups of GRPO (``--model.advantage grpo``). It must
@@ -92,23 +92,16 @@ class RolloutDataModule(L.LightningDataModule):
         max_staleness: 0 = strictly on-policy; k = accept data up to k versions old (older data is
             dropped and counted as ``rollout/dropped_stale``).
         rank_rounds: whether the rank's samplers end their rounds together
-            (:mod:`fastlight.sampling.round_signal`). ``together``: with ``max_staleness: 0``, DPSA's
-            termination rate counts every clip of the rank, as FAST §DPSA counts "terminated clips
-            among all clips", so the samplers truncate together and the trainer no longer waits for
-            the slowest one while the others idle (needs ``dpsa``/``sgr`` and a fixed threshold);
-            with ``max_staleness`` above 0, once a training step's super-batch is complete the other
-            samplers end the round they are sampling at their next step (unified truncation: clips
-            still running are truncated and bootstrapped) and the batch takes those rounds, so
-            their steps are not a version old in the next batch (``rollout/cut_in_flight`` counts
-            them). Either way the local fleet only, and the cuts depend on the processes' relative
-            speed (not reproducible bit for bit). ``apart``: each sampler ends its own rounds (the
-            same seeds give the same cycles). ``auto`` (default): ``together`` where it can work.
+            (:mod:`fastlight.sampling.round_signal`): ``together`` (local fleet only, not reproducible
+            bit for bit): with ``max_staleness: 0`` on DPSA's termination rate over every clip of the
+            rank (FAST §DPSA), above 0 by cutting the other samplers' rounds in flight once a batch is
+            complete (``rollout/cut_in_flight``); ``apart``: each on its own (the same seeds give the
+            same cycles); ``auto`` (default): ``together`` where it can work.
         prefetch: super-batches the background prefetcher keeps ready (AcceRL §prefetch).
         trainer_threads: torch intra-op threads of the trainer once its samplers start. ``None``
             (default): the cores its local samplers leave (:meth:`thread_plan`), at least 1;
-            unchanged when ``OMP_NUM_THREADS`` is set or the fleet is remote. torch's own default,
-            one thread per core, competes with the busy samplers: an asynchronous highway update
-            took 6x longer on 2 cores (``benchmarks/results/sync.md``, Run 6).
+            unchanged when ``OMP_NUM_THREADS`` is set or the fleet is remote (torch's own default,
+            one thread per core, competes with the busy samplers).
         inference: :class:`~fastlight.inference.InferenceSettings`: one inference worker process
             holds the policy and serves every sampler (AcceRL §inference); ``None`` (default): each
             sampler acts with its own CPU copy of the policy.
@@ -126,11 +119,10 @@ class RolloutDataModule(L.LightningDataModule):
             (:mod:`fastlight.fleet.start`).
         fleet: where the samplers run: local processes (:class:`~fastlight.fleet.pool.LocalFleet`,
             the default) or Ray actors on any node of a cluster
-            (:class:`~fastlight.fleet.ray.fleet.RayFleet`, ``--data.fleet
-            fastlight.fleet.ray.fleet.RayFleet --data.fleet.init_args.address auto``). Sampling,
-            staleness, seeds and the restart budget are the same with either.
-        exact_resume: ``autoreset``: samplers save their envs after every round (~0.1 ms per MuJoCo
-            env), so a resume continues their episodes; the rest of an exact resume is always saved
+            (:class:`~fastlight.fleet.ray.fleet.RayFleet`); sampling, staleness, seeds and the restart
+            budget are the same with either.
+        exact_resume: ``autoreset``: samplers save their envs after every round, so a resume
+            continues their episodes; the rest of an exact resume is always saved
             (:mod:`fastlight.data.exact_resume`: when "N updates, stop, resume, M more" equals
             "N + M straight"; a resume says in one line whether it is exact).
     """
@@ -169,6 +161,8 @@ class RolloutDataModule(L.LightningDataModule):
         self.env_wrappers: tuple[AnyEnvWrapper, ...] = tuple(env_wrappers or ())
         self.inference, self.faults = inference, faults
         check_data_settings(locals())
+        #: ``together`` or ``apart``: ``--data.rank_rounds`` resolved for these settings and fleet.
+        self.rank_rounds = resolve_rank_rounds(locals(), fleet)
         self.save_hyperparameters()
         self._plain_settings()
         # Samplers receive them pickled: a gymnasium wrapper is rebuilt from its settings (class_path +
@@ -231,19 +225,6 @@ class RolloutDataModule(L.LightningDataModule):
         """The env evaluation episodes play (:class:`~fastlight.data.protocols.EvaluationEnv`)."""
         return self.hparams.env_id, dict(self.hparams.env_kwargs or {}), list(self.hparams.env_wrappers or [])
 
-    # Sizes linked to the model by the CLI (``link_arguments`` with apply_on="instantiate").
-    @property
-    def obs_dim(self) -> int:
-        return self.env_spec.obs_dim
-
-    @property
-    def action_dim(self) -> int:
-        return self.env_spec.action_dim
-
-    @property
-    def continuous(self) -> bool:
-        return self.env_spec.continuous
-
     def thread_plan(
         self, ranks_here: int, device: torch.device | str = "cpu"
     ) -> tuple[int | None, InferenceSettings | None]:
@@ -253,12 +234,6 @@ class RolloutDataModule(L.LightningDataModule):
             self.hparams, self.inference, shared_memory=self.fleet.shared_memory, ranks_here=ranks_here,
             device=device,
         )
-
-    @property
-    def rank_rounds(self) -> str:
-        """``together`` or ``apart``: ``--data.rank_rounds``, with ``auto`` resolved for this run's
-        settings and fleet (:func:`~fastlight.sampling.round_signal.resolve_rank_rounds`)."""
-        return resolve_rounds(self.hparams, shared_memory=self.fleet.shared_memory)
 
     @property
     def env_seed(self) -> int:
@@ -272,7 +247,7 @@ class RolloutDataModule(L.LightningDataModule):
 
     def sampler_configs(self, rank: int) -> list[SamplerConfig]:
         configs = sampler_configs(self.hparams, rank=rank, seed=self.env_seed, env_wrappers=self.env_wrappers,
-                                  shared_memory=self.fleet.shared_memory)  # fmt: skip
+                                  rank_rounds=self.rank_rounds)  # fmt: skip
         return [replace(c, resume=self._resume_states.get(i)) for i, c in enumerate(configs)]
 
     def start(self, module: RolloutPolicyModule | None = None) -> None:
@@ -311,19 +286,17 @@ class RolloutDataModule(L.LightningDataModule):
             torch.set_num_threads(threads)
             rank_zero_info(threads_line(self.hparams, threads, inference))
         self.pool.start()
+        # A completed batch cuts the other samplers' rounds in flight where rounds end together in an
+        # asynchronous run.
+        cuts = self.rank_rounds == "together" and self.hparams.max_staleness > 0
         self.prefetcher = Prefetcher(
             self.pool.next_item,
             lambda: int(module.policy_version),
             items_per_batch=self.pool.num_workers,
             max_staleness=self.hparams.max_staleness,
             depth=self.hparams.prefetch,
-            cut_in_flight=self.pool.cut_in_flight if self._cuts_in_flight() else None,
+            cut_in_flight=self.pool.cut_in_flight if cuts else None,
         ).start()
-
-    def _cuts_in_flight(self) -> bool:
-        """Whether a completed batch cuts the other samplers' rounds in flight: their rounds end
-        together in an asynchronous run."""
-        return self.rank_rounds == "together" and self.hparams.max_staleness > 0
 
     def max_valid_per_rollout(self) -> int:
         """The most valid transitions one training step's Rollout can hold on this rank."""

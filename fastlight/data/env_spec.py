@@ -58,6 +58,25 @@ class EnvSpec:
         )
 
 
+class EnvSizes:
+    """The env's sizes that the CLI links to the model (``link_arguments``, ``apply_on="instantiate"``),
+    read from the DataModule's ``env_spec``."""
+
+    env_spec: EnvSpec
+
+    @property
+    def obs_dim(self) -> int:
+        return self.env_spec.obs_dim
+
+    @property
+    def action_dim(self) -> int:
+        return self.env_spec.action_dim
+
+    @property
+    def continuous(self) -> bool:
+        return self.env_spec.continuous
+
+
 @runtime_checkable
 class BindsInstructions(Protocol):
     """A policy that maps the env's instruction rows to its own tokens (``VLAPolicy``)."""

@@ -75,34 +75,32 @@ class Prefetcher:
         versions = rollout.policy_version[rollout.valid]
         return bool(versions.numel()) and self.version() - int(versions.min()) > self.max_staleness
 
+    def _fresh(self, items: list[Rollout]) -> list[Rollout]:
+        """``items`` less the stale ones, which are counted as dropped."""
+        fresh = [r for r in items if not self._stale(r)]
+        self.dropped += len(items) - len(fresh)
+        return fresh
+
     def _run(self) -> None:
         try:
             items: list[Rollout] = []
             while not self._stop.is_set():
                 item = self.next_item(0.2)
-                if item is None:
+                items += self._fresh([item] if item is not None else [])
+                if len(items) < self.items_per_batch:
                     continue
-                if self._stale(item):
-                    self.dropped += 1
-                    continue
-                items.append(item)
-                if len(items) == self.items_per_batch:
-                    if self.cut_in_flight is not None:
-                        for extra in self.cut_in_flight(CUT_WAIT_S):
-                            if self._stale(extra):
-                                self.dropped += 1
-                            else:
-                                items.append(extra)
-                    # By sampler, not by arrival: the same rounds make the same batch (an exact resume,
-                    # two runs of one seed), whichever sampler finished first.
-                    batch = Rollout.cat(sorted(items, key=lambda r: r.stats.sampler))
-                    items = []
-                    while not self._stop.is_set():
-                        try:
-                            self.ready.put(batch, timeout=0.2)
-                            break
-                        except queue.Full:
-                            continue
+                if self.cut_in_flight is not None:
+                    items += self._fresh(self.cut_in_flight(CUT_WAIT_S))
+                # By sampler, not by arrival: the same rounds make the same batch (an exact resume,
+                # two runs of one seed), whichever sampler finished first.
+                batch = Rollout.cat(sorted(items, key=lambda r: r.stats.sampler))
+                items = []
+                while not self._stop.is_set():
+                    try:
+                        self.ready.put(batch, timeout=0.2)
+                        break
+                    except queue.Full:
+                        continue
         except BaseException as e:  # surfaced to the training step by get()
             self._error = e
 

@@ -38,6 +38,7 @@ from torch import nn
 from typing_extensions import get_protocol_members
 
 from fastlight.rollout import RolloutStats
+from fastlight.sampling.task_weights import TaskWeightedEnv
 from fastlight.weights.checksum import DeliveryCheck
 from fastlight.weights.publisher import SyncStats
 
@@ -70,13 +71,11 @@ class MultiTaskData(TaskWeightSink, Protocol):
 
 
 @runtime_checkable
-class MultiTaskEnv(Protocol):
+class MultiTaskEnv(TaskWeightedEnv, Protocol):
     """An env (its ``env.unwrapped``) with named tasks that takes DWR's task weights, such as
     :class:`fastlight.envs.metaworld.MetaWorldEnv`; ``RolloutDataModule.task_names`` reads it."""
 
     task_names: Sequence[str]
-
-    def set_task_weights(self, weights: Sequence[float]) -> None: ...
 
 
 @runtime_checkable

@@ -7,20 +7,45 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal, get_args
 
-from fastlight.data.data_settings import rank_rounds_blockers
 from fastlight.envs.wrappers import AnyEnvWrapper
+from fastlight.fleet.base import Fleet
 from fastlight.sampling.bundle import SamplerConfig
-from fastlight.sampling.round_signal import resolve_rank_rounds
+from fastlight.sampling.round_signal import together_blockers
+
+#: ``--data.rank_rounds``: ``together`` (refused where it cannot work), ``apart`` (each sampler ends
+#: its own rounds: the same seeds give the same cycles), ``auto`` (``together`` where it can work).
+RankRounds = Literal["auto", "together", "apart"]
+RANK_ROUNDS: tuple[str, ...] = get_args(RankRounds)
 
 
-def resolve_rounds(settings: Mapping[str, Any], *, shared_memory: bool) -> str:
-    """``together`` or ``apart``: ``--data.rank_rounds`` with ``auto`` resolved
-    (:func:`~fastlight.sampling.round_signal.resolve_rank_rounds`)."""
-    return resolve_rank_rounds(
-        settings["rank_rounds"], blockers=rank_rounds_blockers(settings), shared_memory=shared_memory
+def resolve_rank_rounds(settings: Mapping[str, Any], fleet: Fleet) -> Literal["together", "apart"]:
+    """``--data.rank_rounds`` for these DataModule settings on ``fleet``, the one place it is resolved:
+    ``auto`` is ``together`` where it can work (no blockers, samplers in the trainer machine's memory,
+    :mod:`fastlight.sampling.round_signal`) and ``apart`` elsewhere; a ``together`` that cannot work is
+    refused, naming the setting in the way."""
+    value = settings["rank_rounds"]
+    blockers = together_blockers(
+        reset_mode=settings["reset_mode"],
+        max_staleness=settings["max_staleness"],
+        termination_threshold=settings["termination_threshold"],
+        cycles_per_step=settings["cycles_per_step"],
     )
+    if value == "apart" or (value == "auto" and (blockers or not fleet.shared_memory)):
+        return "apart"
+    if not fleet.shared_memory:
+        raise ValueError(
+            f"--data.rank_rounds together signals through the trainer machine's memory, which "
+            f"{type(fleet).__name__}'s samplers cannot read: use auto or apart"
+        )
+    for flag, (wrong, allowed) in blockers.items():
+        raise ValueError(
+            f"--data.rank_rounds together with --data.max_staleness 0 shares one termination rate, "
+            f"which needs {flag} {allowed} (the rank's samplers must sample the same cycles on the same "
+            f"weights), got {wrong!r}; --data.rank_rounds auto ends them together only where it can"
+        )
+    return "together"
 
 
 def sampler_configs(
@@ -29,19 +54,18 @@ def sampler_configs(
     rank: int,
     seed: int,
     env_wrappers: tuple[AnyEnvWrapper, ...],
-    shared_memory: bool,
+    rank_rounds: str,
 ) -> list[SamplerConfig]:
     """One :class:`SamplerConfig` per sampler of trainer rank ``rank``.
 
     ``settings``: the DataModule's constructor arguments by name; a ``SamplerConfig`` field named
     like one of them takes its value as it is, the others are derived here. ``seed``: the base env
     seed (each sampler's is offset by rank and index, so no two clips of a run share one);
-    ``shared_memory``: whether the fleet's samplers share the trainer machine's memory.
+    ``rank_rounds``: ``together`` or ``apart`` (:func:`resolve_rank_rounds`).
     """
     s = settings
     same = {f.name: s[f.name] for f in dataclasses.fields(SamplerConfig) if f.name in s}
     base, extra = divmod(s["num_envs"], s["num_workers"])
-    rounds = resolve_rounds(s, shared_memory=shared_memory)
     configs = []
     for w in range(s["num_workers"]):
         envs = base + (w < extra)
@@ -51,7 +75,7 @@ def sampler_configs(
             "env_wrappers": env_wrappers,
             "seed": seed + 10_000 * rank + 1_000 * w,
             "min_valid_steps": share(s["valid_steps_per_step"], envs, s["num_envs"]),
-            "rank_rounds": rounds,
+            "rank_rounds": rank_rounds,
         }
         configs.append(SamplerConfig(**(same | derived)))
     return configs

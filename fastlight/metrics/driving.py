@@ -94,15 +94,9 @@ class DrivingThresholds:
                 f"hard_brake_mps2 must be < 0 < hard_accel_mps2, got {self.hard_brake_mps2} and "
                 f"{self.hard_accel_mps2}"
             )
-        positive = {
-            "stall_speed_mps": self.stall_speed_mps,
-            "ttc_cap_s": self.ttc_cap_s,
-            "headway_cap_m": self.headway_cap_m,
-            "lateral_cap_m": self.lateral_cap_m,
-        }
-        for name, value in positive.items():
-            if value <= 0:
-                raise ValueError(f"{name} must be > 0, got {value}")
+        for f, value in zip(fields(self), astuple(self), strict=True):
+            if f.name not in ("hard_brake_mps2", "hard_accel_mps2") and value <= 0:
+                raise ValueError(f"{f.name} must be > 0, got {value}")
 
 
 @dataclass(frozen=True)

@@ -68,18 +68,21 @@ SUM_STATES = (
     "time_limit_episodes",
 )
 
+#: ``key: (numerator state, denominator state, scale)``: :meth:`ThroughputMetrics.compute`'s
+#: ``scale · num / den`` (the module docstring's table).
+RATIOS: dict[str, tuple[str, str, float]] = {
+    "raw_tps": ("raw_steps", "elapsed", 1.0),
+    "effective_tps": ("valid_steps", "elapsed", 1.0),
+    "sample_efficiency": ("valid_steps", "raw_steps", 1.0),
+    "time_efficiency": ("step_time", "wall_time", 1.0),
+    "per_sampler_tps": ("valid_steps", "wall_time", 1.0),
+    "mean_episode_length": ("episode_length_sum", "episodes", 1.0),
+    "resets_per_1k_valid": ("global_resets", "valid_steps", 1000.0),
+    "truncated_episode_share": ("cut_episodes", "episodes", 1.0),
+    "time_limit_share": ("time_limit_episodes", "episodes", 1.0),
+}
 #: Keys returned by :meth:`ThroughputMetrics.compute`.
-METRIC_KEYS = (
-    "raw_tps",
-    "effective_tps",
-    "sample_efficiency",
-    "time_efficiency",
-    "per_sampler_tps",
-    "mean_episode_length",
-    "resets_per_1k_valid",
-    "truncated_episode_share",
-    "time_limit_share",
-)
+METRIC_KEYS = tuple(RATIOS)
 
 
 def _ratio(num: Tensor, den: Tensor, scale: float = 1.0) -> Tensor:
@@ -150,18 +153,9 @@ class ThroughputMetrics(Metric):
 
     def compute(self) -> dict[str, Tensor]:
         """The family as 0-d float64 tensors keyed by :data:`METRIC_KEYS` (NaN where undefined)."""
-        return {
-            "raw_tps": _ratio(self.raw_steps, self.elapsed),
-            "effective_tps": _ratio(self.valid_steps, self.elapsed),
-            "sample_efficiency": _ratio(self.valid_steps, self.raw_steps),
-            "time_efficiency": _ratio(self.step_time, self.wall_time),
-            "per_sampler_tps": _ratio(self.valid_steps, self.wall_time),
-            "mean_episode_length": _ratio(self.episode_length_sum, self.episodes),
-            "resets_per_1k_valid": _ratio(self.global_resets, self.valid_steps, 1000.0),
-            "truncated_episode_share": _ratio(self.cut_episodes, self.episodes),
-            "time_limit_share": _ratio(self.time_limit_episodes, self.episodes),
-        }
+        states = self.metric_state
+        return {key: _ratio(states[num], states[den], scale) for key, (num, den, scale) in RATIOS.items()}
 
     def totals(self) -> dict[str, float]:
         """The raw (local, unsynced) counters as floats, for reports and checkpoints."""
-        return {name: float(getattr(self, name)) for name in (*SUM_STATES, "elapsed")}
+        return {name: float(value) for name, value in self.metric_state.items()}

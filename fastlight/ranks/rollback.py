@@ -9,8 +9,7 @@ the fit loop's progress and the global step. :meth:`RollbackPoint.apply` puts th
 dict made afterwards (:func:`fastlight.lightning_compat.dump_checkpoint`), which then holds the update
 boundary. Tensors are copied into the same host buffers at every update (no allocation after the
 first); the cost is one device-to-host copy of those tensors per update, which is why
-:class:`~fastlight.callbacks.lost_rank.LostRankCheckpoint` takes it only when asked (``rollback``;
-measured in ``benchmarks/results/faults.md``).
+:class:`~fastlight.callbacks.lost_rank.LostRankCheckpoint` takes it only when asked (``rollback``).
 """
 
 from __future__ import annotations

@@ -46,14 +46,14 @@ import numpy as np
 AUTO = "auto"
 #: At most this share of episodes may be cut by the chosen threshold (see the module docstring).
 MAX_CUT_SHARE = 0.2
-#: Every n-th cycle runs at threshold 1.0 to keep observing long episodes (1 in 8: <= 1/8 of the
-#: cycles pay the wait for the slowest env).
+#: Every n-th cycle runs at threshold 1.0 to keep observing long episodes (at most 1/n of the cycles
+#: pay the wait for the slowest env).
 EXPLORE_EVERY = 8
 #: Episodes to observe (at threshold 1.0) before the first choice.
 MIN_EPISODES = 16
-#: Throughputs within this fraction of the best count as equal (the Monte Carlo noise is ~1 %).
+#: Throughputs within this fraction of the best count as equal (about the Monte Carlo noise).
 TIE = 0.01
-#: Monte Carlo cycles per choice (the choice costs ~1 ms at E = 32).
+#: Monte Carlo cycles per choice.
 SIMULATED_CYCLES = 256
 
 

@@ -25,6 +25,7 @@ import pickle
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 import gymnasium as gym
@@ -35,25 +36,12 @@ from fastlight.models.base import Policy, ServedPolicy
 from fastlight.rollout import Rollout, RolloutStats
 from fastlight.sampling.auto_threshold import AUTO, CycleCosts, ThresholdChooser
 from fastlight.sampling.bundle import SamplerBundle
-from fastlight.sampling.collector_settings import (
-    NONFINITE,
-    RESET_MODES,
-    Nonfinite,
-    ResetMode,
-    check_collector_settings,
-)
-from fastlight.sampling.env_faults import EnvError, NonFiniteError, is_finite
+from fastlight.sampling.collector_settings import COLLECTOR_RANGES, RESET_MODES, check_ranges
 from fastlight.sampling.episodes import Episode, record
 from fastlight.sampling.exact import SamplerState, env_state, restore_env, seed_round
-from fastlight.sampling.resets import POOL_RESET_S, RESET_RETRIES
-from fastlight.sampling.round_signal import RoundView, cycle_key
+from fastlight.sampling.round_signal import RoundView, cycle_key, together_blockers
 from fastlight.sampling.rows import RowBuffer
 from fastlight.sampling.steps import EnvSteps
-
-__all__ = [
-    "NONFINITE", "POOL_RESET_S", "RESET_MODES", "RESET_RETRIES", "Collector", "EnvError", "NonFiniteError",
-    "Nonfinite", "ResetMode", "check_collector_settings", "is_finite",
-]
 
 
 class Collector(EnvSteps):
@@ -61,12 +49,12 @@ class Collector(EnvSteps):
 
     Args:
         envs: the E environments (``len(envs) == 1`` for ``sequential``).
-        mode: ``dpsa | sgr | autoreset | sequential``.
+        mode: the reset mode (:data:`~fastlight.sampling.collector_settings.RESET_MODES`).
         termination_threshold: DPSA's unified-truncation threshold on the fraction of ended envs,
             or ``"auto"``: chosen every cycle from the measured step cost, reset cost and episode
             lengths (:class:`~fastlight.sampling.auto_threshold.ThresholdChooser`).
-        max_horizon: DPSA/SGR cycle length cap in env steps; reaching it truncates and bootstraps.
-        rollout_steps: env steps per env per ``collect()`` in ``autoreset`` / ``sequential`` mode
+        max_horizon: cycle length cap in env steps; reaching it truncates and bootstraps.
+        rollout_steps: env steps per env per ``collect()`` in the modes without cycles
             (with action chunks of ``H``: ``ceil(rollout_steps / H)`` policy steps).
         seed: the sampler's base seed: env ``i``'s seed in global reset ``n`` and the action noise of
             round ``n`` are functions of it (:mod:`fastlight.sampling.exact`); an env resetting alone
@@ -100,42 +88,38 @@ class Collector(EnvSteps):
         rounds: RoundView | None = None,
         save_envs: bool = False,
     ) -> None:
-        rank_rate = rounds is not None and rounds.shared_rate
-        if rank_rate and (mode not in ("dpsa", "sgr") or termination_threshold == AUTO):
-            raise ValueError(
-                "the rank's termination rate (--data.rank_rounds together, --data.max_staleness 0) needs "
-                f"--data.reset_mode dpsa or sgr and a fixed --data.termination_threshold, got {mode} / "
-                f"{termination_threshold}"
-            )
-        check_collector_settings(
-            mode=mode,
-            num_envs=len(envs),
-            termination_threshold=termination_threshold,
-            max_horizon=max_horizon,
-            rollout_steps=rollout_steps,
-            nonfinite=nonfinite,
-        )
+        check_ranges(dict(reset_mode=mode, num_envs=len(envs), termination_threshold=termination_threshold,
+                          max_horizon=max_horizon, rollout_steps=rollout_steps, nonfinite=nonfinite),
+                     COLLECTOR_RANGES)  # fmt: skip
+        if RESET_MODES[mode].one_env and len(envs) != 1:
+            raise ValueError(f"--data.num_envs must be 1 with --data.reset_mode {mode}, got {len(envs)}")
+        if rounds is not None and rounds.shared_rate:  # the rank's rate: --data.max_staleness 0
+            threshold = termination_threshold
+            wrong = together_blockers(reset_mode=mode, max_staleness=0, termination_threshold=threshold,
+                                      cycles_per_step=1)  # fmt: skip
+            for flag, (value, allowed) in wrong.items():
+                raise ValueError(f"the rank's termination rate (--data.rank_rounds together) needs {flag} "
+                                 f"{allowed}, got {value!r}")  # fmt: skip
         self.nonfinite = nonfinite
         self.save_envs = save_envs
         self.rounds = rounds
-        self.heartbeat = heartbeat if heartbeat is not None else _no_beat
+        self.heartbeat = heartbeat if heartbeat is not None else lambda: None
         self.envs = list(envs)
         self.mode = mode
+        self.traits = RESET_MODES[mode]
         self.termination_threshold = termination_threshold
-        # `auto`: one chooser per Collector, from this sampler's own costs (dpsa only: sgr cuts at
-        # the first end by definition, autoreset never cuts).
-        self.chooser = (
-            ThresholdChooser(len(self.envs), max_horizon, seed=seed)
-            if termination_threshold == AUTO and mode == "dpsa"
-            else None
-        )
+        # `auto`: one chooser per Collector, from this sampler's own costs (only where the mode's cut
+        # waits for the threshold).
+        auto = termination_threshold == AUTO and self.traits.threshold
+        self.chooser = ThresholdChooser(len(self.envs), max_horizon, seed=seed) if auto else None
         self.max_horizon = max_horizon
         self.rollout_steps = rollout_steps
         self.seed = seed
-        if group_size < 1 or len(self.envs) % group_size or (group_size > 1 and mode not in ("dpsa", "sgr")):
+        if group_size < 1 or len(self.envs) % group_size or (group_size > 1 and not self.traits.cycles):
+            cycled = " or ".join(m for m, traits in RESET_MODES.items() if traits.cycles)
             raise ValueError(
                 f"--data.group_size {group_size} must be >= 1, divide each sampler's envs ({len(self.envs)}) "
-                f"and, above 1, run with --data.reset_mode dpsa or sgr (groups start together), got {mode}"
+                f"and, above 1, run with --data.reset_mode {cycled} (groups start together), got {mode}"
             )
         self.group_size = group_size
         self._pool = ThreadPoolExecutor(max_workers=len(self.envs), thread_name_prefix="fastlight-reset")
@@ -149,8 +133,7 @@ class Collector(EnvSteps):
         # Running mean of one env.reset() in seconds; None until the first reset was timed (the
         # first global reset uses the pool: a scenario load may be slow).
         self.reset_cost: float | None = None
-        # The next dpsa/sgr cycle's global reset, done ahead by reset_ahead(): its counters and
-        # wall seconds, charged to that cycle.
+        # The next cycle's global reset, done ahead by reset_ahead(): its counters and wall seconds.
         self._ahead: tuple[RolloutStats, float] | None = None
 
     @classmethod
@@ -179,15 +162,13 @@ class Collector(EnvSteps):
     def state(self, version: int) -> SamplerState:
         """This sampler's position after the round it ran on ``version``: what a resumed sampler needs
         to go on as this one would (:mod:`fastlight.sampling.exact`)."""
-        if self.mode in ("dpsa", "sgr") or self._obs is None:  # every episode ends with its cycle
-            return SamplerState(version, self.rounds_done, self.resets)
-        if not self.save_envs:  # saving them costs ~0.1 ms per MuJoCo env and round, ~9 ms for highway
-            return SamplerState(version, self.rounds_done, self.resets, exact=False)
-        envs = [env_state(env) for env in self.envs]
-        if any(e is None for e in envs):
-            return SamplerState(version, self.rounds_done, self.resets, exact=False)
-        carry = pickle.dumps((envs, self._obs, self._eps))
-        return SamplerState(version, self.rounds_done, self.resets, envs=carry)
+        state = SamplerState(version, self.rounds_done, self.resets)
+        if self.traits.cycles or self._obs is None:  # every episode ends with its cycle
+            return state
+        envs = [env_state(env) for env in self.envs] if self.save_envs else [None]
+        if any(e is None for e in envs):  # not saved (--data.exact_resume false), or not savable
+            return replace(state, exact=False)
+        return replace(state, envs=pickle.dumps((envs, self._obs, self._eps)))
 
     def restore(self, state: SamplerState) -> None:
         """Go on from ``state`` (a checkpoint's, for this sampler's index and settings)."""
@@ -204,7 +185,7 @@ class Collector(EnvSteps):
 
     @torch.no_grad()
     def collect(self, policy: Policy, *, policy_version: int = 0, cycle: int | None = None) -> Rollout:
-        """One sampling cycle (``dpsa``/``sgr``) or ``rollout_steps`` steps (``autoreset``).
+        """One sampling cycle (a mode with cycles) or ``rollout_steps`` steps (the others).
 
         ``cycle``: with a round signal (``rounds``), which of the training step's cycles this is on
         ``policy_version`` (0 begins the step's round). Strictly on-policy, the cycle is truncated on
@@ -224,12 +205,12 @@ class Collector(EnvSteps):
         if self._served:  # the inference worker ranks stragglers by progress per round
             policy.new_round(self.heartbeat)
         self._chunk = action_chunk(policy.action_mapping())
-        if self.mode in ("dpsa", "sgr"):
+        if self.traits.cycles:
             rank_rate = cycle is not None and self.rounds is not None and self.rounds.shared_rate
             rows = self._collect_cycle(policy, stats, cycle_key(policy_version, cycle) if rank_rate else None)
         else:
             rows = self._collect_autoreset(policy, stats)
-        rollout = RowBuffer.to_rollout(rows, policy_version=policy_version, stats=stats)
+        rollout = rows.to_rollout(policy_version=policy_version, stats=stats)
         if self._chunk is None:
             stats.raw_steps = rollout.valid.numel()
             stats.valid_steps = int(rollout.valid.sum())
@@ -244,7 +225,7 @@ class Collector(EnvSteps):
         """Whether a cycle at env step ``t`` with ``fraction`` of its clips ended is truncated."""
         if t >= self.max_horizon:
             return True
-        if self.mode == "sgr":
+        if not self.traits.threshold:
             return fraction > 0
         # A small epsilon: k / E computed by the chooser must cut at k ended envs, not k + 1.
         return fraction >= threshold - 1e-9
@@ -274,7 +255,7 @@ class Collector(EnvSteps):
         if key is not None:
             self.rounds.begin(key)
         threshold = self.chooser.threshold() if self.chooser is not None else self.termination_threshold
-        stats.threshold_sum += float(threshold) if self.mode == "dpsa" else 0.0
+        stats.threshold_sum += float(threshold) if self.traits.threshold else 0.0
         rows = RowBuffer(self.num_envs, self._chunk)
         alive = [True] * self.num_envs
         # t: the cycle's env-step time (policy steps x their chunks' span; one per step without chunks)
@@ -349,7 +330,3 @@ class Collector(EnvSteps):
                 stats.cut_in_flight += 1
                 break
         return rows
-
-
-def _no_beat() -> None:
-    pass

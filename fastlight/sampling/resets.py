@@ -1,11 +1,10 @@
 """The reset side of a :class:`~fastlight.sampling.collector.Collector`: global and partial resets of
-its envs (overlapped on a thread pool while resets are slow), the reset done ahead of a cycle, and the
-names a failing env is reported by.
+its envs, the reset done ahead of a cycle, and the names a failing env is reported by.
 
 Resets of several envs at one moment run on a thread pool when they are slow: scenario loading is
 I/O bound (HD maps, traffic logs), so the resets of one sampler overlap (see ``ScenarioLoadCost``).
-Cheap resets (a MuJoCo ``mj_resetData``, tens of microseconds) run inline: a thread hand-off costs
-more than the reset itself, and CPU-bound resets cannot overlap under the GIL anyway.
+Cheap resets run inline: a thread hand-off costs more than the reset itself, and CPU-bound resets
+cannot overlap under the GIL anyway.
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ from typing import Any
 import gymnasium as gym
 
 from fastlight.rollout import RolloutStats
+from fastlight.sampling.collector_settings import ResetTraits
 from fastlight.sampling.env_faults import EnvError, NonFiniteError, is_finite, preview
 from fastlight.sampling.episodes import Episode
 from fastlight.sampling.exact import reset_seed
@@ -27,8 +27,7 @@ from fastlight.sampling.obs import ObservationShapeError, odd_observation
 #: before the run stops anyway: an env that never resets cleanly cannot produce data.
 RESET_RETRIES = 3
 #: Resets slower than this (running mean of one env's reset, seconds) go to the thread pool when
-#: several envs reset at once; faster ones run inline. A pool hand-off costs ~0.1-1 ms (wake-up and
-#: lock round trip, more on a loaded machine), so below 2 ms the pool cannot win.
+#: several envs reset at once; faster ones run inline, where a pool hand-off would cost more.
 POOL_RESET_S = 2e-3
 
 
@@ -37,7 +36,7 @@ class EnvResets:
     builds on it (its ``__init__`` sets every attribute annotated here)."""
 
     envs: list[gym.Env]
-    mode: str
+    traits: ResetTraits
     seed: int
     group_size: int
     nonfinite: str
@@ -62,7 +61,7 @@ class EnvResets:
         ``reset_time`` and ``wall_time``. A second call before that cycle is a no-op; in
         ``autoreset`` mode, which has no global reset between rounds, it does nothing.
         """
-        if self.mode not in ("dpsa", "sgr") or self._ahead is not None:
+        if not self.traits.cycles or self._ahead is not None:
             return
         stats = RolloutStats()
         t0 = time.perf_counter()

@@ -7,22 +7,19 @@ once):
 
 - **Strictly on-policy** (``max_staleness 0``): DPSA's termination rate over every clip of the
   rank. FAST §DPSA computes, at each timestep, "the proportion of terminated clips among all clips"
-  and truncates every clip once it passes the threshold. Each sampler counting only its own clips
-  ends its cycles apart: the trainer then waits for the slowest sampler while the others idle until
-  the next weights (``benchmarks/results/overhead.md``: 91 % of the raw env-stepping ceiling with
-  the shared rate, 76-81 % without). With it, all of them truncate within one step of each other. The
-  cut then depends on how fast the processes run relative to each other, so two runs with the same
-  seeds no longer give the same cycles (``apart`` does).
+  and truncates every clip once it passes the threshold; each sampler counting only its own clips
+  would end its cycles apart, and the trainer would wait for the slowest. With the shared rate all
+  of them truncate within one step of each other; the cut then depends on how fast the processes
+  run relative to each other, so two runs with the same seeds no longer give the same cycles
+  (``apart`` does).
 - **Asynchronous** (``max_staleness`` above 0): the cut in flight. A sampler starts a new round as
   soon as it has sent one, so when a training step's super-batch completes the other samplers are
-  part-way into their next round, and every step of those rounds sampled before the next publish
-  would reach the trainer one version old, in the batch after: that is where an asynchronous run's
-  policy lag comes from (``benchmarks/results/sync.md``, Run 5). The trainer asks every sampler but
-  the one whose item completed the batch to end its round at its next step (FAST §DPSA's unified
-  truncation: each clip still running is truncated and bootstrapped with V(s_{t+1}); in
-  ``autoreset`` mode the segment ends there, the episodes go on) and the batch takes those rounds
-  (Run 6: mean lag 0.31 -> 0.14 from the cut alone). A round that began only just before (less
-  than ``CUT_MIN_SHARE`` of its sampler's usual round) is left to finish.
+  part-way into their next round, whose steps would reach the trainer one version old in the batch
+  after. The trainer asks every sampler but the one whose item completed the batch to end its round
+  at its next step (FAST §DPSA's unified truncation: each clip still running is truncated and
+  bootstrapped with V(s_{t+1}); in ``autoreset`` mode the segment ends there, the episodes go on)
+  and the batch takes those rounds. A round that began only just before (less than
+  ``CUT_MIN_SHARE`` of its sampler's usual round) is left to finish.
 
 Shared memory, no messages. For the rate: two 64-bit slots per sampler hold ``cycle key << 16 | ended
 clips`` of its current cycle and of the one before (one aligned store each, so a reader never sees a
@@ -39,12 +36,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal, get_args
+from typing import Any
 
-#: ``--data.rank_rounds``: ``together`` (refused where it cannot work), ``apart`` (each sampler ends
-#: its own rounds: the same seeds give the same cycles), ``auto`` (``together`` where it can work).
-RankRounds = Literal["auto", "together", "apart"]
-RANK_ROUNDS: tuple[str, ...] = get_args(RankRounds)
+from fastlight.sampling.collector_settings import RATE_MODES, RESET_MODES
 
 #: Cycle index bits of a key (``version * CYCLES + k``): at most this many cycles per version.
 CYCLES = 64
@@ -62,26 +56,18 @@ def together_blockers(
 ) -> dict[str, tuple[object, str]]:
     """The settings that keep a rank's samplers from ending their rounds together: flag -> (value,
     what it must be). Only the shared rate (``max_staleness 0``) has any: its samplers must sample
-    the same cycles on the same weights (DPSA/SGR cycles, one fixed threshold); a cut in flight ends
-    any round."""
+    the same cycles on the same weights (a mode that shares the rate, one fixed threshold); a cut in
+    flight ends any round."""
     wrong: dict[str, tuple[object, str]] = {}
     if max_staleness > 0:
         return wrong
-    if reset_mode not in ("dpsa", "sgr"):
-        wrong["--data.reset_mode"] = (reset_mode, "dpsa or sgr")
+    if not RESET_MODES[reset_mode].shares_rate:
+        wrong["--data.reset_mode"] = (reset_mode, RATE_MODES)
     if termination_threshold == "auto":
         wrong["--data.termination_threshold"] = (termination_threshold, "a number, not auto")
     if cycles_per_step > CYCLES:
         wrong["--data.cycles_per_step"] = (cycles_per_step, f"<= {CYCLES}")
     return wrong
-
-
-def resolve_rank_rounds(value: str, *, blockers: Mapping[str, object], shared_memory: bool) -> str:
-    """``together`` or ``apart``: ``auto`` is ``together`` where it can work (no blockers, samplers on
-    the trainer's machine) and ``apart`` elsewhere; the other two are themselves."""
-    if value != "auto":
-        return value
-    return "together" if not blockers and shared_memory else "apart"
 
 
 def cycle_key(version: int, k: int) -> int:

@@ -12,6 +12,9 @@ from fastlight.models.base import ActOutput
 from fastlight.rollout import EpisodeRecord, Rollout, RolloutStats
 from fastlight.sampling.obs import obs_to_tensor
 
+#: The Rollout fields a Row holds as numpy arrays of the same name.
+_NUMPY_FIELDS = ("rewards", "terminated", "truncated", "valid", "step", "task_id", "bootstrap_values")
+
 
 class Step(NamedTuple):
     """One policy step of a Collector: all E observations (stacked once), the active envs' episode
@@ -35,10 +38,10 @@ class Row:
         self.span = span
         self.step_rewards = None if chunk is None else np.zeros((num_envs, chunk), dtype=np.float32)
         self.env_steps = None if chunk is None else np.zeros(num_envs, dtype=np.int64)
-        self.reward = np.zeros(num_envs, dtype=np.float32)
+        self.rewards = np.zeros(num_envs, dtype=np.float32)
         self.terminated = np.zeros(num_envs, dtype=bool)
         self.truncated = np.zeros(num_envs, dtype=bool)
-        self.bootstrap = np.zeros(num_envs, dtype=np.float32)
+        self.bootstrap_values = np.zeros(num_envs, dtype=np.float32)
         self.valid = np.zeros(num_envs, dtype=bool)
         self.step = np.zeros(num_envs, dtype=np.int64)
         self.task_id = np.zeros(num_envs, dtype=np.int64)
@@ -49,7 +52,7 @@ class Row:
         self.version = -1  # -1: the Collector's policy_version argument applies
 
     def set_step(self, i: int, reward: float, terminated: bool, truncated: bool) -> None:
-        self.reward[i] = reward
+        self.rewards[i] = reward
         self.terminated[i] = terminated
         self.truncated[i] = truncated and not terminated
 
@@ -66,9 +69,8 @@ class Row:
     def invalidate(self, i: int) -> None:
         """Env ``i``'s step in this row becomes padding (a dropped episode)."""
         self.valid[i] = False
-        self.reward[i] = 0.0
+        self.rewards[i] = self.bootstrap_values[i] = 0.0
         self.terminated[i] = self.truncated[i] = False
-        self.bootstrap[i] = 0.0
         if self.step_rewards is not None and self.env_steps is not None:
             self.step_rewards[i] = 0.0
             self.env_steps[i] = 0
@@ -107,10 +109,10 @@ class RowBuffer:
         self.rows.append(row)
         return row
 
-    @staticmethod
-    def to_rollout(buf: RowBuffer, *, policy_version: int, stats: RolloutStats) -> Rollout:
-        rows = buf.rows
-        stats.episodes.extend(buf.episodes)
+    def to_rollout(self, *, policy_version: int, stats: RolloutStats) -> Rollout:
+        """The Rows as one Rollout, with the finished episodes added to ``stats``."""
+        rows = self.rows
+        stats.episodes.extend(self.episodes)
         if isinstance(rows[0].obs, dict):
             obs: Any = {k: np.stack([r.obs[k] for r in rows]) for k in rows[0].obs}
         else:
@@ -119,26 +121,19 @@ class RowBuffer:
         def stack(name: str) -> Tensor:
             return torch.from_numpy(np.stack([getattr(r, name) for r in rows]))
 
-        valid = stack("valid")
-        chunked = buf.chunk is not None
+        chunked = self.chunk is not None
         return Rollout(
             obs=obs_to_tensor(obs),
             actions=torch.stack([r.actions for r in rows]),
             logprobs=torch.stack([r.logprobs for r in rows]),
             values=torch.stack([r.values for r in rows]).float(),
-            rewards=stack("reward"),
-            terminated=stack("terminated"),
-            truncated=stack("truncated"),
-            valid=valid,
-            step=stack("step"),
-            task_id=stack("task_id"),
+            **{name: stack(name) for name in _NUMPY_FIELDS},
             # Per-row version when the policy reports one (a remote policy whose weights may
             # change mid-round), else the version the round was started with.
             policy_version=torch.tensor(
-                [[r.version if r.version >= 0 else policy_version] * buf.num_envs for r in rows],
+                [[r.version if r.version >= 0 else policy_version] * self.num_envs for r in rows],
                 dtype=torch.long,
             ),
-            bootstrap_values=stack("bootstrap"),
             stats=stats,
             step_rewards=stack("step_rewards") if chunked else None,
             env_steps=stack("env_steps") if chunked else None,

@@ -98,41 +98,30 @@ class EnvSteps(EnvResets):
         return ChunkResult(len(rewards), rewards, False, False, info, dropped=False)
 
     def _advance(self, row: Row, i: int, result: tuple, rows: RowBuffer, stats: RolloutStats) -> bool:
-        """Record env ``i``'s step in ``row``; returns True if its episode ended (or was dropped)."""
-        if isinstance(result, ChunkResult):
-            return self._advance_chunk(row, i, result, rows, stats)
-        nobs, reward, term, trunc, info = result
+        """Record env ``i``'s step (or executed chunk, whose env steps :meth:`_run_chunk` counted) in
+        ``row``; returns True if its episode ended (or was dropped)."""
         ep = self._eps[i]
         ep.transitions += 1
-        ep.step += 1  # the env's step count: the failing step is named by it (0 = the reset)
-        if self.nonfinite == "drop" and not (is_finite(reward) and is_finite(nobs)):
+        if isinstance(result, ChunkResult):
+            dropped, term, trunc, info = result.dropped, result.terminated, result.truncated, result.info
+            if not dropped:
+                row.set_chunk(i, result.rewards, term, trunc)
+        else:
+            nobs, reward, term, trunc, info = result
+            ep.step += 1  # the env's step count: the failing step is named by it (0 = the reset)
+            dropped = self.nonfinite == "drop" and not (is_finite(reward) and is_finite(nobs))
+            if not dropped:
+                self._check_finite(i, "reward", reward)
+                self._check_finite(i, "observation", nobs)
+                row.set_step(i, float(reward), bool(term), bool(trunc))
+                ep.ret += float(reward)
+                ep.success = success_after(ep.success, info)
+                self._obs[i] = nobs
+        if dropped:
             self._drop_episode(i, rows, stats)
             return True
-        self._check_finite(i, "reward", reward)
-        self._check_finite(i, "observation", nobs)
-        row.set_step(i, float(reward), bool(term), bool(trunc))
-        ep.ret += float(reward)
-        ep.success = success_after(ep.success, info)
-        self._obs[i] = nobs
         if term or trunc:
             rows.episodes.append(record(ep, terminated=bool(term), truncated=bool(trunc), info=info))
-            return True
-        return False
-
-    def _advance_chunk(
-        self, row: Row, i: int, chunk: ChunkResult, rows: RowBuffer, stats: RolloutStats
-    ) -> bool:
-        """Record env ``i``'s executed chunk in ``row`` (the steps were counted by :meth:`_run_chunk`)."""
-        ep = self._eps[i]
-        ep.transitions += 1
-        if chunk.dropped:
-            self._drop_episode(i, rows, stats)
-            return True
-        row.set_chunk(i, chunk.rewards, chunk.terminated, chunk.truncated)
-        if chunk.terminated or chunk.truncated:
-            rows.episodes.append(
-                record(ep, terminated=chunk.terminated, truncated=chunk.truncated, info=chunk.info)
-            )
             return True
         return False
 
@@ -157,4 +146,4 @@ class EnvSteps(EnvResets):
         step = torch.tensor([self._eps[i].step for i in idx], dtype=torch.long)
         values = policy.value(obs, step=step)
         for j, i in enumerate(idx):
-            row.bootstrap[i] = float(values[j])
+            row.bootstrap_values[i] = float(values[j])

@@ -5,10 +5,8 @@ after each update, samplers apply them to their envs (``env.unwrapped.set_task_w
 before their next round. Version 0 means "never set" (envs keep their uniform default).
 
 A Ray sampler actor runs its sampler in a thread of its own process: its copy is in-process
-(``ctx=None``), with no shared memory and no process-shared lock. A process-shared lock is a named
-POSIX semaphore (``/dev/shm/sem.mp-*``), removed by a normal interpreter exit or by the process's
-resource tracker; a Ray actor ends by ``ray.kill``, and neither removed it: every actor's lock stayed in
-``/dev/shm`` (``tests/fleet/ray/test_ray_fleet.py``, the fit test).
+(``ctx=None``), with no shared memory and no process-shared lock, whose named POSIX semaphore
+(``/dev/shm/sem.mp-*``) a Ray actor ended by ``ray.kill`` would leave behind.
 """
 
 from __future__ import annotations

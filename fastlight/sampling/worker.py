@@ -31,7 +31,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -53,8 +53,8 @@ def rollout_from_numpy(r: Rollout) -> Rollout:
 
 
 class Handoff:
-    """One finished item at a time, handed over to whoever takes it (the Ray actor's trainer call,
-    or :class:`Outbox`'s sender thread); the sampler keeps beating while it waits."""
+    """Where a sampler's items go, one finished item at a time, handed over to whoever takes it (the Ray
+    actor's trainer call, or :class:`Outbox`'s sender thread); the sampler keeps beating while it waits."""
 
     def __init__(self) -> None:
         self.items: queue.Queue[Any] = queue.Queue(maxsize=1)
@@ -94,12 +94,6 @@ class Outbox(Handoff):
         self.thread.join(timeout=timeout)
 
 
-class Outgoing(Protocol):
-    """Where a sampler's items go: its :class:`Outbox` (a process) or a Ray actor's handoff."""
-
-    def put(self, item: Any, stop: Any, beat: Callable[[], None]) -> None: ...
-
-
 def sampler_main(bundle: SamplerBundle, conn: Any, parent_pid: int) -> None:
     """Entry point of a sampler process (spawned): ``bundle`` is what the sampler is given, ``conn`` the
     write end of its pipe to the trainer, ``parent_pid`` the trainer's pid (the process dies with it)."""
@@ -113,15 +107,15 @@ def sampler_main(bundle: SamplerBundle, conn: Any, parent_pid: int) -> None:
     os._exit(1 if failed else 0)
 
 
-def run_sampler(bundle: SamplerBundle, outbox: Outgoing) -> bool:
+def run_sampler(bundle: SamplerBundle, outbox: Handoff) -> bool:
     """Build the sampler's Collector and run its rounds until the stop; an exception goes out as
     ``("error", index, traceback)``. Returns whether it failed."""
     collector = None
     try:
         collector = Collector.for_sampler(bundle)
         bundle.policy.eval()
-        # What the sampler holds from its start (torch, the envs, the policy: ~250k objects) never becomes
-        # garbage: frozen, a full collection skips it, and _loop makes one after every round (<1 ms).
+        # What the sampler holds from its start (torch, the envs, the policy) never becomes garbage:
+        # frozen, a full collection skips it, and _loop makes one after every round cheaply.
         gc.collect()
         gc.freeze()
         _loop(bundle, collector, outbox)
@@ -134,7 +128,7 @@ def run_sampler(bundle: SamplerBundle, outbox: Outgoing) -> bool:
     return False
 
 
-def _loop(bundle: SamplerBundle, collector: Collector, outbox: Outgoing) -> None:
+def _loop(bundle: SamplerBundle, collector: Collector, outbox: Handoff) -> None:
     cfg, policy, weights, task_weights = bundle.config, bundle.policy, bundle.weights, bundle.task_weights
     beat, stop = bundle.beat, bundle.stop
     version = -1
@@ -142,9 +136,8 @@ def _loop(bundle: SamplerBundle, collector: Collector, outbox: Outgoing) -> None
     resume = cfg.resume
     # What this sampler acts with, reported with each item for the trainer's DeliveryCheck: a served
     # policy's weights are the inference worker's (its answers carry their checksum); a copy's checksum
-    # is taken right after each load, every version (a strided slice per tensor: 0.6 ms for a 3-layer MLP,
-    # 10 ms for 400 tensors on a loaded 2-core machine, small next to a round), so the sampler needs no
-    # setting and the trainer alone chooses the versions it checks.
+    # (a strided slice per tensor, small next to a round) is taken after each load, so the trainer alone
+    # chooses the versions it checks.
     served, held = isinstance(policy, ServedPolicy), math.nan
     while not stop.is_set():
         latest = weights.version
@@ -179,15 +172,13 @@ def _loop(bundle: SamplerBundle, collector: Collector, outbox: Outgoing) -> None
         while valid < cfg.min_valid_steps and not stop.is_set() and not parts[-1].stats.cut_in_flight:
             parts.append(collector.collect(policy, policy_version=version))
             valid += parts[-1].stats.valid_steps
-        item = rollout_to_numpy(Rollout.cat_time(parts))
+        item = rollout_to_numpy(Rollout.cat(parts, dim=0))
         item.stats.sampler = bundle.index
         item.stats.sampler_states = {bundle.index: collector.state(version)}
         served_by = ("the inference worker", policy.last_version, policy.last_checksum) if served else None
         item.stats.weights_held = [served_by or (f"sampler {bundle.index}", version, held)]
         outbox.put(("rollout", version, item), stop, beat)
         # An env's per-episode objects in reference cycles (a highway-env road and its vehicles, made at
-        # every reset) live long enough to reach the oldest generation, which Python collects only once
-        # the objects promoted there reach a quarter of those it holds: left to it, the dead roads of
-        # ~100 rounds pile up, and the memory they leave behind grew the sampler 2 MB per 100 cycles
-        # (benchmarks/results/faults.md, the sampler memory soak).
+        # every reset) reach the oldest generation, which Python collects only once the objects promoted
+        # there reach a quarter of those it holds: left to it, the dead roads pile up and grow the sampler.
         gc.collect()

@@ -49,7 +49,7 @@ from torch import Tensor
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler
 from typing_extensions import override
 
-from fastlight.data.datamodule import EnvSpec
+from fastlight.data.env_spec import EnvSizes, EnvSpec
 from fastlight.data.protocols import RolloutPolicyModule, implements
 from fastlight.envs.registry import make_env
 from fastlight.models.action_mapping import action_chunk
@@ -317,7 +317,7 @@ class DemoDataset(Dataset):
         return actions, valid
 
 
-class DemoDataModule(L.LightningDataModule):
+class DemoDataModule(EnvSizes, L.LightningDataModule):
     """Scripted-expert demonstrations of the configured Meta-World tasks (see the module docstring).
 
     Args:
@@ -374,19 +374,6 @@ class DemoDataModule(L.LightningDataModule):
         for name in self.task_names:
             expert_for(name)
         self.demos: Demos | None = None
-
-    # Sizes linked to the model by the CLI, as RolloutDataModule's.
-    @property
-    def obs_dim(self) -> int:
-        return self.env_spec.obs_dim
-
-    @property
-    def action_dim(self) -> int:
-        return self.env_spec.action_dim
-
-    @property
-    def continuous(self) -> bool:
-        return self.env_spec.continuous
 
     @property
     def cache_file(self) -> Path:

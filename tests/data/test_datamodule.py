@@ -122,7 +122,7 @@ def test_sampler_hard_crash_is_restarted_then_reported_with_exit_code():
         ({"prefetch": 0}, "--data.prefetch must be > 0, got 0"),
         ({"nonfinite": "nan"}, "--data.nonfinite must be one of raise | drop, got 'nan'"),
         ({"start_method": "fork"}, "--data.start_method must be null, spawn or forkserver, got 'fork'"),
-        ({"rank_rounds": "node"}, "--data.rank_rounds must be one of auto, together, apart, got 'node'"),
+        ({"rank_rounds": "node"}, "--data.rank_rounds must be one of auto | together | apart, got 'node'"),
         (
             {"rank_rounds": "together", "reset_mode": "autoreset"},
             "--data.rank_rounds together with --data.max_staleness 0 shares one termination rate, which "

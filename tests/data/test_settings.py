@@ -14,7 +14,8 @@ from fastlight.envs import ScenarioLoadCost, scenario_cost
 from fastlight.procs import seed_everything
 from fastlight.rollout import Rollout
 from fastlight.sampling.bundle import RankHandles
-from fastlight.sampling.collector import POOL_RESET_S, Collector
+from fastlight.sampling.collector import Collector
+from fastlight.sampling.resets import POOL_RESET_S
 from tests.policies import ObsValuePolicy
 
 FIXED = "tests.fake_envs:FixedLength-v0"
@@ -31,7 +32,7 @@ def sample(dm: RolloutDataModule, worker: int = 0, rank: int = 0, policy=None) -
     c = Collector.for_sampler(
         handles.bundle(worker, cfg, policy=policy, weights=None, beat=lambda: None, stop=threading.Event())
     )
-    return Rollout.cat_time([c.collect(policy) for _ in range(cfg.cycles_per_step)])
+    return Rollout.cat([c.collect(policy) for _ in range(cfg.cycles_per_step)], dim=0)
 
 
 def test_num_envs_are_spread_over_workers_and_seeds_offset_by_rank():

@@ -9,7 +9,8 @@ import torch
 
 from fastlight.modules.rl_module import RLModule
 from fastlight.rollout import Rollout
-from fastlight.sampling.collector import Collector, NonFiniteError, is_finite
+from fastlight.sampling.collector import Collector
+from fastlight.sampling.env_faults import NonFiniteError, is_finite
 from tests.fake_envs import FixedLengthEnv
 
 

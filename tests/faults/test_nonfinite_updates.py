@@ -12,7 +12,9 @@ import pytest
 import torch
 
 from fastlight.modules.rl_module import RLModule
-from fastlight.sampling.collector import RESET_RETRIES, Collector, NonFiniteError
+from fastlight.sampling.collector import Collector
+from fastlight.sampling.env_faults import NonFiniteError
+from fastlight.sampling.resets import RESET_RETRIES
 from tests.faults.test_preemption import Rollouts
 from tests.lightning_helpers import quiet_trainer
 

@@ -31,7 +31,7 @@ def sample_rollout(seed: int = 0) -> Rollout:
     envs = [FixedLengthEnv(lengths=(3, 7, 2, 9), tag=i) for i in range(4)]
     policy = built(RLModule(obs_dim=3, action_dim=2)).policy
     c = Collector(envs, mode="dpsa", termination_threshold=0.5, max_horizon=8)
-    r = Rollout.cat_time([c.collect(policy) for _ in range(3)])
+    r = Rollout.cat([c.collect(policy) for _ in range(3)], dim=0)
     # Non-trivial rewards so advantages differ between steps.
     return Rollout(**{**r.__dict__, "rewards": torch.randn(r.shape) * r.valid})
 

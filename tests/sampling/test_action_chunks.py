@@ -17,7 +17,8 @@ import torch
 from fastlight.advantages import chunk_rewards, masked_gae
 from fastlight.models.action_mapping import ChunkActions, IdentityActions, action_chunk
 from fastlight.models.base import ActOutput, EvalOutput
-from fastlight.sampling.collector import Collector, NonFiniteError
+from fastlight.sampling.collector import Collector
+from fastlight.sampling.env_faults import NonFiniteError
 from tests.fake_envs import FaultEnv, FixedLengthEnv
 
 D = 2  # action dimensions
@@ -370,7 +371,7 @@ def test_chunk_fields_survive_padding_joins_and_the_pipe():
     wide = Rollout.cat([a, b]).validate()  # b padded from 1 to 5 rows
     assert wide.step_rewards.shape == (5, 3, 2) and wide.env_steps[:, 2].tolist() == [2, 0, 0, 0, 0]
     assert wide.num_env_steps == 3 + 9 + 2 and torch.equal(wide.step_rewards[:, :2], a.step_rewards)
-    long = Rollout.cat_time([a, a]).validate()
+    long = Rollout.cat([a, a], dim=0).validate()
     assert long.env_steps.shape == (10, 2) and long.num_env_steps == 2 * 12
     back = rollout_from_numpy(rollout_to_numpy(a)).validate()
     assert torch.equal(back.step_rewards, a.step_rewards) and torch.equal(back.env_steps, a.env_steps)

@@ -16,7 +16,8 @@ from fastlight.sampling.auto_threshold import (
     ThresholdChooser,
     kaplan_meier,
 )
-from fastlight.sampling.collector import Collector, check_collector_settings
+from fastlight.sampling.collector import Collector
+from fastlight.sampling.collector_settings import COLLECTOR_RANGES, check_ranges
 from tests.fake_envs import FixedLengthEnv
 
 
@@ -148,12 +149,10 @@ def test_collector_auto_keeps_long_episodes_that_half_cuts(obs_value_policy):
 
 
 def test_auto_is_a_valid_setting_and_others_are_refused():
-    check_collector_settings(
-        mode="dpsa", num_envs=4, termination_threshold="auto", max_horizon=9, rollout_steps=1
-    )
+    settings = {"reset_mode": "dpsa", "num_envs": 4, "termination_threshold": "auto", "max_horizon": 9,
+                "rollout_steps": 1, "nonfinite": "raise"}  # fmt: skip
+    check_ranges(settings, COLLECTOR_RANGES)
     with pytest.raises(
         ValueError, match=r"--data.termination_threshold must be in \[0, 1\] or auto, got 'aut'"
     ):
-        check_collector_settings(
-            mode="dpsa", num_envs=4, termination_threshold="aut", max_horizon=9, rollout_steps=1
-        )
+        check_ranges(settings | {"termination_threshold": "aut"}, COLLECTOR_RANGES)

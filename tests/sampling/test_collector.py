@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import random
+from typing import get_args
 
 import pytest
 import torch
 
 from fastlight.sampling.collector import Collector
+from fastlight.sampling.collector_settings import RATE_MODES, RESET_MODES, ResetMode
 from tests.fake_envs import FixedLengthEnv
 
 
@@ -159,6 +161,11 @@ def test_bad_settings_name_the_flag(kwargs, match):
         Collector(make_envs([2]), **kwargs)
 
 
+def test_every_reset_mode_the_cli_takes_has_its_traits():
+    assert tuple(RESET_MODES) == get_args(ResetMode)
+    assert RATE_MODES == "dpsa or sgr"
+
+
 def test_collector_on_highway_validates():
     import gymnasium as gym
     import highway_env  # noqa: F401
@@ -219,7 +226,7 @@ def test_several_resets_use_the_pool_only_while_resets_are_slow(
     on the pool when it is slower (I/O-bound scenario loads overlap there)."""
     from fastlight.sampling import collector as collector_module
     from fastlight.sampling import resets as resets_module
-    from fastlight.sampling.collector import POOL_RESET_S
+    from fastlight.sampling.resets import POOL_RESET_S
 
     assert reset_s == 0.0 or reset_s > POOL_RESET_S
     clock = _Clock()  # a timed decision, tested on a clock no other process can slow down

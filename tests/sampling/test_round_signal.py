@@ -102,11 +102,16 @@ def test_without_a_cycle_index_the_cycle_is_the_samplers_own(obs_value_policy):
     assert cycle_length(here, obs_value_policy, 0, None) == 4  # extra cycles: its own rate, 1 of 2
 
 
-@pytest.mark.parametrize("kwargs", [{"mode": "autoreset"}, {"termination_threshold": "auto"}])
-def test_collector_refuses_a_shared_rate_it_cannot_use(kwargs):
+@pytest.mark.parametrize(
+    ("kwargs", "needs"),
+    [
+        ({"mode": "autoreset"}, "--data.reset_mode dpsa or sgr, got 'autoreset'"),
+        ({"termination_threshold": "auto"}, "--data.termination_threshold a number, not auto, got 'auto'"),
+    ],
+)
+def test_collector_refuses_a_shared_rate_it_cannot_use(kwargs, needs):
     envs = [FixedLengthEnv(lengths=(3,)) for _ in range(2)]
-    needs = r"--data.max_staleness 0\) needs --data.reset_mode dpsa or sgr and a"
-    with pytest.raises(ValueError, match=needs):
+    with pytest.raises(ValueError, match=r"termination rate \(--data.rank_rounds together\) needs " + needs):
         Collector(envs, rounds=board(2, 2).view(0), **kwargs)
     Collector(envs, rounds=RoundSignal(CTX, [2, 2], shared_rate=False).view(0), **kwargs)  # a cut: any mode
 

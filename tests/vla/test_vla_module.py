@@ -46,7 +46,7 @@ def collected() -> tuple[dict, Rollout]:
     behaviour = module(seed=1)
     collector = Collector(make_envs(), mode="dpsa", termination_threshold=1.0, max_horizon=8, seed=0)
     with torch.no_grad():
-        rollout = Rollout.cat_time([collector.collect(behaviour.policy.eval()) for _ in range(2)])
+        rollout = Rollout.cat([collector.collect(behaviour.policy.eval()) for _ in range(2)], dim=0)
     collector.close()
     # Non-trivial rewards so that the advantages differ between steps.
     rollout = Rollout(**{**rollout.__dict__, "rewards": torch.randn(rollout.shape) * rollout.valid})
