@@ -143,8 +143,11 @@ class RLModule(PolicyModule):
     ) -> None:
         super().__init__()
         check_settings(locals(), default_policy=type(self).build_policy is RLModule.build_policy)
+        if advantage not in ("gae", "grpo"):
+            raise ValueError(f"--model.advantage must be one of gae | grpo, got {advantage!r}")
         #: The policy objective compute_loss uses (hparams hold its class_path / init_args).
         self.objective = as_objective(objective, default=self.default_objective)
+        self._informative_groups: Tensor | None = None  # --model.advantage grpo's, per update
         save_hparams(self, policy, self.objective, frame=inspect.currentframe())
         self.automatic_optimization = False
         if policy is not None:
@@ -192,13 +195,16 @@ class RLModule(PolicyModule):
             discounts=discounts,
         )
         if h.get("advantage", "gae") == "grpo":
+            size = self._group_size()
             adv = group_relative_advantages(
                 rewards=rollout.rewards,
                 terminated=rollout.terminated,
                 truncated=rollout.truncated,
                 valid=rollout.valid,
-                group_size=self._group_size(),
+                group_size=size,
             )
+            # The groups whose clips earned different returns: the only ones that move the policy.
+            self._informative_groups = (adv != 0).any(0).view(-1, size).any(1).float().mean()
         elif h.normalize_advantages:
             # One all-reduce of (sum, sum of squares, count) under DDP (AcceRL §global normalisation).
             adv = normalize_advantages(adv, rollout.valid)
@@ -389,6 +395,8 @@ class RLModule(PolicyModule):
             metrics.update({k: torch.tensor(v) for k, v in datamodule.fault_counters().items()})
         metrics.update(rollout_metrics(rollout, current_version=self.policy_version - 1))
         metrics.update(self.mismatch.metrics())
+        if self._informative_groups is not None:
+            metrics["loss/grpo_informative_groups"] = self._informative_groups
         n = max(rollout.num_valid, 1)
         shown = {k: metrics.pop(k) for k in ("rollout/return",) if k in metrics}
         self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=n)

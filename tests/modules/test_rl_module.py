@@ -266,3 +266,43 @@ def test_a_users_objective_needs_no_edit_of_the_module():
     assert actor and all(torch.equal(after[k], start[k]) for k in actor)
     ppo = run_update(objective=PPOClip(), **common)
     assert any(not torch.equal(ppo[k], start[k]) for k in actor)
+
+
+def test_grpo_advantage_needs_groups_and_logs_the_informative_share():
+    """--model.advantage grpo: refused without --data.group_size >= 2; with groups, each clip's advantage
+    is its return against its group's, and the share of groups that differ is logged."""
+    import lightning as L
+
+    from fastlight.rollout import Rollout
+
+    with pytest.raises(ValueError, match="--model.advantage must be one of gae | grpo, got 'grpo2'"):
+        RLModule(obs_dim=3, action_dim=2, advantage="grpo2")
+    m = RLModule(obs_dim=3, action_dim=2, advantage="grpo")
+    m.configure_model()
+    t_len, n_env = 4, 4
+    valid = torch.ones(t_len, n_env, dtype=torch.bool)
+    done = torch.zeros(t_len, n_env, dtype=torch.bool)
+    done[-1] = True
+    rewards = torch.tensor([[1.0, 0.0, 2.0, 2.0]]).expand(t_len, n_env).clone()
+    rollout = Rollout(
+        obs=torch.zeros(t_len, n_env, 3), actions=torch.zeros(t_len, n_env, dtype=torch.long),
+        logprobs=torch.zeros(t_len, n_env), values=torch.zeros(t_len, n_env), rewards=rewards,
+        terminated=done, truncated=torch.zeros_like(done), valid=valid,
+        bootstrap_values=torch.zeros(t_len, n_env), step=torch.zeros(t_len, n_env, dtype=torch.long),
+        task_id=torch.zeros(t_len, n_env, dtype=torch.long),
+        policy_version=torch.zeros(t_len, n_env, dtype=torch.long),
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="set --data.group_size to 2 or more"):
+        m.compute_advantages(rollout)
+
+    class Grouped(L.LightningDataModule):
+        group_size = 2
+
+    m.trainer = L.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    m.trainer.datamodule = Grouped()
+    adv, _, _ = m.compute_advantages(rollout)
+    # returns 4 vs 0 (group 1) and 8 vs 8 (group 2: no signal)
+    assert torch.equal(
+        adv[:, :2], torch.tensor([[1.0, -1.0]]).expand(t_len, 2).to(adv.dtype).round(decimals=4)
+    )
+    assert bool((adv[:, 2:] == 0).all()) and float(m._informative_groups) == 0.5
