@@ -204,7 +204,11 @@ def group_relative_advantages(
 ) -> Tensor:
     """GRPO's advantages (Shao et al., 2024, §4.1.2 outcome supervision; SimpleVLA-RL and RLinf's VLA RL):
     each clip's return (its valid rewards, undiscounted) minus the mean over its group, over the
-    group's standard deviation, on every valid step of the clip.
+    group's standard deviation, on every valid step of the clip, scaled by ``mean clip length / its
+    length``. GRPO's objective averages over each output's tokens, then over the outputs; the SMPO mean
+    over all valid steps (FAST §SMPO) equals that with this scale. Without it, a long clip weighs more:
+    where an episode ends at success, the failures that run to the time limit outweigh the successes
+    of their group, and the update pushes down what both did alike.
 
     Shapes: ``[T, E]`` each. A column holds one clip per sampling cycle (each ends with a done step,
     as ``Rollout.validate`` asks), and a group is ``group_size`` consecutive columns whose clips of one
@@ -224,6 +228,9 @@ def group_relative_advantages(
     clip = clip.clamp(max=n_clip - 1)
     returns = torch.zeros(n_clip, n_env, dtype=rewards.dtype, device=rewards.device)
     returns.scatter_add_(0, clip, zero_invalid(rewards, valid))
+    lengths = torch.zeros(n_clip, n_env, dtype=rewards.dtype, device=rewards.device)
+    lengths.scatter_add_(0, clip, valid.to(rewards.dtype))
     g = returns.view(n_clip, -1, group_size)
-    adv = (g - g.mean(-1, keepdim=True)) / (g.std(-1, unbiased=False, keepdim=True) + eps)
-    return zero_invalid(adv.view(n_clip, n_env).gather(0, clip), valid)
+    z = ((g - g.mean(-1, keepdim=True)) / (g.std(-1, unbiased=False, keepdim=True) + eps)).view(n_clip, n_env)
+    scale = lengths[lengths > 0].mean() / lengths.clamp(min=1)
+    return zero_invalid((z * scale).gather(0, clip), valid)

@@ -448,13 +448,14 @@ def grpo_loop(rewards, terminated, truncated, valid, group_size):
                 returns[e].append((total, steps))
                 total, steps = 0.0, []
     adv = torch.zeros(t_len, n_env, dtype=torch.float64)
+    mean_len = sum(len(steps) for col in returns for _, steps in col) / sum(len(col) for col in returns)
     for g in range(0, n_env, group_size):
         for c in range(len(returns[g])):
             r = torch.tensor([returns[e][c][0] for e in range(g, g + group_size)], dtype=torch.float64)
             z = (r - r.mean()) / (r.std(unbiased=False) + 1e-6)
             for k, e in enumerate(range(g, g + group_size)):
                 for t in returns[e][c][1]:
-                    adv[t, e] = z[k]
+                    adv[t, e] = z[k] * mean_len / len(returns[e][c][1])
     return adv
 
 
@@ -483,6 +484,11 @@ def test_group_relative_advantages_match_a_naive_loop_over_clips_and_groups():
     torch.testing.assert_close(
         adv, grpo_loop(rewards, terminated, truncated, valid, group), rtol=1e-9, atol=1e-9
     )
+    # each group's steps sum to 0 in every cycle: a short successful clip weighs what a long failure does
+    for cycle in range(2):
+        rows = slice(6 * cycle, 6 * cycle + 6)
+        sums = adv[rows].sum(0).view(-1, group).sum(1)
+        torch.testing.assert_close(sums, torch.zeros_like(sums), rtol=0, atol=1e-9)
     # a group whose clips earned the same return says nothing: zero advantages
     same = torch.where(valid, torch.ones_like(rewards), rewards)
     flat = group_relative_advantages(
