@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from fastlight.inference.remote import RemotePolicy, ServerVersion
-from fastlight.inference.server import Slot, inference_main, tensor_spec
+from fastlight.inference.server import Slot, inference_main, rows_of, tensor_spec
 from fastlight.inference.settings import InferenceSettings
 from fastlight.models.base import Policy, check_policy
 from fastlight.procs import Liveness
@@ -56,13 +56,6 @@ def weight_path(trainer_device: torch.device | str, worker_device: torch.device 
     return "bucketed"
 
 
-def choose_transport(worker_device: torch.device | str) -> str:
-    """The transport of a worker that does not share the trainer's GPU (:func:`weight_path` says when
-    it does; then it is ``"cuda_ipc"``): ``"shared_memory"`` for a CPU worker (spawned on this
-    host), ``"broadcast"`` otherwise. Tests replace it to force the broadcast on a CPU worker."""
-    return "shared_memory" if torch.device(worker_device).type == "cpu" else "broadcast"
-
-
 class InferenceClient:
     """Owns the inference worker process and the trainer end of its weight path (``transport``)."""
 
@@ -79,9 +72,8 @@ class InferenceClient:
         self.ctx, self.policy, self.settings = ctx, policy, settings
         self.trainer_device = torch.device(trainer_device)
         self.worker_device = settings.worker_device(self.trainer_device)
-        sync_timeout_s = settings.sync_timeout_s
         with torch.no_grad():
-            out = policy.act(example_obs, step=torch.zeros(_rows(example_obs), dtype=torch.long))
+            out = policy.act(example_obs, step=torch.zeros(rows_of(example_obs), dtype=torch.long))
         obs_spec = tensor_spec(example_obs)
         act_spec = {
             "actions": (tuple(out.actions.shape[1:]), out.actions.dtype),
@@ -96,8 +88,8 @@ class InferenceClient:
         # the pool (--data.faults.heartbeat_s, --data.faults.worker_timeout_s); inf: never counted as hung.
         self.liveness = Liveness(ctx)
         # "shared_memory" | "cuda_ipc" (both the double buffer) | "broadcast" (weight_path's "bucketed").
-        same_gpu = weight_path(self.trainer_device, self.worker_device) == "cuda_ipc"
-        self.transport = "cuda_ipc" if same_gpu else choose_transport(self.worker_device)
+        path = weight_path(self.trainer_device, self.worker_device)
+        self.transport = "broadcast" if path == "bucketed" else path
         self.shared: SharedDoubleBuffer | None = None
         self.sync_config: SyncGroupConfig | None = None
         if self.transport in ("shared_memory", "cuda_ipc"):  # built now: the worker maps it at start-up
@@ -107,16 +99,13 @@ class InferenceClient:
             self.shared = SharedDoubleBuffer(
                 policy,
                 ctx,
-                timeout_s=sync_timeout_s,
+                timeout_s=settings.sync_timeout_s,
                 device=slots_on,
                 worker_name=f"inference worker ({WORKER_NAME})",
             )
         else:  # NCCL between two CUDA devices, gloo otherwise (a CPU trainer's CUDA worker).
             backend = choose_backend(self.trainer_device, self.worker_device)
-            self.sync_config = SyncGroupConfig.local(backend=backend, timeout_s=sync_timeout_s)
-        self.max_batch, self.max_wait_ms = settings.max_batch, settings.max_wait_ms
-        self.bucket_mb = settings.sync_bucket_mb
-        self.threads = settings.threads
+            self.sync_config = SyncGroupConfig.local(backend=backend, timeout_s=settings.sync_timeout_s)
         self.proc: Any = None
         self.broadcaster: WeightBroadcaster | None = None
 
@@ -136,13 +125,10 @@ class InferenceClient:
                 self.shared if self.shared is not None else self.sync_config,
                 self.version,
                 stop,
-                self.max_batch,
-                self.max_wait_ms,
-                self.bucket_mb,
+                self.settings,
                 parent_pid,
                 str(self.worker_device),
                 self.liveness,
-                self.threads,
             ),
             name=WORKER_NAME,
             daemon=True,
@@ -183,7 +169,9 @@ class InferenceClient:
             return dataclasses.replace(stats, trainer_wait_ms=1000.0 * (time.perf_counter() - t0))
         if self.broadcaster is None:
             assert self.sync_config is not None
-            self.broadcaster = WeightBroadcaster(policy, self.sync_config, bucket_mb=self.bucket_mb)
+            self.broadcaster = WeightBroadcaster(
+                policy, self.sync_config, bucket_mb=self.settings.sync_bucket_mb
+            )
         self.broadcaster.signal_drain()  # no-op if the WeightSync callback already drained
         stats = self.broadcaster.broadcast(version, policy)
         return dataclasses.replace(stats, trainer_wait_ms=1000.0 * (time.perf_counter() - t0))
@@ -255,7 +243,3 @@ class InferenceClient:
                 self.proc.kill()
                 self.proc.join(timeout=2.0)
             self.proc = None
-
-
-def _rows(obs: Any) -> int:
-    return next(iter(obs.values())).shape[0] if isinstance(obs, dict) else obs.shape[0]

@@ -56,7 +56,7 @@ def test_inference_settings_reach_the_worker_and_null_means_a_policy_copy_per_sa
     assert plain.client is None and plain.shared is not None
     served = pool_of(RolloutDataModule(**SMALL, inference=InferenceSettings(max_batch=7, max_wait_ms=3.0)))
     assert served.client is not None and served.shared is None
-    assert (served.client.max_batch, served.client.max_wait_ms) == (7, 3.0)
+    assert (served.client.settings.max_batch, served.client.settings.max_wait_ms) == (7, 3.0)
     assert served.client.transport == "shared_memory"  # a CPU worker: the double buffer
     assert InferenceSettings().worker_device("cpu") == torch.device("cpu")  # null: the trainer's device
     assert InferenceSettings(device="cpu").worker_device("cuda:0") == torch.device("cpu")

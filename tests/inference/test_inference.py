@@ -59,7 +59,7 @@ def test_every_forward_uses_a_whole_published_model(drain, transport, tmp_path, 
     """A CPU worker takes shared memory by default; ``broadcast`` forces the gloo group (as for a
     CUDA worker) through the same run, so both weight paths keep this guarantee."""
     if transport == "broadcast":
-        monkeypatch.setattr(client_module, "choose_transport", lambda device: "broadcast")
+        monkeypatch.setattr(client_module, "weight_path", lambda trainer, worker: "bucketed")
     audit = tmp_path / "forwards.txt"
     dm = RolloutDataModule(
         env_id=FIXED,

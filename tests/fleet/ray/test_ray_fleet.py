@@ -296,7 +296,8 @@ class ServedModule(RecordingModule):
     def training_step(self, batch, batch_idx):
         import ray
 
-        served = self.fleet.inference.handle.checksum.remote()
+        # The actor's own weights, read inside it (Ray's __ray_call__ runs a function on the actor).
+        served = self.fleet.inference.handle.__ray_call__.remote(lambda actor: weights_checksum(actor.policy))
         self.same_weights = getattr(self, "same_weights", []) + [
             ray.get(served) == weights_checksum(self.policy)
         ]
