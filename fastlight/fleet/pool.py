@@ -30,22 +30,18 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 import torch.multiprocessing as tmp
 from torch import nn
 
-from fastlight.fleet.base import WATCH_EVERY_S, Fleet, SamplerFleet
-from fastlight.fleet.faults import FaultSettings
+from fastlight.fleet.base import WATCH_EVERY_S, Fleet, FleetBuild, SamplerFleet
 from fastlight.fleet.local_watch import FORKSERVER_EXIT_S, check_forkserver, process_fault
 from fastlight.fleet.restarts import SamplerError, broken_pipe, crashed
 from fastlight.fleet.served import ServedWorker
 from fastlight.fleet.start import forkserver_pid
 from fastlight.inference.client import InferenceClient
-from fastlight.inference.settings import InferenceSettings
-from fastlight.models.base import check_policy
 from fastlight.procs import Liveness, MemorySample, StopFlag, children_ignore_stop_signals
 from fastlight.rollout import Rollout
-from fastlight.sampling.bundle import RankHandles, SamplerConfig
+from fastlight.sampling.bundle import RankHandles
 from fastlight.sampling.round_signal import rounds_to_cut
 from fastlight.sampling.worker import rollout_from_numpy, sampler_main
 from fastlight.weights.publisher import SyncStats, WeightPublisher, WeightSource
@@ -70,38 +66,26 @@ class _Sampler:
 
 
 class SamplerPool(SamplerFleet):
-    """Sampler processes of one trainer rank, each with a policy copy - or, with ``inference``
-    (:class:`~fastlight.inference.InferenceSettings`), all served by one inference worker on
-    ``inference.device`` (``None``: ``trainer_device``; ``example_obs`` gives the observation layout).
+    """Sampler processes of one trainer rank (:class:`~fastlight.fleet.base.FleetBuild`), each with a
+    policy copy - or, with ``inference``, all served by one inference worker.
 
-    ``faults`` (:class:`~fastlight.sampling.FaultSettings`): ``max_worker_restarts`` per
+    ``faults`` (:class:`~fastlight.fleet.FaultSettings`): ``max_worker_restarts`` per
     ``restart_window_s`` bounds the restarts of dead or silent samplers; ``heartbeat_s`` is how
     long a started sampler may make no progress (no env step, reset or wait loop) before it counts
     as hung. Until its first beat (spawn, imports, building the envs) a sampler gets
     ``worker_timeout_s``, which is also how long ``next_item`` waits for data.
     """
 
-    def __init__(
-        self,
-        configs: list[SamplerConfig],
-        policy: nn.Module,
-        *,
-        inference: InferenceSettings | None = None,
-        trainer_device: torch.device | str = "cpu",
-        example_obs: Any = None,
-        faults: FaultSettings | None = None,
-        start_method: str = "spawn",
-    ) -> None:
-        check_policy(policy)  # a missing action_mapping must fail here, not in a child process
-        super().__init__(configs, faults)
-        self.policy = policy
+    def __init__(self, build: FleetBuild) -> None:
+        super().__init__(build)
+        policy, configs = self.policy, self.configs
         # spawn, or the forkserver the fastlight command warmed at start-up (fastlight.fleet.start)
-        self.ctx = tmp.get_context(start_method)
+        self.ctx = tmp.get_context(build.start_method)
         self.client: InferenceClient | None = None
-        if inference is not None:
+        if build.inference is not None:
             self.client = InferenceClient(
-                self.ctx, policy, example_obs, [c.num_envs for c in configs], inference,
-                trainer_device=trainer_device,
+                self.ctx, policy, build.example_obs, [c.num_envs for c in configs], build.inference,
+                trainer_device=build.trainer_device,
             )  # fmt: skip
             self.client.liveness.limits = self.heartbeat_limits  # the samplers' limits (base class)
         self._worker = None if self.client is None else ServedWorker(self.client, [c.env_id for c in configs])
@@ -399,19 +383,5 @@ class LocalFleet(Fleet):
 
     shared_memory = True
 
-    def build(
-        self,
-        configs: list[SamplerConfig],
-        policy: nn.Module,
-        *,
-        rank: int,
-        inference: InferenceSettings | None,
-        trainer_device: torch.device | str,
-        example_obs: Any,
-        faults: FaultSettings,
-        start_method: str,
-    ) -> SamplerPool:
-        return SamplerPool(
-            configs, policy, inference=inference, trainer_device=trainer_device, example_obs=example_obs,
-            faults=faults, start_method=start_method,
-        )  # fmt: skip
+    def build(self, build: FleetBuild) -> SamplerPool:
+        return SamplerPool(build)
