@@ -39,7 +39,6 @@ construction and raised as :class:`WeightSyncError`.
 from __future__ import annotations
 
 import time
-from collections import deque
 from typing import Protocol
 
 import torch
@@ -169,15 +168,12 @@ class WeightBroadcaster(SyncEndpoint):
     """Trainer side (rank 0) of AcceRL's broadcast group; hosts the group's ``TCPStore``.
 
     Built from the trainer's module (the layout is fixed then); every call broadcasts the module's
-    current values. ``latencies_ms`` keeps the last 4096 calls' latencies; ``last`` the latest
-    :class:`SyncStats`; ``syncs`` counts completed calls.
+    current values. ``syncs`` counts completed calls.
     """
 
     def __init__(self, module: nn.Module, config: SyncGroupConfig, *, bucket_mb: float = 64.0,
                  name: str = "trainer", direct_mb: float | None = None) -> None:
         super().__init__(module, config, TRAINER_RANK, name, bucket_mb, direct_mb)
-        self.latencies_ms: deque[float] = deque(maxlen=4096)
-        self.last: SyncStats | None = None
         self.syncs = 0
         self._announced = 0
 
@@ -207,11 +203,8 @@ class WeightBroadcaster(SyncEndpoint):
         if int(ack.item()) != version:
             raise WeightSyncError(f"weight sync: {g.peer} acked version {int(ack.item())}, sent {version}")
         self.version = version
-        stats = SyncStats(version, transport.name, (time.perf_counter() - t0) * 1e3, lay.nbytes, n)
-        self.latencies_ms.append(stats.latency_ms)
         self.syncs += 1
-        self.last = stats
-        return stats
+        return SyncStats(version, transport.name, (time.perf_counter() - t0) * 1e3, lay.nbytes, n)
 
 
 class WeightReceiver(SyncEndpoint):
