@@ -27,7 +27,7 @@ from fastlight.inference.server import Slot, inference_main, rows_of, tensor_spe
 from fastlight.inference.settings import InferenceSettings
 from fastlight.models.base import Policy, check_policy
 from fastlight.procs import Liveness
-from fastlight.weights.broadcast import SyncGroupConfig, WeightBroadcaster, choose_backend
+from fastlight.weights.broadcast import LazyBroadcaster, SyncGroupConfig, choose_backend
 from fastlight.weights.double_buffer import SharedDoubleBuffer
 from fastlight.weights.publisher import SyncStats
 
@@ -92,6 +92,7 @@ class InferenceClient:
         self.transport = "broadcast" if path == "bucketed" else path
         self.shared: SharedDoubleBuffer | None = None
         self.sync_config: SyncGroupConfig | None = None
+        self.broadcast: LazyBroadcaster | None = None
         if self.transport in ("shared_memory", "cuda_ipc"):  # built now: the worker maps it at start-up
             # cuda_ipc: the slots on the worker's (= the trainer's) GPU; their IPC handles go to the
             # worker once, with its start-up arguments (vLLM ipc weight transfer).
@@ -106,8 +107,8 @@ class InferenceClient:
         else:  # NCCL between two CUDA devices, gloo otherwise (a CPU trainer's CUDA worker).
             backend = choose_backend(self.trainer_device, self.worker_device)
             self.sync_config = SyncGroupConfig.local(backend=backend, timeout_s=settings.sync_timeout_s)
+            self.broadcast = LazyBroadcaster(self.sync_config, settings.sync_bucket_mb)
         self.proc: Any = None
-        self.broadcaster: WeightBroadcaster | None = None
 
     def new_pipes(self) -> None:
         """One fresh pipe per sampler slot (a restarted worker cannot reuse a dead one's ends)."""
@@ -138,8 +139,6 @@ class InferenceClient:
         # The worker holds the server ends now; closing ours lets samplers see EOF if it dies.
         for conn in self.server_ends:
             conn.close()
-        # The broadcaster is built at the first publish, from the trainer's live policy, so its
-        # buckets sit on the trainer's device (the model reaches it only after this start-up).
 
     def remote_policy(self, index: int, policy: Policy) -> RemotePolicy:
         """Sampler ``index``'s proxy, applying ``policy``'s own action mapping to served actions."""
@@ -157,23 +156,17 @@ class InferenceClient:
         """AcceRL §inference drain: announce the sync before the update finishes."""
         if self.shared is not None:
             self.shared.request_drain()
-        elif self.broadcaster is not None:  # before the first publish there is nothing to drain
-            self.broadcaster.signal_drain()
+        elif self.broadcast is not None:
+            self.broadcast.request_drain()
 
     def publish(self, policy: nn.Module, version: int) -> SyncStats:
         """Make ``policy``'s weights the worker's ``version``; blocks until the worker has them."""
         self.check_alive()
+        if self.broadcast is not None:
+            return self.broadcast.publish(policy, version)
+        assert self.shared is not None
         t0 = time.perf_counter()
-        if self.shared is not None:
-            stats = self.shared.publish(policy, version, check=self.check_alive)
-            return dataclasses.replace(stats, trainer_wait_ms=1000.0 * (time.perf_counter() - t0))
-        if self.broadcaster is None:
-            assert self.sync_config is not None
-            self.broadcaster = WeightBroadcaster(
-                policy, self.sync_config, bucket_mb=self.settings.sync_bucket_mb
-            )
-        self.broadcaster.signal_drain()  # no-op if the WeightSync callback already drained
-        stats = self.broadcaster.broadcast(version, policy)
+        stats = self.shared.publish(policy, version, check=self.check_alive)
         return dataclasses.replace(stats, trainer_wait_ms=1000.0 * (time.perf_counter() - t0))
 
     @property
@@ -234,9 +227,8 @@ class InferenceClient:
             raise RuntimeError(f"inference worker ({self.proc.name}, pid {self.proc.pid}) {hung}")
 
     def stop(self) -> None:
-        if self.broadcaster is not None:
-            self.broadcaster.close()
-            self.broadcaster = None
+        if self.broadcast is not None:
+            self.broadcast.close()
         if self.proc is not None:
             self.proc.join(timeout=3.0)
             if self.proc.is_alive():

@@ -38,6 +38,7 @@ construction and raised as :class:`WeightSyncError`.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Protocol
 
@@ -57,8 +58,9 @@ from fastlight.weights.group import (
 from fastlight.weights.publisher import SyncStats, WeightSyncError
 
 __all__ = [
-    "BUCKETED", "TRAINER_RANK", "WORKER_RANK", "BucketTransport", "SyncEndpoint", "SyncGroupConfig",
-    "Transport", "WeightBroadcaster", "WeightReceiver", "WeightSyncError", "choose_backend", "free_port",
+    "BUCKETED", "TRAINER_RANK", "WORKER_RANK", "BucketTransport", "LazyBroadcaster", "SyncEndpoint",
+    "SyncGroupConfig", "Transport", "WeightBroadcaster", "WeightReceiver", "WeightSyncError",
+    "choose_backend", "free_port",
 ]  # fmt: skip
 
 DIRECT_FRACTION = 0.25  # default direct_mb = bucket_mb * DIRECT_FRACTION (see BucketTransport)
@@ -205,6 +207,34 @@ class WeightBroadcaster(SyncEndpoint):
         self.version = version
         self.syncs += 1
         return SyncStats(version, transport.name, (time.perf_counter() - t0) * 1e3, lay.nbytes, n)
+
+
+class LazyBroadcaster:
+    """A trainer's end of a broadcast group whose :class:`WeightBroadcaster` is built at the first
+    publish, from the trainer's live policy (so its buckets sit on the trainer's device, which the
+    model reaches only after start-up); a drain before it is a no-op (nothing to drain)."""
+
+    def __init__(self, config: SyncGroupConfig, bucket_mb: float) -> None:
+        self.config, self.bucket_mb = config, bucket_mb
+        self.broadcaster: WeightBroadcaster | None = None
+
+    def request_drain(self) -> None:
+        if self.broadcaster is not None:
+            self.broadcaster.signal_drain()
+
+    def publish(self, policy: nn.Module, version: int) -> SyncStats:
+        """Broadcast ``policy``'s weights as ``version``; returns once the worker acked them
+        (``trainer_wait_ms``: the whole call, the rendezvous at the first one included)."""
+        t0 = time.perf_counter()
+        if self.broadcaster is None:
+            self.broadcaster = WeightBroadcaster(policy, self.config, bucket_mb=self.bucket_mb)
+        stats = self.broadcaster.broadcast(version, policy)
+        return dataclasses.replace(stats, trainer_wait_ms=1000.0 * (time.perf_counter() - t0))
+
+    def close(self) -> None:
+        if self.broadcaster is not None:
+            self.broadcaster.close()
+            self.broadcaster = None
 
 
 class WeightReceiver(SyncEndpoint):
