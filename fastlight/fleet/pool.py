@@ -13,8 +13,15 @@ is lost and counted (``dropped_rollouts``). Past the restart budget the run stop
 in a sampler is not restarted: it carries its own message (a non-finite value, a bug in an env) and
 would recur. The watch cadence, the budget and its counters, the no-rollout timeout and the stop
 (nothing restarts once it has begun) are every fleet's (:class:`~fastlight.fleet.base.SamplerFleet`);
-an inference worker fails and restarts with its samplers (:mod:`fastlight.fleet.served`); a dead
-forkserver stops the run (:mod:`fastlight.fleet.local_watch`).
+a dead forkserver stops the run (:mod:`fastlight.fleet.local_watch`).
+
+With ``--data.inference``, the worker and the rank's samplers fail together (a dead worker's
+samplers lose their pipe; a dead sampler's EOF ends the worker's serving loop), so any of them dead
+or silent (the worker has a heartbeat too) restarts the group: the samplers are killed, the worker
+is reaped and started again on fresh pipes, attached to the same shared-memory weights (the
+current version, taken before it serves), and the samplers are spawned on the new pipes. It costs
+one restart of the budget; every sampler's round in flight is dropped and counted. Only a worker on
+the double buffer is restarted; a worker on another GPU stops the run, named.
 
 Each sampler writes to its own pipe, read by its own thread here, so a sampler killed in the
 middle of a send leaves nothing broken for the others; the locks samplers share with the trainer
@@ -36,7 +43,6 @@ from torch import nn
 from fastlight.fleet.base import WATCH_EVERY_S, Fleet, FleetBuild, SamplerFleet
 from fastlight.fleet.local_watch import FORKSERVER_EXIT_S, check_forkserver, process_fault
 from fastlight.fleet.restarts import SamplerError, broken_pipe, crashed
-from fastlight.fleet.served import ServedWorker
 from fastlight.fleet.start import forkserver_pid
 from fastlight.inference.client import InferenceClient
 from fastlight.procs import Liveness, MemorySample, StopFlag, children_ignore_stop_signals
@@ -88,7 +94,6 @@ class SamplerPool(SamplerFleet):
                 trainer_device=build.trainer_device,
             )  # fmt: skip
             self.client.liveness.limits = self.heartbeat_limits  # the samplers' limits (base class)
-        self._worker = None if self.client is None else ServedWorker(self.client, [c.env_id for c in configs])
         # One publisher (trainer end) and what the samplers read (their end) for either path.
         self.publisher: WeightPublisher
         self.weights: WeightSource
@@ -260,7 +265,7 @@ class SamplerPool(SamplerFleet):
         group (they fail together, see the module docstring). A dead forkserver stops the run."""
         self._check_forkserver()
         self._raise_reported()
-        if self._worker is not None:
+        if self.client is not None:
             fault = self._worker_fault(now)
             for s in self.samplers if fault is None else []:
                 found = self._sampler_fault(s, now)
@@ -292,9 +297,17 @@ class SamplerPool(SamplerFleet):
         return process_fault(s, now)
 
     def _worker_fault(self, now: float) -> tuple[str, str | None] | None:
-        assert self._worker is not None
-        self._check_forkserver(self._worker.proc.exitcode)
-        return self._worker.fault(now)
+        """What is wrong with the inference worker, named, and what its exit code means; None while it
+        serves (watched as a sampler is, :func:`process_fault`)."""
+        assert self.client is not None
+        self._check_forkserver(self.client.proc.exitcode)
+        found = process_fault(self.client, now)
+        return None if found is None else (f"{self._worker_name()} {found[0]}", found[1])
+
+    def _worker_name(self) -> str:
+        assert self.client is not None
+        envs = ", ".join(sorted({c.env_id for c in self.configs}))
+        return f"inference worker ({self.client.proc.name}, pid {self.client.proc.pid}, env {envs})"
 
     def _check_forkserver(self, exitcode: int | None = None) -> None:
         """A dead forkserver stops the run (:func:`check_forkserver`); after a child's exit code 255,
@@ -320,15 +333,25 @@ class SamplerPool(SamplerFleet):
         """Restart the inference worker and the rank's samplers within the budget, else stop naming
         the process that failed (``what``; ``note``: what its exit code means). False, restarting
         nothing, once the pool is stopping. Call under the lock."""
-        assert self._worker is not None
+        client = self.client
+        assert client is not None
         for s in self.samplers:  # first, so none of them reports the worker's death as its own
             self._kill(s)
-        what = self._worker.take_down(what, note)
+        if not client.restartable:
+            raise SamplerError(
+                f"{what}; a CUDA inference worker is not restarted (--data.inference.device cpu "
+                "restarts it, --data.inference null restarts samplers alone)" + (f"; {note}" if note else "")
+            )
+        worker = client.proc
+        if worker is not None and worker.exitcode is None:  # silent, or a sampler's fault: reap it
+            client.reap()
+            if what.startswith("inference worker"):
+                what += f"; killed it (exit code {worker.exitcode})"
         n = len(self.samplers)
         action = f"restarting the inference worker and its {n} samplers (their rounds in flight dropped)"
         if not self._spend_restart(what, action, note, dropped=n):
             return False
-        self._worker.prepare_restart()
+        client.prepare_restart()
         self.errors.clear()  # broken pipes of the group just replaced
         self._spawn_all()
         return True

@@ -26,7 +26,7 @@ from fastlight.inference.remote import RemotePolicy, ServerVersion
 from fastlight.inference.server import Slot, inference_main, rows_of, tensor_spec
 from fastlight.inference.settings import InferenceSettings
 from fastlight.models.base import Policy, check_policy
-from fastlight.procs import Liveness
+from fastlight.procs import Liveness, MemorySample
 from fastlight.weights.broadcast import LazyBroadcaster, SyncGroupConfig, choose_backend
 from fastlight.weights.double_buffer import SharedDoubleBuffer
 from fastlight.weights.publisher import SyncStats
@@ -87,6 +87,8 @@ class InferenceClient:
         # Beaten by the worker's serving loop (and while it waits for weights). Its limits are set by
         # the pool (--data.faults.heartbeat_s, --data.faults.worker_timeout_s); inf: never counted as hung.
         self.liveness = Liveness(ctx)
+        # Its resident memory at the pool's last watch: what an OOM-killed worker held.
+        self.memory: MemorySample | None = None
         # "shared_memory" | "cuda_ipc" (both the double buffer) | "broadcast" (weight_path's "bucketed").
         path = weight_path(self.trainer_device, self.worker_device)
         self.transport = "broadcast" if path == "bucketed" else path
@@ -198,6 +200,7 @@ class InferenceClient:
         self.shared.lock.acquire(timeout=1.0)
         self.shared.lock.release()
         self.new_pipes()
+        self.memory = None
         # From zero again: until its first beat the new worker is starting (start_timeout_s applies).
         self.liveness.reset(restart=True)
 
