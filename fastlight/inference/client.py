@@ -4,13 +4,7 @@ Used by :class:`~fastlight.fleet.pool.SamplerPool` when ``--data.inference`` is 
 Each sampler gets a :class:`~fastlight.inference.remote.RemotePolicy` (its shared-memory slot
 and pipe end) instead of a policy copy; the worker gets the other pipe ends and the real policy.
 The client is the pool's :class:`~fastlight.weights.publisher.WeightPublisher` on this path;
-:func:`weight_path` picks how weights travel. A CPU worker (on the trainer's host) reads them
-from a shared-memory double buffer (:mod:`fastlight.weights.double_buffer`: the trainer copies
-once, the worker swaps pointers; ``SyncStats.mode == "shared_memory"``); a CUDA worker on the GPU
-that holds the trainer's weights reads them from the same double buffer with its slots on that GPU,
-shared once by CUDA IPC (``mode == "cuda_ipc"``); any other CUDA worker joins a dedicated broadcast
-group (:mod:`fastlight.weights.broadcast`, NCCL or gloo as
-:func:`~fastlight.weights.broadcast.choose_backend` decides; ``mode == "bucketed"``).
+:func:`weight_path` picks how weights travel.
 """
 
 from __future__ import annotations
@@ -38,8 +32,9 @@ def weight_path(trainer_device: torch.device | str, worker_device: torch.device 
     """How the trainer's weights reach its inference worker (spawned on the trainer's host), from
     where each end holds them; ``SyncStats.mode`` of its publishes:
 
-    - ``"shared_memory"``: a CPU worker; the double buffer in host shared memory (from a GPU
-      trainer the publish copies device -> host).
+    - ``"shared_memory"``: a CPU worker; the double buffer in host shared memory
+      (:mod:`fastlight.weights.double_buffer`: the trainer copies once, the worker swaps pointers;
+      from a GPU trainer the publish copies device -> host).
     - ``"cuda_ipc"``: trainer and worker on one CUDA device; the double buffer's slots on that
       device, their CUDA IPC handles shared once at start-up (vLLM ipc weight transfer). NCCL
       cannot group two processes on one GPU, and gloo would take every sync through host memory.

@@ -20,12 +20,9 @@ in its current round), smallest first.
 
 **Drain** (AcceRL §inference drain). When the trainer raises ``drain``, the worker finishes the
 forward pass in flight, schedules no new one and takes the new weights; after that they are live
-and serving resumes. How they arrive depends on the worker's device: a CPU worker on the
-trainer's host swaps its parameters to the trainer's newly written shared-memory buffer
-(:mod:`fastlight.weights.double_buffer`, a pointer swap); a CUDA worker on the trainer's GPU
-does the same with the buffer's slots on that GPU (CUDA IPC); a CUDA worker on another GPU joins
-the weight broadcast (:mod:`fastlight.weights.broadcast`). Either way the swap happens only between two
-forward passes, so no forward ever runs on a half-written model.
+and serving resumes. How they arrive depends on the worker's device
+(:func:`~fastlight.inference.client.weight_path`: a pointer swap onto the double buffer, or the
+broadcast); either way only between two forward passes, so no forward runs on a half-written model.
 """
 
 from __future__ import annotations

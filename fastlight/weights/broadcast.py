@@ -9,11 +9,8 @@ finishes its in-flight forward, schedules no new one, and is already waiting in 
 
 Here:
 
-- :class:`SyncGroupConfig` names the group: its own ``TCPStore`` at ``host:port`` (rank 0 = the
-  trainer hosts it), a backend (``"nccl"`` when the two ends hold their weights on two different
-  CUDA devices, else ``"gloo"``; :func:`choose_backend`) and a timeout. The backend object is
-  built directly (``ProcessGroupGloo`` / ``ProcessGroupNCCL`` over a ``PrefixStore``), so it neither needs nor
-  touches the default group that Lightning's DDP creates with ``init_process_group``.
+- :class:`SyncGroupConfig` names the group (:mod:`fastlight.weights.group`: its own ``TCPStore``, a
+  directly built backend, untouched by Lightning's default group).
 - The order is fixed (:mod:`fastlight.weights.buckets`): parameters sorted by name, then
   floating buffers sorted by name; tensors of at least ``direct_mb`` (default ``bucket_mb / 4``)
   are broadcast as themselves, from the trainer's tensor straight into the worker's live one,
@@ -31,9 +28,8 @@ Here:
   peer and the timeout, instead of hanging. After an error the endpoint is unusable (its model may
   hold a mix of old and new weights) and the worker should be restarted.
 
-Two processes on **one** GPU cannot form an NCCL group (NCCL rejects duplicate devices); use CUDA
-IPC (``torch.multiprocessing`` shares CUDA tensors) for same-GPU sync. This is detected at
-construction and raised as :class:`WeightSyncError`.
+Two processes on **one** GPU cannot form an NCCL group (NCCL rejects duplicate devices): this is
+detected at construction and raised as :class:`WeightSyncError` (use the CUDA IPC double buffer).
 """
 
 from __future__ import annotations
