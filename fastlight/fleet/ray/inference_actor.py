@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from fastlight.inference.remote import ServedProxy
 from fastlight.inference.server import Answer, BatchingServer, by_key, rows_of, serve_until
-from fastlight.models.base import ActionMapping, ActOutput
+from fastlight.models.base import ActionMapping
 from fastlight.weights.broadcast import SyncGroupConfig, WeightReceiver
 
 #: How long a sampler's call waits on the actor before it looks at the actor's own error again.
@@ -162,24 +162,12 @@ class RayServedPolicy(ServedProxy):
         super().__init__(action_mapping)
         self.actor = actor
 
-    def _request(self, kind: str, obs: Tensor | dict[str, Tensor], step: Tensor | None) -> tuple:
+    worker = "Ray inference worker"
+
+    def _serve(self, kind: str, obs: Tensor | dict[str, Tensor], step: Tensor) -> tuple:
         import ray
 
-        rows = rows_of(obs)
-        self.progress += rows
-        step = step if step is not None else torch.zeros(rows, dtype=torch.long)
-        reply = ray.get(self.actor.serve_call.remote(kind, obs, step, self.progress))
-        if reply[0] == "error":
-            raise RuntimeError(f"Ray inference worker failed:\n{reply[1]}")
-        self.last_version, self.last_checksum = int(reply[3]), float(reply[4])
-        return reply
-
-    def act(self, obs, *, step=None, deterministic: bool = False) -> ActOutput:
-        actions, logprobs, values = self._request("act", obs, step)[:3]
-        return ActOutput(actions, logprobs, values)
-
-    def value(self, obs, *, step=None) -> Tensor:
-        return self._request("value", obs, step)[2]
+        return ray.get(self.actor.serve_call.remote(kind, obs, step, self.progress))
 
 
 class RayServedVersion:
