@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from benchmarks.checksums import weights_checksum
 from fastlight.callbacks.weight_sync import WeightSync
 from fastlight.data.datamodule import RolloutDataModule
 from fastlight.fleet.faults import FaultSettings
@@ -15,7 +16,6 @@ from fastlight.fleet.pool import SamplerError
 from fastlight.inference import client as client_module
 from fastlight.inference.settings import InferenceSettings
 from fastlight.modules.rl_module import RLModule
-from fastlight.weights.checksum import weights_checksum
 from tests.lightning_helpers import quiet_trainer, wait_no_children
 from tests.policies import AuditedMLP
 

@@ -21,6 +21,7 @@ import pytest
 import torch
 from jsonargparse import ArgumentParser
 
+from benchmarks.checksums import weights_checksum
 from fastlight.data.datamodule import RolloutDataModule
 from fastlight.extras import MissingExtraError
 from fastlight.fleet.base import FleetBuild, SamplerFleet
@@ -32,7 +33,6 @@ from fastlight.modules.rl_module import RLModule
 from fastlight.procs import alive
 from fastlight.rollout import Rollout
 from fastlight.weights.buckets import sync_entries
-from fastlight.weights.checksum import weights_checksum
 from tests.lightning_helpers import quiet_trainer
 
 pytestmark = pytest.mark.multiproc
