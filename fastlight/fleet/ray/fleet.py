@@ -184,10 +184,8 @@ class RaySamplerFleet(SamplerFleet):
         if self.build.inference is not None:
             s = self.settings
             self.inference = RayInference(
-                ray, self.policy, self.build.inference, trainer_device=self.build.trainer_device,
-                resources=dict(s.inference_resources or {}), num_cpus=s.num_cpus_inference,
-                samplers=len(self.configs), rank=self.rank,
-            )  # fmt: skip
+                ray, self.build, resources=dict(s.inference_resources or {}), num_cpus=s.num_cpus_inference
+            )
         with self._lock:
             self.actors = [self._create(i) for i in range(len(self.configs))]
 

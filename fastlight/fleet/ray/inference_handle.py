@@ -19,11 +19,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from fastlight.fleet.base import FleetBuild
 from fastlight.fleet.ray.actors import first_line
 from fastlight.fleet.ray.inference_actor import InferenceActor, RayServedPolicy
 from fastlight.fleet.restarts import SamplerError
 from fastlight.inference.settings import FLAG as INFERENCE_FLAG
-from fastlight.inference.settings import InferenceSettings
 from fastlight.weights.broadcast import LazyBroadcaster, SyncGroupConfig, WeightSyncError, free_port
 from fastlight.weights.publisher import SyncStats
 
@@ -37,20 +37,13 @@ def _backend(trainer_device: torch.device, worker_device: torch.device) -> str:
 class RayInference:
     """One rank's inference actor, seen from its trainer (see the module docstring)."""
 
-    def __init__(
-        self,
-        ray: Any,
-        policy: nn.Module,
-        settings: InferenceSettings,
-        *,
-        trainer_device: torch.device | str,
-        resources: dict[str, float],
-        num_cpus: float,
-        samplers: int,
-        rank: int,
-    ) -> None:
-        self.ray, self.rank = ray, rank
-        self.trainer_device = torch.device(trainer_device)
+    def __init__(self, ray: Any, build: FleetBuild, *, resources: dict[str, float], num_cpus: float) -> None:
+        """The actor for ``build``'s rank and samplers (``build.inference`` set), placed with
+        ``num_cpus`` CPUs and ``resources``."""
+        settings, policy = build.inference, build.policy
+        assert settings is not None
+        self.ray, self.rank = ray, build.rank
+        self.trainer_device = torch.device(build.trainer_device)
         self.worker_device = settings.worker_device(self.trainer_device)
         host = ray.util.get_node_ip_address()  # the trainer's address, as the actor's node sees it
         backend = _backend(self.trainer_device, self.worker_device)
@@ -59,10 +52,11 @@ class RayInference:
         self.broadcast = LazyBroadcaster(self.sync, settings.sync_bucket_mb)
         extra = dict(resources)
         gpus = extra.pop("GPU", 0.0)
-        # max_concurrency: a thread per sampler's call, plus wait_ended, info, weights_version and stop
+        # One thread per sampler's call, plus wait_ended, info, weights_version and stop.
+        threads = len(build.configs) + 4
         actor = ray.remote(InferenceActor).options(
-            num_cpus=num_cpus, num_gpus=gpus, resources=extra, max_restarts=0, max_concurrency=samplers + 4,
-        )  # fmt: skip
+            num_cpus=num_cpus, num_gpus=gpus, resources=extra, max_restarts=0, max_concurrency=threads
+        )
         self.handle = actor.remote(
             policy, self.sync, device=str(self.worker_device), max_batch=settings.max_batch,
             max_wait_ms=settings.max_wait_ms, bucket_mb=settings.sync_bucket_mb,
