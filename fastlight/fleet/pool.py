@@ -73,14 +73,8 @@ class _Sampler:
 
 class SamplerPool(SamplerFleet):
     """Sampler processes of one trainer rank (:class:`~fastlight.fleet.base.FleetBuild`), each with a
-    policy copy - or, with ``inference``, all served by one inference worker.
-
-    ``faults`` (:class:`~fastlight.fleet.FaultSettings`): ``max_worker_restarts`` per
-    ``restart_window_s`` bounds the restarts of dead or silent samplers; ``heartbeat_s`` is how
-    long a started sampler may make no progress (no env step, reset or wait loop) before it counts
-    as hung. Until its first beat (spawn, imports, building the envs) a sampler gets
-    ``worker_timeout_s``, which is also how long ``next_item`` waits for data.
-    """
+    policy copy - or, with ``inference``, all served by one inference worker; watched and restarted
+    as ``faults`` (:class:`~fastlight.fleet.FaultSettings`) say."""
 
     def __init__(self, build: FleetBuild) -> None:
         super().__init__(build)
@@ -95,14 +89,9 @@ class SamplerPool(SamplerFleet):
             )  # fmt: skip
             self.client.liveness.limits = self.heartbeat_limits  # the samplers' limits (base class)
         # One publisher (trainer end) and what the samplers read (their end) for either path.
-        self.publisher: WeightPublisher
-        self.weights: WeightSource
-        self.shared: SharedWeights | None = None
-        if self.client is None:
-            self.shared = SharedWeights(policy, self.ctx)
-            self.publisher, self.weights = self.shared, self.shared
-        else:
-            self.publisher, self.weights = self.client, self.client.weights_source()
+        self.shared = SharedWeights(policy, self.ctx) if self.client is None else None
+        self.publisher: WeightPublisher = self.shared or self.client  # type: ignore[assignment]
+        self.weights: WeightSource = self.shared or self.client.weights_source()  # type: ignore[union-attr]
         # What the samplers share with the trainer and each other: task weights, the round signal.
         self.handles = RankHandles(self.ctx, configs)
         self.task_weights = self.handles.task_weights

@@ -69,12 +69,8 @@ class InferenceClient:
         self.worker_device = settings.worker_device(self.trainer_device)
         with torch.no_grad():
             out = policy.act(example_obs, step=torch.zeros(rows_of(example_obs), dtype=torch.long))
-        obs_spec = tensor_spec(example_obs)
-        act_spec = {
-            "actions": (tuple(out.actions.shape[1:]), out.actions.dtype),
-            "logprobs": (tuple(out.logprobs.shape[1:]), out.logprobs.dtype),
-        }
-        self.slots = [Slot.allocate(n, obs_spec, act_spec) for n in rows]
+        act_spec = tensor_spec({"actions": out.actions, "logprobs": out.logprobs})
+        self.slots = [Slot.allocate(n, tensor_spec(example_obs), act_spec) for n in rows]
         self.server_ends: list[Any] = []
         self.sampler_ends: list[Any] = []
         self.new_pipes()
@@ -94,13 +90,8 @@ class InferenceClient:
             # cuda_ipc: the slots on the worker's (= the trainer's) GPU; their IPC handles go to the
             # worker once, with its start-up arguments (vLLM ipc weight transfer).
             slots_on = self.worker_device if self.transport == "cuda_ipc" else "cpu"
-            self.shared = SharedDoubleBuffer(
-                policy,
-                ctx,
-                timeout_s=settings.sync_timeout_s,
-                device=slots_on,
-                worker_name=f"inference worker ({WORKER_NAME})",
-            )
+            self.shared = SharedDoubleBuffer(policy, ctx, timeout_s=settings.sync_timeout_s, device=slots_on,
+                                             worker_name=f"inference worker ({WORKER_NAME})")  # fmt: skip
         else:  # NCCL between two CUDA devices, gloo otherwise (a CPU trainer's CUDA worker).
             backend = choose_backend(self.trainer_device, self.worker_device)
             self.sync_config = SyncGroupConfig.local(backend=backend, timeout_s=settings.sync_timeout_s)
@@ -114,23 +105,10 @@ class InferenceClient:
         self.sampler_ends = [b for _, b in pipes]
 
     def start(self, stop: Any, parent_pid: int) -> None:
-        self.proc = self.ctx.Process(
-            target=inference_main,
-            args=(
-                self.policy,
-                self.slots,
-                self.server_ends,
-                self.shared if self.shared is not None else self.sync_config,
-                self.version,
-                stop,
-                self.settings,
-                parent_pid,
-                str(self.worker_device),
-                self.liveness,
-            ),
-            name=WORKER_NAME,
-            daemon=True,
-        )
+        sync = self.shared if self.shared is not None else self.sync_config
+        args = (self.policy, self.slots, self.server_ends, sync, self.version, stop, self.settings,
+                parent_pid, str(self.worker_device), self.liveness)  # fmt: skip
+        self.proc = self.ctx.Process(target=inference_main, args=args, name=WORKER_NAME, daemon=True)
         self.proc.start()
         self.liveness.reset()
         # The worker holds the server ends now; closing ours lets samplers see EOF if it dies.
