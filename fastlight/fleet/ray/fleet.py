@@ -111,8 +111,11 @@ class RayFleet(Fleet):
 
     def __post_init__(self) -> None:
         check_extra("ray", extra="ray", what=WHAT)  # at parse time: one line, before anything starts
-        if not self.num_cpus_per_sampler > 0:
-            raise ValueError(f"{SETTINGS}.num_cpus_per_sampler must be > 0, got {self.num_cpus_per_sampler}")
+        positive = {"num_cpus_per_sampler": self.num_cpus_per_sampler, "num_cpus_inference":
+                    self.num_cpus_inference, "placement_timeout_s": self.placement_timeout_s}  # fmt: skip
+        for name, value in positive.items():
+            if not value > 0:
+                raise ValueError(f"{SETTINGS}.{name} must be > 0, got {value}")
         for name, amount in (self.sampler_resources or {}).items():
             if not amount > 0 or name in ("CPU", "GPU"):
                 raise ValueError(
@@ -124,16 +127,12 @@ class RayFleet(Fleet):
                 f"{SETTINGS}.placement_strategy must be one of {' | '.join(STRATEGIES)}, "
                 f"got {self.placement_strategy!r}"
             )
-        if not self.num_cpus_inference > 0:
-            raise ValueError(f"{SETTINGS}.num_cpus_inference must be > 0, got {self.num_cpus_inference}")
         for name, amount in (self.inference_resources or {}).items():
             if not amount > 0 or name == "CPU":
                 raise ValueError(
                     f"{SETTINGS}.inference_resources must map GPU or custom resource names to amounts > 0 "
                     f"(CPUs: {SETTINGS}.num_cpus_inference), got {name}: {amount}"
                 )
-        if not self.placement_timeout_s > 0:
-            raise ValueError(f"{SETTINGS}.placement_timeout_s must be > 0, got {self.placement_timeout_s}")
 
     def bundle(self) -> dict[str, float]:
         """What one sampler reserves: its bundle of the rank's placement group."""
@@ -195,34 +194,22 @@ class RaySamplerFleet(SamplerFleet):
 
         s = self.settings
         weights = None if self._weights is None else (self._weights[0], [self._weights[1]])
-        handle = (
-            ray.remote(SamplerActor)
-            .options(
-                num_cpus=s.num_cpus_per_sampler,
-                resources=dict(s.sampler_resources or {}),
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    self._cluster.pg, placement_group_bundle_index=i
-                ),
-                max_restarts=0,  # restarts are fastlight's, within its budget
-                max_concurrency=4,  # the loop's thread, next_rollout, set_weights, set_task_weights
-                name=None,
-            )
-            .remote(i, self.configs[i], self._actor_policy(), weights, self._task_weights, self._served())
-        )
+        # max_restarts 0: restarts are fastlight's, within its budget; max_concurrency: the loop's
+        # thread, next_rollout, set_weights, set_task_weights.
+        actor = ray.remote(SamplerActor).options(
+            num_cpus=s.num_cpus_per_sampler, resources=dict(s.sampler_resources or {}), max_restarts=0,
+            max_concurrency=4, scheduling_strategy=PlacementGroupSchedulingStrategy(self._cluster.pg, i),
+        )  # fmt: skip
+        # A policy copy, or the inference actor's proxy and handle.
+        served = None if self.inference is None else self.inference.handle
+        policy = self.policy if self.inference is None else self.inference.served_policy()
+        handle = actor.remote(i, self.configs[i], policy, weights, self._task_weights, served)
         liveness = Liveness(None, self.heartbeat_limits)  # watched from now: start-up limit first
         info = handle.info.remote()
-        actor = ActorRecord(
+        self.pending[handle.next_rollout.remote(POLL_S)] = i
+        return ActorRecord(
             i, handle, time.monotonic(), info, liveness, lost_node=lost_node, moved_from=lost_node
         )
-        self.pending[handle.next_rollout.remote(POLL_S)] = i
-        return actor
-
-    def _actor_policy(self) -> nn.Module:
-        """A sampler actor's policy: a copy, or the inference actor's proxy."""
-        return self.policy if self.inference is None else self.inference.served_policy()
-
-    def _served(self) -> Any:
-        return None if self.inference is None else self.inference.handle
 
     # ---------------------------------------------------------------- weights, task weights
     def publish(self, policy: nn.Module, version: int) -> SyncStats:

@@ -5,9 +5,8 @@ With ``--data.fleet RayFleet`` and ``--data.inference`` set, a rank's policy is 
 resource) instead of a copy in every sampler actor (AcceRL §architecture: large policies do not fit
 a copy per sampler). The samplers act through :class:`RayServedPolicy`, whose ``act`` / ``value`` are
 calls on the actor; the actor gathers the calls of all its samplers into batched forward passes
-(dynamic batching as the local worker, :class:`~fastlight.inference.server.InferenceServer`: up to
-``max_batch`` rows, ``max_wait_ms`` for more, stragglers first) and tags every answer with the version
-of the weights behind it.
+(the local worker's batching, :class:`~fastlight.inference.server.BatchingServer`) and tags every
+answer with the version of the weights behind it.
 
 Weights reach the actor over a two-rank ``torch.distributed`` group between the trainer rank and the
 actor (:mod:`fastlight.weights.broadcast`: gloo on the CPU, NCCL between two GPUs), the trainer hosting

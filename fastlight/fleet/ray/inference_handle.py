@@ -1,13 +1,10 @@
-"""The trainer's end of a Ray fleet's inference worker.
-
-The worker is an :class:`~fastlight.fleet.ray.inference_actor.InferenceActor`.
+"""The trainer's end of a Ray fleet's inference worker
+(:class:`~fastlight.fleet.ray.inference_actor.InferenceActor`).
 
 :class:`RayInference` places the rank's inference actor (``RayFleet.inference_resources`` and
-``num_cpus_inference``; ``{GPU: 1}`` gives it a GPU of its own), hosts the two-rank weight group at
-the trainer's node address, publishes every version over it
-(:class:`~fastlight.weights.broadcast.WeightBroadcaster`: the drain, the header, the buckets, the
-worker's ack) and watches the actor: an actor that dies or whose serving loop fails stops the run,
-naming it and its node, within one watch (a quarter of a second) or the publish that finds it gone.
+``num_cpus_inference``), hosts the two-rank weight group at the trainer's node address, publishes
+every version over it and watches the actor: an actor that dies or whose serving loop fails stops
+the run, naming it and its node, within one watch or the publish that finds it gone.
 """
 
 from __future__ import annotations

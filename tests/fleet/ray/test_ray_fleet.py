@@ -476,7 +476,8 @@ class Report(L.Callback):
             node = ray._private.worker._global_node
             own = [i.process.pid for infos in node.all_processes.values() for i in infos] if node else []
             reaper = [fleet._cluster._reaper.pid] if fleet._cluster._reaper is not None else []
-            print("PIDS", *sampler_pids(fleet), "|", *own, "|", *reaper, flush=True)
+            samplers = [ray.get(a.info_ref, timeout=60)[2] for a in fleet.actors]
+            print("PIDS", *samplers, "|", *own, "|", *reaper, flush=True)
         time.sleep(0.2)
 
 address = sys.argv[1] if sys.argv[1] != "none" else None
