@@ -9,12 +9,11 @@
   stop. :class:`~fastlight.fleet.pool.SamplerPool` and the Ray fleet implement it.
 
 :class:`SamplerFleet` also keeps the fault bookkeeping both fleets share (Sample Factory's habit: a
-sampler that dies without a word, or makes no progress for ``--data.faults.heartbeat_s``, is
-restarted on the current weights within a budget): how often the samplers are watched, the restart
-budget and its counters, the no-rollout timeout (``worker_timeout_s``), the heartbeat limits every
-sampler's :class:`~fastlight.procs.Liveness` is held to, and a stop after which nothing restarts
-(the stop waits for a restart under way, in the prefetch thread, then stops what it started). A fleet
-implements only its transport: how its samplers start, hand over Rollouts, are watched and stop.
+sampler that dies without a word, or makes no progress, is restarted on the current weights within
+a budget, :class:`~fastlight.fleet.faults.FaultSettings`): the watch cadence, the budget and its
+counters, the no-rollout timeout, the heartbeat limits, and a stop after which nothing restarts (it
+waits for a restart under way, then stops what it started). A fleet implements only its transport:
+how its samplers start, hand over Rollouts, are watched and stop.
 
 Both are abstract base classes, not duck types: a fleet that misspells or omits a method cannot be
 instantiated (``TypeError`` naming it), instead of failing on the first call in the middle of a run.

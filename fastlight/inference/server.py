@@ -13,10 +13,7 @@ forward pass, and scatters the results back. Pipes (not queues) because the work
 on all of them at once with ``multiprocessing.connection.wait`` and a reply goes to exactly
 one sampler.
 
-**Dynamic batching** (:class:`BatchingServer`, shared with the Ray inference actor). After the
-first request the worker waits up to ``max_wait_ms`` for more, stopping early at ``max_batch``
-rows. Stragglers are served first: requests are ordered by the sampler's progress (env steps taken
-in its current round), smallest first.
+**Dynamic batching**: :class:`BatchingServer`, shared with the Ray inference actor.
 
 **Drain** (AcceRL §inference drain). When the trainer raises ``drain``, the worker finishes the
 forward pass in flight, schedules no new one and takes the new weights; after that they are live
@@ -94,8 +91,9 @@ Answer = tuple[Tensor | None, Tensor | None, Tensor]
 
 class BatchingServer(ABC):
     """The batching core of every inference worker (the local process below, the Ray actor of
-    :mod:`fastlight.fleet.ray.inference_actor`): requests wait in ``pending``; :meth:`gather` waits up
-    to ``max_wait_ms`` for ``max_batch`` rows, stragglers first; :meth:`serve` runs one forward pass
+    :mod:`fastlight.fleet.ray.inference_actor`): requests wait in ``pending``; after the first one,
+    :meth:`gather` waits up to ``max_wait_ms`` for more, stopping early at ``max_batch`` rows, and
+    serves stragglers (least progress this round) first; :meth:`serve` runs one forward pass
     per kind and answers each request with its rows, the ``version`` of the weights and their
     ``checksum`` (:func:`~fastlight.weights.checksum.delivery_checksum`, taken at each sync,
     :meth:`on_sync`). A request has a ``kind`` (``act`` or ``value``), ``rows`` and its sampler's
