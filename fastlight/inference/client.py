@@ -184,23 +184,17 @@ class InferenceClient:
                 self.proc.kill()
             self.proc.join(timeout=5.0)
 
-    def hang(self) -> str | None:
-        """What is wrong if the worker made no progress for longer than allowed, else None
-        (:meth:`fastlight.procs.Liveness.hang`; until its first beat it gets the start-up limit)."""
-        return self.liveness.hang()
-
     def check_alive(self) -> None:
-        """Raises naming the worker if it died or its heartbeat stood still too long."""
+        """Raises naming the worker if it died or its heartbeat stood still too long (until its first
+        beat it gets the start-up limit, :meth:`fastlight.procs.Liveness.hang`)."""
         if self.proc is None:
             return
+        name = f"inference worker ({self.proc.name}, pid {self.proc.pid})"
         if not self.proc.is_alive():
-            raise RuntimeError(
-                f"inference worker ({self.proc.name}, pid {self.proc.pid}) died with exit "
-                f"code {self.proc.exitcode}"
-            )
-        hung = self.hang()
+            raise RuntimeError(f"{name} died with exit code {self.proc.exitcode}")
+        hung = self.liveness.hang()
         if hung is not None:
-            raise RuntimeError(f"inference worker ({self.proc.name}, pid {self.proc.pid}) {hung}")
+            raise RuntimeError(f"{name} {hung}")
 
     def stop(self) -> None:
         if self.broadcast is not None:
