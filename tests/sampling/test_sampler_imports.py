@@ -43,6 +43,7 @@ if __name__ == "__main__":
     from fastlight.data.datamodule import RolloutDataModule, cpu_copy
     from fastlight.models.mlp import MLPActorCritic
     from fastlight.fleet.faults import FaultSettings
+    from fastlight.fleet.base import FleetBuild
     from fastlight.fleet.pool import SamplerPool
 
     report_dir = sys.argv[1]
