@@ -72,7 +72,7 @@ class ServedProxy(nn.Module, ABC):
         self.progress += rows
         step = step if step is not None else torch.zeros(rows, dtype=torch.long)
         reply = self._serve(kind, obs, step)
-        if reply[0] == "error":
+        if isinstance(reply[0], str):  # ("error", traceback)
             raise RuntimeError(f"{self.worker} failed:\n{reply[1]}")
         *answer, version, checksum = reply
         self.last_version, self.last_checksum = int(version), float(checksum)
@@ -104,7 +104,7 @@ class RemotePolicy(ServedProxy):
         while not self.conn.poll(WAIT_BEAT_S):
             self.beat()
         reply = self.conn.recv()
-        if reply[0] == "error":
+        if isinstance(reply[0], str):  # ("error", traceback)
             return reply
         acted = (s.actions[:n].clone(), s.logprobs[:n].clone()) if kind == "act" else (None, None)
         return *acted, s.values[:n].clone(), *reply
