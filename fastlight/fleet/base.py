@@ -33,8 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fastlight.fleet.faults import FLAG, FaultSettings
-from fastlight.fleet.restarts import SamplerError, spend_restart
+from fastlight.fleet.faults import FLAG, FaultSettings, SamplerError, spend_restart
 from fastlight.inference.settings import InferenceSettings
 from fastlight.models.base import check_policy
 from fastlight.procs import HeartbeatLimits
@@ -119,7 +118,7 @@ class SamplerFleet(ABC):
         """The next Rollout any sampler finished, or None after ``timeout`` seconds without one.
 
         Restarts dead and silent samplers on the way, within the budget. Raises
-        :class:`~fastlight.fleet.restarts.SamplerError` naming the sampler past the budget or when it
+        :class:`~fastlight.fleet.faults.SamplerError` naming the sampler past the budget or when it
         raised, and when no Rollout at all arrived for ``--data.faults.worker_timeout_s``.
         """
         self.watch()
@@ -173,7 +172,7 @@ class SamplerFleet(ABC):
                 self._watch(now)
 
     def _spend_restart(self, name: str, action: str, note: str | None = None, *, dropped: int) -> bool:
-        """One restart from the budget (:func:`~fastlight.fleet.restarts.spend_restart` prints the
+        """One restart from the budget (:func:`~fastlight.fleet.faults.spend_restart` prints the
         line, or raises naming ``name`` past the budget) for a fault that loses ``dropped`` rounds in
         flight. False, taking nothing, once the fleet is stopping: nothing is restarted then."""
         if self.stopping:

@@ -41,8 +41,8 @@ import torch.multiprocessing as tmp
 from torch import nn
 
 from fastlight.fleet.base import WATCH_EVERY_S, Fleet, FleetBuild, SamplerFleet
+from fastlight.fleet.faults import SamplerError, broken_pipe, crashed
 from fastlight.fleet.local_watch import FORKSERVER_EXIT_S, check_forkserver, process_fault
-from fastlight.fleet.restarts import SamplerError, broken_pipe, crashed
 from fastlight.fleet.start import forkserver_pid
 from fastlight.inference.client import InferenceClient
 from fastlight.procs import Liveness, MemorySample, StopFlag, children_ignore_stop_signals

@@ -18,7 +18,7 @@ import threading
 from typing import Any, Protocol
 
 from fastlight.extras import import_extra
-from fastlight.fleet.restarts import SamplerError
+from fastlight.fleet.faults import SamplerError
 from fastlight.procs import children_ignore_stop_signals
 
 #: The flag the fleet's own settings live under (errors name it).

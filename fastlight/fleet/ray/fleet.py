@@ -64,11 +64,11 @@ from torch import nn
 
 from fastlight.extras import check_extra
 from fastlight.fleet.base import Fleet, FleetBuild, SamplerFleet
+from fastlight.fleet.faults import SamplerError, crashed
 from fastlight.fleet.ray.actors import ActorRecord, first_line, moved_line
 from fastlight.fleet.ray.cluster import SETTINGS, WHAT, RayCluster
 from fastlight.fleet.ray.inference_handle import RayInference
 from fastlight.fleet.ray.sampler_actor import SamplerActor, StoreWeights
-from fastlight.fleet.restarts import SamplerError, crashed
 from fastlight.procs import Liveness
 from fastlight.rollout import Rollout
 from fastlight.weights.publisher import SyncStats

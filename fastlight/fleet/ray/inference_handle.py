@@ -17,9 +17,9 @@ import torch
 from torch import nn
 
 from fastlight.fleet.base import FleetBuild
+from fastlight.fleet.faults import SamplerError
 from fastlight.fleet.ray.actors import first_line
 from fastlight.fleet.ray.inference_actor import InferenceActor, RayServedPolicy
-from fastlight.fleet.restarts import SamplerError
 from fastlight.inference.settings import FLAG as INFERENCE_FLAG
 from fastlight.weights.broadcast import LazyBroadcaster, SyncGroupConfig, WeightSyncError, free_port
 from fastlight.weights.publisher import SyncStats
