@@ -238,10 +238,10 @@ def same_device_sync(
     there (CUDA IPC on a GPU, shared memory on the CPU) vs the gloo broadcast, and one ``copy_``."""
     import torch.multiprocessing as mp
 
+    from benchmarks.checksums import weights_checksum
     from benchmarks.sync.__main__ import Worker
     from benchmarks.sync.worker import WorkerSpec, make_model, model_shape, parse_size
     from fastlight.weights.broadcast import SyncGroupConfig, WeightBroadcaster, choose_backend
-    from fastlight.weights.checksum import weights_checksum
     from fastlight.weights.double_buffer import SharedDoubleBuffer
 
     dev = torch.device(device)

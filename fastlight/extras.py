@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import re
 from types import ModuleType
 
 #: Extra -> the top-level modules it provides (pyproject.toml's [project.optional-dependencies]).
@@ -31,9 +30,6 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     # The Ray fleet (samplers as actors on other machines: fastlight.fleet.ray.fleet).
     "ray": ("ray",),
 }
-
-#: The line :class:`MissingExtraError` says, also when a caller (jsonargparse) re-raised it as text.
-_LINE = re.compile(r"\S.* needs the \w+ extra: pip install 'fastlight\[\w+\]'.*")
 
 
 class MissingExtraError(ModuleNotFoundError):
@@ -78,17 +74,3 @@ def check_extra(*modules: str, extra: str, what: str) -> None:
             f"{what} needs the {extra} extra: pip install 'fastlight[{extra}]' (no module named {names})",
             name=missing[0],
         )
-
-
-def missing_extra_line(error: BaseException) -> str | None:
-    """The missing-extra line in ``error``, its causes, or its text (``None`` if there is none)."""
-    e: BaseException | None = error
-    seen: set[int] = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        for line in str(e).splitlines():
-            found = _LINE.search(line)
-            if found:
-                return found.group(0).strip()
-        e = e.__cause__ or e.__context__
-    return None

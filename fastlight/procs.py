@@ -1,13 +1,12 @@
 """Process helpers every fastlight process shares: what a child does first (die with its trainer,
 ignore the stop signals, seed, limit threads), the shared stop flag and lock, the children's heartbeat
-(:class:`Liveness`), and the readers of Linux's ``/proc`` it needs (the tests' and benchmarks' are
-``benchmarks/procfs.py``).
+(:class:`Liveness`), and the readers of Linux's ``/proc`` it needs.
 
 Used by the sampler processes (:mod:`fastlight.sampling.worker`), their pool
-(:mod:`fastlight.fleet.pool`), the inference worker and its client (:mod:`fastlight.inference`),
-the shared weights (:mod:`fastlight.weights.shared_memory`) and the tests and benchmarks that look
-for orphans. Processes start with the spawn context (or the forkserver the CLI warms) and get their
-seed from the trainer (DESIGN: processes), so a run is reproducible and no child outlives it.
+(:mod:`fastlight.fleet.pool`), the inference worker and its client (:mod:`fastlight.inference`) and
+the shared weights (:mod:`fastlight.weights.shared_memory`). Processes start with the spawn context
+(or the forkserver the CLI warms) and get their seed from the trainer (DESIGN: processes), so a run
+is reproducible and no child outlives it.
 
 This module is the ground floor: it imports nothing from fastlight.
 """

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import torch
 
+from benchmarks.checksums import weights_checksum
 from fastlight.models.action_mapping import IdentityActions
 from fastlight.models.base import ActOutput, EvalOutput
 from fastlight.models.mlp import MLPActorCritic
 from fastlight.vla.policy import VLAPolicy
-from fastlight.weights.checksum import weights_checksum
 
 
 class GreedyMLP(MLPActorCritic):

@@ -45,11 +45,11 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
+from benchmarks.checksums import weights_checksum
 from benchmarks.sync.per_tensor import PER_TENSOR
 from benchmarks.sync.report import write_outputs
 from benchmarks.sync.worker import WorkerSpec, make_model, model_shape, parse_size, worker_main
 from fastlight.weights.broadcast import SyncGroupConfig, WeightBroadcaster, choose_backend
-from fastlight.weights.checksum import weights_checksum
 from fastlight.weights.double_buffer import SharedDoubleBuffer
 
 METHODS = ("bucketed", "per_tensor", "pickle", "checkpoint", "checkpoint_fsync", "shared_memory", "memcpy")

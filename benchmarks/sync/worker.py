@@ -10,7 +10,7 @@ the trainer over a pipe, acking each once the new weights are *loaded in place*:
   ``load_state_dict`` (shared-storage checkpoint reload, as in AReaL);
 - ``("shared_memory", version)``: swap to the trainer's newly written shared-memory slot
   (:class:`~fastlight.weights.double_buffer.DoubleBufferReader`: pointers, not bytes);
-- ``("checksum",)``: reply with :func:`~fastlight.weights.checksum.weights_checksum` (copies match?);
+- ``("checksum",)``: reply with :func:`~benchmarks.checksums.weights_checksum` (copies match?);
 - ``("serve", forward_ms, batch)``: serve a steady load until ``("stop",)``: one forward batch
   after another, each ``forward_ms`` long (a real forward through the model, then a sleep for the
   rest of the batch's emulated accelerator time). Between batches it checks the drain signal
@@ -29,10 +29,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from benchmarks.checksums import weights_checksum
 from benchmarks.sync.per_tensor import PER_TENSOR
 from fastlight.inference.server import serve_until
 from fastlight.weights.broadcast import SyncGroupConfig, WeightReceiver
-from fastlight.weights.checksum import weights_checksum
 from fastlight.weights.double_buffer import DoubleBufferReader, SharedDoubleBuffer
 
 _SUFFIX = {"K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9}

@@ -41,7 +41,7 @@ from fastlight.data.sampler_plan import RankRounds, resolve_rank_rounds, sampler
 from fastlight.data.tickets import StepTickets
 from fastlight.envs.registry import make_env
 from fastlight.envs.wrappers import AnyEnvWrapper, EnvWrapper, wrap_env, wrapper_of
-from fastlight.fleet.base import Fleet, SamplerFleet
+from fastlight.fleet.base import Fleet, FleetBuild, SamplerFleet
 from fastlight.fleet.faults import FaultSettings
 from fastlight.fleet.pool import LocalFleet
 from fastlight.fleet.start import StartMethod, resolve_start_method
@@ -271,16 +271,11 @@ class RolloutDataModule(EnvSizes, L.LightningDataModule):
         rank = self.trainer.global_rank if self.trainer is not None else 0
         ranks_here = self.trainer.num_devices if self.trainer is not None else 1
         threads, inference = self.thread_plan(ranks_here, root)
-        self.pool = self.fleet.build(
-            self.sampler_configs(rank),
-            policy,
-            rank=rank,
-            inference=inference,
-            trainer_device=root,
-            example_obs=self.example_obs,
-            faults=self.faults,
-            start_method=resolve_start_method(self.hparams.start_method),
-        )
+        start_method = resolve_start_method(self.hparams.start_method)
+        self.pool = self.fleet.build(FleetBuild(
+            self.sampler_configs(rank), policy, rank=rank, inference=inference, trainer_device=root,
+            example_obs=self.example_obs, faults=self.faults, start_method=start_method,
+        ))  # fmt: skip
         if threads is not None and threads != torch.get_num_threads():
             self._threads_before = torch.get_num_threads()  # restored when the samplers stop
             torch.set_num_threads(threads)

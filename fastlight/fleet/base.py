@@ -3,18 +3,17 @@
 - :class:`Fleet` is the setting (``RolloutDataModule(fleet=...)``, ``--data.fleet.class_path``):
   :class:`~fastlight.fleet.pool.LocalFleet` (the default: processes of the trainer's machine) or
   :class:`~fastlight.fleet.ray.fleet.RayFleet` (Ray actors on any node of a cluster). Its one
-  method, :meth:`Fleet.build`, makes the running fleet of one trainer rank.
+  method, :meth:`Fleet.build`, makes the running fleet of one trainer rank from a :class:`FleetBuild`.
 - :class:`SamplerFleet` is what the DataModule drives, whichever fleet runs: start, publish a
   policy version, take the next Rollout (in completion order), push task weights, count faults,
   stop. :class:`~fastlight.fleet.pool.SamplerPool` and the Ray fleet implement it.
 
 :class:`SamplerFleet` also keeps the fault bookkeeping both fleets share (Sample Factory's habit: a
-sampler that dies without a word, or makes no progress for ``--data.faults.heartbeat_s``, is
-restarted on the current weights within a budget): how often the samplers are watched, the restart
-budget and its counters, the no-rollout timeout (``worker_timeout_s``), the heartbeat limits every
-sampler's :class:`~fastlight.procs.Liveness` is held to, and a stop after which nothing restarts
-(the stop waits for a restart under way, in the prefetch thread, then stops what it started). A fleet
-implements only its transport: how its samplers start, hand over Rollouts, are watched and stop.
+sampler that dies without a word, or makes no progress, is restarted on the current weights within
+a budget, :class:`~fastlight.fleet.faults.FaultSettings`): the watch cadence, the budget and its
+counters, the no-rollout timeout, the heartbeat limits, and a stop after which nothing restarts (it
+waits for a restart under way, then stops what it started). A fleet implements only its transport:
+how its samplers start, hand over Rollouts, are watched and stop.
 
 Both are abstract base classes, not duck types: a fleet that misspells or omits a method cannot be
 instantiated (``TypeError`` naming it), instead of failing on the first call in the middle of a run.
@@ -28,14 +27,15 @@ import threading
 import time
 import weakref
 from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
-from fastlight.fleet.faults import FLAG, FaultSettings
-from fastlight.fleet.restarts import SamplerError, spend_restart
+from fastlight.fleet.faults import FLAG, FaultSettings, SamplerError, spend_restart
 from fastlight.inference.settings import InferenceSettings
+from fastlight.models.base import check_policy
 from fastlight.procs import HeartbeatLimits
 from fastlight.rollout import Rollout
 from fastlight.sampling.bundle import SamplerConfig
@@ -45,6 +45,23 @@ from fastlight.weights.publisher import SyncStats
 WATCH_EVERY_S = 0.25
 #: How long ``stop`` waits for a restart under way (a spawn, an actor being placed) to finish.
 RESTART_WAIT_S = 30.0
+
+
+@dataclass(frozen=True)
+class FleetBuild:
+    """What one trainer rank's fleet is built from (:meth:`Fleet.build`): one sampler per config, each
+    acting with a copy of ``policy`` or, with ``inference``, served by one inference worker on
+    ``inference.device`` (``None``: ``trainer_device``; ``example_obs`` gives the observation layout).
+    ``faults`` are the restart budget and heartbeat limits, ``start_method`` how local processes start."""
+
+    configs: list[SamplerConfig]
+    policy: nn.Module
+    rank: int = 0
+    inference: InferenceSettings | None = None
+    trainer_device: torch.device | str = "cpu"
+    example_obs: Any = None
+    faults: FaultSettings = field(default_factory=FaultSettings)
+    start_method: str = "spawn"
 
 
 class SamplerFleet(ABC):
@@ -58,9 +75,10 @@ class SamplerFleet(ABC):
     #: What the no-rollout error calls this fleet's samplers.
     samplers_name = "samplers"
 
-    def __init__(self, configs: list[SamplerConfig], faults: FaultSettings | None) -> None:
-        self.configs = configs
-        self.faults = faults = faults or FaultSettings()
+    def __init__(self, build: FleetBuild) -> None:
+        check_policy(build.policy)  # a missing action_mapping must fail here, not in a sampler
+        self.build, self.configs, self.policy = build, build.configs, build.policy
+        self.faults = faults = build.faults
         # Every process a fleet watches: until its first beat (spawn, imports, building its envs) it
         # gets worker_timeout_s, then heartbeat_s.
         self.heartbeat_limits = HeartbeatLimits(
@@ -81,22 +99,6 @@ class SamplerFleet(ABC):
         """Samplers: one Rollout item of each makes a training step's super-batch."""
         return len(self.configs)
 
-    @property
-    def timeout_s(self) -> float:
-        return self.faults.worker_timeout_s
-
-    @property
-    def heartbeat_s(self) -> float:
-        return self.faults.heartbeat_s
-
-    @property
-    def max_restarts(self) -> int:
-        return self.faults.max_worker_restarts
-
-    @property
-    def restart_window_s(self) -> float:
-        return self.faults.restart_window_s
-
     # ---------------------------------------------------------------- what the DataModule calls
     def start(self) -> None:
         """Start every sampler (they wait for the first :meth:`publish`)."""
@@ -116,7 +118,7 @@ class SamplerFleet(ABC):
         """The next Rollout any sampler finished, or None after ``timeout`` seconds without one.
 
         Restarts dead and silent samplers on the way, within the budget. Raises
-        :class:`~fastlight.fleet.restarts.SamplerError` naming the sampler past the budget or when it
+        :class:`~fastlight.fleet.faults.SamplerError` naming the sampler past the budget or when it
         raised, and when no Rollout at all arrived for ``--data.faults.worker_timeout_s``.
         """
         self.watch()
@@ -125,10 +127,10 @@ class SamplerFleet(ABC):
             self._last_item = time.monotonic()
             return item
         self.watch(force=True)
-        silent = time.monotonic() - self._last_item
-        if silent > self.timeout_s and not self.stopping:
+        silent, timeout_s = time.monotonic() - self._last_item, self.faults.worker_timeout_s
+        if silent > timeout_s and not self.stopping:
             raise SamplerError(
-                f"no rollout from the {self.samplers_name} for {self.timeout_s:.0f} s "
+                f"no rollout from the {self.samplers_name} for {timeout_s:.0f} s "
                 f"({FLAG}.worker_timeout_s); {self._describe()}"
             )
         return None
@@ -170,13 +172,13 @@ class SamplerFleet(ABC):
                 self._watch(now)
 
     def _spend_restart(self, name: str, action: str, note: str | None = None, *, dropped: int) -> bool:
-        """One restart from the budget (:func:`~fastlight.fleet.restarts.spend_restart` prints the
+        """One restart from the budget (:func:`~fastlight.fleet.faults.spend_restart` prints the
         line, or raises naming ``name`` past the budget) for a fault that loses ``dropped`` rounds in
         flight. False, taking nothing, once the fleet is stopping: nothing is restarted then."""
         if self.stopping:
             return False
-        spend_restart(self._restart_times, max_restarts=self.max_restarts, window_s=self.restart_window_s,
-                      name=name, action=action, note=note)  # fmt: skip
+        spend_restart(self._restart_times, max_restarts=self.faults.max_worker_restarts,
+                      window_s=self.faults.restart_window_s, name=name, action=action, note=note)  # fmt: skip
         self.restarts += 1
         self.dropped_rollouts += dropped
         return True
@@ -215,20 +217,8 @@ class Fleet(ABC):
     shared_memory: bool = False
 
     @abstractmethod
-    def build(
-        self,
-        configs: list[SamplerConfig],
-        policy: nn.Module,
-        *,
-        rank: int,
-        inference: InferenceSettings | None,
-        trainer_device: torch.device | str,
-        example_obs: Any,
-        faults: FaultSettings,
-        start_method: str,
-    ) -> SamplerFleet:
-        """The (not yet started) fleet of trainer rank ``rank``: one sampler per config, each acting
-        with a copy of ``policy`` (or, with ``inference``, served by one inference worker)."""
+    def build(self, build: FleetBuild) -> SamplerFleet:
+        """The (not yet started) fleet of trainer rank ``build.rank``."""
 
 
 def _stop_ref(ref: weakref.ref) -> None:

@@ -1,4 +1,5 @@
-"""``FaultSettings``: how a rank's pool watches, restarts and gives up on its worker processes.
+"""``FaultSettings``: how a rank's pool watches, restarts and gives up on its worker processes; and
+what every fleet says and counts when a sampler fails (the error, the restart budget, a crash's report).
 
 ``--data.faults`` holds it; every fleet (:class:`~fastlight.fleet.base.SamplerFleet`) applies it to
 its samplers, and the local pool to its inference worker alike (the restart policy is Sample
@@ -8,6 +9,9 @@ a budget), and how often the trainer checks that the weights it published arrive
 
 from __future__ import annotations
 
+import collections
+import sys
+import time
 from dataclasses import dataclass
 
 from fastlight.weights.checksum import DeliveryCheck
@@ -38,9 +42,7 @@ class FaultSettings:
             stops the run naming the receiver, the version and the transport
             (:class:`~fastlight.weights.checksum.DeliveryCheck`; ``sync/verified`` counts the receivers
             verified). 1 (the default) checks every version, so a transport that skips versions
-            now and then is caught at the first one it skips; the trainer's checksum costs about
-            0.25 ms per publish for the highway MLP and 1.3 ms for the MT10 VLA (benchmarks/results/
-            faults.md), under 0.1 % of an update. 0 turns the check off.
+            now and then is caught at the first one it skips. 0 turns the check off.
     """
 
     worker_timeout_s: float = 300.0
@@ -63,3 +65,50 @@ class FaultSettings:
     def delivery_check(self, *, keep: int) -> DeliveryCheck:
         """The trainer's check of ``verify_weights_every`` (``keep``: versions a Rollout may lag)."""
         return DeliveryCheck(self.verify_weights_every, keep=keep, setting=f"{FLAG}.verify_weights_every")
+
+
+class SamplerError(RuntimeError):
+    """A sampler process failed; the message names it and carries its traceback."""
+
+
+def spend_restart(
+    times: collections.deque[float], *, max_restarts: int, window_s: float, name: str, action: str,
+    note: str | None = None,
+) -> None:  # fmt: skip
+    """The restart budget of every fleet: at most ``max_restarts`` (``--data.faults.max_worker_restarts``)
+    in any ``window_s`` seconds (``restart_window_s``). Takes one (appends to ``times``, the past
+    restarts' clock times) and prints what is restarted, ``action``; raises :class:`SamplerError`
+    naming ``name`` once the budget is spent. ``note`` (what a signal exit code means) ends the line."""
+    tail = f"; {note}" if note else ""
+    now = time.monotonic()
+    while times and now - times[0] > window_s:
+        times.popleft()
+    budget = f"{FLAG}.max_worker_restarts {max_restarts} per {FLAG}.restart_window_s {window_s:g}"
+    if len(times) >= max_restarts:
+        raise SamplerError(
+            f"{name}; restart budget exhausted: {len(times)} restarts in the last {window_s:g} s "
+            f"({budget}){tail}"
+        )
+    times.append(now)
+    print(
+        f"fastlight: {name}; {action} ({len(times)} of {max_restarts} restarts in {window_s:g} s){tail}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def crashed(index: int, payload: str) -> str:
+    """Sampler ``index``'s own exception: its last line (e.g. which env raised, of which seed, at which
+    step) on the first line, then the traceback it sent."""
+    lines = [line for line in payload.splitlines() if line.strip()]
+    last = lines[-1].strip() if lines else "no traceback"
+    kind, sep, message = last.partition(": ")
+    if sep and " " not in kind:  # "fastlight.sampling.collector.EnvError: ..." -> "EnvError: ..."
+        last = f"{kind.rsplit('.', 1)[-1]}: {message}"
+    return f"sampler worker {index} (fastlight-sampler-{index}) crashed: {last}\n{payload}"
+
+
+def broken_pipe(payload: str) -> bool:
+    """Whether a sampler's traceback is its pipe to the inference worker breaking (the worker died,
+    or ended its loop on another sampler's EOF): a consequence of a fault, not a fault of its own."""
+    return any(e in payload for e in ("EOFError", "ConnectionResetError", "BrokenPipeError"))

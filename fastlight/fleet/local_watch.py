@@ -17,7 +17,7 @@ import signal
 import time
 from typing import Any, Protocol
 
-from fastlight.fleet.restarts import SamplerError
+from fastlight.fleet.faults import SamplerError
 from fastlight.procs import Liveness, MemorySample, alive, exit_note, sample_memory, state
 
 #: How long a child's exit code 255 waits for its forkserver to read as dead: the server's status

@@ -13,8 +13,15 @@ is lost and counted (``dropped_rollouts``). Past the restart budget the run stop
 in a sampler is not restarted: it carries its own message (a non-finite value, a bug in an env) and
 would recur. The watch cadence, the budget and its counters, the no-rollout timeout and the stop
 (nothing restarts once it has begun) are every fleet's (:class:`~fastlight.fleet.base.SamplerFleet`);
-an inference worker fails and restarts with its samplers (:mod:`fastlight.fleet.served`); a dead
-forkserver stops the run (:mod:`fastlight.fleet.local_watch`).
+a dead forkserver stops the run (:mod:`fastlight.fleet.local_watch`).
+
+With ``--data.inference``, the worker and the rank's samplers fail together (a dead worker's
+samplers lose their pipe; a dead sampler's EOF ends the worker's serving loop), so any of them dead
+or silent (the worker has a heartbeat too) restarts the group: the samplers are killed, the worker
+is reaped and started again on fresh pipes, attached to the same shared-memory weights (the
+current version, taken before it serves), and the samplers are spawned on the new pipes. It costs
+one restart of the budget; every sampler's round in flight is dropped and counted. Only a worker on
+the double buffer is restarted; a worker on another GPU stops the run, named.
 
 Each sampler writes to its own pipe, read by its own thread here, so a sampler killed in the
 middle of a send leaves nothing broken for the others; the locks samplers share with the trainer
@@ -30,22 +37,17 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 import torch.multiprocessing as tmp
 from torch import nn
 
-from fastlight.fleet.base import WATCH_EVERY_S, Fleet, SamplerFleet
-from fastlight.fleet.faults import FaultSettings
+from fastlight.fleet.base import WATCH_EVERY_S, Fleet, FleetBuild, SamplerFleet
+from fastlight.fleet.faults import SamplerError, broken_pipe, crashed
 from fastlight.fleet.local_watch import FORKSERVER_EXIT_S, check_forkserver, process_fault
-from fastlight.fleet.restarts import SamplerError, broken_pipe, crashed
-from fastlight.fleet.served import ServedWorker
 from fastlight.fleet.start import forkserver_pid
 from fastlight.inference.client import InferenceClient
-from fastlight.inference.settings import InferenceSettings
-from fastlight.models.base import check_policy
 from fastlight.procs import Liveness, MemorySample, StopFlag, children_ignore_stop_signals
 from fastlight.rollout import Rollout
-from fastlight.sampling.bundle import RankHandles, SamplerConfig
+from fastlight.sampling.bundle import RankHandles
 from fastlight.sampling.round_signal import rounds_to_cut
 from fastlight.sampling.worker import rollout_from_numpy, sampler_main
 from fastlight.weights.publisher import SyncStats, WeightPublisher, WeightSource
@@ -70,50 +72,26 @@ class _Sampler:
 
 
 class SamplerPool(SamplerFleet):
-    """Sampler processes of one trainer rank, each with a policy copy - or, with ``inference``
-    (:class:`~fastlight.inference.InferenceSettings`), all served by one inference worker on
-    ``inference.device`` (``None``: ``trainer_device``; ``example_obs`` gives the observation layout).
+    """Sampler processes of one trainer rank (:class:`~fastlight.fleet.base.FleetBuild`), each with a
+    policy copy - or, with ``inference``, all served by one inference worker; watched and restarted
+    as ``faults`` (:class:`~fastlight.fleet.FaultSettings`) say."""
 
-    ``faults`` (:class:`~fastlight.sampling.FaultSettings`): ``max_worker_restarts`` per
-    ``restart_window_s`` bounds the restarts of dead or silent samplers; ``heartbeat_s`` is how
-    long a started sampler may make no progress (no env step, reset or wait loop) before it counts
-    as hung. Until its first beat (spawn, imports, building the envs) a sampler gets
-    ``worker_timeout_s``, which is also how long ``next_item`` waits for data.
-    """
-
-    def __init__(
-        self,
-        configs: list[SamplerConfig],
-        policy: nn.Module,
-        *,
-        inference: InferenceSettings | None = None,
-        trainer_device: torch.device | str = "cpu",
-        example_obs: Any = None,
-        faults: FaultSettings | None = None,
-        start_method: str = "spawn",
-    ) -> None:
-        check_policy(policy)  # a missing action_mapping must fail here, not in a child process
-        super().__init__(configs, faults)
-        self.policy = policy
+    def __init__(self, build: FleetBuild) -> None:
+        super().__init__(build)
+        policy, configs = self.policy, self.configs
         # spawn, or the forkserver the fastlight command warmed at start-up (fastlight.fleet.start)
-        self.ctx = tmp.get_context(start_method)
+        self.ctx = tmp.get_context(build.start_method)
         self.client: InferenceClient | None = None
-        if inference is not None:
+        if build.inference is not None:
             self.client = InferenceClient(
-                self.ctx, policy, example_obs, [c.num_envs for c in configs], inference,
-                trainer_device=trainer_device,
+                self.ctx, policy, build.example_obs, [c.num_envs for c in configs], build.inference,
+                trainer_device=build.trainer_device,
             )  # fmt: skip
             self.client.liveness.limits = self.heartbeat_limits  # the samplers' limits (base class)
-        self._worker = None if self.client is None else ServedWorker(self.client, [c.env_id for c in configs])
         # One publisher (trainer end) and what the samplers read (their end) for either path.
-        self.publisher: WeightPublisher
-        self.weights: WeightSource
-        self.shared: SharedWeights | None = None
-        if self.client is None:
-            self.shared = SharedWeights(policy, self.ctx)
-            self.publisher, self.weights = self.shared, self.shared
-        else:
-            self.publisher, self.weights = self.client, self.client.weights_source()
+        self.shared = SharedWeights(policy, self.ctx) if self.client is None else None
+        self.publisher: WeightPublisher = self.shared or self.client  # type: ignore[assignment]
+        self.weights: WeightSource = self.shared or self.client.weights_source()  # type: ignore[union-attr]
         # What the samplers share with the trainer and each other: task weights, the round signal.
         self.handles = RankHandles(self.ctx, configs)
         self.task_weights = self.handles.task_weights
@@ -276,7 +254,7 @@ class SamplerPool(SamplerFleet):
         group (they fail together, see the module docstring). A dead forkserver stops the run."""
         self._check_forkserver()
         self._raise_reported()
-        if self._worker is not None:
+        if self.client is not None:
             fault = self._worker_fault(now)
             for s in self.samplers if fault is None else []:
                 found = self._sampler_fault(s, now)
@@ -308,9 +286,17 @@ class SamplerPool(SamplerFleet):
         return process_fault(s, now)
 
     def _worker_fault(self, now: float) -> tuple[str, str | None] | None:
-        assert self._worker is not None
-        self._check_forkserver(self._worker.proc.exitcode)
-        return self._worker.fault(now)
+        """What is wrong with the inference worker, named, and what its exit code means; None while it
+        serves (watched as a sampler is, :func:`process_fault`)."""
+        assert self.client is not None
+        self._check_forkserver(self.client.proc.exitcode)
+        found = process_fault(self.client, now)
+        return None if found is None else (f"{self._worker_name()} {found[0]}", found[1])
+
+    def _worker_name(self) -> str:
+        assert self.client is not None
+        envs = ", ".join(sorted({c.env_id for c in self.configs}))
+        return f"inference worker ({self.client.proc.name}, pid {self.client.proc.pid}, env {envs})"
 
     def _check_forkserver(self, exitcode: int | None = None) -> None:
         """A dead forkserver stops the run (:func:`check_forkserver`); after a child's exit code 255,
@@ -336,15 +322,25 @@ class SamplerPool(SamplerFleet):
         """Restart the inference worker and the rank's samplers within the budget, else stop naming
         the process that failed (``what``; ``note``: what its exit code means). False, restarting
         nothing, once the pool is stopping. Call under the lock."""
-        assert self._worker is not None
+        client = self.client
+        assert client is not None
         for s in self.samplers:  # first, so none of them reports the worker's death as its own
             self._kill(s)
-        what = self._worker.take_down(what, note)
+        if not client.restartable:
+            raise SamplerError(
+                f"{what}; a CUDA inference worker is not restarted (--data.inference.device cpu "
+                "restarts it, --data.inference null restarts samplers alone)" + (f"; {note}" if note else "")
+            )
+        worker = client.proc
+        if worker is not None and worker.exitcode is None:  # silent, or a sampler's fault: reap it
+            client.reap()
+            if what.startswith("inference worker"):
+                what += f"; killed it (exit code {worker.exitcode})"
         n = len(self.samplers)
         action = f"restarting the inference worker and its {n} samplers (their rounds in flight dropped)"
         if not self._spend_restart(what, action, note, dropped=n):
             return False
-        self._worker.prepare_restart()
+        client.prepare_restart()
         self.errors.clear()  # broken pipes of the group just replaced
         self._spawn_all()
         return True
@@ -399,19 +395,5 @@ class LocalFleet(Fleet):
 
     shared_memory = True
 
-    def build(
-        self,
-        configs: list[SamplerConfig],
-        policy: nn.Module,
-        *,
-        rank: int,
-        inference: InferenceSettings | None,
-        trainer_device: torch.device | str,
-        example_obs: Any,
-        faults: FaultSettings,
-        start_method: str,
-    ) -> SamplerPool:
-        return SamplerPool(
-            configs, policy, inference=inference, trainer_device=trainer_device, example_obs=example_obs,
-            faults=faults, start_method=start_method,
-        )  # fmt: skip
+    def build(self, build: FleetBuild) -> SamplerPool:
+        return SamplerPool(build)

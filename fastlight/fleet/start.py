@@ -1,17 +1,16 @@
 """How fastlight starts its child processes: ``spawn``, or a ``forkserver`` warmed at start-up.
 
-A spawned sampler imports torch, gymnasium and its env package itself (3-4 s of CPU each for
-highway-env on a 2-core machine), and it can only start once the trainer has imported Lightning
-and parsed the config. The ``fastlight`` command instead starts a forkserver as its very first
-step (:func:`warm_forkserver`): a clean single-threaded process that imports the sampler's
-modules (and the run's env package, read from the command line or the ``--config`` files) on
-the other core *while* the trainer imports Lightning. Samplers are then forked from it with
-those modules already loaded. A forkserver child is a fresh process as far as the trainer is
-concerned (its arguments are pickled as with spawn, it shares no trainer state, no CUDA, no
-threads); its parent is the forkserver, which exits when the trainer does
+A spawned sampler imports torch, gymnasium and its env package itself, and it can only start once
+the trainer has imported Lightning and parsed the config. The ``fastlight`` command instead starts
+a forkserver as its very first step (:func:`warm_forkserver`): a clean single-threaded process that
+imports the sampler's modules (and the run's env package, read from the command line or the
+``--config`` files) on the other core *while* the trainer imports Lightning. Samplers are then
+forked from it with those modules already loaded. A forkserver child is a fresh process as far as
+the trainer is concerned (its arguments are pickled as with spawn, it shares no trainer state, no
+CUDA, no threads); its parent is the forkserver, which exits when the trainer does
 (:func:`fastlight.procs.die_with_parent` accepts it).
 
-Library use (a user's own script, the tests) keeps ``spawn`` unless it warms a forkserver or
+Library use (a user's own script) keeps ``spawn`` unless it warms a forkserver or
 passes ``start_method="forkserver"`` explicitly (``--data.start_method``).
 
 This module imports nothing heavy: it runs before Lightning is imported.

@@ -4,13 +4,7 @@ Used by :class:`~fastlight.fleet.pool.SamplerPool` when ``--data.inference`` is 
 Each sampler gets a :class:`~fastlight.inference.remote.RemotePolicy` (its shared-memory slot
 and pipe end) instead of a policy copy; the worker gets the other pipe ends and the real policy.
 The client is the pool's :class:`~fastlight.weights.publisher.WeightPublisher` on this path;
-:func:`weight_path` picks how weights travel. A CPU worker (on the trainer's host) reads them
-from a shared-memory double buffer (:mod:`fastlight.weights.double_buffer`: the trainer copies
-once, the worker swaps pointers; ``SyncStats.mode == "shared_memory"``); a CUDA worker on the GPU
-that holds the trainer's weights reads them from the same double buffer with its slots on that GPU,
-shared once by CUDA IPC (``mode == "cuda_ipc"``); any other CUDA worker joins a dedicated broadcast
-group (:mod:`fastlight.weights.broadcast`, NCCL or gloo as
-:func:`~fastlight.weights.broadcast.choose_backend` decides; ``mode == "bucketed"``).
+:func:`weight_path` picks how weights travel.
 """
 
 from __future__ import annotations
@@ -23,11 +17,11 @@ import torch
 from torch import nn
 
 from fastlight.inference.remote import RemotePolicy, ServerVersion
-from fastlight.inference.server import Slot, inference_main, tensor_spec
+from fastlight.inference.server import Slot, inference_main, rows_of, tensor_spec
 from fastlight.inference.settings import InferenceSettings
 from fastlight.models.base import Policy, check_policy
-from fastlight.procs import Liveness
-from fastlight.weights.broadcast import SyncGroupConfig, WeightBroadcaster, choose_backend
+from fastlight.procs import Liveness, MemorySample
+from fastlight.weights.broadcast import LazyBroadcaster, SyncGroupConfig, choose_backend
 from fastlight.weights.double_buffer import SharedDoubleBuffer
 from fastlight.weights.publisher import SyncStats
 
@@ -38,8 +32,9 @@ def weight_path(trainer_device: torch.device | str, worker_device: torch.device 
     """How the trainer's weights reach its inference worker (spawned on the trainer's host), from
     where each end holds them; ``SyncStats.mode`` of its publishes:
 
-    - ``"shared_memory"``: a CPU worker; the double buffer in host shared memory (from a GPU
-      trainer the publish copies device -> host).
+    - ``"shared_memory"``: a CPU worker; the double buffer in host shared memory
+      (:mod:`fastlight.weights.double_buffer`: the trainer copies once, the worker swaps pointers;
+      from a GPU trainer the publish copies device -> host).
     - ``"cuda_ipc"``: trainer and worker on one CUDA device; the double buffer's slots on that
       device, their CUDA IPC handles shared once at start-up (vLLM ipc weight transfer). NCCL
       cannot group two processes on one GPU, and gloo would take every sync through host memory.
@@ -54,13 +49,6 @@ def weight_path(trainer_device: torch.device | str, worker_device: torch.device 
     if trainer.type == worker.type == "cuda" and (trainer.index or 0) == (worker.index or 0):
         return "cuda_ipc"
     return "bucketed"
-
-
-def choose_transport(worker_device: torch.device | str) -> str:
-    """The transport of a worker that does not share the trainer's GPU (:func:`weight_path` says when
-    it does; then it is ``"cuda_ipc"``): ``"shared_memory"`` for a CPU worker (spawned on this
-    host), ``"broadcast"`` otherwise. Tests replace it to force the broadcast on a CPU worker."""
-    return "shared_memory" if torch.device(worker_device).type == "cpu" else "broadcast"
 
 
 class InferenceClient:
@@ -79,15 +67,10 @@ class InferenceClient:
         self.ctx, self.policy, self.settings = ctx, policy, settings
         self.trainer_device = torch.device(trainer_device)
         self.worker_device = settings.worker_device(self.trainer_device)
-        sync_timeout_s = settings.sync_timeout_s
         with torch.no_grad():
-            out = policy.act(example_obs, step=torch.zeros(_rows(example_obs), dtype=torch.long))
-        obs_spec = tensor_spec(example_obs)
-        act_spec = {
-            "actions": (tuple(out.actions.shape[1:]), out.actions.dtype),
-            "logprobs": (tuple(out.logprobs.shape[1:]), out.logprobs.dtype),
-        }
-        self.slots = [Slot.allocate(n, obs_spec, act_spec) for n in rows]
+            out = policy.act(example_obs, step=torch.zeros(rows_of(example_obs), dtype=torch.long))
+        act_spec = tensor_spec({"actions": out.actions, "logprobs": out.logprobs})
+        self.slots = [Slot.allocate(n, tensor_spec(example_obs), act_spec) for n in rows]
         self.server_ends: list[Any] = []
         self.sampler_ends: list[Any] = []
         self.new_pipes()
@@ -95,30 +78,25 @@ class InferenceClient:
         # Beaten by the worker's serving loop (and while it waits for weights). Its limits are set by
         # the pool (--data.faults.heartbeat_s, --data.faults.worker_timeout_s); inf: never counted as hung.
         self.liveness = Liveness(ctx)
+        # Its resident memory at the pool's last watch: what an OOM-killed worker held.
+        self.memory: MemorySample | None = None
         # "shared_memory" | "cuda_ipc" (both the double buffer) | "broadcast" (weight_path's "bucketed").
-        same_gpu = weight_path(self.trainer_device, self.worker_device) == "cuda_ipc"
-        self.transport = "cuda_ipc" if same_gpu else choose_transport(self.worker_device)
+        path = weight_path(self.trainer_device, self.worker_device)
+        self.transport = "broadcast" if path == "bucketed" else path
         self.shared: SharedDoubleBuffer | None = None
         self.sync_config: SyncGroupConfig | None = None
+        self.broadcast: LazyBroadcaster | None = None
         if self.transport in ("shared_memory", "cuda_ipc"):  # built now: the worker maps it at start-up
             # cuda_ipc: the slots on the worker's (= the trainer's) GPU; their IPC handles go to the
             # worker once, with its start-up arguments (vLLM ipc weight transfer).
             slots_on = self.worker_device if self.transport == "cuda_ipc" else "cpu"
-            self.shared = SharedDoubleBuffer(
-                policy,
-                ctx,
-                timeout_s=sync_timeout_s,
-                device=slots_on,
-                worker_name=f"inference worker ({WORKER_NAME})",
-            )
+            self.shared = SharedDoubleBuffer(policy, ctx, timeout_s=settings.sync_timeout_s, device=slots_on,
+                                             worker_name=f"inference worker ({WORKER_NAME})")  # fmt: skip
         else:  # NCCL between two CUDA devices, gloo otherwise (a CPU trainer's CUDA worker).
             backend = choose_backend(self.trainer_device, self.worker_device)
-            self.sync_config = SyncGroupConfig.local(backend=backend, timeout_s=sync_timeout_s)
-        self.max_batch, self.max_wait_ms = settings.max_batch, settings.max_wait_ms
-        self.bucket_mb = settings.sync_bucket_mb
-        self.threads = settings.threads
+            self.sync_config = SyncGroupConfig.local(backend=backend, timeout_s=settings.sync_timeout_s)
+            self.broadcast = LazyBroadcaster(self.sync_config, settings.sync_bucket_mb)
         self.proc: Any = None
-        self.broadcaster: WeightBroadcaster | None = None
 
     def new_pipes(self) -> None:
         """One fresh pipe per sampler slot (a restarted worker cannot reuse a dead one's ends)."""
@@ -127,33 +105,15 @@ class InferenceClient:
         self.sampler_ends = [b for _, b in pipes]
 
     def start(self, stop: Any, parent_pid: int) -> None:
-        self.proc = self.ctx.Process(
-            target=inference_main,
-            args=(
-                self.policy,
-                self.slots,
-                self.server_ends,
-                self.shared if self.shared is not None else self.sync_config,
-                self.version,
-                stop,
-                self.max_batch,
-                self.max_wait_ms,
-                self.bucket_mb,
-                parent_pid,
-                str(self.worker_device),
-                self.liveness,
-                self.threads,
-            ),
-            name=WORKER_NAME,
-            daemon=True,
-        )
+        sync = self.shared if self.shared is not None else self.sync_config
+        args = (self.policy, self.slots, self.server_ends, sync, self.version, stop, self.settings,
+                parent_pid, str(self.worker_device), self.liveness)  # fmt: skip
+        self.proc = self.ctx.Process(target=inference_main, args=args, name=WORKER_NAME, daemon=True)
         self.proc.start()
         self.liveness.reset()
         # The worker holds the server ends now; closing ours lets samplers see EOF if it dies.
         for conn in self.server_ends:
             conn.close()
-        # The broadcaster is built at the first publish, from the trainer's live policy, so its
-        # buckets sit on the trainer's device (the model reaches it only after this start-up).
 
     def remote_policy(self, index: int, policy: Policy) -> RemotePolicy:
         """Sampler ``index``'s proxy, applying ``policy``'s own action mapping to served actions."""
@@ -171,21 +131,17 @@ class InferenceClient:
         """AcceRL §inference drain: announce the sync before the update finishes."""
         if self.shared is not None:
             self.shared.request_drain()
-        elif self.broadcaster is not None:  # before the first publish there is nothing to drain
-            self.broadcaster.signal_drain()
+        elif self.broadcast is not None:
+            self.broadcast.request_drain()
 
     def publish(self, policy: nn.Module, version: int) -> SyncStats:
         """Make ``policy``'s weights the worker's ``version``; blocks until the worker has them."""
         self.check_alive()
+        if self.broadcast is not None:
+            return self.broadcast.publish(policy, version)
+        assert self.shared is not None
         t0 = time.perf_counter()
-        if self.shared is not None:
-            stats = self.shared.publish(policy, version, check=self.check_alive)
-            return dataclasses.replace(stats, trainer_wait_ms=1000.0 * (time.perf_counter() - t0))
-        if self.broadcaster is None:
-            assert self.sync_config is not None
-            self.broadcaster = WeightBroadcaster(policy, self.sync_config, bucket_mb=self.bucket_mb)
-        self.broadcaster.signal_drain()  # no-op if the WeightSync callback already drained
-        stats = self.broadcaster.broadcast(version, policy)
+        stats = self.shared.publish(policy, version, check=self.check_alive)
         return dataclasses.replace(stats, trainer_wait_ms=1000.0 * (time.perf_counter() - t0))
 
     @property
@@ -217,6 +173,7 @@ class InferenceClient:
         self.shared.lock.acquire(timeout=1.0)
         self.shared.lock.release()
         self.new_pipes()
+        self.memory = None
         # From zero again: until its first beat the new worker is starting (start_timeout_s applies).
         self.liveness.reset(restart=True)
 
@@ -227,35 +184,24 @@ class InferenceClient:
                 self.proc.kill()
             self.proc.join(timeout=5.0)
 
-    def hang(self) -> str | None:
-        """What is wrong if the worker made no progress for longer than allowed, else None
-        (:meth:`fastlight.procs.Liveness.hang`; until its first beat it gets the start-up limit)."""
-        return self.liveness.hang()
-
     def check_alive(self) -> None:
-        """Raises naming the worker if it died or its heartbeat stood still too long."""
+        """Raises naming the worker if it died or its heartbeat stood still too long (until its first
+        beat it gets the start-up limit, :meth:`fastlight.procs.Liveness.hang`)."""
         if self.proc is None:
             return
+        name = f"inference worker ({self.proc.name}, pid {self.proc.pid})"
         if not self.proc.is_alive():
-            raise RuntimeError(
-                f"inference worker ({self.proc.name}, pid {self.proc.pid}) died with exit "
-                f"code {self.proc.exitcode}"
-            )
-        hung = self.hang()
+            raise RuntimeError(f"{name} died with exit code {self.proc.exitcode}")
+        hung = self.liveness.hang()
         if hung is not None:
-            raise RuntimeError(f"inference worker ({self.proc.name}, pid {self.proc.pid}) {hung}")
+            raise RuntimeError(f"{name} {hung}")
 
     def stop(self) -> None:
-        if self.broadcaster is not None:
-            self.broadcaster.close()
-            self.broadcaster = None
+        if self.broadcast is not None:
+            self.broadcast.close()
         if self.proc is not None:
             self.proc.join(timeout=3.0)
             if self.proc.is_alive():
                 self.proc.kill()
                 self.proc.join(timeout=2.0)
             self.proc = None
-
-
-def _rows(obs: Any) -> int:
-    return next(iter(obs.values())).shape[0] if isinstance(obs, dict) else obs.shape[0]

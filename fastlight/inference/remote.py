@@ -8,6 +8,7 @@ sampler's shared-memory slot, send a tiny request over its pipe and read the ans
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from fastlight.inference.server import Slot
+from fastlight.inference.server import Answer, Slot, by_key, rows_of
 from fastlight.models.base import ActionMapping, ActOutput
 
 #: How often a sampler waiting on the worker's answer beats its heartbeat (s).
@@ -26,13 +27,16 @@ def _no_beat() -> None:
     pass
 
 
-class ServedProxy(nn.Module):
+class ServedProxy(nn.Module, ABC):
     """What every sampler-side proxy of an inference worker shares (a
     :class:`~fastlight.models.base.ServedPolicy`): ``last_version`` is the version of the weights
     behind the latest reply, which the Collector stamps on the transitions it records; ``progress``
     (env rows asked for this round) lets the worker serve stragglers first; ``action_mapping`` is the
     served policy's own (:meth:`Policy.action_mapping`), so env actions are the same as with a local
-    policy copy. Subclasses implement ``act`` and ``value`` over their transport."""
+    policy copy. Subclasses implement :meth:`_serve` over their transport."""
+
+    #: What a failure names.
+    worker = "inference worker"
 
     def __init__(self, action_mapping: ActionMapping) -> None:
         super().__init__()
@@ -57,6 +61,28 @@ class ServedProxy(nn.Module):
             f"{type(self).__name__} only acts: log-probs with gradients are computed by the trainer's policy"
         )
 
+    def act(self, obs, *, step=None, deterministic: bool = False) -> ActOutput:
+        return ActOutput(*self._request("act", obs, step))
+
+    def value(self, obs, *, step=None) -> Tensor:
+        return self._request("value", obs, step)[2]
+
+    def _request(self, kind: str, obs: Tensor | dict[str, Tensor], step: Tensor | None) -> Answer:
+        rows = rows_of(obs)
+        self.progress += rows
+        step = step if step is not None else torch.zeros(rows, dtype=torch.long)
+        reply = self._serve(kind, obs, step)
+        if isinstance(reply[0], str):  # ("error", traceback)
+            raise RuntimeError(f"{self.worker} failed:\n{reply[1]}")
+        *answer, version, checksum = reply
+        self.last_version, self.last_checksum = int(version), float(checksum)
+        return tuple(answer)  # type: ignore[return-value]
+
+    @abstractmethod
+    def _serve(self, kind: str, obs: Tensor | dict[str, Tensor], step: Tensor) -> tuple:
+        """``(actions, logprobs, values, version, checksum)`` (``(None, None, values, ...)`` for
+        ``value``) for ``obs``'s rows, or ``("error", traceback)`` when the worker failed."""
+
 
 class RemotePolicy(ServedProxy):
     """The local inference worker's proxy: observation rows go through the sampler's shared-memory
@@ -67,33 +93,21 @@ class RemotePolicy(ServedProxy):
         self.slot = slot
         self.conn = conn
 
-    def _request(self, kind: str, obs: Tensor | dict[str, Tensor], step: Tensor | None) -> int:
-        items = obs.items() if isinstance(obs, dict) else [("", obs)]
-        n = 0
-        for k, v in items:
-            n = v.shape[0]
-            self.slot.obs[k][:n].copy_(v)
-        self.slot.step[:n].copy_(step if step is not None else torch.zeros(n, dtype=torch.long))
-        self.progress += n
+    def _serve(self, kind: str, obs: Tensor | dict[str, Tensor], step: Tensor) -> tuple:
+        s, n = self.slot, rows_of(obs)
+        for k, v in by_key(obs).items():
+            s.obs[k][:n].copy_(v)
+        s.step[:n].copy_(step)
         self.conn.send((kind, n, self.progress))
         # Waiting on the worker is not a hang of this sampler: it beats, so that a worker that hangs is
         # the only silent process and the one named (a dead worker's EOF ends the wait at once).
         while not self.conn.poll(WAIT_BEAT_S):
             self.beat()
         reply = self.conn.recv()
-        if isinstance(reply, tuple) and reply[0] == "error":
-            raise RuntimeError(f"inference worker failed:\n{reply[1]}")
-        self.last_version, self.last_checksum = int(reply[0]), float(reply[1])
-        return n
-
-    def act(self, obs, *, step=None, deterministic: bool = False) -> ActOutput:
-        n = self._request("act", obs, step)
-        s = self.slot
-        return ActOutput(s.actions[:n].clone(), s.logprobs[:n].clone(), s.values[:n].clone())
-
-    def value(self, obs, *, step=None) -> Tensor:
-        n = self._request("value", obs, step)
-        return self.slot.values[:n].clone()
+        if isinstance(reply[0], str):  # ("error", traceback)
+            return reply
+        acted = (s.actions[:n].clone(), s.logprobs[:n].clone()) if kind == "act" else (None, None)
+        return *acted, s.values[:n].clone(), *reply
 
 
 class ServerVersion:

@@ -13,18 +13,13 @@ forward pass, and scatters the results back. Pipes (not queues) because the work
 on all of them at once with ``multiprocessing.connection.wait`` and a reply goes to exactly
 one sampler.
 
-**Dynamic batching.** After the first request the worker waits up to ``max_wait_ms`` for more,
-stopping early at ``max_batch`` rows. Stragglers are served first: requests are ordered by the
-sampler's progress (env steps taken in its current round), smallest first.
+**Dynamic batching**: :class:`BatchingServer`, shared with the Ray inference actor.
 
 **Drain** (AcceRL §inference drain). When the trainer raises ``drain``, the worker finishes the
 forward pass in flight, schedules no new one and takes the new weights; after that they are live
-and serving resumes. How they arrive depends on the worker's device: a CPU worker on the
-trainer's host swaps its parameters to the trainer's newly written shared-memory buffer
-(:mod:`fastlight.weights.double_buffer`, a pointer swap); a CUDA worker on the trainer's GPU
-does the same with the buffer's slots on that GPU (CUDA IPC); a CUDA worker on another GPU joins
-the weight broadcast (:mod:`fastlight.weights.broadcast`). Either way the swap happens only between two
-forward passes, so no forward ever runs on a half-written model.
+and serving resumes. How they arrive depends on the worker's device
+(:func:`~fastlight.inference.client.weight_path`: a pointer swap onto the double buffer, or the
+broadcast); either way only between two forward passes, so no forward runs on a half-written model.
 """
 
 from __future__ import annotations
@@ -32,6 +27,7 @@ from __future__ import annotations
 import math
 import time
 import traceback
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
@@ -40,12 +36,23 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
+from fastlight.inference.settings import InferenceSettings
 from fastlight.procs import Liveness, start_child
 from fastlight.weights.broadcast import SyncGroupConfig, WeightReceiver
 from fastlight.weights.checksum import delivery_checksum
 from fastlight.weights.double_buffer import SharedDoubleBuffer
 
 ObsSpec = dict[str, tuple[tuple[int, ...], torch.dtype]]
+
+
+def rows_of(obs: Tensor | dict[str, Tensor]) -> int:
+    """The batch size ``N`` of observations ``[N, ...]`` (a tensor, or a dict of them)."""
+    return next(iter(obs.values())).shape[0] if isinstance(obs, dict) else obs.shape[0]
+
+
+def by_key(obs: Tensor | dict[str, Tensor]) -> dict[str, Tensor]:
+    """Observations as a dict (a tensor is stored under the key ``""``)."""
+    return obs if isinstance(obs, dict) else {"": obs}
 
 
 @dataclass
@@ -74,103 +81,134 @@ class Slot:
 
 def tensor_spec(batch: Tensor | dict[str, Tensor]) -> ObsSpec:
     """Per-row shape and dtype of a batch (a tensor is stored under the key ``""``)."""
-    items = batch.items() if isinstance(batch, dict) else [("", batch)]
-    return {k: (tuple(v.shape[1:]), v.dtype) for k, v in items}
+    return {k: (tuple(v.shape[1:]), v.dtype) for k, v in by_key(batch).items()}
+
+
+#: What a forward pass answers a request: its rows of ``(actions, logprobs, values)`` on the CPU
+#: (``(None, None, values)`` for ``value``).
+Answer = tuple[Tensor | None, Tensor | None, Tensor]
+
+
+class BatchingServer(ABC):
+    """The batching core of every inference worker (the local process below, the Ray actor of
+    :mod:`fastlight.fleet.ray.inference_actor`): requests wait in ``pending``; after the first one,
+    :meth:`gather` waits up to ``max_wait_ms`` for more, stopping early at ``max_batch`` rows, and
+    serves stragglers (least progress this round) first; :meth:`serve` runs one forward pass
+    per kind and answers each request with its rows, the ``version`` of the weights and their
+    ``checksum`` (:func:`~fastlight.weights.checksum.delivery_checksum`, taken at each sync,
+    :meth:`on_sync`). A request has a ``kind`` (``act`` or ``value``), ``rows`` and its sampler's
+    ``progress`` this round (env rows asked for). A worker implements its transport: how requests
+    arrive (:meth:`poll`), where their rows are (:meth:`inputs`), how an answer goes back (:meth:`answer`)."""
+
+    def __init__(
+        self, policy: nn.Module, *, max_batch: int, max_wait_ms: float, device: torch.device
+    ) -> None:
+        self.device = device
+        self.policy = policy.to(device).eval()
+        self.max_batch, self.max_wait_s = max_batch, max_wait_ms / 1000.0
+        self.version = -1
+        self.checksum = math.nan  # delivery_checksum of the weights taken as ``version``, sent with answers
+        self.pending: list[Any] = []
+
+    @abstractmethod
+    def poll(self, timeout: float) -> None:
+        """Move every request that is waiting (or arrives within ``timeout``) into ``pending``."""
+
+    @abstractmethod
+    def inputs(self, request: Any) -> tuple[dict[str, Tensor], Tensor]:
+        """The request's observation rows (:func:`by_key`) and their steps ``[rows]``."""
+
+    @abstractmethod
+    def answer(self, request: Any, parts: Answer) -> None:
+        """Hand ``parts`` (the request's rows), ``version`` and ``checksum`` back to its sampler."""
+
+    def gather(self) -> list[Any]:
+        """Dynamic batching: wait up to ``max_wait_ms`` for ``max_batch`` rows; then the next forward
+        pass's requests, stragglers (least progress this round) first, up to ``max_batch`` rows (at
+        least one request), taken out of ``pending``, which is left sorted."""
+        deadline = time.monotonic() + self.max_wait_s
+        while sum(r.rows for r in self.pending) < self.max_batch and time.monotonic() < deadline:
+            self.poll(max(0.0, deadline - time.monotonic()))
+        self.pending.sort(key=lambda r: r.progress)
+        batch, rows = [], 0
+        for r in list(self.pending):
+            if batch and rows + r.rows > self.max_batch:
+                break
+            batch.append(r)
+            rows += r.rows
+            self.pending.remove(r)
+        return batch
+
+    @torch.no_grad()
+    def serve(self, batch: list[Any]) -> None:
+        """One forward pass per kind of request in ``batch`` (acts and value queries apart)."""
+        for kind in ("act", "value"):
+            reqs = [r for r in batch if r.kind == kind]
+            if not reqs:
+                continue
+            inputs = [self.inputs(r) for r in reqs]
+            obs = {k: torch.cat([o[k] for o, _ in inputs]).to(self.device) for k in inputs[0][0]}
+            x = obs[""] if set(obs) == {""} else obs
+            step = torch.cat([s for _, s in inputs]).to(self.device)
+            if kind == "act":
+                out = self.policy.act(x, step=step)
+                parts: Answer = (out.actions.cpu(), out.logprobs.cpu(), out.values.float().cpu())
+            else:
+                parts = (None, None, self.policy.value(x, step=step).float().cpu())
+            offset = 0
+            for r in reqs:
+                sl = slice(offset, offset + r.rows)
+                self.answer(r, tuple(None if p is None else p[sl] for p in parts))  # type: ignore[arg-type]
+                offset += r.rows
+
+    def serve_once(self) -> None:
+        """Serve one batch if a request waits (a short poll otherwise); before the first sync the
+        requests wait for weights."""
+        if not self.pending:
+            self.poll(0.005)
+        if self.pending and self.version >= 0:
+            self.serve(self.gather())
+
+    def on_sync(self, version: int) -> None:
+        """New weights are in place as ``version``: what arrived, for the trainer's delivery check (one
+        host sync per publish, none per forward)."""
+        self.checksum = delivery_checksum(self.policy).value
+        self.version = version
 
 
 @dataclass
-class Request:
+class SlotRequest:
     index: int  # sampler index
     kind: str
     rows: int
     progress: int
 
 
-def pick_batch(pending: list[Any], max_batch: int) -> list[Any]:
-    """The next forward pass's requests (anything with ``rows`` and ``progress``): stragglers first
-    (least progress this round), up to ``max_batch`` rows (at least one request); taken out of
-    ``pending``, which is left sorted."""
-    pending.sort(key=lambda r: r.progress)
-    batch, rows = [], 0
-    for r in list(pending):
-        if batch and rows + r.rows > max_batch:
-            break
-        batch.append(r)
-        rows += r.rows
-        pending.remove(r)
-    return batch
+class InferenceServer(BatchingServer):
+    """The local worker's transport over the samplers' slots and pipes (runs in its own process)."""
 
-
-def forward(policy: nn.Module, kind: str, obs: Tensor | dict[str, Tensor], step: Tensor) -> tuple:
-    """One batched forward pass, its results on the CPU: ``(actions, logprobs, values)`` for ``act``,
-    ``(None, None, values)`` for ``value``."""
-    if kind == "act":
-        out = policy.act(obs, step=step)
-        return out.actions.cpu(), out.logprobs.cpu(), out.values.float().cpu()
-    return None, None, policy.value(obs, step=step).float().cpu()
-
-
-class InferenceServer:
-    """The worker's serving loop over the samplers' slots and pipes (runs in its own process)."""
-
-    def __init__(
-        self,
-        policy: nn.Module,
-        slots: list[Slot],
-        conns: list[Connection],
-        *,
-        max_batch: int,
-        max_wait_ms: float,
-        device: torch.device,
-    ) -> None:
-        self.policy = policy.to(device).eval()
+    def __init__(self, policy: nn.Module, slots: list[Slot], conns: list[Connection], *, max_batch: int,
+                 max_wait_ms: float, device: torch.device) -> None:  # fmt: skip
+        super().__init__(policy, max_batch=max_batch, max_wait_ms=max_wait_ms, device=device)
         self.slots, self.conns = slots, conns
-        self.max_batch, self.max_wait_s = max_batch, max_wait_ms / 1000.0
-        self.device = device
-        self.version = -1
-        self.checksum = math.nan  # delivery_checksum of the weights taken as ``version``, sent with answers
-        self.pending: list[Request] = []
-        self.forwards = 0
 
     def poll(self, timeout: float) -> None:
-        """Receive every request that is waiting (or arrives within ``timeout``)."""
         for conn in wait(self.conns, timeout=timeout):
-            i = self.conns.index(conn)
             kind, rows, progress = conn.recv()
-            self.pending.append(Request(i, kind, rows, progress))
+            self.pending.append(SlotRequest(self.conns.index(conn), kind, rows, progress))
 
-    def gather(self) -> list[Request]:
-        """Dynamic batching: wait up to ``max_wait_ms`` for ``max_batch`` rows; stragglers first."""
-        deadline = time.monotonic() + self.max_wait_s
-        while sum(r.rows for r in self.pending) < self.max_batch and time.monotonic() < deadline:
-            self.poll(max(0.0, deadline - time.monotonic()))
-        return pick_batch(self.pending, self.max_batch)
+    def inputs(self, request: SlotRequest) -> tuple[dict[str, Tensor], Tensor]:
+        s, n = self.slots[request.index], request.rows
+        return {k: v[:n] for k, v in s.obs.items()}, s.step[:n]
 
-    @torch.no_grad()
-    def serve(self, batch: list[Request]) -> None:
-        """One forward pass for a batch of requests (acts and value queries apart)."""
-        for kind in ("act", "value"):
-            reqs = [r for r in batch if r.kind == kind]
-            if not reqs:
-                continue
-            obs = {
-                k: torch.cat([self.slots[r.index].obs[k][: r.rows] for r in reqs]).to(self.device)
-                for k in self.slots[reqs[0].index].obs
-            }
-            step = torch.cat([self.slots[r.index].step[: r.rows] for r in reqs]).to(self.device)
-            parts = forward(self.policy, kind, obs[""] if set(obs) == {""} else obs, step)
-            self.forwards += 1
-            offset = 0
-            for r in reqs:
-                s = self.slots[r.index]
-                sl = slice(offset, offset + r.rows)
-                if parts[0] is not None:
-                    s.actions[: r.rows].copy_(parts[0][sl])
-                    s.logprobs[: r.rows].copy_(parts[1][sl])
-                s.values[: r.rows].copy_(parts[2][sl])
-                offset += r.rows
-        for r in batch:
-            self.conns[r.index].send((self.version, self.checksum))
+    def answer(self, request: SlotRequest, parts: Answer) -> None:
+        s, n = self.slots[request.index], request.rows
+        actions, logprobs, values = parts
+        if actions is not None and logprobs is not None:
+            s.actions[:n].copy_(actions)
+            s.logprobs[:n].copy_(logprobs)
+        s.values[:n].copy_(values)
+        self.conns[request.index].send((self.version, self.checksum))
 
     def fail_all(self, message: str) -> None:
         for conn in self.conns:
@@ -189,20 +227,6 @@ class SyncReceiver(Protocol):
     def receive(self, module: nn.Module) -> int: ...
 
 
-def make_receiver(
-    policy: nn.Module,
-    sync: SyncGroupConfig | SharedDoubleBuffer,
-    *,
-    bucket_mb: float,
-    stopped: Callable[[], bool],
-    name: str = "inference worker",
-) -> Any:
-    """The worker end matching the trainer's choice: a shared double buffer or a broadcast group."""
-    if isinstance(sync, SharedDoubleBuffer):
-        return sync.attach(policy, name=name, stopped=stopped)
-    return WeightReceiver(policy, sync, bucket_mb=bucket_mb, name=name)
-
-
 def serve_until(
     receiver: SyncReceiver,
     policy: nn.Module,
@@ -214,10 +238,7 @@ def serve_until(
     """The inference worker's loop (AcceRL §inference drain): between two forward passes, if the
     trainer announced a sync, start no new forward and take the new weights (``on_sync(version)``
     once they are in place: broadcast received, or shared-memory slot swapped in); otherwise
-    ``serve_once()``. Until ``stopped()``.
-
-    Shared by the worker below and the benchmark's emulated worker (``benchmarks.sync.worker``).
-    """
+    ``serve_once()``. Until ``stopped()``."""
     while not stopped():
         if receiver.sync_pending():
             on_sync(receiver.receive(policy))
@@ -229,51 +250,42 @@ def inference_main(
     policy: nn.Module,
     slots: list[Slot],
     conns: list[Connection],
-    sync_config: SyncGroupConfig | SharedDoubleBuffer,
+    sync: SyncGroupConfig | SharedDoubleBuffer,
     version: Any,
     stop: Any,
-    max_batch: int,
-    max_wait_ms: float,
-    bucket_mb: float,
+    settings: InferenceSettings,
     parent_pid: int,
-    device: str = "cpu",
-    liveness: Liveness | None = None,
-    threads: int | None = None,
+    device: str,
+    liveness: Liveness,
 ) -> None:
-    """Entry point of the inference worker process (spawned); ``threads``: its torch threads
-    (``None``: torch's default).
+    """Entry point of the inference worker process (spawned), with ``settings.threads`` torch threads.
 
     Serves batches until ``stop``; between two forward passes it checks the trainer's drain
-    signal and, when set, takes the new weights (nothing is in flight at that point):
-    ``sync_config`` is the broadcast group's config, or the shared double buffer (CPU worker).
-    ``liveness`` (its heartbeat) beats at every turn of the loop and of a wait for weights:
+    signal and, when set, takes the new weights (nothing is in flight at that point): ``sync`` is
+    the broadcast group's config, or the shared double buffer (CPU worker, or one on the trainer's
+    GPU). ``liveness`` (its heartbeat) beats at every turn of the loop and of a wait for weights:
     the trainer's pool restarts a worker whose counter stands still for ``--data.faults.heartbeat_s``.
     """
-    start_child(parent_pid, threads=threads)
-    server = InferenceServer(
-        policy, slots, conns, max_batch=max_batch, max_wait_ms=max_wait_ms, device=torch.device(device)
-    )
+    start_child(parent_pid, threads=settings.threads)
+    server = InferenceServer(policy, slots, conns, max_batch=settings.max_batch,
+                             max_wait_ms=settings.max_wait_ms, device=torch.device(device))  # fmt: skip
 
     def stopped() -> bool:  # polled by every loop and wait of this worker: the heartbeat's place
-        if liveness is not None:
-            liveness.beat()
+        liveness.beat()
         return stop.is_set()
 
+    def on_sync(new: int) -> None:
+        server.on_sync(new)
+        version.value = new
+
     try:
-        receiver = make_receiver(server.policy, sync_config, bucket_mb=bucket_mb, stopped=stopped)
-
-        def serve_once() -> None:
-            if not server.pending:
-                server.poll(0.005)
-            if server.pending and server.version >= 0:
-                server.serve(server.gather())
-
-        def on_sync(new: int) -> None:
-            # What arrived, for the trainer's delivery check (one host sync per publish, none per forward).
-            server.checksum = delivery_checksum(server.policy).value
-            server.version = version.value = new
-
-        serve_until(receiver, server.policy, stopped=stopped, serve_once=serve_once, on_sync=on_sync)
+        name = "inference worker"
+        receiver: SyncReceiver
+        if isinstance(sync, SharedDoubleBuffer):
+            receiver = sync.attach(server.policy, name=name, stopped=stopped)
+        else:
+            receiver = WeightReceiver(server.policy, sync, bucket_mb=settings.sync_bucket_mb, name=name)
+        serve_until(receiver, server.policy, stopped=stopped, serve_once=server.serve_once, on_sync=on_sync)
     except Exception:
         server.fail_all(traceback.format_exc())
         raise

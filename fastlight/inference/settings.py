@@ -21,11 +21,8 @@ class InferenceSettings:
 
     Args:
         device: where the worker holds the policy: ``None`` = the trainer's device (``cpu``, or the
-            rank's GPU), else ``cpu`` or ``cuda:N``. A CPU worker reads its weights from a
-            shared-memory double buffer (:mod:`fastlight.weights.double_buffer`); a CUDA worker on
-            the trainer's GPU from the same double buffer with its slots on that GPU (CUDA IPC, handles
-            shared once); any other CUDA worker joins a broadcast group, NCCL between two GPUs, gloo
-            from a CPU trainer (:func:`fastlight.inference.client.weight_path`).
+            rank's GPU), else ``cpu`` or ``cuda:N``; it decides how weights reach the worker
+            (:func:`fastlight.inference.client.weight_path`).
         max_batch: dynamic batching: a forward pass serves at most this many env rows ...
         max_wait_ms: ... and waits at most this long for more requests (stragglers first).
         sync_bucket_mb: trainer -> CUDA worker broadcast in flat buckets of this size.

@@ -92,25 +92,6 @@ class ActionTokenizer:
         bins = self._check_bins(bins)
         return self.low + (bins.float() + 0.5) * self.bin_width
 
-    # ------------------------------------------------------------------ bins <-> token ids
-    def bins_to_token_ids(self, bins: Tensor) -> Tensor:
-        """Bins ``[...]`` in ``[0, n_bins)`` -> token ids ``[...]`` in ``[first_id, last_id)``."""
-        return self._check_bins(bins) + self.first_id
-
-    def token_ids_to_bins(self, token_ids: Tensor) -> Tensor:
-        """Token ids ``[...]`` in ``[first_id, last_id)`` -> bins ``[...]``; other ids raise ValueError."""
-        token_ids = torch.as_tensor(token_ids)
-        if token_ids.is_floating_point():
-            raise ValueError(f"token ids must be integers, got dtype {token_ids.dtype}")
-        if token_ids.numel() and (
-            int(token_ids.min()) < self.first_id or int(token_ids.max()) >= self.last_id
-        ):
-            raise ValueError(
-                f"token ids must be action ids in [{self.first_id}, {self.last_id}), "
-                f"got range [{int(token_ids.min())}, {int(token_ids.max())}]"
-            )
-        return token_ids.long() - self.first_id
-
     def _check_bins(self, bins: Tensor) -> Tensor:
         bins = torch.as_tensor(bins)
         if bins.is_floating_point():

@@ -9,11 +9,8 @@ finishes its in-flight forward, schedules no new one, and is already waiting in 
 
 Here:
 
-- :class:`SyncGroupConfig` names the group: its own ``TCPStore`` at ``host:port`` (rank 0 = the
-  trainer hosts it), a backend (``"nccl"`` when the two ends hold their weights on two different
-  CUDA devices, else ``"gloo"``; :func:`choose_backend`) and a timeout. The backend object is
-  built directly (``ProcessGroupGloo`` / ``ProcessGroupNCCL`` over a ``PrefixStore``), so it neither needs nor
-  touches the default group that Lightning's DDP creates with ``init_process_group``.
+- :class:`SyncGroupConfig` names the group (:mod:`fastlight.weights.group`: its own ``TCPStore``, a
+  directly built backend, untouched by Lightning's default group).
 - The order is fixed (:mod:`fastlight.weights.buckets`): parameters sorted by name, then
   floating buffers sorted by name; tensors of at least ``direct_mb`` (default ``bucket_mb / 4``)
   are broadcast as themselves, from the trainer's tensor straight into the worker's live one,
@@ -31,15 +28,14 @@ Here:
   peer and the timeout, instead of hanging. After an error the endpoint is unusable (its model may
   hold a mix of old and new weights) and the worker should be restarted.
 
-Two processes on **one** GPU cannot form an NCCL group (NCCL rejects duplicate devices); use CUDA
-IPC (``torch.multiprocessing`` shares CUDA tensors) for same-GPU sync. This is detected at
-construction and raised as :class:`WeightSyncError`.
+Two processes on **one** GPU cannot form an NCCL group (NCCL rejects duplicate devices): this is
+detected at construction and raised as :class:`WeightSyncError` (use the CUDA IPC double buffer).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections import deque
 from typing import Protocol
 
 import torch
@@ -58,8 +54,9 @@ from fastlight.weights.group import (
 from fastlight.weights.publisher import SyncStats, WeightSyncError
 
 __all__ = [
-    "BUCKETED", "TRAINER_RANK", "WORKER_RANK", "BucketTransport", "SyncEndpoint", "SyncGroupConfig",
-    "Transport", "WeightBroadcaster", "WeightReceiver", "WeightSyncError", "choose_backend", "free_port",
+    "BUCKETED", "TRAINER_RANK", "WORKER_RANK", "BucketTransport", "LazyBroadcaster", "SyncEndpoint",
+    "SyncGroupConfig", "Transport", "WeightBroadcaster", "WeightReceiver", "WeightSyncError",
+    "choose_backend", "free_port",
 ]  # fmt: skip
 
 DIRECT_FRACTION = 0.25  # default direct_mb = bucket_mb * DIRECT_FRACTION (see BucketTransport)
@@ -169,15 +166,12 @@ class WeightBroadcaster(SyncEndpoint):
     """Trainer side (rank 0) of AcceRL's broadcast group; hosts the group's ``TCPStore``.
 
     Built from the trainer's module (the layout is fixed then); every call broadcasts the module's
-    current values. ``latencies_ms`` keeps the last 4096 calls' latencies; ``last`` the latest
-    :class:`SyncStats`; ``syncs`` counts completed calls.
+    current values. ``syncs`` counts completed calls.
     """
 
     def __init__(self, module: nn.Module, config: SyncGroupConfig, *, bucket_mb: float = 64.0,
                  name: str = "trainer", direct_mb: float | None = None) -> None:
         super().__init__(module, config, TRAINER_RANK, name, bucket_mb, direct_mb)
-        self.latencies_ms: deque[float] = deque(maxlen=4096)
-        self.last: SyncStats | None = None
         self.syncs = 0
         self._announced = 0
 
@@ -207,11 +201,36 @@ class WeightBroadcaster(SyncEndpoint):
         if int(ack.item()) != version:
             raise WeightSyncError(f"weight sync: {g.peer} acked version {int(ack.item())}, sent {version}")
         self.version = version
-        stats = SyncStats(version, transport.name, (time.perf_counter() - t0) * 1e3, lay.nbytes, n)
-        self.latencies_ms.append(stats.latency_ms)
         self.syncs += 1
-        self.last = stats
-        return stats
+        return SyncStats(version, transport.name, (time.perf_counter() - t0) * 1e3, lay.nbytes, n)
+
+
+class LazyBroadcaster:
+    """A trainer's end of a broadcast group whose :class:`WeightBroadcaster` is built at the first
+    publish, from the trainer's live policy (so its buckets sit on the trainer's device, which the
+    model reaches only after start-up); a drain before it is a no-op (nothing to drain)."""
+
+    def __init__(self, config: SyncGroupConfig, bucket_mb: float) -> None:
+        self.config, self.bucket_mb = config, bucket_mb
+        self.broadcaster: WeightBroadcaster | None = None
+
+    def request_drain(self) -> None:
+        if self.broadcaster is not None:
+            self.broadcaster.signal_drain()
+
+    def publish(self, policy: nn.Module, version: int) -> SyncStats:
+        """Broadcast ``policy``'s weights as ``version``; returns once the worker acked them
+        (``trainer_wait_ms``: the whole call, the rendezvous at the first one included)."""
+        t0 = time.perf_counter()
+        if self.broadcaster is None:
+            self.broadcaster = WeightBroadcaster(policy, self.config, bucket_mb=self.bucket_mb)
+        stats = self.broadcaster.broadcast(version, policy)
+        return dataclasses.replace(stats, trainer_wait_ms=1000.0 * (time.perf_counter() - t0))
+
+    def close(self) -> None:
+        if self.broadcaster is not None:
+            self.broadcaster.close()
+            self.broadcaster = None
 
 
 class WeightReceiver(SyncEndpoint):

@@ -23,11 +23,8 @@ With ``direct_mb`` set, a tensor of at least ``direct_mb`` MiB is not packed: it
 saves a pack copy on the trainer and an unpack copy on the worker. Only the small tensors share
 buckets. (The other paths plan with ``direct_mb=None``: everything packed.)
 The broadcast endpoints default to ``direct_mb = bucket_mb / 4``: sending S bytes directly saves
-two copies of S (pack + unpack) for one more collective. On gloo/CPU one collective costs ~0.3 ms
-(sync.md Run 1: 1,212 per-tensor broadcasts of 38 MiB took 374 ms) and a copy runs at ~5 GiB/s,
-so the break-even is under 1 MiB; a quarter bucket (16 MiB at the default 64) is well past it on
-any backend, keeps tensors of a few MiB (several to a bucket) packed, and caps the direct
-collectives at 4 per ``bucket_mb`` of weights.
+two copies of S (pack + unpack) for one more collective; a quarter bucket keeps tensors of a few
+MiB (several to a bucket) packed and caps the direct collectives at 4 per ``bucket_mb`` of weights.
 
 ``signature`` is a 64-bit hash of (name, shape, dtype, bucket, offset) for every slot, so it
 covers which slots are direct; the two ends compare it before any weights move.

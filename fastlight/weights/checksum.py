@@ -1,8 +1,8 @@
 """Float64 fingerprints of a module's weights, to check that two copies hold the same version.
 
-:func:`weights_checksum` reads every parameter (tests and benchmarks); :func:`delivery_checksum` is
-the cheap one every receiver computes after taking a version, and :class:`DeliveryCheck` the trainer's
-comparison of it with what it published (``--data.faults.verify_weights_every``).
+:func:`delivery_checksum` is the cheap one every receiver computes after taking a version, and
+:class:`DeliveryCheck` the trainer's comparison of it with what it published
+(``--data.faults.verify_weights_every``).
 """
 
 from __future__ import annotations
@@ -17,16 +17,6 @@ from torch import nn
 
 from fastlight.weights.buckets import sync_entries
 from fastlight.weights.publisher import WeightSyncError
-
-
-def weights_checksum(module: nn.Module) -> float:
-    """Order-dependent float64 checksum of a module's parameters (a half-updated model differs:
-    each tensor's sum is weighted by its position, so swapped or partly copied tensors change it)."""
-    total = 0.0
-    for i, p in enumerate(module.parameters()):
-        total += float(p.detach().double().sum()) * (i + 1)
-    return total
-
 
 #: Elements of each published tensor a delivery checksum reads: a strided slice of about this many.
 SAMPLE = 1024

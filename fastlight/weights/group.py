@@ -37,12 +37,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 def choose_backend(trainer_device: torch.device | str, worker_device: torch.device | str) -> str:
     """``"nccl"`` when both ends hold their weights on *different* CUDA devices (AcceRL uses NCCL),
     ``"gloo"`` otherwise: on the CPU, across CPU and GPU, and for two processes on one GPU, which
-    NCCL refuses to group.
-
-    Two processes on one GPU do not need a group at all: the inference client sends them the
-    ``"cuda_ipc"`` way instead (:func:`fastlight.inference.client.weight_path`: the double buffer's
-    slots on that GPU, shared once by CUDA IPC, :mod:`fastlight.weights.double_buffer`); a gloo
-    group between them (what this returns) copies every sync through host memory."""
+    NCCL refuses to group (the inference client gives those the CUDA IPC double buffer instead,
+    :func:`fastlight.inference.client.weight_path`)."""
     a, b = torch.device(trainer_device), torch.device(worker_device)
     if a.type != "cuda" or b.type != "cuda":
         return "gloo"

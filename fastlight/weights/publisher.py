@@ -7,16 +7,13 @@
 
 Implementations: :class:`~fastlight.weights.shared_memory.SharedWeights` (samplers hold policy
 copies; one shared-memory set of buckets) and :class:`~fastlight.inference.client.InferenceClient`
-(one inference worker holds the policy). The client publishes through
-:class:`~fastlight.weights.double_buffer.SharedDoubleBuffer` for a CPU worker on this host (two
-shared slots; one copy in, a pointer swap in the worker; ``mode == "shared_memory"``), the same
-with its slots on the GPU for a CUDA worker on the trainer's GPU (CUDA IPC, ``mode == "cuda_ipc"``),
-and through a two-rank broadcast group, :mod:`fastlight.weights.broadcast`, for a CUDA worker on
-another GPU (``mode == "bucketed"``). The Ray fleet puts each version in the object store
-(:mod:`fastlight.fleet.ray.sampler_actor`, ``mode == "ray_object_store"``) or broadcasts it to its
-inference actor. Every one of them packs and unpacks with :mod:`fastlight.weights.buckets` (one
-fixed order, flat per-dtype buckets, :class:`~fastlight.weights.buckets.PackedWeights`). A fleet
-holds exactly one publisher, and ``RolloutDataModule.publish`` is the one place that calls it.
+(one inference worker holds the policy; :func:`~fastlight.inference.client.weight_path` picks the
+double buffer, ``mode`` ``shared_memory`` or ``cuda_ipc``, or the broadcast, ``bucketed``). The Ray
+fleet puts each version in the object store (:mod:`fastlight.fleet.ray.sampler_actor`,
+``mode == "ray_object_store"``) or broadcasts it to its inference actor. Every one of them packs and
+unpacks with :mod:`fastlight.weights.buckets` (one fixed order, flat per-dtype buckets,
+:class:`~fastlight.weights.buckets.PackedWeights`). A fleet holds exactly one publisher, and
+``RolloutDataModule.publish`` is the one place that calls it.
 
 **The one other place weights travel: the policy copy at spawn.** A sampler (and an inference
 worker) is started with the whole policy module pickled into its process arguments, at start and at

@@ -14,6 +14,7 @@ from fastlight.cli import cli_main
 from fastlight.data.datamodule import RolloutDataModule
 from fastlight.envs import EnvWrapper, ScenarioLoadCost
 from fastlight.fleet import FaultSettings
+from fastlight.fleet.base import FleetBuild
 from fastlight.fleet.pool import SamplerPool
 from fastlight.inference import InferenceSettings
 from fastlight.models.mlp import MLPActorCritic
@@ -47,7 +48,13 @@ def pool_of(dm: RolloutDataModule) -> SamplerPool:
     """The pool ``dm.start`` would build (its processes not started)."""
     policy = MLPActorCritic(dm.obs_dim, dm.action_dim)
     return SamplerPool(
-        dm.sampler_configs(0), policy, inference=dm.inference, example_obs=dm.example_obs, faults=dm.faults
+        FleetBuild(
+            dm.sampler_configs(0),
+            policy,
+            inference=dm.inference,
+            example_obs=dm.example_obs,
+            faults=dm.faults,
+        )
     )
 
 
@@ -56,7 +63,7 @@ def test_inference_settings_reach_the_worker_and_null_means_a_policy_copy_per_sa
     assert plain.client is None and plain.shared is not None
     served = pool_of(RolloutDataModule(**SMALL, inference=InferenceSettings(max_batch=7, max_wait_ms=3.0)))
     assert served.client is not None and served.shared is None
-    assert (served.client.max_batch, served.client.max_wait_ms) == (7, 3.0)
+    assert (served.client.settings.max_batch, served.client.settings.max_wait_ms) == (7, 3.0)
     assert served.client.transport == "shared_memory"  # a CPU worker: the double buffer
     assert InferenceSettings().worker_device("cpu") == torch.device("cpu")  # null: the trainer's device
     assert InferenceSettings(device="cpu").worker_device("cuda:0") == torch.device("cpu")
@@ -65,9 +72,10 @@ def test_inference_settings_reach_the_worker_and_null_means_a_policy_copy_per_sa
 def test_fault_settings_reach_the_pool():
     faults = FaultSettings(worker_timeout_s=5.0, max_worker_restarts=0, restart_window_s=9.0, heartbeat_s=2.0)
     pool = pool_of(RolloutDataModule(**SMALL, faults=faults))
-    assert (pool.timeout_s, pool.max_restarts, pool.restart_window_s, pool.heartbeat_s) == (5.0, 0, 9.0, 2.0)
-    default = pool_of(RolloutDataModule(**SMALL))
-    assert (default.timeout_s, default.max_restarts, default.heartbeat_s) == (300.0, 3, 60.0)
+    assert pool.faults == faults
+    assert (pool.heartbeat_limits.heartbeat_s, pool.heartbeat_limits.start_timeout_s) == (2.0, 5.0)
+    default = pool_of(RolloutDataModule(**SMALL)).faults
+    assert (default.worker_timeout_s, default.max_worker_restarts, default.heartbeat_s) == (300.0, 3, 60.0)
 
 
 def test_env_wrappers_wrap_every_sampler_env_and_the_probe():

@@ -24,6 +24,7 @@ import torch
 
 from benchmarks.procfs import descendants
 from fastlight.envs.registry import make_env
+from fastlight.fleet.base import FleetBuild
 from fastlight.fleet.faults import FaultSettings
 from fastlight.fleet.pool import SamplerError, SamplerPool
 from fastlight.fleet.start import PRELOAD, forkserver_pid
@@ -61,8 +62,8 @@ def make_pool(samplers: int, inference: bool) -> tuple[SamplerPool, torch.nn.Mod
     faults = FaultSettings(worker_timeout_s=120.0, max_worker_restarts=3)
     example = obs_to_tensor(stack_obs([make_env(ENV).reset(seed=0)[0]])) if inference else None
     pool = SamplerPool(
-        configs, module.policy, faults=faults, start_method="forkserver",
-        inference=INFERENCE if inference else None, example_obs=example,
+        FleetBuild(configs, module.policy, faults=faults, start_method="forkserver",
+        inference=INFERENCE if inference else None, example_obs=example)
     )  # fmt: skip
     return pool, module.policy
 

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from fastlight.envs.registry import make_env
+from fastlight.fleet.base import FleetBuild
 from fastlight.fleet.faults import FaultSettings
 from fastlight.fleet.pool import SamplerError, SamplerPool
 from fastlight.inference.settings import InferenceSettings
@@ -39,9 +40,9 @@ def served_pool(max_restarts: int, heartbeat_s: float = 60.0) -> tuple[SamplerPo
     example = obs_to_tensor(stack_obs([make_env(ENV).reset(seed=0)[0]]))
     net = policy()
     pool = SamplerPool(
-        configs, net, inference=INFERENCE, example_obs=example,
+        FleetBuild(configs, net, inference=INFERENCE, example_obs=example,
         faults=FaultSettings(worker_timeout_s=120.0, max_worker_restarts=max_restarts,
-                             heartbeat_s=heartbeat_s),
+                             heartbeat_s=heartbeat_s))
     )  # fmt: skip
     return pool, net
 

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from fastlight.fleet.base import FleetBuild
 from fastlight.fleet.faults import FaultSettings
 from fastlight.fleet.pool import SamplerError, SamplerPool
 from fastlight.models.mlp import MLPActorCritic
@@ -31,7 +32,9 @@ def test_a_sigkilled_sampler_is_named_with_its_memory_and_the_oom_hint(tmp_path)
         for w in range(2)
     ]  # fmt: skip
     net = MLPActorCritic(3, 2)
-    pool = SamplerPool(configs, net, faults=FaultSettings(worker_timeout_s=60, max_worker_restarts=0))
+    pool = SamplerPool(
+        FleetBuild(configs, net, faults=FaultSettings(worker_timeout_s=60, max_worker_restarts=0))
+    )
     pool.start()
     try:
         pool.publish(net, 0)

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from benchmarks.procfs import descendants, spawned_descendants
+from fastlight.fleet.base import FleetBuild
 from fastlight.fleet.faults import FaultSettings
 from fastlight.fleet.pool import SamplerError, SamplerPool
 from fastlight.modules.rl_module import RLModule
@@ -53,7 +54,7 @@ def test_killed_and_stopped_samplers_restart_then_the_budget_stops_naming_the_sa
     configs = [SamplerConfig(env_id=ENV, num_envs=1, max_horizon=4, seed=1000 * w) for w in range(2)]
     net = policy()
     faults = FaultSettings(worker_timeout_s=120.0, max_worker_restarts=2, heartbeat_s=2.0)
-    pool = SamplerPool(configs, net, faults=faults)
+    pool = SamplerPool(FleetBuild(configs, net, faults=faults))
     pool.start()
     try:
         pool.publish(net, 0)
@@ -106,7 +107,9 @@ def test_a_stop_during_a_restart_waits_for_it_and_nothing_restarts_after(capfd, 
     waits for the restart, stops what it started, and no restart begins after it."""
     configs = [SamplerConfig(env_id=ENV, num_envs=1, max_horizon=4, seed=1000 * w) for w in range(2)]
     net = policy()
-    pool = SamplerPool(configs, net, faults=FaultSettings(worker_timeout_s=120.0, max_worker_restarts=3))
+    pool = SamplerPool(
+        FleetBuild(configs, net, faults=FaultSettings(worker_timeout_s=120.0, max_worker_restarts=3))
+    )
     pool.start()
     pool.publish(net, 0)
     assert items_of(pool, 0, 2) == [0, 0]

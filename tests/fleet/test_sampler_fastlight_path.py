@@ -28,6 +28,7 @@ if __name__ == "__main__":
     import fastlight
     from fastlight.models.mlp import MLPActorCritic
     from fastlight.fleet.faults import FaultSettings
+    from fastlight.fleet.base import FleetBuild
     from fastlight.fleet.pool import SamplerPool
     from fastlight.sampling.bundle import SamplerConfig
 
@@ -36,8 +37,8 @@ if __name__ == "__main__":
     for method in ("spawn", "forkserver"):
         config = SamplerConfig(env_id="tests.sampling.error_envs:WhichFastlight-v0", num_envs=1,
                                max_horizon=4, env_kwargs={"report_dir": report_dir})
-        pool = SamplerPool([config], net, faults=FaultSettings(worker_timeout_s=60, max_worker_restarts=0),
-                           start_method=method)
+        faults = FaultSettings(worker_timeout_s=60, max_worker_restarts=0)
+        pool = SamplerPool(FleetBuild([config], net, faults=faults, start_method=method))
         pool.start()
         try:
             pool.publish(net, 0)

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from benchmarks.checksums import weights_checksum
 from fastlight.callbacks.weight_sync import WeightSync
 from fastlight.data.datamodule import RolloutDataModule
 from fastlight.fleet.faults import FaultSettings
@@ -15,7 +16,6 @@ from fastlight.fleet.pool import SamplerError
 from fastlight.inference import client as client_module
 from fastlight.inference.settings import InferenceSettings
 from fastlight.modules.rl_module import RLModule
-from fastlight.weights.checksum import weights_checksum
 from tests.lightning_helpers import quiet_trainer, wait_no_children
 from tests.policies import AuditedMLP
 
@@ -59,7 +59,7 @@ def test_every_forward_uses_a_whole_published_model(drain, transport, tmp_path, 
     """A CPU worker takes shared memory by default; ``broadcast`` forces the gloo group (as for a
     CUDA worker) through the same run, so both weight paths keep this guarantee."""
     if transport == "broadcast":
-        monkeypatch.setattr(client_module, "choose_transport", lambda device: "broadcast")
+        monkeypatch.setattr(client_module, "weight_path", lambda trainer, worker: "bucketed")
     audit = tmp_path / "forwards.txt"
     dm = RolloutDataModule(
         env_id=FIXED,

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from fastlight.envs.registry import make_env
+from fastlight.fleet.base import FleetBuild
 from fastlight.fleet.pool import SamplerPool
 from fastlight.inference.settings import InferenceSettings
 from fastlight.models.action_mapping import BinsToActions, ClampActions
@@ -51,7 +52,9 @@ def run(policy, kind: str, inference: bool):
     )
     probe = make_env(ECHO, env_kwargs=env_kwargs)
     example = obs_to_tensor(stack_obs([probe.reset(seed=0)[0]]))
-    pool = SamplerPool([cfg], policy, inference=INFERENCE if inference else None, example_obs=example)
+    pool = SamplerPool(
+        FleetBuild([cfg], policy, inference=INFERENCE if inference else None, example_obs=example)
+    )
     try:
         pool.start()
         pool.publish(policy, 0)
@@ -101,4 +104,4 @@ def test_a_policy_without_an_action_mapping_is_refused_before_any_process_starts
     with pytest.raises(
         TypeError, match="NoMapping does not implement .*Policy: missing action_mapping, env_action"
     ):
-        SamplerPool([cfg], NoMapping())
+        SamplerPool(FleetBuild([cfg], NoMapping()))

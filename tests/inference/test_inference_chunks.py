@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from fastlight.envs.registry import make_env
+from fastlight.fleet.base import FleetBuild
 from fastlight.fleet.pool import SamplerPool
 from fastlight.inference.settings import InferenceSettings
 from fastlight.sampling.bundle import SamplerConfig
@@ -37,7 +38,9 @@ def rollout(inference: bool):
     probe = make_env(ECHO, env_kwargs=env_kwargs)
     example = obs_to_tensor(stack_obs([probe.reset(seed=0)[0]]))
     policy = vla()
-    pool = SamplerPool([cfg], policy, inference=INFERENCE if inference else None, example_obs=example)
+    pool = SamplerPool(
+        FleetBuild([cfg], policy, inference=INFERENCE if inference else None, example_obs=example)
+    )
     try:
         pool.start()
         pool.publish(policy, 0)

@@ -31,13 +31,8 @@ def test_out_of_range_actions_are_clipped() -> None:
 def test_token_ids_are_the_last_n_bins() -> None:
     tok = ActionTokenizer(vocab_size=32000, n_bins=256)
     assert (tok.first_id, tok.last_id) == (32000 - 256, 32000)
-    ids = tok.bins_to_token_ids(torch.arange(256))
-    assert torch.equal(ids, torch.arange(32000 - 256, 32000))
-    assert torch.equal(tok.token_ids_to_bins(ids), torch.arange(256))
-    with pytest.raises(ValueError, match="action ids"):
-        tok.token_ids_to_bins(torch.tensor([5]))
     with pytest.raises(ValueError, match="bins must be in"):
-        tok.bins_to_token_ids(torch.tensor([256]))
+        tok.decode(torch.tensor([256]))
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ import pytest
 
 import fastlight.sampling.obs as obs_module
 from fastlight.envs.registry import make_env
+from fastlight.fleet.base import FleetBuild
 from fastlight.fleet.faults import FaultSettings
 from fastlight.fleet.pool import SamplerError, SamplerPool
 from fastlight.models.mlp import MLPActorCritic
@@ -82,7 +83,7 @@ def test_an_env_exception_in_a_sampler_names_env_index_seed_and_step():
     env_kwargs = {"bad_instance": 1, "bad_step": 3}
     configs = [SamplerConfig(env_id=RAISING, num_envs=2, max_horizon=8, seed=1000, env_kwargs=env_kwargs)]
     net = MLPActorCritic(3, 2)
-    pool = SamplerPool(configs, net, faults=FaultSettings(worker_timeout_s=60))
+    pool = SamplerPool(FleetBuild(configs, net, faults=FaultSettings(worker_timeout_s=60)))
     pool.start()
     try:
         pool.publish(net, 0)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from fastlight.data.prefetch import Prefetcher
+from fastlight.fleet.base import FleetBuild
 from fastlight.rollout import Rollout
 from fastlight.sampling.bundle import RankHandles, SamplerBundle, SamplerConfig
 from fastlight.sampling.collector import Collector
@@ -403,7 +404,4 @@ def test_the_ray_fleet_refuses_a_round_signal():
 
     configs = [SamplerConfig(env_id="CartPole-v1", num_envs=2, rank_rounds="together") for _ in range(2)]
     with pytest.raises(ValueError, match="--data.rank_rounds together signals through the trainer machine's"):
-        RayFleet().build(
-            configs, nn.Linear(1, 1), rank=0, inference=None, trainer_device="cpu", example_obs=None,
-            faults=FaultSettings(), start_method="spawn",
-        )  # fmt: skip
+        RayFleet().build(FleetBuild(configs, nn.Linear(1, 1), faults=FaultSettings()))

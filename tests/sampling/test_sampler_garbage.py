@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from fastlight.fleet.base import FleetBuild
 from fastlight.fleet.faults import FaultSettings
 from fastlight.fleet.pool import SamplerPool
 from fastlight.models.mlp import MLPActorCritic
@@ -21,7 +22,9 @@ def test_a_samplers_cyclic_env_garbage_stays_bounded_over_rounds():
     num_envs, rounds = 2, 30
     config = SamplerConfig(env_id=ENV, num_envs=num_envs, max_horizon=8, termination_threshold=1.0, seed=0)
     net = MLPActorCritic(3, 2)
-    pool = SamplerPool([config], net, faults=FaultSettings(worker_timeout_s=120.0, max_worker_restarts=0))
+    pool = SamplerPool(
+        FleetBuild([config], net, faults=FaultSettings(worker_timeout_s=120.0, max_worker_restarts=0))
+    )
     pool.start()
     alive: list[int] = []
     try:

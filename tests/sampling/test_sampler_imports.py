@@ -43,6 +43,7 @@ if __name__ == "__main__":
     from fastlight.data.datamodule import RolloutDataModule, cpu_copy
     from fastlight.models.mlp import MLPActorCritic
     from fastlight.fleet.faults import FaultSettings
+    from fastlight.fleet.base import FleetBuild
     from fastlight.fleet.pool import SamplerPool
 
     report_dir = sys.argv[1]
@@ -52,9 +53,8 @@ if __name__ == "__main__":
     )
     policy = MLPActorCritic(dm.obs_dim, dm.action_dim)
     policy = cpu_copy(policy).eval()
-    pool = SamplerPool(
-        dm.sampler_configs(0), policy, faults=FaultSettings(worker_timeout_s=120), start_method=start_method
-    )
+    faults = FaultSettings(worker_timeout_s=120)
+    pool = SamplerPool(FleetBuild(dm.sampler_configs(0), policy, faults=faults, start_method=start_method))
     pool.start()
     try:
         pids = [p.pid for p in pool.procs]

@@ -224,7 +224,7 @@ def fit(
             logged.append(math.nan if verified is None else float(verified))
 
     if path == "inference_broadcast":
-        monkeypatch.setattr(client_module, "choose_transport", lambda device: "broadcast")
+        monkeypatch.setattr(client_module, "weight_path", lambda trainer, worker: "bucketed")
     dm = RolloutDataModule(
         env_id=FIXED, num_envs=2, num_workers=2, faults=FaultSettings(verify_weights_every=every),
         inference=None if path == "sampler_copies" else InferenceSettings(max_wait_ms=1.0),

@@ -13,12 +13,12 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 from typing import Any, Protocol
 
 from fastlight.extras import import_extra
-from fastlight.fleet.ray.reaper import start_reaper
-from fastlight.fleet.restarts import SamplerError
+from fastlight.fleet.faults import SamplerError
 from fastlight.procs import children_ignore_stop_signals
 
 #: The flag the fleet's own settings live under (errors name it).
@@ -179,3 +179,59 @@ class RayCluster:
 
 def _resources(total: dict[str, float], bundle: dict[str, float]) -> str:
     return "{" + ", ".join(f"{k}: {total.get(k, 0):g}" for k in bundle) + "} in all"
+
+
+#: The reaper's script (``python -c``, argv: the instance's process ids). Only noted pids with their start
+#: time unchanged are killed: a pid the kernel reused belongs to someone else.
+REAPER = r"""
+import os, signal, sys, threading
+roots, seen = {int(p) for p in sys.argv[1:]}, {}
+def table():
+    out = {}
+    for e in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{e}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            out[int(e)] = (int(fields[1]), fields[19])
+        except (OSError, ValueError, IndexError):
+            pass
+    return out
+def note():
+    procs = table()
+    frontier = {p for p in roots if p in procs}
+    while frontier:
+        for p in frontier:
+            seen.setdefault(p, procs[p][1])
+        frontier = {c for c, (parent, _) in procs.items() if parent in frontier and c not in seen}
+done = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.buffer.read(), done.set()), daemon=True).start()
+while not done.wait(1.0):
+    note()
+procs = table()
+for pid, started in seen.items():
+    if pid in procs and procs[pid][1] == started:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+"""
+
+
+def start_reaper(ray: Any) -> subprocess.Popen | None:
+    """Start :data:`REAPER` over the processes of the Ray instance this process just started (None
+    where Ray does not say which they are).
+
+    Ray ends its gcs, raylet and workers when the driver (the trainer) is SIGKILLed, but its dashboard
+    and runtime-env agents wait a minute for the dead GCS first. The reaper, in its own session (a
+    Ctrl-C to the trainer's process group does not reach it), notes every process below the
+    instance's once a second and SIGKILLs those still running when its stdin closes: the trainer
+    stopped the fleet, or died however it died."""
+    try:
+        node = ray._private.worker._global_node
+        pids = [info.process.pid for infos in node.all_processes.values() for info in infos]
+    except AttributeError:
+        return None
+    # Its own session: a Ctrl-C to the trainer's process group does not reach it.
+    return subprocess.Popen(
+        [sys.executable, "-c", REAPER, *map(str, pids)], stdin=subprocess.PIPE, start_new_session=True
+    )

@@ -63,18 +63,14 @@ import torch
 from torch import nn
 
 from fastlight.extras import check_extra
-from fastlight.fleet.base import Fleet, SamplerFleet
-from fastlight.fleet.faults import FaultSettings
+from fastlight.fleet.base import Fleet, FleetBuild, SamplerFleet
+from fastlight.fleet.faults import SamplerError, crashed
 from fastlight.fleet.ray.actors import ActorRecord, first_line, moved_line
 from fastlight.fleet.ray.cluster import SETTINGS, WHAT, RayCluster
 from fastlight.fleet.ray.inference_handle import RayInference
 from fastlight.fleet.ray.sampler_actor import SamplerActor, StoreWeights
-from fastlight.fleet.restarts import SamplerError, crashed
-from fastlight.inference.settings import InferenceSettings
-from fastlight.models.base import check_policy
 from fastlight.procs import Liveness
 from fastlight.rollout import Rollout
-from fastlight.sampling.bundle import SamplerConfig
 from fastlight.weights.publisher import SyncStats
 
 Strategy = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
@@ -115,8 +111,11 @@ class RayFleet(Fleet):
 
     def __post_init__(self) -> None:
         check_extra("ray", extra="ray", what=WHAT)  # at parse time: one line, before anything starts
-        if not self.num_cpus_per_sampler > 0:
-            raise ValueError(f"{SETTINGS}.num_cpus_per_sampler must be > 0, got {self.num_cpus_per_sampler}")
+        positive = {"num_cpus_per_sampler": self.num_cpus_per_sampler, "num_cpus_inference":
+                    self.num_cpus_inference, "placement_timeout_s": self.placement_timeout_s}  # fmt: skip
+        for name, value in positive.items():
+            if not value > 0:
+                raise ValueError(f"{SETTINGS}.{name} must be > 0, got {value}")
         for name, amount in (self.sampler_resources or {}).items():
             if not amount > 0 or name in ("CPU", "GPU"):
                 raise ValueError(
@@ -128,50 +127,32 @@ class RayFleet(Fleet):
                 f"{SETTINGS}.placement_strategy must be one of {' | '.join(STRATEGIES)}, "
                 f"got {self.placement_strategy!r}"
             )
-        if not self.num_cpus_inference > 0:
-            raise ValueError(f"{SETTINGS}.num_cpus_inference must be > 0, got {self.num_cpus_inference}")
         for name, amount in (self.inference_resources or {}).items():
             if not amount > 0 or name == "CPU":
                 raise ValueError(
                     f"{SETTINGS}.inference_resources must map GPU or custom resource names to amounts > 0 "
                     f"(CPUs: {SETTINGS}.num_cpus_inference), got {name}: {amount}"
                 )
-        if not self.placement_timeout_s > 0:
-            raise ValueError(f"{SETTINGS}.placement_timeout_s must be > 0, got {self.placement_timeout_s}")
 
     def bundle(self) -> dict[str, float]:
         """What one sampler reserves: its bundle of the rank's placement group."""
         return {"CPU": float(self.num_cpus_per_sampler), **(self.sampler_resources or {})}
 
-    def build(
-        self,
-        configs: list[SamplerConfig],
-        policy: nn.Module,
-        *,
-        rank: int,
-        inference: InferenceSettings | None,
-        trainer_device: torch.device | str,
-        example_obs: Any,
-        faults: FaultSettings,
-        start_method: str,
-    ) -> RaySamplerFleet:
-        if any(c.rank_rounds == "together" for c in configs):
+    def build(self, build: FleetBuild) -> RaySamplerFleet:
+        if any(c.rank_rounds == "together" for c in build.configs):
             raise ValueError(
                 "--data.rank_rounds together signals through the trainer machine's memory, which Ray "
                 "actors on other nodes cannot read: use --data.rank_rounds apart with --data.fleet RayFleet"
             )
-        if inference is not None:
-            device = inference.worker_device(trainer_device)
+        if build.inference is not None:
+            device = build.inference.worker_device(build.trainer_device)
             if device.type == "cuda" and not (self.inference_resources or {}).get("GPU"):
                 raise ValueError(
                     f"--data.inference puts the policy on {device} and {SETTINGS}.inference_resources "
                     f"gives the Ray inference actor no GPU ({self.inference_resources}); set it to "
                     "{GPU: 1}, or --data.inference.device cpu"
                 )
-        return RaySamplerFleet(
-            self, configs, policy, rank=rank, faults=faults, inference=inference,
-            trainer_device=trainer_device,
-        )  # fmt: skip
+        return RaySamplerFleet(self, build)
 
 
 # -------------------------------------------------------------------------------- the trainer's side
@@ -180,25 +161,11 @@ class RaySamplerFleet(SamplerFleet):
 
     samplers_name = "Ray samplers"
 
-    def __init__(
-        self,
-        settings: RayFleet,
-        configs: list[SamplerConfig],
-        policy: nn.Module,
-        *,
-        rank: int = 0,
-        faults: FaultSettings | None = None,
-        inference: InferenceSettings | None = None,
-        trainer_device: torch.device | str = "cpu",
-    ) -> None:
-        check_policy(policy)  # a missing action_mapping must fail here, not in an actor
-        super().__init__(configs, faults)
-        self.inference_settings, self.trainer_device = inference, trainer_device
+    def __init__(self, settings: RayFleet, build: FleetBuild) -> None:
+        super().__init__(build)
         self.inference: RayInference | None = None  # the rank's inference actor, once started
-        self.settings = settings
-        self.policy = policy
-        self.rank = rank
-        self._cluster = RayCluster(settings, rank=rank, samplers=len(configs))
+        self.settings, self.rank = settings, build.rank
+        self._cluster = RayCluster(settings, rank=build.rank, samplers=len(build.configs))
         self._store: StoreWeights | None = None  # the packed weights put per version, from the first
         self.actors: list[ActorRecord] = []
         self.pending: dict[Any, int] = {}  # next_rollout refs in flight -> sampler index
@@ -213,13 +180,11 @@ class RaySamplerFleet(SamplerFleet):
     # ---------------------------------------------------------------- start
     def _start(self) -> None:
         ray = self._cluster.connect()
-        if self.inference_settings is not None:
+        if self.build.inference is not None:
             s = self.settings
             self.inference = RayInference(
-                ray, self.policy, self.inference_settings, trainer_device=self.trainer_device,
-                resources=dict(s.inference_resources or {}), num_cpus=s.num_cpus_inference,
-                samplers=len(self.configs), rank=self.rank,
-            )  # fmt: skip
+                ray, self.build, resources=dict(s.inference_resources or {}), num_cpus=s.num_cpus_inference
+            )
         with self._lock:
             self.actors = [self._create(i) for i in range(len(self.configs))]
 
@@ -229,34 +194,22 @@ class RaySamplerFleet(SamplerFleet):
 
         s = self.settings
         weights = None if self._weights is None else (self._weights[0], [self._weights[1]])
-        handle = (
-            ray.remote(SamplerActor)
-            .options(
-                num_cpus=s.num_cpus_per_sampler,
-                resources=dict(s.sampler_resources or {}),
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    self._cluster.pg, placement_group_bundle_index=i
-                ),
-                max_restarts=0,  # restarts are fastlight's, within its budget
-                max_concurrency=4,  # the loop's thread, next_rollout, set_weights, set_task_weights
-                name=None,
-            )
-            .remote(i, self.configs[i], self._actor_policy(), weights, self._task_weights, self._served())
-        )
+        # max_restarts 0: restarts are fastlight's, within its budget; max_concurrency: the loop's
+        # thread, next_rollout, set_weights, set_task_weights.
+        actor = ray.remote(SamplerActor).options(
+            num_cpus=s.num_cpus_per_sampler, resources=dict(s.sampler_resources or {}), max_restarts=0,
+            max_concurrency=4, scheduling_strategy=PlacementGroupSchedulingStrategy(self._cluster.pg, i),
+        )  # fmt: skip
+        # A policy copy, or the inference actor's proxy and handle.
+        served = None if self.inference is None else self.inference.handle
+        policy = self.policy if self.inference is None else self.inference.served_policy()
+        handle = actor.remote(i, self.configs[i], policy, weights, self._task_weights, served)
         liveness = Liveness(None, self.heartbeat_limits)  # watched from now: start-up limit first
         info = handle.info.remote()
-        actor = ActorRecord(
+        self.pending[handle.next_rollout.remote(POLL_S)] = i
+        return ActorRecord(
             i, handle, time.monotonic(), info, liveness, lost_node=lost_node, moved_from=lost_node
         )
-        self.pending[handle.next_rollout.remote(POLL_S)] = i
-        return actor
-
-    def _actor_policy(self) -> nn.Module:
-        """A sampler actor's policy: a copy, or the inference actor's proxy."""
-        return self.policy if self.inference is None else self.inference.served_policy()
-
-    def _served(self) -> Any:
-        return None if self.inference is None else self.inference.handle
 
     # ---------------------------------------------------------------- weights, task weights
     def publish(self, policy: nn.Module, version: int) -> SyncStats:
@@ -417,15 +370,6 @@ class RaySamplerFleet(SamplerFleet):
             f"{a.liveness.silent_for():.0f} s"
             for a in self.actors
         )
-
-    def sampler_nodes(self) -> list[str | None]:
-        """The Ray node id each sampler runs on, by index (None until it answered)."""
-        self.watch(force=True)
-        return [None if a.where is None else a.where[0] for a in self.actors]
-
-    def sampler_pids(self, timeout: float = 60.0) -> list[int]:
-        """The pid of each sampler's actor process (waits for them to start)."""
-        return [self._ray.get(a.info_ref, timeout=timeout)[2] for a in self.actors]
 
     # ---------------------------------------------------------------- stop
     def _stop(self) -> None:

@@ -5,9 +5,8 @@ With ``--data.fleet RayFleet`` and ``--data.inference`` set, a rank's policy is 
 resource) instead of a copy in every sampler actor (AcceRL §architecture: large policies do not fit
 a copy per sampler). The samplers act through :class:`RayServedPolicy`, whose ``act`` / ``value`` are
 calls on the actor; the actor gathers the calls of all its samplers into batched forward passes
-(dynamic batching as the local worker, :class:`~fastlight.inference.server.InferenceServer`: up to
-``max_batch`` rows, ``max_wait_ms`` for more, stragglers first) and tags every answer with the version
-of the weights behind it.
+(the local worker's batching, :class:`~fastlight.inference.server.BatchingServer`) and tags every
+answer with the version of the weights behind it.
 
 Weights reach the actor over a two-rank ``torch.distributed`` group between the trainer rank and the
 actor (:mod:`fastlight.weights.broadcast`: gloo on the CPU, NCCL between two GPUs), the trainer hosting
@@ -22,7 +21,6 @@ rendezvous and a publish it is not making): if the actor dies, the run stops nam
 
 from __future__ import annotations
 
-import math
 import os
 import queue
 import threading
@@ -35,10 +33,9 @@ import torch
 from torch import Tensor, nn
 
 from fastlight.inference.remote import ServedProxy
-from fastlight.inference.server import forward, pick_batch, serve_until
-from fastlight.models.base import ActionMapping, ActOutput
+from fastlight.inference.server import Answer, BatchingServer, by_key, rows_of, serve_until
+from fastlight.models.base import ActionMapping
 from fastlight.weights.broadcast import SyncGroupConfig, WeightReceiver
-from fastlight.weights.checksum import delivery_checksum, weights_checksum
 
 #: How long a sampler's call waits on the actor before it looks at the actor's own error again.
 POLL_S = 1.0
@@ -57,34 +54,29 @@ class _Call:
 
     @property
     def rows(self) -> int:
-        return next(iter(self.obs.values())).shape[0] if isinstance(self.obs, dict) else self.obs.shape[0]
+        return rows_of(self.obs)
 
 
-class InferenceActor:
+def where_it_runs() -> tuple[str, str, int]:
+    """Where the calling Ray actor runs: (node id, node IP, pid)."""
+    import ray
+
+    ctx = ray.get_runtime_context()
+    return ctx.get_node_id(), ray.util.get_node_ip_address(), os.getpid()
+
+
+class InferenceActor(BatchingServer):
     """The actor's class (wrapped by ``ray.remote`` in the fleet; plain Python here, so it is testable
     and importable without Ray). A threaded actor: every sampler's call waits in its own thread, one
-    serving thread runs the forward passes and the weight syncs."""
+    serving thread runs the forward passes and the weight syncs (the batching is the local worker's,
+    :class:`~fastlight.inference.server.BatchingServer`)."""
 
-    def __init__(
-        self,
-        policy: nn.Module,
-        sync: SyncGroupConfig,
-        *,
-        device: str,
-        max_batch: int,
-        max_wait_ms: float,
-        bucket_mb: float,
-    ) -> None:
+    def __init__(self, policy: nn.Module, sync: SyncGroupConfig, *, device: str, max_batch: int,
+                 max_wait_ms: float, bucket_mb: float) -> None:  # fmt: skip
         if torch.device(device).type == "cpu":
             torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
-        self.device = torch.device(device)
-        self.policy = policy.to(self.device).eval()
-        self.max_batch, self.max_wait_s = max_batch, max_wait_ms / 1000.0
-        self.version = -1
-        self.checksum = math.nan  # delivery_checksum of the weights taken as ``version``
-        self.forwards = 0
+        super().__init__(policy, max_batch=max_batch, max_wait_ms=max_wait_ms, device=torch.device(device))
         self.calls: queue.Queue[_Call] = queue.Queue()
-        self.pending: list[_Call] = []
         self.error: str | None = None
         self._stop = threading.Event()
         self._ended = threading.Event()
@@ -98,8 +90,8 @@ class InferenceActor:
         try:
             # Joins the trainer's group (it hosts the store; it creates its end at its first publish).
             receiver = WeightReceiver(self.policy, sync, bucket_mb=bucket_mb, name="Ray inference worker")
-            serve_until(receiver, self.policy, stopped=self._stop.is_set, serve_once=self._serve_once,
-                        on_sync=self._on_sync)  # fmt: skip
+            serve_until(receiver, self.policy, stopped=self._stop.is_set, serve_once=self.serve_once,
+                        on_sync=self.on_sync)  # fmt: skip
         except BaseException:  # noqa: BLE001 -- reported to every caller and to the trainer
             self.error = traceback.format_exc()
         finally:
@@ -108,11 +100,7 @@ class InferenceActor:
             self._fail_pending()
             self._ended.set()
 
-    def _on_sync(self, version: int) -> None:
-        self.checksum = delivery_checksum(self.policy).value  # what arrived, sent with every answer
-        self.version = version
-
-    def _take(self, timeout: float) -> None:
+    def poll(self, timeout: float) -> None:
         try:
             self.pending.append(self.calls.get(timeout=timeout))
             while True:
@@ -120,47 +108,22 @@ class InferenceActor:
         except queue.Empty:
             pass
 
-    def _serve_once(self) -> None:
-        if not self.pending:
-            self._take(0.005)
-        if not self.pending or self.version < 0:  # no weights yet: the calls wait for the first sync
-            return
-        deadline = time.monotonic() + self.max_wait_s
-        while sum(c.rows for c in self.pending) < self.max_batch and time.monotonic() < deadline:
-            self._take(max(0.0, deadline - time.monotonic()))
-        self._serve(pick_batch(self.pending, self.max_batch))  # stragglers first, as the local worker
+    def inputs(self, request: _Call) -> tuple[dict[str, Tensor], Tensor]:
+        return by_key(request.obs), request.step
 
-    @torch.no_grad()
-    def _serve(self, batch: list[_Call]) -> None:
-        for kind in ("act", "value"):
-            calls = [c for c in batch if c.kind == kind]
-            if not calls:
-                continue
-            if isinstance(calls[0].obs, dict):
-                obs: Any = {k: torch.cat([c.obs[k] for c in calls]).to(self.device) for k in calls[0].obs}
-            else:
-                obs = torch.cat([c.obs for c in calls]).to(self.device)
-            parts = forward(self.policy, kind, obs, torch.cat([c.step for c in calls]).to(self.device))
-            self.forwards += 1
-            offset = 0
-            for c in calls:
-                sl = slice(offset, offset + c.rows)
-                c.result = tuple(None if p is None else p[sl].clone() for p in parts) + (
-                    self.version,
-                    self.checksum,
-                )
-                offset += c.rows
-                c.done.set()
+    def answer(self, request: _Call, parts: Answer) -> None:
+        request.result = (*(None if p is None else p.clone() for p in parts), self.version, self.checksum)
+        request.done.set()
 
     def _fail_pending(self) -> None:
-        self._take(0.0)
+        self.poll(0.0)
         for c in self.pending:
             c.result = ("error", self.error or "the Ray inference worker stopped")
             c.done.set()
         self.pending = []
 
     # ------------------------------------------------------------ called by the samplers
-    def serve(self, kind: str, obs: Tensor | dict[str, Tensor], step: Tensor, progress: int) -> tuple:
+    def serve_call(self, kind: str, obs: Tensor | dict[str, Tensor], step: Tensor, progress: int) -> tuple:
         """``(actions, logprobs, values, version, checksum)`` for ``act`` (``(None, None, values, version,
         checksum)`` for ``value``; ``checksum``: the weights' delivery checksum), or ``("error",
         traceback)`` once the serving thread failed."""
@@ -184,14 +147,7 @@ class InferenceActor:
 
     def info(self) -> tuple[str, str, int]:
         """Where it runs: (node id, node IP, pid)."""
-        import ray
-
-        ctx = ray.get_runtime_context()
-        return ctx.get_node_id(), ray.util.get_node_ip_address(), os.getpid()
-
-    def checksum(self) -> float:
-        """The served weights' checksum (:func:`~fastlight.weights.checksum.weights_checksum`)."""
-        return weights_checksum(self.policy)
+        return where_it_runs()
 
     def stop(self) -> None:
         self._stop.set()
@@ -205,24 +161,12 @@ class RayServedPolicy(ServedProxy):
         super().__init__(action_mapping)
         self.actor = actor
 
-    def _request(self, kind: str, obs: Tensor | dict[str, Tensor], step: Tensor | None) -> tuple:
+    worker = "Ray inference worker"
+
+    def _serve(self, kind: str, obs: Tensor | dict[str, Tensor], step: Tensor) -> tuple:
         import ray
 
-        rows = next(iter(obs.values())).shape[0] if isinstance(obs, dict) else obs.shape[0]
-        self.progress += rows
-        step = step if step is not None else torch.zeros(rows, dtype=torch.long)
-        reply = ray.get(self.actor.serve.remote(kind, obs, step, self.progress))
-        if reply[0] == "error":
-            raise RuntimeError(f"Ray inference worker failed:\n{reply[1]}")
-        self.last_version, self.last_checksum = int(reply[3]), float(reply[4])
-        return reply
-
-    def act(self, obs, *, step=None, deterministic: bool = False) -> ActOutput:
-        actions, logprobs, values = self._request("act", obs, step)[:3]
-        return ActOutput(actions, logprobs, values)
-
-    def value(self, obs, *, step=None) -> Tensor:
-        return self._request("value", obs, step)[2]
+        return ray.get(self.actor.serve_call.remote(kind, obs, step, self.progress))
 
 
 class RayServedVersion:

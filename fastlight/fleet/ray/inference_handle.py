@@ -1,31 +1,27 @@
-"""The trainer's end of a Ray fleet's inference worker.
-
-The worker is an :class:`~fastlight.fleet.ray.inference_actor.InferenceActor`.
+"""The trainer's end of a Ray fleet's inference worker
+(:class:`~fastlight.fleet.ray.inference_actor.InferenceActor`).
 
 :class:`RayInference` places the rank's inference actor (``RayFleet.inference_resources`` and
-``num_cpus_inference``; ``{GPU: 1}`` gives it a GPU of its own), hosts the two-rank weight group at
-the trainer's node address, publishes every version over it
-(:class:`~fastlight.weights.broadcast.WeightBroadcaster`: the drain, the header, the buckets, the
-worker's ack) and watches the actor: an actor that dies or whose serving loop fails stops the run,
-naming it and its node, within one watch (a quarter of a second) or the publish that finds it gone.
+``num_cpus_inference``), hosts the two-rank weight group at the trainer's node address, publishes
+every version over it and watches the actor: an actor that dies or whose serving loop fails stops
+the run, naming it and its node, within one watch or the publish that finds it gone.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import sys
-import time
 from typing import Any
 
 import torch
 from torch import nn
 
+from fastlight.fleet.base import FleetBuild
+from fastlight.fleet.faults import SamplerError
+from fastlight.fleet.ray.actors import first_line
 from fastlight.fleet.ray.inference_actor import InferenceActor, RayServedPolicy
-from fastlight.fleet.restarts import SamplerError
 from fastlight.inference.settings import FLAG as INFERENCE_FLAG
-from fastlight.inference.settings import InferenceSettings
-from fastlight.weights.broadcast import SyncGroupConfig, WeightBroadcaster, WeightSyncError, free_port
+from fastlight.weights.broadcast import LazyBroadcaster, SyncGroupConfig, WeightSyncError, free_port
 from fastlight.weights.publisher import SyncStats
 
 
@@ -38,51 +34,33 @@ def _backend(trainer_device: torch.device, worker_device: torch.device) -> str:
 class RayInference:
     """One rank's inference actor, seen from its trainer (see the module docstring)."""
 
-    def __init__(
-        self,
-        ray: Any,
-        policy: nn.Module,
-        settings: InferenceSettings,
-        *,
-        trainer_device: torch.device | str,
-        resources: dict[str, float],
-        num_cpus: float,
-        samplers: int,
-        rank: int,
-    ) -> None:
-        self.ray, self.rank = ray, rank
-        self.trainer_device = torch.device(trainer_device)
+    def __init__(self, ray: Any, build: FleetBuild, *, resources: dict[str, float], num_cpus: float) -> None:
+        """The actor for ``build``'s rank and samplers (``build.inference`` set), placed with
+        ``num_cpus`` CPUs and ``resources``."""
+        settings, policy = build.inference, build.policy
+        assert settings is not None
+        self.ray, self.rank = ray, build.rank
+        self.trainer_device = torch.device(build.trainer_device)
         self.worker_device = settings.worker_device(self.trainer_device)
-        self.bucket_mb = settings.sync_bucket_mb
         host = ray.util.get_node_ip_address()  # the trainer's address, as the actor's node sees it
         backend = _backend(self.trainer_device, self.worker_device)
         self.sync = SyncGroupConfig(host, free_port(host), backend, timeout_s=settings.sync_timeout_s)
+        # The actor joins the group at its start-up, the trainer at its first publish.
+        self.broadcast = LazyBroadcaster(self.sync, settings.sync_bucket_mb)
         extra = dict(resources)
         gpus = extra.pop("GPU", 0.0)
-        self.handle = (
-            ray.remote(InferenceActor)
-            .options(
-                num_cpus=num_cpus,
-                num_gpus=gpus,
-                resources=extra,
-                max_restarts=0,
-                # one thread per sampler's call, plus wait_ended, info, checksum and stop
-                max_concurrency=samplers + 4,
-                name=None,
-            )  # fmt: skip
-            .remote(
-                policy,
-                self.sync,
-                device=str(self.worker_device),
-                max_batch=settings.max_batch,
-                max_wait_ms=settings.max_wait_ms,
-                bucket_mb=settings.sync_bucket_mb,
-            )  # fmt: skip
+        # One thread per sampler's call, plus wait_ended, info, weights_version and stop.
+        threads = len(build.configs) + 4
+        actor = ray.remote(InferenceActor).options(
+            num_cpus=num_cpus, num_gpus=gpus, resources=extra, max_restarts=0, max_concurrency=threads
         )
+        self.handle = actor.remote(
+            policy, self.sync, device=str(self.worker_device), max_batch=settings.max_batch,
+            max_wait_ms=settings.max_wait_ms, bucket_mb=settings.sync_bucket_mb,
+        )  # fmt: skip
         self.info_ref = self.handle.info.remote()
         self.ended_ref = self.handle.wait_ended.remote()
         self.where: tuple[str, str, int] | None = None
-        self.broadcaster: WeightBroadcaster | None = None
         self.action_mapping = policy.action_mapping()
 
     def served_policy(self) -> RayServedPolicy:
@@ -92,21 +70,15 @@ class RayInference:
     # ------------------------------------------------------------ weights
     def publish(self, policy: nn.Module, version: int) -> SyncStats:
         """Broadcast ``policy``'s weights as ``version``; returns once the actor acked them."""
-        t0 = time.perf_counter()
         try:
-            if self.broadcaster is None:  # the rendezvous: the actor joined at its start-up
-                self.broadcaster = WeightBroadcaster(policy, self.sync, bucket_mb=self.bucket_mb)
-            self.broadcaster.signal_drain()  # a no-op if the WeightSync callback already drained
-            stats = self.broadcaster.broadcast(version, policy)
+            return self.broadcast.publish(policy, version)
         except WeightSyncError as e:
             self.check(wait_s=2.0)  # a dead actor is the better message
             raise SamplerError(f"weight sync with the {self.name()} failed: {e}") from e
-        return dataclasses.replace(stats, trainer_wait_ms=1000.0 * (time.perf_counter() - t0))
 
     def request_drain(self) -> None:
         """AcceRL §inference drain: announce the sync before the update ends."""
-        if self.broadcaster is not None:  # before the first publish there is nothing to drain
-            self.broadcaster.signal_drain()
+        self.broadcast.request_drain()
 
     # ------------------------------------------------------------ faults
     def check(self, wait_s: float = 0.0) -> None:
@@ -127,8 +99,7 @@ class RayInference:
             error = ray.get(self.ended_ref)
             why = f"failed:\n{error}" if error else "stopped"
         except ray.exceptions.RayActorError as e:
-            lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-            why = f"died: {lines[0] if lines else type(e).__name__}"
+            why = f"died: {first_line(e)}"
         raise SamplerError(
             f"{self.name()} {why}; the Ray fleet does not restart it (its weights come over a "
             f"broadcast group that would need a new rendezvous); {INFERENCE_FLAG} null keeps a policy "
@@ -136,16 +107,13 @@ class RayInference:
         )
 
     def name(self) -> str:
-        where = (
-            "" if self.where is None else f", pid {self.where[2]}, Ray node {self.where[0]} ({self.where[1]})"
-        )
+        w = self.where
+        where = "" if w is None else f", pid {w[2]}, Ray node {w[0]} ({w[1]})"
         return f"inference worker (Ray actor{where}, rank {self.rank})"
 
     def stop(self) -> None:
         """Kill the actor and close the group (idempotent)."""
         with contextlib.suppress(Exception):
             self.ray.kill(self.handle, no_restart=True)
-        if self.broadcaster is not None:
-            with contextlib.suppress(Exception):
-                self.broadcaster.close()
-            self.broadcaster = None
+        with contextlib.suppress(Exception):
+            self.broadcast.close()

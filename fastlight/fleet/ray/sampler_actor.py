@@ -12,7 +12,6 @@ the actor's methods: this module imports without it.
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 import warnings
@@ -21,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fastlight.fleet.ray.inference_actor import RayServedVersion
+from fastlight.fleet.ray.inference_actor import RayServedVersion, where_it_runs
 from fastlight.procs import seed_everything
 from fastlight.sampling.bundle import SamplerBundle, SamplerConfig
 from fastlight.sampling.task_weights import SharedTaskWeights
@@ -137,10 +136,7 @@ class SamplerActor:
 
     def info(self) -> tuple[str, str, int]:
         """Where it runs: (node id, node IP, pid)."""
-        import ray
-
-        ctx = ray.get_runtime_context()
-        return ctx.get_node_id(), ray.util.get_node_ip_address(), os.getpid()
+        return where_it_runs()
 
     def next_rollout(self, timeout: float) -> tuple[tuple[str, Any, Any], int]:
         """``(item, beats)``: the item ``("rollout", version, Rollout)`` or ``("error", index,

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from fastlight.data.datamodule import RolloutDataModule
+from fastlight.fleet.base import FleetBuild
 from fastlight.fleet.faults import FaultSettings
 from fastlight.fleet.ray.actors import NODE_VERDICT_S
 from fastlight.fleet.ray.fleet import RayFleet, RaySamplerFleet
@@ -96,7 +97,7 @@ def fleet_on(fake: FakeRay, workers: int = 2, heartbeat_s: float = 60.0) -> RayS
         faults=FaultSettings(heartbeat_s=heartbeat_s), fleet=RayFleet(sampler_resources={"sim": 1.0}),
     )  # fmt: skip
     policy = MLPActorCritic(dm.obs_dim, dm.action_dim)
-    fleet = RaySamplerFleet(dm.fleet, dm.sampler_configs(0), policy, faults=dm.faults)
+    fleet = RaySamplerFleet(dm.fleet, FleetBuild(dm.sampler_configs(0), policy, faults=dm.faults))
     fleet._cluster.ray, fleet._cluster.pg = fake, "the rank's placement group"
     with fleet._lock:
         fleet.actors = [fleet._create(i) for i in range(workers)]

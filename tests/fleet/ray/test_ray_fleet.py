@@ -21,9 +21,10 @@ import pytest
 import torch
 from jsonargparse import ArgumentParser
 
+from benchmarks.checksums import weights_checksum
 from fastlight.data.datamodule import RolloutDataModule
 from fastlight.extras import MissingExtraError
-from fastlight.fleet.base import SamplerFleet
+from fastlight.fleet.base import FleetBuild, SamplerFleet
 from fastlight.fleet.faults import FaultSettings
 from fastlight.fleet.pool import LocalFleet, SamplerError, SamplerPool
 from fastlight.fleet.ray.fleet import RayFleet, RaySamplerFleet
@@ -32,7 +33,6 @@ from fastlight.modules.rl_module import RLModule
 from fastlight.procs import alive
 from fastlight.rollout import Rollout
 from fastlight.weights.buckets import sync_entries
-from fastlight.weights.checksum import weights_checksum
 from tests.lightning_helpers import quiet_trainer
 
 pytestmark = pytest.mark.multiproc
@@ -144,9 +144,22 @@ def policy_for(dm: RolloutDataModule) -> torch.nn.Module:
 
 def fleet_of(dm: RolloutDataModule, policy: torch.nn.Module) -> SamplerFleet:
     return dm.fleet.build(
-        dm.sampler_configs(0), policy, rank=0, inference=None, trainer_device="cpu",
-        example_obs=dm.example_obs, faults=dm.faults, start_method="spawn",
-    )  # fmt: skip
+        FleetBuild(dm.sampler_configs(0), policy, example_obs=dm.example_obs, faults=dm.faults)
+    )
+
+
+def sampler_nodes(fleet: RaySamplerFleet) -> list[str | None]:
+    """The Ray node id each sampler runs on, by index (None until it answered), as the fleet's watch
+    found it."""
+    fleet.watch(force=True)
+    return [None if a.where is None else a.where[0] for a in fleet.actors]
+
+
+def sampler_pids(fleet: RaySamplerFleet, timeout: float = 60.0) -> list[int]:
+    """The pid of each sampler's actor process (waits for them to start)."""
+    import ray
+
+    return [ray.get(a.info_ref, timeout=timeout)[2] for a in fleet.actors]
 
 
 def items(fleet: SamplerFleet, n: int, timeout: float = 120.0) -> list[Rollout]:
@@ -175,7 +188,7 @@ class RecordingModule(RLModule):
     def training_step(self, batch, batch_idx):
         self.seen.append((self.policy_version, batch.policy_version[batch.valid].unique().tolist()))
         if batch_idx == 0:
-            self.nodes = self.fleet.sampler_nodes()
+            self.nodes = sampler_nodes(self.fleet)
             if hasattr(self.fleet, "actors"):  # the Ray fleet: the semaphores its sampler actors hold
                 self.semaphores = set().union(*(semaphore_inodes(a.where[2]) for a in self.fleet.actors))
             if self.fleet.inference is not None:
@@ -296,7 +309,8 @@ class ServedModule(RecordingModule):
     def training_step(self, batch, batch_idx):
         import ray
 
-        served = self.fleet.inference.handle.checksum.remote()
+        # The actor's own weights, read inside it (Ray's __ray_call__ runs a function on the actor).
+        served = self.fleet.inference.handle.__ray_call__.remote(lambda actor: weights_checksum(actor.policy))
         self.same_weights = getattr(self, "same_weights", []) + [
             ray.get(served) == weights_checksum(self.policy)
         ]
@@ -342,9 +356,14 @@ def test_a_sigkilled_inference_actor_stops_the_run_naming_it(cluster):
                            max_staleness=100, inference=InferenceSettings(), fleet=fleet)  # fmt: skip
     policy = policy_for(dm)
     pool = dm.fleet.build(
-        dm.sampler_configs(0), policy, rank=0, inference=dm.inference, trainer_device="cpu",
-        example_obs=dm.example_obs, faults=dm.faults, start_method="spawn",
-    )  # fmt: skip
+        FleetBuild(
+            dm.sampler_configs(0),
+            policy,
+            inference=dm.inference,
+            example_obs=dm.example_obs,
+            faults=dm.faults,
+        )
+    )
     pool.start()
     try:
         assert pool.publish(policy, 0).mode == "bucketed"
@@ -379,7 +398,7 @@ def test_a_stopped_sampler_actor_is_caught_by_its_heartbeat_and_restarted(cluste
     try:
         fleet.publish(policy, 0)
         items(fleet, 2)
-        stopped = fleet.sampler_pids()[0]
+        stopped = sampler_pids(fleet)[0]
         capfd.readouterr()
         os.kill(stopped, signal.SIGSTOP)
         t0 = time.monotonic()
@@ -395,7 +414,7 @@ def test_a_stopped_sampler_actor_is_caught_by_its_heartbeat_and_restarted(cluste
             r"killed it; restarting it",
             said,
         ), said
-        assert fleet.sampler_pids()[0] != stopped and len(items(fleet, 2)) == 2
+        assert sampler_pids(fleet)[0] != stopped and len(items(fleet, 2)) == 2
     finally:
         fleet.stop()
         if stopped is not None and alive(stopped):  # Ray killed it; never leave a stopped process
@@ -419,7 +438,7 @@ def test_a_sigkilled_sampler_actor_is_restarted_then_the_budget_stops_the_run(cl
         floats = sum(v.numel() for _, v in sync_entries(policy))
         assert (stats.version, stats.mode, stats.bytes) == (0, "ray_object_store", 4 * floats)
         assert {version_of(r) for r in items(fleet, 2)} == {0}
-        first = fleet.sampler_pids()
+        first = sampler_pids(fleet)
         os.kill(first[0], signal.SIGKILL)
         fleet.publish(policy, 1)
         deadline = time.monotonic() + 60
@@ -429,8 +448,8 @@ def test_a_sigkilled_sampler_actor_is_restarted_then_the_budget_stops_the_run(cl
         assert (fleet.restarts, fleet.dropped_rollouts) == (1, 1)
         # The new actor starts on the current weights, on node 2 again.
         assert max(version_of(r) for r in items(fleet, 4)) == 1
-        second = fleet.sampler_pids()
-        assert second[0] != first[0] and second[1] == first[1] and fleet.sampler_nodes() == [node2, node2]
+        second = sampler_pids(fleet)
+        assert second[0] != first[0] and second[1] == first[1] and sampler_nodes(fleet) == [node2, node2]
         os.kill(second[1], signal.SIGKILL)
         with pytest.raises(SamplerError) as e:
             items(fleet, 100)
@@ -457,7 +476,8 @@ class Report(L.Callback):
             node = ray._private.worker._global_node
             own = [i.process.pid for infos in node.all_processes.values() for i in infos] if node else []
             reaper = [fleet._cluster._reaper.pid] if fleet._cluster._reaper is not None else []
-            print("PIDS", *fleet.sampler_pids(), "|", *own, "|", *reaper, flush=True)
+            samplers = [ray.get(a.info_ref, timeout=60)[2] for a in fleet.actors]
+            print("PIDS", *samplers, "|", *own, "|", *reaper, flush=True)
         time.sleep(0.2)
 
 address = sys.argv[1] if sys.argv[1] != "none" else None
@@ -531,8 +551,8 @@ def test_a_lost_node_moves_its_samplers_then_stops_the_run_and_a_killed_trainer_
         try:
             fleet.publish(policy, 0)
             items(fleet, 2)
-            fleet.sampler_pids()  # both have answered where they run
-            nodes = fleet.sampler_nodes()
+            sampler_pids(fleet)  # both have answered where they run
+            nodes = sampler_nodes(fleet)
             assert set(nodes) == {node2.node_id, node3.node_id}  # SPREAD: one on each
             first = nodes[0]
             gone, stays = (node2, node3) if first == node2.node_id else (node3, node2)
@@ -543,8 +563,8 @@ def test_a_lost_node_moves_its_samplers_then_stops_the_run_and_a_killed_trainer_
                 fleet.next_item(0.5)
             noticed = time.monotonic() - t0
             items(fleet, 4)
-            fleet.sampler_pids()
-            assert fleet.sampler_nodes() == [stays.node_id, stays.node_id]
+            sampler_pids(fleet)
+            assert sampler_nodes(fleet) == [stays.node_id, stays.node_id]
             assert (fleet.restarts, fleet.dropped_rollouts) == (1, 1)
             cluster.remove_node(stays)
             t0 = time.monotonic()
