@@ -14,7 +14,8 @@ deadlocks under DDP on a SIGTERM to a rank other than 0 (:mod:`fastlight.lightni
   checkpoint is; further stop signals are ignored until it is on
   disk. It exits with 128 + signum (SIGINT 130, SIGTERM 143, SIGUSR1 138) on every rank, and under
   SLURM with auto-requeue requeues the job to resume from it (:mod:`fastlight.ranks.slurm`);
-- saves every ``every_minutes`` of training and when training ends; a file that cannot be written
+- saves every ``every_minutes`` of training (:class:`~fastlight.callbacks.timed_checkpoint.SaveClock`,
+  agreed with the stop signal in that one all-reduce) and when training ends; a file that cannot be written
   stops every rank with one line naming the last good checkpoint (:class:`CheckpointWriteError`).
 
 A lost rank is :class:`~fastlight.callbacks.lost_rank.LostRankCheckpoint`'s (the CLI attaches both).
@@ -42,11 +43,11 @@ from types import FrameType
 from typing import Any, Protocol, runtime_checkable
 
 import lightning as L
-import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from fastlight import lightning_compat
+from fastlight.callbacks.timed_checkpoint import SaveClock, max_over_ranks
 from fastlight.checkpoint_link import link_as
 from fastlight.checkpoints import CheckpointWriteError, save_in_progress, saving, write_error_line
 from fastlight.data.protocols import StopsSampling
@@ -121,7 +122,7 @@ class PreemptionCheckpoint(Callback):
         #: run's): the stable path moves to this run's file only once the run is at least that far.
         self._floor: int | None = None
         self._updates = 0  # updates completed in this fit
-        self._last_save = time.monotonic()
+        self.clock = SaveClock(every_minutes)
 
     @property
     def ckpt_path(self) -> str:
@@ -174,7 +175,8 @@ class PreemptionCheckpoint(Callback):
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._trained = True
-        self._last_save = time.monotonic()
+        self.clock = SaveClock(self.every_minutes)
+        self.clock.start()
 
     @override
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
@@ -184,8 +186,7 @@ class PreemptionCheckpoint(Callback):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
         self._in_update = False
         self._updates += 1
-        due = self.every_minutes is not None and time.monotonic() - self._last_save >= 60 * self.every_minutes
-        signum, due = self._agree(trainer, due)
+        signum, due = self._agree(trainer, self.clock.due())
         if signum:
             self._signum = signum
             raise Preempted(signum)
@@ -200,7 +201,7 @@ class PreemptionCheckpoint(Callback):
         if not self._distributed:
             return self._signum or 0, due
         t0 = time.perf_counter()
-        signum, any_due = _max_over_ranks(trainer, self._signum or 0, int(due))
+        signum, any_due = max_over_ranks(trainer, self._signum or 0, int(due))
         self.agreements += 1
         self.agreement_seconds += time.perf_counter() - t0
         return signum, bool(any_due)
@@ -242,14 +243,14 @@ class PreemptionCheckpoint(Callback):
                 error = CheckpointWriteError(e.errno, write_error_line(self.ckpt_path, e))
             if self._distributed and not written:
                 trainer.strategy.barrier("fastlight.failed_save")  # the others wait in Lightning's
-        if self._distributed and _max_over_ranks(trainer, int(error is not None))[0] and error is None:
+        if self._distributed and max_over_ranks(trainer, int(error is not None))[0] and error is None:
             why = f"rank 0 could not save checkpoint {self.run_ckpt_path} (its line says why)"
             error = CheckpointWriteError(errno.EIO, why)
         if error is not None:
             raise error
         self.saves += 1
         self.saved_step = trainer.global_step
-        self._last_save = time.monotonic()
+        self.clock.saved()
 
     def _point_stable_path(self, step: int) -> None:
         """Make ``ckpt_path`` a second name of ``run_ckpt_path`` (:mod:`fastlight.checkpoint_link`) once
@@ -409,9 +410,3 @@ def checkpoint_step(path: str, *, unless: str) -> int:
         return int(safe_load(path, flag="--ckpt_path", mmap=True).get("global_step", -1))
     except Exception:  # noqa: BLE001 - an unreadable file is replaced (and kept), as before
         return -1
-
-
-def _max_over_ranks(trainer: L.Trainer, *values: int) -> list[int]:
-    """``values``' maximum over the ranks (one all-reduce; Lightning's ``reduce`` has a barrier first)."""
-    local = torch.tensor(values, device=trainer.strategy.root_device)
-    return [int(v) for v in trainer.strategy.reduce(local, reduce_op="max").tolist()]
