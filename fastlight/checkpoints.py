@@ -10,8 +10,8 @@ no checksum when it loads (its zip reader skips the records' CRC-32), so a file 
 a copy loaded silently before; :func:`verify_checksum` (called by :func:`read_checkpoint` and
 :meth:`AtomicCheckpointIO.load_checkpoint`, i.e. ``--ckpt_path``, ``--model.init_from`` and ``fastlight
 evaluate --ckpt``) refuses it in one line naming the file. A file without the comment (written
-before, or by another CheckpointIO) is loaded unchecked. Checking reads the file once more (about
-1-2 GB/s); a file is checked once per process (keyed by inode, size and mtime). The checksum proves
+before, or by another CheckpointIO) is loaded unchecked. Checking reads the file once more; a file is
+checked once per process (keyed by inode, size and mtime). The checksum proves
 the file intact, not safe: reading runs no code whoever wrote it (:mod:`fastlight.safe_files`).
 
 **Failed writes.** ``torch.save`` reports a full disk as ``RuntimeError: ... unexpected pos`` (its zip
@@ -71,18 +71,22 @@ def saving() -> Iterator[None]:
         _saves_running -= 1
 
 
-def read_checkpoint(path: str | Path, *, flag: str = "--ckpt") -> dict[str, Any]:
-    """``torch.load`` a Lightning checkpoint on the CPU, naming the file when it is missing or not one."""
+def read_checkpoint(path: str | Path, *, flag: str = "--ckpt", map_location: Any = "cpu") -> dict[str, Any]:
+    """``torch.load`` a Lightning checkpoint (on the CPU unless ``map_location`` says otherwise), its
+    checksum verified, naming ``flag`` and the file when it is missing, corrupt or not a checkpoint."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{flag}: no checkpoint file at {path}")
     verify_checksum(path, flag=flag)
     try:
-        ckpt = safe_load(path, flag=flag)
+        ckpt = safe_load(path, flag=flag, map_location=map_location)
     except UnsafeFileError:
         raise
     except Exception as e:  # noqa: BLE001 - any unpickling error means "not a checkpoint"
-        raise ValueError(f"{flag}: {path} is not a readable checkpoint ({type(e).__name__}: {e})") from e
+        raise ValueError(
+            f"{flag}: {path} is not a readable checkpoint, truncated or not written by torch.save "
+            f"({path.stat().st_size} bytes; {type(e).__name__}: {e})"
+        ) from e
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
         raise ValueError(f"{flag}: {path} is not a Lightning checkpoint (no 'state_dict')")
     return ckpt
@@ -117,7 +121,7 @@ def check_writable_dir(path: str | os.PathLike[str], *, flag: str = "--trainer.d
         ) from e
     try:
         # A full filesystem still lets an empty file be created; a write of a few pages it refuses,
-        # here, rather than in TensorBoard's writer during Lightning's setup (a 68-line traceback).
+        # here, rather than in TensorBoard's writer during Lightning's setup (a long traceback).
         os.write(fd, bytes(WRITE_CHECK_BYTES))
     except OSError as e:
         raise ValueError(
@@ -189,21 +193,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if "://" in str(path):
             with torch.serialization.safe_globals(ALLOWED):
                 return super().load_checkpoint(path, map_location, weights_only=True)
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"--ckpt_path: no checkpoint file at {path}")
-        verify_checksum(path, flag="--ckpt_path")
-        try:
-            ckpt = safe_load(path, flag="--ckpt_path", map_location=map_location)
-        except UnsafeFileError:
-            raise
-        except Exception as e:  # noqa: BLE001 - any unpickling error means "not a checkpoint"
-            raise ValueError(
-                f"--ckpt_path: {path} is not a readable checkpoint, truncated or not written by torch.save "
-                f"({os.path.getsize(path)} bytes; {type(e).__name__}: {e})"
-            ) from e
-        if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
-            raise ValueError(f"--ckpt_path: {path} is not a Lightning checkpoint (no 'state_dict')")
-        return ckpt
+        return read_checkpoint(path, flag="--ckpt_path", map_location=map_location)
 
 
 class _HashingWriter:

@@ -55,7 +55,7 @@ from fastlight.ranks import peer_watch
 _LINKED = ("obs_dim", "action_dim", "continuous")
 
 
-#: ``fastlight fit --help``: where fastlight's settings are among Lightning's (before its ~500 lines).
+#: ``fastlight fit --help``: where fastlight's settings are among Lightning's many.
 FIT_USAGE = "%(prog)s [--config FILE ...] [--print_config] [--trainer.* ...] [--model.* ...] [--data.* ...]"
 FIT_HELP = (
     "Train fastlight's --model on its --data (Lightning's Trainer.fit). fastlight's settings are the "

@@ -92,16 +92,6 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-# ---------------------------------------------------------------------- checkpoint
-def load_checkpoint(path: str) -> tuple[Any, dict[str, Any]]:
-    """``(module on the CPU in eval mode, checkpoint dict)``; every failure names ``--ckpt``."""
-    from fastlight.checkpoints import read_checkpoint
-    from fastlight.modules.loading import load_module_of
-
-    ckpt = read_checkpoint(path, flag="--ckpt")
-    return load_module_of(path, ckpt, flag="--ckpt"), ckpt
-
-
 def env_settings(ckpt: dict[str, Any], env_id: str | None, override: dict[str, Any]) -> tuple[str, dict]:
     """The checkpoint's ``(env_id, env_kwargs)`` with the command line's over them."""
     data = ckpt.get("datamodule_hyper_parameters") or {}
@@ -111,8 +101,6 @@ def env_settings(ckpt: dict[str, Any], env_id: str | None, override: dict[str, A
     return env_id, {**(data.get("env_kwargs") or {}), **override}
 
 
-# ---------------------------------------------------------------------- playing
-# ---------------------------------------------------------------------- statistics and output
 def write_gifs(directory: Path, episodes: list[EpisodeRecord], fps: float) -> list[str]:
     """``episode_<i>[_<task>]_seed<seed>.gif`` for every episode that kept frames."""
     import imageio.v3 as iio

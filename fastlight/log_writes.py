@@ -1,11 +1,9 @@
 """A logger's write that fails (a full disk, a read-only filesystem, an I/O error) stops the run in one line.
 
-Seen (issue 40) on a full disk under the TensorBoard and CSV loggers' folders: 132 lines, the cause buried.
-TensorBoard writes from a thread of its own, which printed its ``OSError`` as a traceback, kept it, and
-raised it again at every later write from the training loop, where Lightning's TensorBoardLogger wraps
-any error as ``ValueError: you tried to log 0.5 which is currently not supported``: the run "stopped by
-ValueError". Then Lightning finalized the loggers after the failure; their flush raised the ``OSError``
-once more, and that traceback replaced the run's.
+TensorBoard writes from a thread of its own, which prints its ``OSError`` as a traceback, keeps it, and
+raises it again at every later write from the training loop, where Lightning's TensorBoardLogger wraps
+any error as ``ValueError: you tried to log ... which is currently not supported``; Lightning then
+finalizes the loggers after the failure, and their flush raises the ``OSError`` once more.
 
 :func:`guard_logger_writes` (the ``fastlight`` command applies it to every logger of its Trainer) wraps
 each logger's writing methods: an ``OSError`` anywhere in the chain of what one raises becomes a

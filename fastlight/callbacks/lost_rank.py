@@ -53,10 +53,9 @@ class LostRankCheckpoint(Callback):
         rollback: copy what an update changes (trainable parameters, buffers, optimizer and scheduler
             state) to the host at the start of EVERY update, so that a rank lost in the middle of one
             still leaves the checkpoint of the update before it. It costs one device-to-host copy of
-            that state per update, and that much host memory: 145-234 ms per update for 149 MiB (the
-            MT10 VLA's 49.6 MiB of weights plus Adam's two moments; ``python -m benchmarks.rollback_cost``,
-            ``benchmarks/results/faults.md``), about 1 GB/s. Off: a loss mid-update saves nothing new and
-            the line names the checkpoint on disk to resume from.
+            that state per update, and that much host memory (``python -m benchmarks.rollback_cost``).
+            Off: a loss mid-update saves nothing new and the line names the checkpoint on disk to resume
+            from.
     """
 
     def __init__(
