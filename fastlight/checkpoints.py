@@ -171,7 +171,12 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                     try:
                         torch.save(checkpoint, writer)
                     except BaseException as e:
-                        raise _original_error(e) from None
+                        # torch's zip writer turns a failed write (OSError) and an exception raised inside
+                        # it (a stop signal's SystemExit) into a RuntimeError, the original as its context.
+                        chain = exception_chain(e)
+                        raise next(
+                            (c for c in chain if not isinstance(c, Exception) or isinstance(c, OSError)), e
+                        ) from None
                     writer.sign()
                     f.flush()
                     os.fsync(f.fileno())
@@ -223,19 +228,14 @@ class _HashingWriter:
         self.f.write(struct.pack("<H", _COMMENT_LEN) + CHECKSUM_PREFIX + self.sha.hexdigest().encode())
 
 
-def _original_error(error: BaseException) -> BaseException:
-    """What really stopped ``torch.save``: its zip writer turns a failed write (``OSError``) and an
-    exception raised inside it (a stop signal's ``SystemExit``, a ``KeyboardInterrupt``) into a
-    ``RuntimeError ... unexpected pos`` raised while it closes the archive, with the original only as
-    the exception's context."""
-    seen: set[int] = set()
-    cause: BaseException | None = error
-    while cause is not None and id(cause) not in seen:
-        seen.add(id(cause))
-        if isinstance(cause, OSError) or not isinstance(cause, Exception):
-            return cause
-        cause = cause.__context__
-    return error
+def exception_chain(error: BaseException) -> list[BaseException]:
+    """``error`` and the exceptions it was raised from (or during), outermost first."""
+    chain: list[BaseException] = []
+    e: BaseException | None = error
+    while e is not None and all(e is not seen for seen in chain):
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    return chain
 
 
 def verify_checksum(path: str | os.PathLike[str], *, flag: str = "--ckpt_path") -> bool:
@@ -362,13 +362,9 @@ def _size(n: float) -> str:
 
 
 def _fsync_dir(folder: str) -> None:
-    try:
+    with contextlib.suppress(OSError):
         fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

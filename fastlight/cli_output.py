@@ -74,18 +74,6 @@ def debug_enabled() -> bool:
     return os.environ.get("FASTLIGHT_DEBUG", "") not in ("", "0")
 
 
-def exception_chain(error: BaseException) -> list[BaseException]:
-    """``error`` and the exceptions it was raised from (or during), outermost first."""
-    chain: list[BaseException] = []
-    seen: set[int] = set()
-    e: BaseException | None = error
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        chain.append(e)
-        e = e.__cause__ or e.__context__
-    return chain
-
-
 #: The kinds of exception a setting's check raises (AttributeError: a module's attribute used too early).
 _REFUSALS = (ValueError, TypeError, OSError, ImportError, AttributeError)
 
@@ -110,6 +98,8 @@ def setting_error_line(error: BaseException) -> str | None:
     printed as it is, its lines joined into one."""
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
+    from fastlight.checkpoints import exception_chain
+
     for exc in reversed(exception_chain(error)):
         if isinstance(exc, SettingError | MisconfigurationException) or (
             isinstance(exc, _REFUSALS) and _raised_by_fastlight(exc)
@@ -128,6 +118,8 @@ def parse_error_line(message: str, error: BaseException | None) -> str:
     setting is an ``ArgumentError`` whose first line names the key (``Parser key "data":``), and the
     innermost exception is the check that failed, e.g. ``Parser key "data": Parser key "num_envs":
     Expected a <class 'int'>. Got value: four``. A refusal of fastlight's own in the chain is its line."""
+    from fastlight.checkpoints import exception_chain
+
     chain = exception_chain(error) if error is not None else []
     own = setting_error_line(error) if error is not None else None
     if own is not None:

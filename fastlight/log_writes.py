@@ -23,7 +23,7 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-from fastlight.checkpoints import free_space
+from fastlight.checkpoints import exception_chain, free_space
 
 #: The logger methods that write files (Lightning's ``Logger`` interface).
 WRITES = ("log_metrics", "log_hyperparams", "log_graph", "save", "finalize")
@@ -63,7 +63,8 @@ class _GuardedWrite:
         try:
             return getattr(type(guard.logger), self.name)(guard.logger, *args, **kwargs)
         except Exception as e:
-            cause = _os_error(e)
+            # Lightning's TensorBoardLogger raises a ValueError from the writer's OSError.
+            cause = next((c for c in exception_chain(e) if isinstance(c, OSError)), None)
             if cause is None:
                 raise
             guard.failed = True
@@ -97,19 +98,6 @@ def log_write_line(logger: Any, error: OSError) -> str:
     code = errno_names.errorcode.get(error.errno or 0, str(error.errno))
     what = f"{error.strerror or error} ({code})"
     return f"could not write the logs of {type(logger).__name__} in {where}: {what}; {free_space(folder)}"
-
-
-def _os_error(error: BaseException) -> OSError | None:
-    """The first ``OSError`` in ``error``'s chain (``error``, then what it was raised from or during):
-    Lightning's TensorBoardLogger raises a ``ValueError`` from the writer's ``OSError``."""
-    seen: set[int] = set()
-    cause: BaseException | None = error
-    while cause is not None and id(cause) not in seen:
-        if isinstance(cause, OSError):
-            return cause
-        seen.add(id(cause))
-        cause = cause.__cause__ or cause.__context__
-    return None
 
 
 def _quiet_writer_threads() -> None:
