@@ -20,7 +20,6 @@ among the subclasses already imported.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from typing import Any
 
@@ -63,19 +62,14 @@ def merge_repeated_callbacks(callbacks: list[Any] | None) -> list[Any] | None:
         kept = first[key]
         if kept.get("init_args") is None:
             kept["init_args"] = Namespace()
-        defaults = _defaults(path)
+        defaults = constructor_defaults(class_key(path))
         for key, value in vars(cb.get("init_args") or Namespace()).items():
             if key not in defaults or value != defaults[key]:
                 kept["init_args"][key] = value
     return merged
 
 
-def _defaults(class_path: str) -> dict[str, Any]:
-    """The constructor's default argument values of ``class_path``."""
-    module, name = class_path.rsplit(".", 1)
-    cls = getattr(importlib.import_module(module), name)
-    return {
-        p.name: p.default
-        for p in inspect.signature(cls.__init__).parameters.values()
-        if p.default is not inspect.Parameter.empty
-    }
+def constructor_defaults(cls: type) -> dict[str, Any]:
+    """The default argument values of ``cls``'s constructor."""
+    params = inspect.signature(cls.__init__).parameters.values()
+    return {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
