@@ -123,8 +123,7 @@ class FastlightCLI(LightningCLI):
         """Atomic checkpoint files unless the user brings a CheckpointIO of their own; loggers whose failed
         write stops the run in one line (:mod:`fastlight.log_writes`)."""
         refuse_fsdp1(self._get(self.config_init, "trainer", default={}).get("strategy"))
-        plugins = self._get(self.config_init, "trainer", default={}).get("plugins")
-        plugins = [] if plugins is None else list(plugins) if isinstance(plugins, list) else [plugins]
+        plugins = _listed(self._get(self.config_init, "trainer", default={}).get("plugins"))
         if not any(isinstance(p, CheckpointIO) for p in plugins):
             kwargs["plugins"] = [*plugins, AtomicCheckpointIO()]
         trainer = super().instantiate_trainer(**kwargs)
@@ -153,11 +152,8 @@ class FastlightCLI(LightningCLI):
 
         from fastlight.callbacks.progress import RolloutProgressBar
 
-        def listed(value: Any) -> list[Any]:
-            return [] if value is None else list(value) if isinstance(value, list) else [value]
-
         defaults = self.trainer_defaults.get("callbacks")
-        theirs = [*listed(config.get("callbacks")), *callbacks, *listed(defaults)]
+        theirs = [*_listed(config.get("callbacks")), *callbacks, *_listed(defaults)]
         has_bar = any(isinstance(c, ProgressBar) for c in theirs)
         if config.get("enable_progress_bar") is not False and not has_bar:
             callbacks = [*callbacks, RolloutProgressBar()]
@@ -210,6 +206,11 @@ class FastlightCLI(LightningCLI):
                 file=sys.stderr,
                 flush=True,
             )
+
+
+def _listed(value: Any) -> list[Any]:
+    """A setting that takes one object or a list of them, as a list."""
+    return [] if value is None else list(value) if isinstance(value, list) else [value]
 
 
 _NUMBER = re.compile(r"-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
@@ -332,15 +333,12 @@ def main() -> None:
     if sub in (None, "-h", "--help"):
         print(TOP_HELP, file=sys.stdout if sub else sys.stderr)
         raise SystemExit(0 if sub else 2)
-    if sub == "evaluate":
-        from fastlight.evaluate import main as evaluate
-
-        evaluate(sys.argv[2:])
-        return
-    if sub == "plot":
-        from fastlight.plot import main as plot
-
-        plot(sys.argv[2:])
+    if sub in ("evaluate", "plot"):
+        if sub == "evaluate":
+            from fastlight.evaluate import main as command
+        else:
+            from fastlight.plot import main as command
+        command(sys.argv[2:])
         return
     if sub in _NO_LOOP:
         print(
