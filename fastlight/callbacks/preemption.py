@@ -37,7 +37,6 @@ import os
 import signal
 import sys
 import threading
-import time
 import traceback
 from types import FrameType
 from typing import Any, Protocol, runtime_checkable
@@ -110,8 +109,6 @@ class PreemptionCheckpoint(Callback):
         #: How the stop line says to resume ``{path}``; the ``fastlight`` command sets its ``--ckpt_path``.
         self.resume_hint = "trainer.fit(..., ckpt_path={path!r})"
         self.ignored_signals = 0  # stop signals that came after the first one of this fit
-        #: The per-update agreement of the ranks: how many, and their total wall time (seconds).
-        self.agreements, self.agreement_seconds = 0, 0.0
         self._active, self._trained = False, False  # a fit is running (setup .. teardown); it trained
         self._in_update = False
         self._distributed, self._rank = False, 0  # several ranks: a signal only sets the flag, they agree
@@ -186,7 +183,9 @@ class PreemptionCheckpoint(Callback):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
         self._in_update = False
         self._updates += 1
-        signum, due = self._agree(trainer, self.clock.due())
+        # The stop signal (0: none) and the timer, agreed by all ranks: a signal to any rank stops all
+        # after this update, and all take part in a save one rank's clock calls due.
+        signum, due = max_over_ranks(trainer, self._signum or 0, int(self.clock.due()))
         if signum:
             self._signum = signum
             raise Preempted(signum)
@@ -194,17 +193,6 @@ class PreemptionCheckpoint(Callback):
             self._save(trainer)
             if self._signum is not None and not self._distributed:  # it came during the save
                 raise Preempted(self._signum)
-
-    def _agree(self, trainer: L.Trainer, due: bool) -> tuple[int, bool]:
-        """The stop signal (0: none) and whether the timer save is due, agreed by all ranks: a signal to
-        any rank stops all after this update, and all take part in a save one rank's clock says is due."""
-        if not self._distributed:
-            return self._signum or 0, due
-        t0 = time.perf_counter()
-        signum, any_due = max_over_ranks(trainer, self._signum or 0, int(due))
-        self.agreements += 1
-        self.agreement_seconds += time.perf_counter() - t0
-        return signum, bool(any_due)
 
     @override
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
