@@ -5,19 +5,14 @@ LightningModule a checkpoint holds, and loading it, is :mod:`fastlight.modules.l
 **Checksum.** Every checkpoint :class:`AtomicCheckpointIO` writes carries the sha256 of the bytes
 ``torch.save`` wrote, in the zip archive's comment (``fastlight-sha256:<hex>``, the last 81 bytes of
 the file; the end record's comment length, 0 as torch writes it, is set to 81). The file stays a
-plain torch checkpoint: ``torch.load``, ``mmap=True`` and ``unzip -z`` read it. Torch itself checks
-no checksum when it loads (its zip reader skips the records' CRC-32), so a file damaged on disk or in
-a copy loaded silently before; :func:`verify_checksum` (called by :func:`read_checkpoint` and
-:meth:`AtomicCheckpointIO.load_checkpoint`, i.e. ``--ckpt_path``, ``--model.init_from`` and ``fastlight
-evaluate --ckpt``) refuses it in one line naming the file. A file without the comment (written
-before, or by another CheckpointIO) is loaded unchecked. Checking reads the file once more; a file is
-checked once per process (keyed by inode, size and mtime). The checksum proves
-the file intact, not safe: reading runs no code whoever wrote it (:mod:`fastlight.safe_files`).
+plain torch checkpoint (``torch.load``, ``mmap=True`` and ``unzip -z`` read it). Torch checks no
+checksum when it loads; :func:`verify_checksum` (called by :func:`read_checkpoint`, i.e.
+``--ckpt_path``, ``--model.init_from`` and ``fastlight evaluate --ckpt``) refuses a damaged file in one
+line naming it. A file without the comment (another CheckpointIO's) is loaded unchecked; a file is
+checked once per process (keyed by inode, size and mtime). The checksum proves the file intact, not
+safe: reading runs no code whoever wrote it (:mod:`fastlight.safe_files`).
 
-**Failed writes.** ``torch.save`` reports a full disk as ``RuntimeError: ... unexpected pos`` (its zip
-writer's own error, raised while it closes the archive, with the ``OSError`` only as the context);
-a stop exception raised inside it (a signal handler) is replaced the same way. The save here takes
-the original back: a full disk, a read-only filesystem or an I/O error is a
+**Failed writes.** A full disk, a read-only filesystem or an I/O error is a
 :class:`CheckpointWriteError`, one line naming the path, the free space there and the last good
 checkpoint to resume from. While a save runs, :func:`save_in_progress` is true: the stop-signal
 handler (:mod:`fastlight.callbacks.preemption`) then only notes the signal, so it never raises inside
