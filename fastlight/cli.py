@@ -47,7 +47,7 @@ from fastlight.data.protocols import ChecksEnvSpec
 from fastlight.log_writes import guard_logger_writes
 from fastlight.modules.rl_module import RLModule
 from fastlight.modules.sharding import refuse_fsdp1
-from fastlight.modules.weights_fit import plain_setting
+from fastlight.modules.weights_fit import differences
 from fastlight.procs import ignore_stop_signals
 from fastlight.ranks import peer_watch
 
@@ -257,25 +257,10 @@ def _differences(
     theirs_class = saved.get("_class_path")
     if theirs_class and not same_class(theirs_class, model.class_path):
         out.append(f"--model.class_path {model.class_path} (checkpoint: {theirs_class})")
-    mine = plain_setting(model.get("init_args") or Namespace())
-    for key, value in mine.items():
-        if key in _LINKED or key == "init_from" or key not in saved:  # init_from: not read on resume
-            continue
-        out += _leaf_differences(f"--model.{key}", value, plain_setting(saved[key]))
+    # init_from: not read on resume
+    out += differences("--model.", model.get("init_args"), saved, skip=(*_LINKED, "init_from"))
     init_args = data.get("init_args") if isinstance(data, Namespace) else None
-    for key, value in plain_setting(init_args or Namespace()).items():
-        if saved_data and key in saved_data:
-            out += _leaf_differences(f"--data.{key}", value, plain_setting(saved_data[key]))
-    return out
-
-
-def _leaf_differences(flag: str, mine: Any, theirs: Any) -> list[str]:
-    """``<flag> <yours> (checkpoint: <theirs>)`` for each differing leaf: a nested setting (a policy's
-    ``init_args``) names only the keys that differ, by their own flag, never two whole dicts."""
-    if isinstance(mine, dict) and isinstance(theirs, dict):
-        return [line for k in dict.fromkeys([*mine, *theirs])
-                for line in _leaf_differences(f"{flag}.{k}", mine.get(k), theirs.get(k))]  # fmt: skip
-    return [] if mine == theirs else [f"{flag} {mine} (checkpoint: {theirs})"]
+    return out + differences("--data.", init_args, saved_data or {})
 
 
 def cli_main(args: list[str] | None = None, *, run: bool = True) -> FastlightCLI:
