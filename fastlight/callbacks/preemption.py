@@ -279,14 +279,12 @@ class PreemptionCheckpoint(Callback):
             trainer.datamodule.stop()  # no sampler is restarted (nor samples) while this one stops
         what = signal.Signals(exception.signum).name if isinstance(exception, Preempted) else None
         what, at = what or type(exception).__name__, f"at global step {trainer.global_step}"
+        # A signal or a full disk says all in its line; any other error's traceback is kept.
+        plain = not isinstance(exception, Preempted | CheckpointWriteError | LogWriteError)
         # The error's own words: a log that could not be written is the cause, then what became of the
         # checkpoint; any other error's first line (the command prints no traceback after this line).
         said = f": {exception.strerror}" if isinstance(exception, LogWriteError) else ""
-        if (
-            not said
-            and not isinstance(exception, Preempted | CheckpointWriteError)
-            and str(exception).strip()
-        ):
+        if plain and str(exception).strip():
             said = f": {str(exception).strip().splitlines()[0]}"
         if not self._trained:
             where = f"before training started{said}; no checkpoint written"
@@ -310,8 +308,6 @@ class PreemptionCheckpoint(Callback):
             exception.reported = True  # the command prints it once
         if trainer.is_global_zero:
             where += end_launched_ranks(trainer) if agreed else ""  # they stop too: say how they ended
-            # A signal or a full disk says all in its line; any other error's traceback is kept.
-            plain = not isinstance(exception, Preempted | CheckpointWriteError | LogWriteError)
             if plain and (kept := self._keep_traceback(exception)):
                 where += f"; traceback in {kept}"
             print(f"fastlight: stopped by {what} {where}", file=sys.stderr, flush=True)

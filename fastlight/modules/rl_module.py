@@ -336,11 +336,8 @@ class RLModule(PolicyModule):
     def _skip_if_nonfinite(self, opt: Any, loss: Tensor, epoch: int, minibatch: int) -> None:
         """Drop this step's gradients if the loss or a gradient is NaN / inf (:class:`NonfiniteSteps`)."""
         at = (self.global_step, self.policy_version, epoch, minibatch)
-        self.nonfinite.check(opt, loss, self.policy.parameters(), world_size=self._world_size(), at=at)
-
-    def _world_size(self) -> int:
-        """The trainer's world size; 1 for a module updated without a Trainer (a script or a test)."""
-        return self._trainer.world_size if self._trainer is not None else 1
+        world_size = self._trainer.world_size if self._trainer is not None else 1  # 1: no Trainer
+        self.nonfinite.check(opt, loss, self.policy.parameters(), world_size=world_size, at=at)
 
     @property
     def skipped_updates(self) -> int:
