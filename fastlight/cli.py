@@ -350,5 +350,6 @@ def main() -> None:
             raise SystemExit(1) from None
         raise
 
+
 if __name__ == "__main__":
     main()

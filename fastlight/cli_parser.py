@@ -6,18 +6,13 @@ message is jsonargparse's own, on one line (:func:`fastlight.cli_output.parse_er
 types allow but a constructor refuses is the constructor's line, naming the flag
 (``--data.termination_threshold must be in [0, 1] or auto, got 1.5``).
 
-Before jsonargparse reads the command line, :func:`check_command_line` refuses LightningCLI's
-``--optimizer`` / ``--lr_scheduler`` (the module makes its optimizer) and a missing or malformed
-``--config`` file, naming the file (and the line and column of a YAML mistake);
-:func:`check_init_from` refuses a missing ``--model.init_from`` checkpoint before anything starts.
-
-A dumped config is the run's complete one (:func:`fastlight.cli_defaults.complete_run_config`), so
-that ``--print_config``, which jsonargparse prints from inside parsing, before the CLI adds its
-callbacks, loggers and folders, shows what will run.
-
+Before jsonargparse reads the command line, :func:`check_command_line` refuses what it would only
+call unrecognized; :func:`check_init_from` refuses a missing ``--model.init_from`` checkpoint before
+anything starts. A dumped config is the run's complete one
+(:func:`fastlight.cli_defaults.complete_run_config`), so that ``--print_config`` shows what will run.
 A command-line value means what it means in YAML at every depth
-(:func:`fastlight.jsonargparse_compat.yaml_nested_values`); a later
-``--config`` file's ``env_kwargs`` update the earlier ones key by key, as ``--data.env_kwargs.KEY`` does.
+(:func:`fastlight.jsonargparse_compat.yaml_nested_values`); a later ``--config`` file's ``env_kwargs``
+update the earlier ones key by key, as ``--data.env_kwargs.KEY`` does.
 """
 
 from __future__ import annotations

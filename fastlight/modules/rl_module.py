@@ -367,4 +367,3 @@ class RLModule(PolicyModule):
         shown = {k: metrics.pop(k) for k in ("rollout/return",) if k in metrics}
         self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=n)
         self.log_dict(shown, on_step=True, on_epoch=False, batch_size=n, prog_bar=True)
-
