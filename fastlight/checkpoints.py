@@ -141,15 +141,13 @@ class CheckpointWriteError(OSError):
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Checkpoints that appear under their final name only when complete, with a checksum.
 
-    Lightning's ``TorchCheckpointIO`` serialises to memory, then opens the final path for writing:
-    a full disk or a kill during that write leaves a truncated file under the final name, and the
-    previous ``last.ckpt`` is already gone. Here ``torch.save`` streams to a temporary file in the
-    same directory (no second copy in memory), hashed as it goes; the checksum is added (see the
-    module docstring), the file flushed and fsynced, and only then renamed over the final name
-    (``os.replace`` is atomic on POSIX). A failed save removes the temporary file, leaves the
-    previous checkpoint intact and raises a :class:`CheckpointWriteError` (an ``OSError`` with the
-    original errno) naming the path. Loading checks the checksum and names the path and what is
-    wrong. The ``fastlight`` CLI installs it unless ``--trainer.plugins`` brings another CheckpointIO.
+    ``torch.save`` streams to a temporary file in the same directory (no second copy in memory), hashed
+    as it goes; the checksum is added (module docstring), the file flushed and fsynced, and only then
+    renamed over the final name (``os.replace`` is atomic on POSIX), so a full disk or a kill mid-write
+    never leaves a truncated file under it. A failed save removes the temporary file, leaves the previous
+    checkpoint intact and raises a :class:`CheckpointWriteError` (the original errno) naming the path.
+    Loading is :func:`read_checkpoint`'s. The ``fastlight`` CLI installs it unless ``--trainer.plugins``
+    brings another CheckpointIO.
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
