@@ -1,12 +1,11 @@
 """``LostRankCheckpoint``: a rank that is lost stops the others with one line naming it, and the lowest
 surviving rank writes the checkpoint of the last completed update.
 
-A rank that is SIGKILLed, SIGSTOPped, hung, or whose node is gone leaves the others in their next
-collective, waiting up to the process-group timeout (Lightning's: 30 minutes), and the error names no
-rank. On every rank of a multi-rank ``fit`` this callback sets that timeout to ``peer_timeout_minutes``,
-beats a heartbeat (:class:`~fastlight.ranks.peer_watch.PeerWatch`; Lightning's child-process observer,
-which SIGKILLs rank 0 within 5 s of a launched rank's death, is stood down), and when a collective
-fails and a rank is named lost, stops without another collective: the samplers end, the lowest
+A rank that is SIGKILLed, SIGSTOPped, hung, or whose node is gone leaves the others waiting in their
+next collective. On every rank of a multi-rank ``fit`` this callback sets the process-group timeout to
+``peer_timeout_minutes``, beats a heartbeat (:class:`~fastlight.ranks.peer_watch.PeerWatch`; Lightning's
+child-process observer is stood down), and when a collective fails and a rank is named lost, stops
+without another collective: the samplers end, the lowest
 surviving rank writes the last completed update alone (its own per-rank state only) to
 :class:`~fastlight.callbacks.preemption.PreemptionCheckpoint`'s file (which then stands aside:
 :class:`~fastlight.callbacks.preemption.HandlesStop`), rank 0 ends the ranks it launched, and every

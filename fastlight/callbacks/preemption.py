@@ -11,9 +11,9 @@ deadlocks under DDP on a SIGTERM to a rank other than 0 (:mod:`fastlight.lightni
 - on any exception during training (a signal, a sampler fault, a non-finite value, a log that could
   not be written: :mod:`fastlight.log_writes`) ends the samplers, writes ``<dirpath>/<filename>.ckpt``
   (rank 0 writes, every rank takes part) and prints one line saying what happened and where the
-  checkpoint is; further stop signals are ignored until it is on
-  disk. It exits with 128 + signum (SIGINT 130, SIGTERM 143, SIGUSR1 138) on every rank, and under
-  SLURM with auto-requeue requeues the job to resume from it (:mod:`fastlight.ranks.slurm`);
+  checkpoint is; further stop signals are ignored until it is on disk. It exits with 128 + signum
+  (SIGINT 130, SIGTERM 143, SIGUSR1 138) on every rank, and under SLURM with auto-requeue requeues the
+  job to resume from it (:mod:`fastlight.ranks.slurm`);
 - saves every ``every_minutes`` of training (:class:`~fastlight.callbacks.timed_checkpoint.SaveClock`,
   agreed with the stop signal in that one all-reduce) and when training ends; a file that cannot be written
   stops every rank with one line naming the last good checkpoint (:class:`CheckpointWriteError`).
