@@ -23,9 +23,9 @@ from dataclasses import asdict
 import numpy as np
 
 from fastlight.checkpoints import read_checkpoint
-from fastlight.evaluate import load_checkpoint
 from fastlight.evaluation import policy_act_fn, run_episodes
 from fastlight.extras import check_extra
+from fastlight.modules.loading import load_module
 
 check_extra("scipy", extra="bench", what="python -m benchmarks.learning")
 from scipy import stats  # noqa: E402
@@ -52,7 +52,7 @@ def compare(
     deterministic: bool,
     env_kwargs: dict | None = None,
 ) -> dict:
-    module, _ = load_checkpoint(ckpt)  # whatever module class the checkpoint records
+    module = load_module(ckpt)  # whatever module class the checkpoint records
     act = policy_act_fn(module.policy, deterministic=deterministic)
     trained = run_episodes(env_id, act, episodes=episodes, seed=seed, env_kwargs=env_kwargs)
     rand = run_episodes(env_id, None, episodes=episodes, seed=seed, env_kwargs=env_kwargs)

@@ -5,19 +5,14 @@ LightningModule a checkpoint holds, and loading it, is :mod:`fastlight.modules.l
 **Checksum.** Every checkpoint :class:`AtomicCheckpointIO` writes carries the sha256 of the bytes
 ``torch.save`` wrote, in the zip archive's comment (``fastlight-sha256:<hex>``, the last 81 bytes of
 the file; the end record's comment length, 0 as torch writes it, is set to 81). The file stays a
-plain torch checkpoint: ``torch.load``, ``mmap=True`` and ``unzip -z`` read it. Torch itself checks
-no checksum when it loads (its zip reader skips the records' CRC-32), so a file damaged on disk or in
-a copy loaded silently before; :func:`verify_checksum` (called by :func:`read_checkpoint` and
-:meth:`AtomicCheckpointIO.load_checkpoint`, i.e. ``--ckpt_path``, ``--model.init_from`` and ``fastlight
-evaluate --ckpt``) refuses it in one line naming the file. A file without the comment (written
-before, or by another CheckpointIO) is loaded unchecked. Checking reads the file once more (about
-1-2 GB/s); a file is checked once per process (keyed by inode, size and mtime). The checksum proves
-the file intact, not safe: reading runs no code whoever wrote it (:mod:`fastlight.safe_files`).
+plain torch checkpoint (``torch.load``, ``mmap=True`` and ``unzip -z`` read it). Torch checks no
+checksum when it loads; :func:`verify_checksum` (called by :func:`read_checkpoint`, i.e.
+``--ckpt_path``, ``--model.init_from`` and ``fastlight evaluate --ckpt``) refuses a damaged file in one
+line naming it. A file without the comment (another CheckpointIO's) is loaded unchecked; a file is
+checked once per process (keyed by inode, size and mtime). The checksum proves the file intact, not
+safe: reading runs no code whoever wrote it (:mod:`fastlight.safe_files`).
 
-**Failed writes.** ``torch.save`` reports a full disk as ``RuntimeError: ... unexpected pos`` (its zip
-writer's own error, raised while it closes the archive, with the ``OSError`` only as the context);
-a stop exception raised inside it (a signal handler) is replaced the same way. The save here takes
-the original back: a full disk, a read-only filesystem or an I/O error is a
+**Failed writes.** A full disk, a read-only filesystem or an I/O error is a
 :class:`CheckpointWriteError`, one line naming the path, the free space there and the last good
 checkpoint to resume from. While a save runs, :func:`save_in_progress` is true: the stop-signal
 handler (:mod:`fastlight.callbacks.preemption`) then only notes the signal, so it never raises inside
@@ -71,18 +66,22 @@ def saving() -> Iterator[None]:
         _saves_running -= 1
 
 
-def read_checkpoint(path: str | Path, *, flag: str = "--ckpt") -> dict[str, Any]:
-    """``torch.load`` a Lightning checkpoint on the CPU, naming the file when it is missing or not one."""
+def read_checkpoint(path: str | Path, *, flag: str = "--ckpt", map_location: Any = "cpu") -> dict[str, Any]:
+    """``torch.load`` a Lightning checkpoint (on the CPU unless ``map_location`` says otherwise), its
+    checksum verified, naming ``flag`` and the file when it is missing, corrupt or not a checkpoint."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{flag}: no checkpoint file at {path}")
     verify_checksum(path, flag=flag)
     try:
-        ckpt = safe_load(path, flag=flag)
+        ckpt = safe_load(path, flag=flag, map_location=map_location)
     except UnsafeFileError:
         raise
     except Exception as e:  # noqa: BLE001 - any unpickling error means "not a checkpoint"
-        raise ValueError(f"{flag}: {path} is not a readable checkpoint ({type(e).__name__}: {e})") from e
+        raise ValueError(
+            f"{flag}: {path} is not a readable checkpoint, truncated or not written by torch.save "
+            f"({path.stat().st_size} bytes; {type(e).__name__}: {e})"
+        ) from e
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
         raise ValueError(f"{flag}: {path} is not a Lightning checkpoint (no 'state_dict')")
     return ckpt
@@ -117,7 +116,7 @@ def check_writable_dir(path: str | os.PathLike[str], *, flag: str = "--trainer.d
         ) from e
     try:
         # A full filesystem still lets an empty file be created; a write of a few pages it refuses,
-        # here, rather than in TensorBoard's writer during Lightning's setup (a 68-line traceback).
+        # here, rather than in TensorBoard's writer during Lightning's setup (a long traceback).
         os.write(fd, bytes(WRITE_CHECK_BYTES))
     except OSError as e:
         raise ValueError(
@@ -142,15 +141,13 @@ class CheckpointWriteError(OSError):
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Checkpoints that appear under their final name only when complete, with a checksum.
 
-    Lightning's ``TorchCheckpointIO`` serialises to memory, then opens the final path for writing:
-    a full disk or a kill during that write leaves a truncated file under the final name, and the
-    previous ``last.ckpt`` is already gone. Here ``torch.save`` streams to a temporary file in the
-    same directory (no second copy in memory), hashed as it goes; the checksum is added (see the
-    module docstring), the file flushed and fsynced, and only then renamed over the final name
-    (``os.replace`` is atomic on POSIX). A failed save removes the temporary file, leaves the
-    previous checkpoint intact and raises a :class:`CheckpointWriteError` (an ``OSError`` with the
-    original errno) naming the path. Loading checks the checksum and names the path and what is
-    wrong. The ``fastlight`` CLI installs it unless ``--trainer.plugins`` brings another CheckpointIO.
+    ``torch.save`` streams to a temporary file in the same directory (no second copy in memory), hashed
+    as it goes; the checksum is added (module docstring), the file flushed and fsynced, and only then
+    renamed over the final name (``os.replace`` is atomic on POSIX), so a full disk or a kill mid-write
+    never leaves a truncated file under it. A failed save removes the temporary file, leaves the previous
+    checkpoint intact and raises a :class:`CheckpointWriteError` (the original errno) naming the path.
+    Loading is :func:`read_checkpoint`'s. The ``fastlight`` CLI installs it unless ``--trainer.plugins``
+    brings another CheckpointIO.
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
@@ -167,7 +164,12 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                     try:
                         torch.save(checkpoint, writer)
                     except BaseException as e:
-                        raise _original_error(e) from None
+                        # torch's zip writer turns a failed write (OSError) and an exception raised inside
+                        # it (a stop signal's SystemExit) into a RuntimeError, the original as its context.
+                        chain = exception_chain(e)
+                        raise next(
+                            (c for c in chain if not isinstance(c, Exception) or isinstance(c, OSError)), e
+                        ) from None
                     writer.sign()
                     f.flush()
                     os.fsync(f.fileno())
@@ -189,21 +191,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if "://" in str(path):
             with torch.serialization.safe_globals(ALLOWED):
                 return super().load_checkpoint(path, map_location, weights_only=True)
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"--ckpt_path: no checkpoint file at {path}")
-        verify_checksum(path, flag="--ckpt_path")
-        try:
-            ckpt = safe_load(path, flag="--ckpt_path", map_location=map_location)
-        except UnsafeFileError:
-            raise
-        except Exception as e:  # noqa: BLE001 - any unpickling error means "not a checkpoint"
-            raise ValueError(
-                f"--ckpt_path: {path} is not a readable checkpoint, truncated or not written by torch.save "
-                f"({os.path.getsize(path)} bytes; {type(e).__name__}: {e})"
-            ) from e
-        if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
-            raise ValueError(f"--ckpt_path: {path} is not a Lightning checkpoint (no 'state_dict')")
-        return ckpt
+        return read_checkpoint(path, flag="--ckpt_path", map_location=map_location)
 
 
 class _HashingWriter:
@@ -233,19 +221,14 @@ class _HashingWriter:
         self.f.write(struct.pack("<H", _COMMENT_LEN) + CHECKSUM_PREFIX + self.sha.hexdigest().encode())
 
 
-def _original_error(error: BaseException) -> BaseException:
-    """What really stopped ``torch.save``: its zip writer turns a failed write (``OSError``) and an
-    exception raised inside it (a stop signal's ``SystemExit``, a ``KeyboardInterrupt``) into a
-    ``RuntimeError ... unexpected pos`` raised while it closes the archive, with the original only as
-    the exception's context."""
-    seen: set[int] = set()
-    cause: BaseException | None = error
-    while cause is not None and id(cause) not in seen:
-        seen.add(id(cause))
-        if isinstance(cause, OSError) or not isinstance(cause, Exception):
-            return cause
-        cause = cause.__context__
-    return error
+def exception_chain(error: BaseException) -> list[BaseException]:
+    """``error`` and the exceptions it was raised from (or during), outermost first."""
+    chain: list[BaseException] = []
+    e: BaseException | None = error
+    while e is not None and all(e is not seen for seen in chain):
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    return chain
 
 
 def verify_checksum(path: str | os.PathLike[str], *, flag: str = "--ckpt_path") -> bool:
@@ -372,13 +355,9 @@ def _size(n: float) -> str:
 
 
 def _fsync_dir(folder: str) -> None:
-    try:
+    with contextlib.suppress(OSError):
         fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

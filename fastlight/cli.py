@@ -47,7 +47,7 @@ from fastlight.data.protocols import ChecksEnvSpec
 from fastlight.log_writes import guard_logger_writes
 from fastlight.modules.rl_module import RLModule
 from fastlight.modules.sharding import refuse_fsdp1
-from fastlight.modules.weights_fit import plain_setting
+from fastlight.modules.weights_fit import differences
 from fastlight.procs import ignore_stop_signals
 from fastlight.ranks import peer_watch
 
@@ -55,7 +55,7 @@ from fastlight.ranks import peer_watch
 _LINKED = ("obs_dim", "action_dim", "continuous")
 
 
-#: ``fastlight fit --help``: where fastlight's settings are among Lightning's (before its ~500 lines).
+#: ``fastlight fit --help``: where fastlight's settings are among Lightning's many.
 FIT_USAGE = "%(prog)s [--config FILE ...] [--print_config] [--trainer.* ...] [--model.* ...] [--data.* ...]"
 FIT_HELP = (
     "Train fastlight's --model on its --data (Lightning's Trainer.fit). fastlight's settings are the "
@@ -123,8 +123,7 @@ class FastlightCLI(LightningCLI):
         """Atomic checkpoint files unless the user brings a CheckpointIO of their own; loggers whose failed
         write stops the run in one line (:mod:`fastlight.log_writes`)."""
         refuse_fsdp1(self._get(self.config_init, "trainer", default={}).get("strategy"))
-        plugins = self._get(self.config_init, "trainer", default={}).get("plugins")
-        plugins = [] if plugins is None else list(plugins) if isinstance(plugins, list) else [plugins]
+        plugins = _listed(self._get(self.config_init, "trainer", default={}).get("plugins"))
         if not any(isinstance(p, CheckpointIO) for p in plugins):
             kwargs["plugins"] = [*plugins, AtomicCheckpointIO()]
         trainer = super().instantiate_trainer(**kwargs)
@@ -153,11 +152,8 @@ class FastlightCLI(LightningCLI):
 
         from fastlight.callbacks.progress import RolloutProgressBar
 
-        def listed(value: Any) -> list[Any]:
-            return [] if value is None else list(value) if isinstance(value, list) else [value]
-
         defaults = self.trainer_defaults.get("callbacks")
-        theirs = [*listed(config.get("callbacks")), *callbacks, *listed(defaults)]
+        theirs = [*_listed(config.get("callbacks")), *callbacks, *_listed(defaults)]
         has_bar = any(isinstance(c, ProgressBar) for c in theirs)
         if config.get("enable_progress_bar") is not False and not has_bar:
             callbacks = [*callbacks, RolloutProgressBar()]
@@ -212,6 +208,11 @@ class FastlightCLI(LightningCLI):
             )
 
 
+def _listed(value: Any) -> list[Any]:
+    """A setting that takes one object or a list of them, as a list."""
+    return [] if value is None else list(value) if isinstance(value, list) else [value]
+
+
 _NUMBER = re.compile(r"-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
 
@@ -256,25 +257,10 @@ def _differences(
     theirs_class = saved.get("_class_path")
     if theirs_class and not same_class(theirs_class, model.class_path):
         out.append(f"--model.class_path {model.class_path} (checkpoint: {theirs_class})")
-    mine = plain_setting(model.get("init_args") or Namespace())
-    for key, value in mine.items():
-        if key in _LINKED or key == "init_from" or key not in saved:  # init_from: not read on resume
-            continue
-        out += _leaf_differences(f"--model.{key}", value, plain_setting(saved[key]))
+    # init_from: not read on resume
+    out += differences("--model.", model.get("init_args"), saved, skip=(*_LINKED, "init_from"))
     init_args = data.get("init_args") if isinstance(data, Namespace) else None
-    for key, value in plain_setting(init_args or Namespace()).items():
-        if saved_data and key in saved_data:
-            out += _leaf_differences(f"--data.{key}", value, plain_setting(saved_data[key]))
-    return out
-
-
-def _leaf_differences(flag: str, mine: Any, theirs: Any) -> list[str]:
-    """``<flag> <yours> (checkpoint: <theirs>)`` for each differing leaf: a nested setting (a policy's
-    ``init_args``) names only the keys that differ, by their own flag, never two whole dicts."""
-    if isinstance(mine, dict) and isinstance(theirs, dict):
-        return [line for k in dict.fromkeys([*mine, *theirs])
-                for line in _leaf_differences(f"{flag}.{k}", mine.get(k), theirs.get(k))]  # fmt: skip
-    return [] if mine == theirs else [f"{flag} {mine} (checkpoint: {theirs})"]
+    return out + differences("--data.", init_args, saved_data or {})
 
 
 def cli_main(args: list[str] | None = None, *, run: bool = True) -> FastlightCLI:
@@ -332,15 +318,12 @@ def main() -> None:
     if sub in (None, "-h", "--help"):
         print(TOP_HELP, file=sys.stdout if sub else sys.stderr)
         raise SystemExit(0 if sub else 2)
-    if sub == "evaluate":
-        from fastlight.evaluate import main as evaluate
-
-        evaluate(sys.argv[2:])
-        return
-    if sub == "plot":
-        from fastlight.plot import main as plot
-
-        plot(sys.argv[2:])
+    if sub in ("evaluate", "plot"):
+        if sub == "evaluate":
+            from fastlight.evaluate import main as command
+        else:
+            from fastlight.plot import main as command
+        command(sys.argv[2:])
         return
     if sub in _NO_LOOP:
         print(
@@ -366,6 +349,7 @@ def main() -> None:
         if reported and not debug_enabled():
             raise SystemExit(1) from None
         raise
+
 
 if __name__ == "__main__":
     main()

@@ -1,32 +1,23 @@
 """Callbacks in a ``fastlight`` config: one entry per callback class, whatever the fragments add.
 
-A fragment in ``callbacks/`` appends its callback (``trainer.callbacks+:``). When the experiment
-already has that callback, a second instance would either be refused by Lightning (two stateful
-callbacks with one ``state_key``) or, worse, run twice. :func:`merge_repeated_callbacks` folds
-every repeated ``class_path`` into its first entry instead: the later entry's ``init_args``
-update the earlier one's, key by key, so ``--config callbacks/throughput.yaml`` on a config that
-already has ``RolloutThroughput`` keeps one, with the fragment's settings on top. By the time the
-config is parsed, jsonargparse has filled every omitted argument with its default, so only the
-later values that differ from the constructor's defaults count as set (a fragment cannot reset an
-experiment's setting back to the default; it can drop the fragment).
-
-Lightning's ``ModelCheckpoint`` and ``EarlyStopping`` are left alone: their state keys include
-their arguments, so several of them (e.g. two monitors) are meaningful.
-
-Importing this module also imports fastlight's callbacks, so that their short names resolve on the
-command line (``--trainer.callbacks+=RolloutThroughput``): jsonargparse resolves a bare class name
-among the subclasses already imported.
+A fragment in ``callbacks/`` appends its callback (``trainer.callbacks+:``); a second instance of a
+callback the experiment already has would be refused by Lightning (one ``state_key``) or run twice.
+:func:`merge_repeated_callbacks` folds every repeated ``class_path`` into its first entry instead: the
+later entry's ``init_args`` that differ from the constructor's defaults (jsonargparse has filled in the
+omitted ones) update the earlier one's, key by key. Lightning's ``ModelCheckpoint`` and
+``EarlyStopping`` may repeat: their state keys include their arguments.
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from typing import Any
 
 from jsonargparse import Namespace
 
-import fastlight.callbacks.dwr  # noqa: F401 - registers the short names (see above)
+# jsonargparse resolves a bare class name (--trainer.callbacks+=RolloutThroughput) among the
+# subclasses already imported.
+import fastlight.callbacks.dwr  # noqa: F401
 import fastlight.callbacks.env_steps  # noqa: F401
 import fastlight.callbacks.progress  # noqa: F401
 import fastlight.callbacks.throughput  # noqa: F401
@@ -63,19 +54,14 @@ def merge_repeated_callbacks(callbacks: list[Any] | None) -> list[Any] | None:
         kept = first[key]
         if kept.get("init_args") is None:
             kept["init_args"] = Namespace()
-        defaults = _defaults(path)
+        defaults = constructor_defaults(class_key(path))
         for key, value in vars(cb.get("init_args") or Namespace()).items():
             if key not in defaults or value != defaults[key]:
                 kept["init_args"][key] = value
     return merged
 
 
-def _defaults(class_path: str) -> dict[str, Any]:
-    """The constructor's default argument values of ``class_path``."""
-    module, name = class_path.rsplit(".", 1)
-    cls = getattr(importlib.import_module(module), name)
-    return {
-        p.name: p.default
-        for p in inspect.signature(cls.__init__).parameters.values()
-        if p.default is not inspect.Parameter.empty
-    }
+def constructor_defaults(cls: type) -> dict[str, Any]:
+    """The default argument values of ``cls``'s constructor."""
+    params = inspect.signature(cls.__init__).parameters.values()
+    return {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}

@@ -36,7 +36,6 @@ with a folder of the config's own is left where the config put it.
 
 from __future__ import annotations
 
-import inspect
 import os
 import re
 from typing import Any
@@ -49,7 +48,7 @@ from fastlight.callbacks.periodic_evaluation import PeriodicEvaluation
 from fastlight.callbacks.preemption import PreemptionCheckpoint
 from fastlight.callbacks.timed_checkpoint import TimedCheckpoint
 from fastlight.class_paths import class_path, resolve, same_class
-from fastlight.cli_callbacks import merge_repeated_callbacks
+from fastlight.cli_callbacks import constructor_defaults, merge_repeated_callbacks
 from fastlight.data.datamodule import RolloutDataModule
 
 MODEL_CHECKPOINT = "lightning.pytorch.callbacks.ModelCheckpoint"
@@ -228,8 +227,7 @@ def _samples_envs(cfg: Namespace) -> bool:
 def _defaults(cls: type) -> Namespace:
     """Every constructor argument of ``cls`` at its default, as the parser fills a listed callback's
     (so that ``--print_config`` shows an added callback's settings too)."""
-    params = inspect.signature(cls.__init__).parameters.values()
-    return Namespace(**{p.name: p.default for p in params if p.default is not inspect.Parameter.empty})
+    return Namespace(**constructor_defaults(cls))
 
 
 def _is(cb: Any, path: str) -> bool:

@@ -2,8 +2,8 @@
 
 - :func:`quiet_third_party` drops Lightning's "💡 Tip" advertisements (litlogger, litmodels) and
   warnings known to be harmless here (listed in :data:`KNOWN_WARNINGS`, each with its reason), so
-  a run's output is the run's; Lightning's "Seed set to N" waits for the Trainer's first line, so
-  a mistake found before the Trainer exists is the only line (:class:`_HeldSeedLine`).
+  a run's output is the run's; nor Lightning's "Seed set to N", so a mistake found before the Trainer
+  exists is the only line.
 - :func:`one_line_errors` prints a mistake as ``fastlight: error: <message>`` on stderr, exit status 2,
   instead of the chained tracebacks around it. A mistake is told apart by who raised it, never by
   its wording: a :class:`SettingError` (the CLI's own refusals, jsonargparse's report of a command
@@ -65,64 +65,13 @@ def quiet_third_party() -> None:
 
     if not any(isinstance(f, _DropTips) for f in rank_zero.log.filters):
         rank_zero.log.addFilter(_DropTips())
-    _SEED_LINE.install()
-
-
-class _HeldSeedLine:
-    """Lightning's "Seed set to N", printed just before the next line Lightning prints.
-
-    LightningCLI seeds before it builds the data module, the module and the Trainer, so a mistake
-    found while building them (``--trainer.max_time 2min``, a keyword the env does not take) would
-    print second, after a line that says nothing about it. Held, the seed line comes out with the
-    Trainer's first line (its device summary on rank 0, "Initializing distributed" on the others),
-    in the same order as without this; a command that stops before then prints its error alone.
-    """
-
-    def __init__(self) -> None:
-        self.held: logging.LogRecord | None = None
-
-    def hold(self, record: logging.LogRecord) -> bool:
-        if not str(record.msg).lstrip("[rank: 0123456789]").startswith("Seed set to"):
-            return True
-        self.held = record
-        return False
-
-    def release(self, record: logging.LogRecord) -> bool:
-        held, self.held = self.held, None
-        if held is not None and held is not record:
-            logging.getLogger(held.name).callHandlers(held)
-        return True
-
-    def install(self) -> None:
-        loggers = [logging.getLogger(name) for name in ("lightning.fabric", "lightning.pytorch")]
-        handlers = [h for logger in loggers for h in logger.handlers]
-        if not handlers:  # Lightning hands its lines to the root logger's handlers: nothing of ours to time
-            return
-        seed_log = logging.getLogger("lightning.fabric.utilities.seed")
-        if self.hold not in seed_log.filters:
-            seed_log.addFilter(self.hold)
-        for handler in handlers:
-            if self.release not in handler.filters:
-                handler.addFilter(self.release)
-
-
-_SEED_LINE = _HeldSeedLine()
+    # No "Seed set to N" (LightningCLI seeds before it builds the classes, so it would come before a
+    # mistake found there); the seed is in the run's config.yaml.
+    logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)
 
 
 def debug_enabled() -> bool:
     return os.environ.get("FASTLIGHT_DEBUG", "") not in ("", "0")
-
-
-def exception_chain(error: BaseException) -> list[BaseException]:
-    """``error`` and the exceptions it was raised from (or during), outermost first."""
-    chain: list[BaseException] = []
-    seen: set[int] = set()
-    e: BaseException | None = error
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        chain.append(e)
-        e = e.__cause__ or e.__context__
-    return chain
 
 
 #: The kinds of exception a setting's check raises (AttributeError: a module's attribute used too early).
@@ -149,6 +98,8 @@ def setting_error_line(error: BaseException) -> str | None:
     printed as it is, its lines joined into one."""
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
+    from fastlight.checkpoints import exception_chain
+
     for exc in reversed(exception_chain(error)):
         if isinstance(exc, SettingError | MisconfigurationException) or (
             isinstance(exc, _REFUSALS) and _raised_by_fastlight(exc)
@@ -167,6 +118,8 @@ def parse_error_line(message: str, error: BaseException | None) -> str:
     setting is an ``ArgumentError`` whose first line names the key (``Parser key "data":``), and the
     innermost exception is the check that failed, e.g. ``Parser key "data": Parser key "num_envs":
     Expected a <class 'int'>. Got value: four``. A refusal of fastlight's own in the chain is its line."""
+    from fastlight.checkpoints import exception_chain
+
     chain = exception_chain(error) if error is not None else []
     own = setting_error_line(error) if error is not None else None
     if own is not None:

@@ -6,23 +6,17 @@ message is jsonargparse's own, on one line (:func:`fastlight.cli_output.parse_er
 types allow but a constructor refuses is the constructor's line, naming the flag
 (``--data.termination_threshold must be in [0, 1] or auto, got 1.5``).
 
-Before jsonargparse reads the command line, :func:`check_command_line` refuses LightningCLI's
-``--optimizer`` / ``--lr_scheduler`` (the module makes its optimizer) and a missing or malformed
-``--config`` file, naming the file (and the line and column of a YAML mistake);
-:func:`check_init_from` refuses a missing ``--model.init_from`` checkpoint before anything starts.
-
-A dumped config is the run's complete one (:func:`fastlight.cli_defaults.complete_run_config`), so
-that ``--print_config``, which jsonargparse prints from inside parsing, before the CLI adds its
-callbacks, loggers and folders, shows what will run.
-
-A command-line value means what it means in YAML at every depth (:func:`_yaml_nested_values`); a later
-``--config`` file's ``env_kwargs`` update the earlier ones key by key, as ``--data.env_kwargs.KEY`` does.
+Before jsonargparse reads the command line, :func:`check_command_line` refuses what it would only
+call unrecognized; :func:`check_init_from` refuses a missing ``--model.init_from`` checkpoint before
+anything starts. A dumped config is the run's complete one
+(:func:`fastlight.cli_defaults.complete_run_config`), so that ``--print_config`` shows what will run.
+A command-line value means what it means in YAML at every depth
+(:func:`fastlight.jsonargparse_compat.yaml_nested_values`); a later ``--config`` file's ``env_kwargs``
+update the earlier ones key by key, as ``--data.env_kwargs.KEY`` does.
 """
 
 from __future__ import annotations
 
-import functools
-import json
 import os
 from collections.abc import Sequence
 from contextvars import ContextVar
@@ -30,11 +24,11 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from jsonargparse import Namespace
-from jsonargparse import _typehints as jsonargparse_typehints
 from lightning.pytorch.cli import LightningArgumentParser
 
 from fastlight.cli_defaults import complete_run_config
 from fastlight.cli_output import SettingError, parse_error_line
+from fastlight.jsonargparse_compat import yaml_nested_values
 
 #: LightningCLI's optimizer arguments, which fastlight's CLI does not have (the module makes its optimizer).
 _OPTIMIZER_FLAGS = ("--optimizer", "--lr_scheduler")
@@ -112,25 +106,6 @@ def check_init_from(config: Namespace) -> None:
         raise FileNotFoundError(f"--model.init_from: no checkpoint file at {init_from}")
 
 
-def _yaml_nested_values(adapt_class_type: Any) -> Any:
-    """jsonargparse (4.53) hands a flag two classes deep (``--model.policy.init_args.image_size null``) to
-    the inner class's parser as ``f"--{key}={value}"`` of the value already read as YAML: ``null`` arrives
-    as the string ``'None'``. Written as JSON (YAML) instead, it arrives as typed. Wraps the private
-    ``adapt_class_type``, the one jsonargparse internal fastlight patches (tests/test_cli_values.py)."""
-
-    @functools.wraps(adapt_class_type)
-    def adapt(value: Any, *args: Any, **kwargs: Any) -> Any:
-        nested = value.get("init_args") if isinstance(value, Namespace) else None
-        if isinstance(nested, jsonargparse_typehints.NestedArg) and not isinstance(nested.val, str):
-            value["init_args"] = nested._replace(val=json.dumps(nested.val, default=str))
-        return adapt_class_type(value, *args, **kwargs)
-
-    return adapt
-
-
-# Wrapping twice (a reload) changes nothing: the first wrapper leaves a string, which the second passes on.
-jsonargparse_typehints.adapt_class_type = _yaml_nested_values(jsonargparse_typehints.adapt_class_type)
-
 #: Set while a ``--config`` file is being applied (its ``env_kwargs`` then update the earlier ones).
 _IN_CONFIG_FILE: ContextVar[bool] = ContextVar("fastlight_in_config_file", default=False)
 
@@ -167,6 +142,10 @@ class FastlightArgumentParser(LightningArgumentParser):
         if prefix and str(self.description).startswith(f"Help for --{nested_key}.help"):
             nested_key = prefix  # the help's flags as the command line takes them: --model.objective.sigma
         return super().add_class_arguments(theclass, nested_key, *args, **kwargs)
+
+    def parse_args(self, *args: Any, **kwargs: Any) -> Namespace:
+        with yaml_nested_values():
+            return super().parse_args(*args, **kwargs)
 
     def parse_path(self, *args: Any, **kwargs: Any) -> Namespace:
         token = _IN_CONFIG_FILE.set(True)

@@ -92,16 +92,6 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-# ---------------------------------------------------------------------- checkpoint
-def load_checkpoint(path: str) -> tuple[Any, dict[str, Any]]:
-    """``(module on the CPU in eval mode, checkpoint dict)``; every failure names ``--ckpt``."""
-    from fastlight.checkpoints import read_checkpoint
-    from fastlight.modules.loading import load_module_of
-
-    ckpt = read_checkpoint(path, flag="--ckpt")
-    return load_module_of(path, ckpt, flag="--ckpt"), ckpt
-
-
 def env_settings(ckpt: dict[str, Any], env_id: str | None, override: dict[str, Any]) -> tuple[str, dict]:
     """The checkpoint's ``(env_id, env_kwargs)`` with the command line's over them."""
     data = ckpt.get("datamodule_hyper_parameters") or {}
@@ -111,8 +101,6 @@ def env_settings(ckpt: dict[str, Any], env_id: str | None, override: dict[str, A
     return env_id, {**(data.get("env_kwargs") or {}), **override}
 
 
-# ---------------------------------------------------------------------- playing
-# ---------------------------------------------------------------------- statistics and output
 def write_gifs(directory: Path, episodes: list[EpisodeRecord], fps: float) -> list[str]:
     """``episode_<i>[_<task>]_seed<seed>.gif`` for every episode that kept frames."""
     import imageio.v3 as iio
@@ -180,10 +168,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             check_extra("imageio", extra="bench", what=f"{PROG} --video")
         except ModuleNotFoundError as e:
             fail(str(e))
+    import torch
+
     from fastlight.checkpoints import read_checkpoint
     from fastlight.data.env_spec import bind_instruction_table, env_spec_of
     from fastlight.envs.registry import check_env_id
-    from fastlight.evaluation import probe_env
+    from fastlight.evaluation import per_task_summary, play_policy, probe_env, summarise
     from fastlight.modules.loading import load_module_of
 
     try:
@@ -200,22 +190,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         bind_instruction_table(module.policy, env_spec_of(env_id, env_kwargs, wrappers).instructions)
     except (FileNotFoundError, ValueError) as e:
         fail(str(e).splitlines()[0])
-    return _evaluate(args, module, ckpt, env_id, env_kwargs, task_names, image_mode)
-
-
-def _evaluate(
-    args: argparse.Namespace,
-    module: Any,
-    ckpt: dict[str, Any],
-    env_id: str,
-    env_kwargs: dict[str, Any],
-    task_names: tuple[str, ...],
-    image_mode: bool,
-) -> dict[str, Any]:
-    import torch
-
-    from fastlight.evaluation import play_policy, summarise
-
     torch.manual_seed(args.seed)  # --sample: reproducible
     video_note = None
     record = bool(args.video)
@@ -227,7 +201,6 @@ def _evaluate(
         # rgb_array frames need no window: SDL's offscreen driver draws without looking for a
         # display (not "dummy": highway-env then stops drawing, every frame the first one).
         os.environ.setdefault("SDL_VIDEODRIVER", "offscreen")
-    wrappers = (ckpt.get("datamodule_hyper_parameters") or {}).get("env_wrappers") or []
     episodes, _, render_fps = play_policy(
         module.policy, env_id, env_kwargs, episodes=args.episodes, seed=args.seed,
         deterministic=not args.sample, wrappers=wrappers, batch=args.batch, record=record,
@@ -252,8 +225,6 @@ def _evaluate(
         "episodes": [_row(i, e) for i, e in enumerate(episodes)],
     }
     if task_names:
-        from fastlight.evaluation import per_task_summary
-
         result["per_task"] = per_task_summary(episodes, task_names, n_boot=N_BOOT, seed=args.seed)
     text = json.dumps(result, indent=1) + "\n"
     if args.out:

@@ -1,35 +1,28 @@
 """Evaluation: one episode player, one episode record, one rule for success.
 
-A trained policy (or a uniform-random baseline) plays full episodes: each runs to its natural end
+A trained policy (or a uniform-random baseline) plays full episodes, each to its natural end
 (termination or the env's own time limit; :data:`MAX_EPISODE_STEPS` where the env sets none), with
 no DPSA unified truncation and no emulated scenario-load cost, so returns compare across policies
 and with the literature.
 
-- **The player**, :func:`play_episodes`: a list of :class:`EpisodeSpec` (reset seed, task, whether
-  to keep frames) played on one or more envs, consecutive episodes of one task in lockstep (one
-  batched policy call per step). Two seed schemes build the specs: :func:`seeded_specs`, episode
-  ``i`` on ``seed + i`` (:func:`run_episodes`, ``fastlight evaluate``, the learning, convergence
-  and driving benchmarks), and :func:`task_specs`, every task of fastlight's multi-task Meta-World
-  on :func:`eval_seed` (:func:`play_tasks`: ``fastlight evaluate`` on Meta-World,
-  ``python -m benchmarks.vla.eval``, the BC baseline). Two policies evaluated with one seed face
-  the same episodes.
-- **The record**, :class:`fastlight.rollout.EpisodeRecord`, the one the training side logs too:
-  ``length``, ``ret``, ``terminated`` / ``truncated``, ``task_id``, ``success``, ``crashed``, and
-  here also the reset ``seed``, the ``task`` name and, when asked, the camera ``frames``.
-- **Success**: an episode succeeded if *any* of its steps reports ``info["success"]`` (Meta-World,
-  which reports it at every step; the Meta-World and AcceRL evaluations count an episode that
-  reached success at any step) or ``info["is_success"]`` (gymnasium-robotics) true. It is ``None``
-  where no step reports either key: the env has no notion of success, and ``fastlight evaluate``
-  says "not reported". The rule is one function, :func:`fastlight.rollout.success_after`; the
-  training-side collector folds it over the steps too, so ``rollout/success_rate``, DWR and every
-  evaluation count the same episodes as successes. A crash is highway-env's ``info["crashed"]`` at
-  the last step (:func:`fastlight.rollout.crashed_at_end`), ``None`` where not reported.
-- **Action chunks**: a policy whose action mapping is chunked (``H`` env actions per call,
-  :func:`fastlight.models.action_mapping.action_chunk`) plays each chunk open-loop, up to ``H``
-  env steps, then is called again; an episode that ends inside a chunk stops there. Lengths,
-  returns and the step index count env steps. ``play_episodes(..., action_chunk=H)``.
-- **Per-task summary** of a multi-task evaluation (:func:`per_task_summary`): success per task
-  with Wilson intervals and the stratified-bootstrap mean over tasks (:mod:`fastlight.stats`).
+- **The player**, :func:`play_episodes`: :class:`EpisodeSpec` s (reset seed, task, whether to keep
+  frames) played on one or more envs, consecutive episodes of one task in lockstep (one batched policy
+  call per step). Two seed schemes build the specs: :func:`seeded_specs` (episode ``i`` on
+  ``seed + i``) and :func:`task_specs` (every task of fastlight's multi-task Meta-World on
+  :func:`eval_seed`). Two policies evaluated with one seed face the same episodes.
+- **The record**, :class:`fastlight.rollout.EpisodeRecord`, the one the training side logs too, here
+  also with the reset ``seed``, the ``task`` name and, when asked, the camera ``frames``.
+- **Success**: an episode succeeded if *any* of its steps reports ``info["success"]`` (Meta-World) or
+  ``info["is_success"]`` (gymnasium-robotics) true; ``None`` where no step reports either key. The rule
+  is one function, :func:`fastlight.rollout.success_after`, which the training side folds over the
+  steps too. A crash is highway-env's ``info["crashed"]`` at the last step
+  (:func:`fastlight.rollout.crashed_at_end`), ``None`` where not reported.
+- **Action chunks**: a policy acting in chunks of ``H`` env actions
+  (:func:`fastlight.models.action_mapping.action_chunk`) plays each chunk open-loop, then is called
+  again; an episode that ends inside a chunk stops there. Lengths, returns and the step index count env
+  steps.
+- **Per-task summary** of a multi-task evaluation (:func:`per_task_summary`): success per task with
+  Wilson intervals and the stratified-bootstrap mean over tasks (:mod:`fastlight.stats`).
 """
 
 from __future__ import annotations
@@ -56,7 +49,6 @@ BatchActFn = Callable[[Any, np.ndarray], Any]
 MAX_EPISODE_STEPS = 10_000
 
 
-# ---------------------------------------------------------------------- acting
 def policy_act_fn(policy: torch.nn.Module, *, deterministic: bool = False) -> ActFn:
     """An :data:`ActFn` from a fastlight policy (one observation at a time)."""
 
@@ -118,7 +110,6 @@ def one_at_a_time(act: ActFn) -> BatchActFn:
     return act_batch
 
 
-# ---------------------------------------------------------------------- the player
 @dataclass(frozen=True)
 class EpisodeSpec:
     """One episode to play: its reset ``seed``, the task of a multi-task env, whether to keep frames.
@@ -275,7 +266,6 @@ def _keep_frame(ep: EpisodeRecord, spec: EpisodeSpec, env: gym.Env, obs: Any) ->
         ep.frames.append(np.asarray(frame))
 
 
-# ---------------------------------------------------------------------- the two seed schemes
 def run_episodes(
     env_id: str,
     act_fn: ActFn | None,
@@ -395,7 +385,6 @@ def summarise(episodes: list[EpisodeRecord], *, seed: int, n_boot: int = 10_000)
     return out
 
 
-# ---------------------------------------------------------------------- multi-task summaries
 def probe_env(env_id: str, env_kwargs: dict[str, Any]) -> tuple[tuple[str, ...], bool]:
     """``(task names, image mode)`` of the env, without stepping it (Meta-World builds lazily).
 

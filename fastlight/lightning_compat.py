@@ -1,8 +1,18 @@
-"""Every use of a private Lightning API in fastlight, in one module (checked against Lightning 2.6.6).
+"""Every use of a private Lightning API in fastlight, in one module.
 
 A name with a leading underscore can change in any Lightning release. Each one here is used because
-no public API does the job; after an upgrade of Lightning, this module is the one to re-read, and
-tests/faults/test_preemption.py, test_ddp_stop.py and test_lost_rank.py exercise every name in it.
+no public API does the job; :data:`CHECKED` is the release range they were checked against, and
+tests/test_compat.py fails, naming this module, once the installed Lightning leaves it. After an
+upgrade, re-read this list; tests/faults/test_preemption.py, test_ddp_stop.py and test_lost_rank.py
+exercise the names defined here. All were checked against Lightning 2.6.6. Used in place:
+
+- ``LightningCLI._instantiate_trainer``, ``_parse_ckpt_path`` and ``_get``, overridden and called by
+  :class:`fastlight.cli.FastlightCLI` (the default progress bar; a resume with the typed settings);
+- ``TQDMProgressBar._train_progress_bar`` and ``_should_update``, used by
+  :class:`~fastlight.callbacks.progress.RolloutProgressBar` (one bar for the whole fit);
+- ``LightningModule._trainer``: whether a module is attached to a Trainer (``trainer`` raises when not).
+
+Defined here:
 
 - ``lightning.pytorch.trainer.connectors.signal_connector._SignalConnector`` (and its
   ``_original_handlers``, ``_get_current_signal_handlers``, ``_register_signal``), set as
@@ -49,6 +59,8 @@ from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnect
 
 from fastlight.procs import STOP_SIGNALS
 
+#: The Lightning releases the touches above were checked against: ``low <= version < high``.
+CHECKED = ("2.6.0", "2.7")
 Handler = Callable[[int, FrameType | None], Any]
 
 

@@ -1,11 +1,9 @@
 """A logger's write that fails (a full disk, a read-only filesystem, an I/O error) stops the run in one line.
 
-Seen (issue 40) on a full disk under the TensorBoard and CSV loggers' folders: 132 lines, the cause buried.
-TensorBoard writes from a thread of its own, which printed its ``OSError`` as a traceback, kept it, and
-raised it again at every later write from the training loop, where Lightning's TensorBoardLogger wraps
-any error as ``ValueError: you tried to log 0.5 which is currently not supported``: the run "stopped by
-ValueError". Then Lightning finalized the loggers after the failure; their flush raised the ``OSError``
-once more, and that traceback replaced the run's.
+TensorBoard writes from a thread of its own, which prints its ``OSError`` as a traceback, keeps it, and
+raises it again at every later write from the training loop, where Lightning's TensorBoardLogger wraps
+any error as ``ValueError: you tried to log ... which is currently not supported``; Lightning then
+finalizes the loggers after the failure, and their flush raises the ``OSError`` once more.
 
 :func:`guard_logger_writes` (the ``fastlight`` command applies it to every logger of its Trainer) wraps
 each logger's writing methods: an ``OSError`` anywhere in the chain of what one raises becomes a
@@ -25,7 +23,7 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-from fastlight.checkpoints import free_space
+from fastlight.checkpoints import exception_chain, free_space
 
 #: The logger methods that write files (Lightning's ``Logger`` interface).
 WRITES = ("log_metrics", "log_hyperparams", "log_graph", "save", "finalize")
@@ -65,7 +63,8 @@ class _GuardedWrite:
         try:
             return getattr(type(guard.logger), self.name)(guard.logger, *args, **kwargs)
         except Exception as e:
-            cause = _os_error(e)
+            # Lightning's TensorBoardLogger raises a ValueError from the writer's OSError.
+            cause = next((c for c in exception_chain(e) if isinstance(c, OSError)), None)
             if cause is None:
                 raise
             guard.failed = True
@@ -99,19 +98,6 @@ def log_write_line(logger: Any, error: OSError) -> str:
     code = errno_names.errorcode.get(error.errno or 0, str(error.errno))
     what = f"{error.strerror or error} ({code})"
     return f"could not write the logs of {type(logger).__name__} in {where}: {what}; {free_space(folder)}"
-
-
-def _os_error(error: BaseException) -> OSError | None:
-    """The first ``OSError`` in ``error``'s chain (``error``, then what it was raised from or during):
-    Lightning's TensorBoardLogger raises a ``ValueError`` from the writer's ``OSError``."""
-    seen: set[int] = set()
-    cause: BaseException | None = error
-    while cause is not None and id(cause) not in seen:
-        if isinstance(cause, OSError):
-            return cause
-        seen.add(id(cause))
-        cause = cause.__cause__ or cause.__context__
-    return None
 
 
 def _quiet_writer_threads() -> None:

@@ -146,24 +146,17 @@ def plot(
     metrics = find_metrics(Path(run_dir), version)
     columns = read_columns(metrics)
     data = [(y, *series(columns, x, y, metrics)) for y in ys]
-    labels = {
-        "step": "training step (rollout)",
-        "env_steps": "env steps (valid transitions)",
-        "time": "seconds",
-    }
+    labels = {"step": "training step (rollout)", "env_steps": "env steps (valid transitions)"}
     fig, axes = plt.subplots(len(data), 1, figsize=(7, 2.6 * len(data)), sharex=True, squeeze=False)
     for ax, (y, xs, vs) in zip(axes[:, 0], data, strict=True):
         ax.plot(xs, vs, marker="." if len(xs) < 50 else None)
         ax.set_ylabel(y)
         ax.grid(alpha=0.3)
-    axes[-1, 0].set_xlabel(labels[x])
+    axes[-1, 0].set_xlabel(labels.get(x, "seconds"))
     axes[0, 0].set_title(str(metrics))
     fig.tight_layout()
-    path = (
-        Path(out)
-        if out
-        else Path(run_dir if Path(run_dir).is_dir() else Path(run_dir).parent) / "learning_curve.png"
-    )
+    folder = Path(run_dir) if Path(run_dir).is_dir() else Path(run_dir).parent
+    path = Path(out) if out else folder / "learning_curve.png"
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -11,7 +11,8 @@ A module may import from its own floor and the floors below; same-floor edges ar
 
 0. ``procs`` (process helpers), ``extras`` (optional dependencies), ``rollout`` (the batch contract),
    ``losses`` and ``stats`` (pure functions), ``checkpoints``, ``checkpoint_link`` and ``log_writes`` (file
-   I/O only), ``class_paths`` (import paths), ``lightning_compat`` (every private Lightning API): they
+   I/O only), ``class_paths`` (import paths), ``lightning_compat`` and ``jsonargparse_compat`` (every
+   private API of those libraries): they
    import nothing of fastlight but each other.
 1. ``advantages`` (over losses), ``models`` (policies; over extras), ``weights`` (publishing a version;
    its shared lock is in procs), ``metrics`` (over rollout), ``ranks`` (what a multi-rank run needs
@@ -63,6 +64,7 @@ FLOORS: list[tuple[str, ...]] = [
         "class_paths",
         "rank_state",
         "lightning_compat",
+        "jsonargparse_compat",
         "log_writes",
     ),
     ("advantages", "models", "weights", "metrics", "ranks"),

@@ -1,33 +1,24 @@
 """``DynamicWeightedResampling``: sample tasks in proportion to their recent failure rate (AcceRL §DWR).
 
-Per task ``k`` a sliding window holds the outcomes of its last ``window`` episodes, and ``f_k``
-is the task's failure *rate* in it (failures / outcomes in the window, in ``[0, 1]``). The
-sampling weight is
+Per task ``k`` a sliding window holds the outcomes of its last ``window`` episodes, and ``f_k`` is the
+task's failure *rate* in it (failures / outcomes, in ``[0, 1]``; AcceRL: "proportional to the recent
+failure rate, complemented by a Laplace smoothing factor"). The sampling weight is
 
     p_k = (f_k + eps) / sum_j (f_j + eps)
 
-so struggling tasks get more episodes while ``eps`` (Laplace smoothing) keeps every task,
-mastered ones included, at a probability of at least ``eps / sum_j (f_j + eps)``. A task with
-no outcome yet counts as ``f_k = 1``, so untried tasks are sampled at least as much as the
-hardest tried ones. AcceRL (§DWR, "proportional to the recent failure rate, complemented by a
-Laplace smoothing factor") uses the rate, not the failure count: the two differ whenever the
-windows are unequally full, since a count favours tasks that merely logged more episodes.
+so struggling tasks get more episodes while ``eps`` (Laplace smoothing) keeps every task at a
+probability of at least ``eps / sum_j (f_j + eps)``. A task with no outcome yet counts as ``f_k = 1``.
 
-Statistics are *pooled*: outcomes from every sampler and every DDP rank enter the same
-windows (one ``all_gather`` per step), so all ranks hold identical weights. AcceRL keeps them
-per worker; pooling estimates rare-task failure rates from more data. Only episodes that ended
-by themselves count: an episode cut by a DPSA unified truncation has no outcome.
+Statistics are *pooled*: outcomes from every sampler and every DDP rank enter the same windows (one
+``all_gather`` per step), so all ranks hold identical weights (AcceRL keeps them per worker). Only
+episodes that ended by themselves count: an episode cut by a DPSA unified truncation has no outcome.
 
-**Sizes come from the run.** ``num_tasks`` and ``task_names`` default to the DataModule's env
-(``datamodule.task_names`` of a :class:`~fastlight.data.protocols.MultiTaskData`, read at
-``setup``), so ``callbacks/dwr.yaml`` attaches to any multi-task run; a ``num_tasks`` that
-disagrees with the env stops the run at setup, before any sampler starts.
-
-The weights are pushed to the samplers (``datamodule.set_task_weights``, the
-:class:`~fastlight.data.protocols.TaskWeightSink` the run's DataModule must implement) after every update,
-logged as ``dwr/weight_<task>`` and ``dwr/success_rate_<task>``, and saved in checkpoints.
-The outcomes come from the episodes of Rollout batches; on a run whose batches are something
-else the first one warns once (the weights would stay where they are).
+``num_tasks`` and ``task_names`` default to the DataModule's env (``task_names`` of a
+:class:`~fastlight.data.protocols.MultiTaskData`, read at ``setup``); a ``num_tasks`` that disagrees
+with the env stops the run at setup, before any sampler starts. The weights are pushed to the samplers
+(``set_task_weights`` of the :class:`~fastlight.data.protocols.TaskWeightSink` the DataModule must be)
+after every update, logged as ``dwr/weight_<task>`` and ``dwr/success_rate_<task>``, and saved in
+checkpoints. On a run whose batches are not Rollouts the first one warns once.
 """
 
 from __future__ import annotations

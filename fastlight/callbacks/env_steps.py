@@ -1,26 +1,24 @@
 """``EnvStepBudget``: counts the env steps a run has trained on, logs them, and stops at a budget.
 
-Lightning's ``--trainer.max_steps`` counts optimizer steps (``update_epochs x num_minibatches``
-per Rollout), not the unit an RL user plans in. This callback gives that unit: the total number
-of environment steps, like Stable-Baselines3's ``total_timesteps``.
+``--trainer.max_steps`` counts optimizer steps (``update_epochs x num_minibatches`` per Rollout); this
+callback counts the unit an RL user plans in, env steps, like Stable-Baselines3's ``total_timesteps``.
 
 **What counts.** The real env steps of every Rollout the trainer receives (``stats.valid_steps``,
-summed over the DDP ranks): DPSA's dummy steps are padding, not env steps, and do not count; nor
-do the steps of sampler items dropped as stale (``--data.max_staleness``), which never reach the
-trainer. With action chunks a transition counts the env steps its chunk executed (up to ``H``),
-not 1.
+summed over the DDP ranks): not DPSA's dummy steps (padding), nor the steps of sampler items dropped as
+stale (``--data.max_staleness``). With action chunks a transition counts the env steps its chunk
+executed (up to ``H``), not 1.
 
-**Budget.** With ``total_env_steps`` set, training stops at the first Rollout boundary at or past
-it (a Rollout is never cut), saying so in one line; it overshoots by less than one Rollout.
+**Budget.** With ``total_env_steps`` set, training stops at the first Rollout boundary at or past it
+(a Rollout is never cut), saying so in one line; it overshoots by less than one Rollout.
 
-**Logs.** ``env_steps`` (cumulative, with every Rollout's metrics, so the CSV logger's
-``metrics.csv`` has an ``env_steps`` column to plot against) and, in the progress bar. For
-TensorBoard, whose x-axis is the logger's step, the ``tensorboard_keys`` metrics are also written
-as ``env_steps/<key>`` with the env-step count as their step. The count is kept in checkpoints.
+**Logs.** ``env_steps`` (cumulative, with every Rollout's metrics: ``metrics.csv`` has an ``env_steps``
+column to plot against), also in the progress bar. For TensorBoard, whose x-axis is the logger's step,
+the ``tensorboard_keys`` metrics are also written as ``env_steps/<key>`` at the env-step count. The
+count is kept in checkpoints.
 
 **Learning-rate annealing.** With ``anneal_lr`` (and a budget), every optimizer parameter group's
-learning rate falls linearly from its value at the run's start to 0 at ``total_env_steps``, set
-before each update from the env steps trained on so far, as CleanRL's PPO anneals over its
+learning rate falls linearly from its value at the run's start to 0 at ``total_env_steps``, set before
+each update from the env steps trained on so far, as CleanRL's PPO anneals over its
 ``total_timesteps`` (Huang et al., "The 37 Implementation Details of PPO", detail 4). A resumed run
 continues the schedule from its restored count; a learning rate changed at the resume (``--model.lr``)
 becomes the schedule's new starting value.

@@ -1,12 +1,11 @@
 """``LostRankCheckpoint``: a rank that is lost stops the others with one line naming it, and the lowest
 surviving rank writes the checkpoint of the last completed update.
 
-A rank that is SIGKILLed, SIGSTOPped, hung, or whose node is gone leaves the others in their next
-collective, waiting up to the process-group timeout (Lightning's: 30 minutes), and the error names no
-rank. On every rank of a multi-rank ``fit`` this callback sets that timeout to ``peer_timeout_minutes``,
-beats a heartbeat (:class:`~fastlight.ranks.peer_watch.PeerWatch`; Lightning's child-process observer,
-which SIGKILLs rank 0 within 5 s of a launched rank's death, is stood down), and when a collective
-fails and a rank is named lost, stops without another collective: the samplers end, the lowest
+A rank that is SIGKILLed, SIGSTOPped, hung, or whose node is gone leaves the others waiting in their
+next collective. On every rank of a multi-rank ``fit`` this callback sets the process-group timeout to
+``peer_timeout_minutes``, beats a heartbeat (:class:`~fastlight.ranks.peer_watch.PeerWatch`; Lightning's
+child-process observer is stood down), and when a collective fails and a rank is named lost, stops
+without another collective: the samplers end, the lowest
 surviving rank writes the last completed update alone (its own per-rank state only) to
 :class:`~fastlight.callbacks.preemption.PreemptionCheckpoint`'s file (which then stands aside:
 :class:`~fastlight.callbacks.preemption.HandlesStop`), rank 0 ends the ranks it launched, and every
@@ -53,10 +52,9 @@ class LostRankCheckpoint(Callback):
         rollback: copy what an update changes (trainable parameters, buffers, optimizer and scheduler
             state) to the host at the start of EVERY update, so that a rank lost in the middle of one
             still leaves the checkpoint of the update before it. It costs one device-to-host copy of
-            that state per update, and that much host memory: 145-234 ms per update for 149 MiB (the
-            MT10 VLA's 49.6 MiB of weights plus Adam's two moments; ``python -m benchmarks.rollback_cost``,
-            ``benchmarks/results/faults.md``), about 1 GB/s. Off: a loss mid-update saves nothing new and
-            the line names the checkpoint on disk to resume from.
+            that state per update, and that much host memory (``python -m benchmarks.rollback_cost``).
+            Off: a loss mid-update saves nothing new and the line names the checkpoint on disk to resume
+            from.
     """
 
     def __init__(

@@ -41,8 +41,7 @@ class PeriodicEvaluation(Callback):
 
     Args:
         every_updates: updates between two evaluations (``null``: by time only). An evaluation stalls the
-            trainer while it plays (10 highway episodes: ~7 s, ~1.5 updates of the main job on 2 cores),
-            so 50 costs about 3 % of the run's env steps/s (benchmarks/results/overhead.md).
+            trainer while it plays (its cost: benchmarks/results/overhead.md).
         every_minutes: training wall-clock between two evaluations (``null``: by updates only).
         episodes: episodes per evaluation (per task on a multi-task env).
         seed: episode ``i`` is reset with ``seed + i`` (as ``fastlight evaluate --seed``).

@@ -11,10 +11,11 @@ deadlocks under DDP on a SIGTERM to a rank other than 0 (:mod:`fastlight.lightni
 - on any exception during training (a signal, a sampler fault, a non-finite value, a log that could
   not be written: :mod:`fastlight.log_writes`) ends the samplers, writes ``<dirpath>/<filename>.ckpt``
   (rank 0 writes, every rank takes part) and prints one line saying what happened and where the
-  checkpoint is; further stop signals are ignored until it is on
-  disk. It exits with 128 + signum (SIGINT 130, SIGTERM 143, SIGUSR1 138) on every rank, and under
-  SLURM with auto-requeue requeues the job to resume from it (:mod:`fastlight.ranks.slurm`);
-- saves every ``every_minutes`` of training and when training ends; a file that cannot be written
+  checkpoint is; further stop signals are ignored until it is on disk. It exits with 128 + signum
+  (SIGINT 130, SIGTERM 143, SIGUSR1 138) on every rank, and under SLURM with auto-requeue requeues the
+  job to resume from it (:mod:`fastlight.ranks.slurm`);
+- saves every ``every_minutes`` of training (:class:`~fastlight.callbacks.timed_checkpoint.SaveClock`,
+  agreed with the stop signal in that one all-reduce) and when training ends; a file that cannot be written
   stops every rank with one line naming the last good checkpoint (:class:`CheckpointWriteError`).
 
 A lost rank is :class:`~fastlight.callbacks.lost_rank.LostRankCheckpoint`'s (the CLI attaches both).
@@ -36,17 +37,16 @@ import os
 import signal
 import sys
 import threading
-import time
 import traceback
 from types import FrameType
 from typing import Any, Protocol, runtime_checkable
 
 import lightning as L
-import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from fastlight import lightning_compat
+from fastlight.callbacks.timed_checkpoint import SaveClock, max_over_ranks
 from fastlight.checkpoint_link import link_as
 from fastlight.checkpoints import CheckpointWriteError, save_in_progress, saving, write_error_line
 from fastlight.data.protocols import StopsSampling
@@ -109,8 +109,6 @@ class PreemptionCheckpoint(Callback):
         #: How the stop line says to resume ``{path}``; the ``fastlight`` command sets its ``--ckpt_path``.
         self.resume_hint = "trainer.fit(..., ckpt_path={path!r})"
         self.ignored_signals = 0  # stop signals that came after the first one of this fit
-        #: The per-update agreement of the ranks: how many, and their total wall time (seconds).
-        self.agreements, self.agreement_seconds = 0, 0.0
         self._active, self._trained = False, False  # a fit is running (setup .. teardown); it trained
         self._in_update = False
         self._distributed, self._rank = False, 0  # several ranks: a signal only sets the flag, they agree
@@ -121,7 +119,7 @@ class PreemptionCheckpoint(Callback):
         #: run's): the stable path moves to this run's file only once the run is at least that far.
         self._floor: int | None = None
         self._updates = 0  # updates completed in this fit
-        self._last_save = time.monotonic()
+        self.clock = SaveClock(every_minutes)
 
     @property
     def ckpt_path(self) -> str:
@@ -174,7 +172,8 @@ class PreemptionCheckpoint(Callback):
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._trained = True
-        self._last_save = time.monotonic()
+        self.clock = SaveClock(self.every_minutes)
+        self.clock.start()
 
     @override
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
@@ -184,8 +183,9 @@ class PreemptionCheckpoint(Callback):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
         self._in_update = False
         self._updates += 1
-        due = self.every_minutes is not None and time.monotonic() - self._last_save >= 60 * self.every_minutes
-        signum, due = self._agree(trainer, due)
+        # The stop signal (0: none) and the timer, agreed by all ranks: a signal to any rank stops all
+        # after this update, and all take part in a save one rank's clock calls due.
+        signum, due = max_over_ranks(trainer, self._signum or 0, int(self.clock.due()))
         if signum:
             self._signum = signum
             raise Preempted(signum)
@@ -193,17 +193,6 @@ class PreemptionCheckpoint(Callback):
             self._save(trainer)
             if self._signum is not None and not self._distributed:  # it came during the save
                 raise Preempted(self._signum)
-
-    def _agree(self, trainer: L.Trainer, due: bool) -> tuple[int, bool]:
-        """The stop signal (0: none) and whether the timer save is due, agreed by all ranks: a signal to
-        any rank stops all after this update, and all take part in a save one rank's clock says is due."""
-        if not self._distributed:
-            return self._signum or 0, due
-        t0 = time.perf_counter()
-        signum, any_due = _max_over_ranks(trainer, self._signum or 0, int(due))
-        self.agreements += 1
-        self.agreement_seconds += time.perf_counter() - t0
-        return signum, bool(any_due)
 
     @override
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -242,14 +231,14 @@ class PreemptionCheckpoint(Callback):
                 error = CheckpointWriteError(e.errno, write_error_line(self.ckpt_path, e))
             if self._distributed and not written:
                 trainer.strategy.barrier("fastlight.failed_save")  # the others wait in Lightning's
-        if self._distributed and _max_over_ranks(trainer, int(error is not None))[0] and error is None:
+        if self._distributed and max_over_ranks(trainer, int(error is not None))[0] and error is None:
             why = f"rank 0 could not save checkpoint {self.run_ckpt_path} (its line says why)"
             error = CheckpointWriteError(errno.EIO, why)
         if error is not None:
             raise error
         self.saves += 1
         self.saved_step = trainer.global_step
-        self._last_save = time.monotonic()
+        self.clock.saved()
 
     def _point_stable_path(self, step: int) -> None:
         """Make ``ckpt_path`` a second name of ``run_ckpt_path`` (:mod:`fastlight.checkpoint_link`) once
@@ -290,14 +279,12 @@ class PreemptionCheckpoint(Callback):
             trainer.datamodule.stop()  # no sampler is restarted (nor samples) while this one stops
         what = signal.Signals(exception.signum).name if isinstance(exception, Preempted) else None
         what, at = what or type(exception).__name__, f"at global step {trainer.global_step}"
+        # A signal or a full disk says all in its line; any other error's traceback is kept.
+        plain = not isinstance(exception, Preempted | CheckpointWriteError | LogWriteError)
         # The error's own words: a log that could not be written is the cause, then what became of the
         # checkpoint; any other error's first line (the command prints no traceback after this line).
         said = f": {exception.strerror}" if isinstance(exception, LogWriteError) else ""
-        if (
-            not said
-            and not isinstance(exception, Preempted | CheckpointWriteError)
-            and str(exception).strip()
-        ):
+        if plain and str(exception).strip():
             said = f": {str(exception).strip().splitlines()[0]}"
         if not self._trained:
             where = f"before training started{said}; no checkpoint written"
@@ -321,8 +308,6 @@ class PreemptionCheckpoint(Callback):
             exception.reported = True  # the command prints it once
         if trainer.is_global_zero:
             where += end_launched_ranks(trainer) if agreed else ""  # they stop too: say how they ended
-            # A signal or a full disk says all in its line; any other error's traceback is kept.
-            plain = not isinstance(exception, Preempted | CheckpointWriteError | LogWriteError)
             if plain and (kept := self._keep_traceback(exception)):
                 where += f"; traceback in {kept}"
             print(f"fastlight: stopped by {what} {where}", file=sys.stderr, flush=True)
@@ -409,9 +394,3 @@ def checkpoint_step(path: str, *, unless: str) -> int:
         return int(safe_load(path, flag="--ckpt_path", mmap=True).get("global_step", -1))
     except Exception:  # noqa: BLE001 - an unreadable file is replaced (and kept), as before
         return -1
-
-
-def _max_over_ranks(trainer: L.Trainer, *values: int) -> list[int]:
-    """``values``' maximum over the ranks (one all-reduce; Lightning's ``reduce`` has a barrier first)."""
-    local = torch.tensor(values, device=trainer.strategy.root_device)
-    return [int(v) for v in trainer.strategy.reduce(local, reduce_op="max").tolist()]

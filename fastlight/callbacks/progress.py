@@ -1,46 +1,29 @@
 """``RolloutProgressBar``: the training progress bar in RL units (Rollouts, env steps, return, SPS).
 
-Lightning's default bars count the batches of one epoch against a total in *optimizer* steps
-(``--trainer.max_steps`` counts ``update_epochs x num_minibatches`` of them per Rollout), print
-``env_steps`` as a padded float (``10202.000``) and, with ``rich``, ``Epoch 0/-2`` for a run bounded
-by steps. This bar spans the whole fit (an epoch here is only a checkpoint period of
-``steps_per_epoch`` Rollouts) and reads, on one line::
+One bar spans the whole fit (an epoch here is only a checkpoint period of ``steps_per_epoch``
+Rollouts) and reads, on one line::
 
     rollout 12/500 | env_steps 10,202 | return 23.4 | ep_len 41.2 | SPS 1,950 |##    | 2% [00:10<07:50]
 
 **Items** (:meth:`RolloutProgressBar.get_metrics`; each appears once it has been logged):
-``env_steps`` (the :class:`~fastlight.callbacks.env_steps.EnvStepBudget` count, an integer),
-``return`` and ``ep_len`` (``rollout/return`` and ``rollout/episode_length``: the mean over the last
-Rollout's completed episodes, as Stable-Baselines3's ``ep_rew_mean`` / ``ep_len_mean``), ``SPS``
-(env steps per second: ``perf/effective_tps`` when
-:class:`~fastlight.callbacks.throughput.RolloutThroughput` logs it, else the env steps since the
-first Rollout over the seconds since then, cleanrl's ``SPS``), then every other metric logged with
-``prog_bar=True``, under its own name.
+``env_steps`` (the :class:`~fastlight.callbacks.env_steps.EnvStepBudget` count), ``return`` and
+``ep_len`` (``rollout/return`` and ``rollout/episode_length``), ``SPS`` (``perf/effective_tps`` when
+:class:`~fastlight.callbacks.throughput.RolloutThroughput` logs it, else the env steps since the first
+Rollout over the seconds since then), then every other metric logged with ``prog_bar=True``.
 
-**Total**, only where one is known:
+**Total**, only where one is known: an ``EnvStepBudget`` with ``total_env_steps`` fills the bar in env
+steps (``env_steps 10,202/200,000``); otherwise ``--trainer.max_steps`` gives a Rollout total
+(``rollout 12/500``: the optimizer steps left over the module's ``optimizer_steps_per_update``,
+re-estimated every Rollout), bounded by ``--trainer.max_epochs`` too; otherwise no bar, only the counts.
 
-- an ``EnvStepBudget`` with ``total_env_steps``: the bar fills in env steps
-  (``env_steps 10,202/200,000``);
-- otherwise a Rollout total, ``rollout 12/500``, from ``--trainer.max_steps``: the optimizer steps
-  left divided by the module's ``optimizer_steps_per_update`` (a module without it: one per batch,
-  or per ``accumulate_grad_batches`` batches), re-estimated every Rollout because a Rollout with
-  fewer valid steps than minibatches takes fewer steps; ``--trainer.max_epochs`` bounds it too
-  (epochs x batches per epoch). Both totals show when both are known;
-- otherwise no bar: the counts, the items and the time elapsed.
-
-**Not a terminal** (a CI log, ``| tee``, a batch job's output file under ``nohup`` or SLURM): the bar
-is off, as tqdm's ``disable=None`` does, since every redraw would land in the file. Instead the same
-items are printed as one plain line every ``log_every_s`` seconds (and at the end), with the percentage
-done and the time left where a total is known::
+**Not a terminal** (a CI log, ``| tee``, a batch job's output file): no bar, but the same items as one
+plain line every ``log_every_s`` seconds (and at the end), with the percentage done and the time left::
 
     fastlight: rollout 12/500 | env_steps 10,202 | return 23.4 | 2% | 0:00:10 elapsed, 0:07:50 left
 
-A training batch that is not a :class:`~fastlight.rollout.Rollout` (a supervised stage's
-demonstrations) is counted as a ``batch``. Given to a ``Trainer`` by hand, list it after the
-callbacks whose metrics it shows (as Lightning places its own bar, and ``fastlight fit`` this one):
-it draws in ``on_train_batch_end``, when the callbacks before it have logged.
-
-    fastlight fit --config configs/highway_dpsa.yaml      # added unless the config has a progress bar
+A training batch that is not a :class:`~fastlight.rollout.Rollout` is counted as a ``batch``. Given to
+a ``Trainer`` by hand, list it after the callbacks whose metrics it shows: it draws in
+``on_train_batch_end``, when the callbacks before it have logged.
 """
 
 from __future__ import annotations
@@ -74,12 +57,7 @@ _NO_TOTAL = "{desc} [{elapsed}]"
 
 
 class RolloutProgressBar(TQDMProgressBar):
-    """One bar for the whole fit, counting Rollouts and env steps (see the module docstring).
-
-    Args:
-        refresh_rate: redraw every this many Rollouts (``0`` disables the bar), as Lightning's.
-        process_position: offset the bar by this many lines, as Lightning's.
-    """
+    """One bar for the whole fit, counting Rollouts and env steps (see the module docstring)."""
 
     def __init__(self, refresh_rate: int = 1, process_position: int = 0, log_every_s: float = 60.0) -> None:
         """

@@ -1,40 +1,29 @@
 """``RolloutThroughput``: logs FAST's throughput family (§Problem Definition) under ``perf/*``.
 
-It reads the sampler counters every :class:`~fastlight.rollout.Rollout` batch carries
-(``batch.stats``), so it works on any run whose training batches are Rollouts (every run
-built on ``RolloutDataModule``). **Other batches** (a plain Lightning project's tuples) are
-counted by ``batch_counts_fn``, a function from the batch to its
-:class:`~fastlight.rollout.RolloutStats` (like Lightning's ``batch_size`` hint), e.g.
+It reads the sampler counters every :class:`~fastlight.rollout.Rollout` batch carries (``batch.stats``).
+Other batches (a plain Lightning project's) are counted by ``batch_counts_fn``, a function from the
+batch to its :class:`~fastlight.rollout.RolloutStats`, e.g.
 ``lambda batch: RolloutStats(raw_steps=len(batch[0]), valid_steps=len(batch[0]))``; a ratio whose
-denominator it leaves at 0 (sampler times, episodes) is undefined and not logged, and
-``perf/resets_per_1k_valid`` reads 0 unless it counts ``global_resets``. Without one,
-the first such batch warns once, naming what is missing, instead of logging nothing silently.
+denominator it leaves at 0 is not logged. Without one, the first such batch warns once.
 
-**Units.** Every count is in env steps: with action chunks a transition counts the env steps its
-chunk executed and a raw slot the chunk's env-step budget (:class:`~fastlight.rollout.RolloutStats`),
-so the figures compare across ``action_chunk`` settings.
+**Units.** Every count is in env steps (with action chunks, a transition counts the env steps its chunk
+executed), so the figures compare across ``action_chunk`` settings.
 
-**Clock.** The rates ``perf/raw_tps`` and ``perf/effective_tps`` divide by the *trainer-side*
-wall clock between consecutive Rollout batches, not by the samplers' ``wall_time``: with
-several sampler processes per trainer the Rollout's stats are merged (times added), so the
-summed ``wall_time`` would understate a parallel job's rate. The trainer clock gives what the
-job delivers to the learner, including any time the samplers wait for new weights. The
-samplers' own figure is ``perf/per_sampler_tps`` (valid steps per second of one sampler's
-busy time). The first Rollout after ``on_train_start`` only starts the clock (sampler start-up
-and prefetched data would distort it); it still counts in the totals.
+**Clock.** ``perf/raw_tps`` and ``perf/effective_tps`` divide by the trainer-side wall clock between
+consecutive Rollout batches (what the job delivers to the learner, sampler waits included), not by the
+samplers' summed ``wall_time``, which would understate a parallel job; ``perf/per_sampler_tps`` is one
+sampler's rate over its busy time. The first Rollout after ``on_train_start`` only starts the clock; it
+still counts in the totals.
 
-**DDP.** The underlying :class:`~fastlight.metrics.throughput.ThroughputMetrics` sums counts
-over ranks and takes the max of the clocks, so every rank logs the whole job's figures. The totals are
-the job's too: each rank counts its own samplers, the logged totals are summed over ranks (one small
-all-reduce per logged window) and the checkpoint's ``totals`` are the sum of the ranks' own, which it
-keeps beside them (``per_rank``, to resume on another world size: :mod:`fastlight.rank_state`).
+**DDP.** Counts are summed over the ranks and clocks take their max
+(:class:`~fastlight.metrics.throughput.ThroughputMetrics`), so every rank logs the job's figures; the
+checkpoint keeps the job's ``totals`` and each rank's own (``per_rank``, :mod:`fastlight.rank_state`).
 
 Logged keys: ``perf/raw_tps``, ``perf/effective_tps`` (progress bar), ``perf/sample_efficiency``,
 ``perf/time_efficiency``, ``perf/per_sampler_tps``, ``perf/mean_episode_length``,
 ``perf/resets_per_1k_valid``, ``perf/truncated_episode_share`` (cut by a unified truncation),
 ``perf/time_limit_share`` (ended by the env's own time limit) and the cumulative
-``perf/valid_steps_total`` / ``perf/raw_steps_total`` (kept in the checkpoint). A ratio that
-is undefined over a window (e.g. no episode ended) is not logged.
+``perf/valid_steps_total`` / ``perf/raw_steps_total``. A ratio undefined over a window is not logged.
 """
 
 from __future__ import annotations
@@ -52,7 +41,6 @@ from fastlight.data.batch_counts import BatchCounts
 from fastlight.data.protocols import BatchCountsFn
 from fastlight.metrics.throughput import ThroughputMetrics
 from fastlight.rank_state import PER_RANK_KEY, counters_for_rank, gather_per_rank, per_rank_entries, world
-from fastlight.rollout import RolloutStats
 
 #: The clock; a module attribute so tests can substitute a deterministic one.
 _now = time.perf_counter
@@ -102,7 +90,7 @@ class RolloutThroughput(Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        stats = self._counts(batch)
+        stats = self._batch_counts(batch)
         if stats is None:
             return
         self.totals["raw_steps"] += stats.raw_steps
@@ -117,9 +105,6 @@ class RolloutThroughput(Callback):
         self._pending += 1
         if self._pending >= self.window:
             self._log(trainer, pl_module)
-
-    def _counts(self, batch: Any) -> RolloutStats | None:
-        return self._batch_counts(batch)
 
     def _log(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         values = {f"perf/{k}": float(v) for k, v in self.metric.compute().items()}

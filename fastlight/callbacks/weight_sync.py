@@ -1,27 +1,24 @@
 """``WeightSync``: AcceRL's inference drain, and the ``sync/*`` metrics of every publish.
 
-The DataModule publishes the new weights right before the next batch is taken (one place:
-``RolloutDataModule.publish``). With an inference worker, that publish is a broadcast the
-worker joins between two forward passes. With ``drain: true`` this callback tells the worker
-*before the last optimizer step of the update* to finish its in-flight forward pass, schedule
-no new one, and wait in the broadcast (AcceRL §inference drain), so the trainer finds it ready
-instead of waiting for the tail of a forward pass. ``drain: false`` is the baseline: the
-worker learns of the sync only when the publish starts.
+The DataModule publishes the new weights right before the next batch is taken
+(``RolloutDataModule.publish``); with an inference worker, that publish is a broadcast the worker
+joins between two forward passes. With ``drain: true`` this callback tells the worker *before the
+last optimizer step of the update* to finish its in-flight forward pass, schedule no new one, and wait
+in the broadcast (AcceRL §inference drain), so the trainer finds it ready. ``drain: false`` is the
+baseline: the worker learns of the sync only when the publish starts.
 
-Logged per publish (from its :class:`~fastlight.weights.publisher.SyncStats`):
-``sync/trainer_wait_ms`` (how long the publish blocked the trainer), ``sync/latency_ms`` (first
-byte sent -> weights visible to the samplers), ``sync/bytes``, ``sync/collectives``,
-``sync/version``, and ``sync/verified``: how many receivers were found holding exactly the weights the
-trainer published, counted once per receiver (a sampler's policy copy, or the inference worker) and
-checked version, since the fit began (:class:`~fastlight.weights.checksum.DeliveryCheck`). Only the
-versions divisible by ``--data.faults.verify_weights_every`` are checked (not logged when it is 0): a
-count that stays at 0 means nothing was checked, and a receiver holding other weights (a transport
-that sent stale bytes under a new version number) stops the run, in one line naming the receiver, the
-version, both checksums and the transport, instead of being counted.
+Logged per publish (its :class:`~fastlight.weights.publisher.SyncStats`): ``sync/trainer_wait_ms``
+(how long the publish blocked the trainer), ``sync/latency_ms`` (first byte sent -> weights visible to
+the samplers), ``sync/bytes``, ``sync/collectives``, ``sync/version``, and ``sync/verified``: how many
+receivers (a sampler's policy copy, or the inference worker) were found holding exactly the published
+weights, counted once per receiver and checked version since the fit began
+(:class:`~fastlight.weights.checksum.DeliveryCheck`; only versions divisible by
+``--data.faults.verify_weights_every`` are checked, not logged when it is 0). A receiver holding other
+weights stops the run in one line instead of being counted.
 
-Needs a DataModule implementing :class:`~fastlight.data.protocols.WeightPublishing` (e.g.
-``RolloutDataModule``) and a module implementing :class:`~fastlight.data.protocols.TrainsPolicy`;
-attached to anything else it stops the run at ``on_fit_start`` with both classes named.
+Needs a DataModule implementing :class:`~fastlight.data.protocols.WeightPublishing` and a module
+implementing :class:`~fastlight.data.protocols.TrainsPolicy`; attached to anything else it stops the
+run at ``on_fit_start`` with both classes named.
 """
 
 from __future__ import annotations

@@ -7,12 +7,9 @@ number of *valid* transitions,
 
 so DPSA dummy steps and padding have exactly zero effect on the value *and* the gradient.
 
-**When the mask matters.** ``RLModule`` keeps only the valid transitions before it builds its
-minibatches (``RLModule._update``; on that path this selection *is* the SMPO normalisation), so in
-its loss terms the mask selects every row and only ``count``, the DDP denominator, changes the
-result. The mask matters where padding is still present: masked GAE, advantage normalisation and the
-explained variance over the padded ``[T, E]`` Rollout, and any caller that passes padded tensors to
-a loss (a full-batch update, the plain-PPO example's training step).
+``RLModule`` keeps only the valid transitions before it builds its minibatches (on that path the
+selection *is* the SMPO normalisation); the mask matters where padding is still present (GAE, advantage
+normalisation, explained variance over ``[T, E]``, a caller passing padded tensors to a loss).
 
 Shape contract shared by every function here: ``mask`` is a ``bool`` tensor whose shape equals
 ``x.shape`` or a prefix of it (``mask [N]`` with ``x [N, K]`` masks whole rows and broadcasts

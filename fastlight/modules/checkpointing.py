@@ -6,12 +6,8 @@ LightningCLI (hparams carry its ``_instantiator``), the hparams hold ``policy`` 
 object is neither copied nor pickled into every checkpoint: only its class path is kept, and loading
 asks for the object again. The objective is held as its config (``{"class_path", "init_args"}``).
 
-**Loading** (``on_load_checkpoint``, before Lightning restores anything):
-
-- :func:`check_weights_fit` refuses, in one line, weights this module cannot load;
-- :func:`keep_policy_config` keeps a CLI checkpoint's policy config, so that a checkpoint saved from
-  the reloaded module rebuilds the policy too;
-- :func:`use_typed_learning_rates` makes a resume with a changed ``lr`` (or ``*_lr``) use the new one.
+**Loading** (``on_load_checkpoint``, before Lightning restores anything): :func:`check_weights_fit`,
+:func:`keep_policy_config` and :func:`use_typed_learning_rates`.
 """
 
 from __future__ import annotations
@@ -30,8 +26,6 @@ from fastlight.modules.weights_fit import first_misfit, setting_differences
 
 #: The hparams key LightningCLI's instantiator leaves: the module was built from a CLI config.
 _CLI = "_instantiator"
-
-
 
 
 def save_hparams(

@@ -45,22 +45,7 @@ class Minibatch:
         )
 
     def select(self, idx: Tensor) -> Minibatch:
-        return Minibatch(
-            obs=index_obs(self.obs, idx),
-            **{
-                name: getattr(self, name)[idx]
-                for name in (
-                    "actions",
-                    "logprobs",
-                    "values",
-                    "advantages",
-                    "returns",
-                    "valid",
-                    "step",
-                    "task_id",
-                )
-            },
-        )
+        return Minibatch(**{name: index_obs(value, idx) for name, value in vars(self).items()})
 
 
 @torch.no_grad()

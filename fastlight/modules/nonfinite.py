@@ -47,8 +47,7 @@ class NonfiniteSteps:
         bad = [~torch.isfinite(loss).all()]
         if grads:
             # A gradient's max-abs norm is finite exactly when every element is (it cannot overflow;
-            # NaN propagates): one fused kernel, where a per-tensor check was ~1/10 of a small MLP's
-            # optimizer step.
+            # NaN propagates): one fused kernel rather than one check per tensor.
             norms = torch._foreach_norm(grads, float("inf"))
             if len({(n.dtype, n.device) for n in norms}) > 1:
                 norms = [n.to(loss.device, torch.float32) for n in norms]

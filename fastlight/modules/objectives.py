@@ -6,10 +6,6 @@ settings, so that a setting of one objective cannot be given to another (jsonarg
 subclass :class:`Objective`, implement :meth:`Objective.loss`, pass it as ``--model.objective
 my_package.MyObjective`` (or ``RLModule(objective=MyObjective(...))``).
 
-- :class:`PPOClip` - PPO's clipped surrogate ``-min(r·A, clip(r, 1±ε)·A)`` (FAST §SMPO reduction);
-- :class:`GIPO` - Gaussian trust weight ``w = exp(-½ (log r / σ)²)``, ``ℓ = -w·r·A`` (AcceRL §GIPO);
-- :class:`SAPO` - soft gate ``ℓ = -(4/τ)·sigmoid(τ(r-1))·A`` (AcceRL's SAPO baseline).
-
 The importance-ratio granularity (``token | action | chunk``) is not an objective's setting: it
 describes how the policy's action tokens form one ratio (with ``tokens_per_action``), the same
 for every objective, so ``RLModule`` keeps it (``--model.ratio_granularity``) and passes it in.

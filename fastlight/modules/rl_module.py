@@ -297,9 +297,9 @@ class RLModule(PolicyModule):
     @override
     def configure_optimizers(self) -> torch.optim.Optimizer:
         groups = self.param_groups()
-        # Fused Adam updates every tensor in one kernel: for the small MLPs of control tasks the
-        # per-tensor Python loop of the default was ~1/5 of an optimizer step. Plain tensors on CPU /
-        # CUDA only (sharded DTensor parameters keep the default implementation).
+        # Fused Adam updates every tensor in one kernel instead of the default's per-tensor Python loop,
+        # which costs most on small MLPs. Plain tensors on CPU / CUDA only (sharded DTensor parameters
+        # keep the default implementation).
         params = [p for g in groups for p in g["params"]]
         fused = bool(params) and all(
             type(p.data) is torch.Tensor and p.device.type in ("cpu", "cuda") and p.is_floating_point()
@@ -365,11 +365,8 @@ class RLModule(PolicyModule):
     def _skip_if_nonfinite(self, opt: Any, loss: Tensor, epoch: int, minibatch: int) -> None:
         """Drop this step's gradients if the loss or a gradient is NaN / inf (:class:`NonfiniteSteps`)."""
         at = (self.global_step, self.policy_version, epoch, minibatch)
-        self.nonfinite.check(opt, loss, self.policy.parameters(), world_size=self._world_size(), at=at)
-
-    def _world_size(self) -> int:
-        """The trainer's world size; 1 for a module updated without a Trainer (a script or a test)."""
-        return self._trainer.world_size if self._trainer is not None else 1
+        world_size = self._trainer.world_size if self._trainer is not None else 1  # 1: no Trainer
+        self.nonfinite.check(opt, loss, self.policy.parameters(), world_size=world_size, at=at)
 
     @property
     def skipped_updates(self) -> int:
@@ -401,4 +398,3 @@ class RLModule(PolicyModule):
         shown = {k: metrics.pop(k) for k in ("rollout/return",) if k in metrics}
         self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=n)
         self.log_dict(shown, on_step=True, on_epoch=False, batch_size=n, prog_bar=True)
-

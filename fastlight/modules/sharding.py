@@ -5,13 +5,8 @@ block of a Hugging Face backbone (the classes its ``_no_split_modules`` names, a
 them) is one unit, and the policy itself is the root unit that holds the rest (heads, embeddings).
 The policy's own methods (``act``, ``evaluate``, ``value``, and a flow policy's
 ``flow_matching_loss``) are registered as FSDP forward methods, so each gathers the root's
-parameters like ``forward`` does.
-
-Why not Lightning's ``fsdp`` (FSDP1): it wraps the whole LightningModule in one root unit whose
-forward is ``training_step``; an RL update runs several forward/backward pairs inside that one
-forward (every minibatch, the value recomputation, self-imitation), and FSDP1's post-backward hook
-refuses a backward while its root is still in its forward. FSDP2 has no such root: every unit
-gathers on its own forward and reduces its gradients on its own backward.
+parameters like ``forward`` does. Lightning's ``fsdp`` (FSDP1) is refused (:func:`refuse_fsdp1`): its
+one root unit, whose forward is ``training_step``, refuses the several backward passes of an update.
 
 ``ModelParallelStrategy`` builds a 2-D device mesh (``data_parallel`` = nodes, ``tensor_parallel``
 = devices per node by default); :func:`shard_policy` hands it to ``fully_shard`` as it is, which

@@ -4,6 +4,7 @@ that differ, as one line (resuming with another ``--model.hidden_sizes`` or ``--
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from torch import Tensor
@@ -59,21 +60,34 @@ def setting_differences(
 ) -> list[str]:
     """``--data.<key> <yours> (checkpoint: <theirs>)``, then the same for ``--model.``, for the
     settings both sides hold that may shape a tensor; then the env's sizes that differ."""
-    out = []
-    for prefix, theirs, ours, skip in (
-        ("--data.", saved_data, data, _DATA_NOT_SHAPES),
-        ("--model.", saved, mine, _NOT_SHAPES | set(_ENV_SIZES)),
-    ):
-        for key, value in ours.items():
-            if key.startswith("_") or key in skip or key not in theirs:
-                continue
-            if plain_setting(value) != plain_setting(theirs[key]):
-                out.append(f"{prefix}{key} {plain_setting(value)} (checkpoint: {plain_setting(theirs[key])})")
+    out = differences("--data.", data, saved_data, skip=_DATA_NOT_SHAPES)
+    out += differences("--model.", mine, saved, skip=_NOT_SHAPES | set(_ENV_SIZES))
     for key in _ENV_SIZES:
         if key in mine and key in saved and plain_setting(mine[key]) != plain_setting(saved[key]):
             yours, theirs = plain_setting(mine[key]), plain_setting(saved[key])
             out.append(f"the env's {key} {yours} (checkpoint: {theirs})")
     return out
+
+
+def differences(prefix: str, mine: Any, theirs: dict[str, Any], *, skip: Iterable[str] = ()) -> list[str]:
+    """``<prefix><key> <yours> (checkpoint: <theirs>)`` for each setting of ``mine`` (a dict or a
+    jsonargparse Namespace) that ``theirs`` holds too and that differs, ``skip`` and ``_private`` keys
+    aside. A nested setting (a policy's ``init_args``) names only its leaves that differ, by their own
+    flag, never two whole dicts."""
+    skipped = set(skip)
+    return [
+        line
+        for key, value in plain_setting(mine or {}).items()
+        if not key.startswith("_") and key not in skipped and key in theirs
+        for line in _leaf_differences(f"{prefix}{key}", value, plain_setting(theirs[key]))
+    ]
+
+
+def _leaf_differences(flag: str, mine: Any, theirs: Any) -> list[str]:
+    if isinstance(mine, dict) and isinstance(theirs, dict):
+        return [line for k in dict.fromkeys([*mine, *theirs])
+                for line in _leaf_differences(f"{flag}.{k}", mine.get(k), theirs.get(k))]  # fmt: skip
+    return [] if mine == theirs else [f"{flag} {mine} (checkpoint: {theirs})"]
 
 
 def plain_setting(value: Any) -> Any:

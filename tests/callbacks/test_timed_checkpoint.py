@@ -61,6 +61,6 @@ def test_saves_one_checkpoint_per_interval_under_manual_optimisation(tmp_path, m
 def test_resumed_counter_continues_and_bad_interval_is_refused():
     cb = TimedCheckpoint(every_minutes=2.0)
     cb.load_state_dict({"elapsed_s": 300.0, "saved": 2})
-    assert cb.elapsed_s() == 300.0 and cb._saved == 2  # next one due at 6 min, not at 2
+    assert cb.clock.elapsed_s() == 300.0 and cb.clock.intervals == 2  # next one due at 6 min, not at 2
     with pytest.raises(ValueError, match="every_minutes must be > 0"):
         TimedCheckpoint(every_minutes=0)

@@ -35,8 +35,10 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+from fastlight.callbacks import preemption
 from fastlight.callbacks.lost_rank import LostRankCheckpoint
 from fastlight.callbacks.preemption import PreemptionCheckpoint
+from fastlight.callbacks.timed_checkpoint import max_over_ranks
 from fastlight.checkpoints import AtomicCheckpointIO
 from fastlight.modules.rl_module import RLModule
 from fastlight.rollout import Rollout
@@ -134,6 +136,7 @@ def main() -> None:
     root = Path(args.root)
     timeout = None if args.peer_timeout_s is None else args.peer_timeout_s / 60
     cb = PreemptionCheckpoint(every_minutes=None)
+    agreement = preemption.max_over_ranks = CountedAgreement()
     peer = {} if timeout is None else {"peer_timeout_minutes": timeout}
     lost = LostRankCheckpoint(**peer, rollback=args.rollback)
     module = SignalledRank(
@@ -162,13 +165,29 @@ def main() -> None:
     finally:
         report.update(
             rank=trainer.global_rank, version=module.policy_version, ignored=cb.ignored_signals,
-            agreements=cb.agreements, agreement_seconds=cb.agreement_seconds,
+            agreements=agreement.calls, agreement_seconds=agreement.seconds,
             fit_seconds=time.perf_counter() - t0, update_seconds=median_interval(module.batch_ends),
         )  # fmt: skip
         if report["exit"] == "finished":
             report.update(reduce_seconds=time_collectives(trainer, args.repeat))
         root.mkdir(parents=True, exist_ok=True)
         (root / f"rank{trainer.global_rank}.json").write_text(json.dumps(report))
+
+
+class CountedAgreement:
+    """PreemptionCheckpoint's per-update agreement (its two values: the stop signal and the timer),
+    counted and timed; any other use of the collective (a failed save's) passes through uncounted."""
+
+    def __init__(self) -> None:
+        self.calls, self.seconds = 0, 0.0
+
+    def __call__(self, trainer: L.Trainer, *values: int) -> list[int]:
+        t0 = time.perf_counter()
+        out = max_over_ranks(trainer, *values)
+        if len(values) == 2:
+            self.calls += 1
+            self.seconds += time.perf_counter() - t0
+        return out
 
 
 def median_interval(times: list[float]) -> float | None:

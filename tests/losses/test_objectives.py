@@ -8,10 +8,12 @@ import pytest
 import torch
 from torch import nn
 
-from fastlight.losses import OBJECTIVES, gipo_loss, log_ratio, ppo_clip_loss, sapo_loss
+from fastlight.losses import gipo_loss, log_ratio, ppo_clip_loss, sapo_loss
 
 NAN = float("nan")
 OBS, VOCAB, K = 5, 6, 4
+#: The policy losses by name, each ``(loss, info)`` of the same keyword-only inputs.
+OBJECTIVES = {"ppo": ppo_clip_loss, "gipo": gipo_loss, "sapo": sapo_loss}
 
 
 # ---------------------------------------------------------------------------- helpers
