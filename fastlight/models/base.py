@@ -196,6 +196,15 @@ class FlowPolicy(Policy, Protocol):
 
 
 @runtime_checkable
+class ShardsBlocks(Protocol):
+    """A policy that names the classes of its transformer blocks, FSDP2's units under
+    ``--trainer.strategy fsdp2`` (:func:`fastlight.modules.sharding.shard_policy`); a policy without
+    this method is sharded as one unit."""
+
+    def block_classes(self) -> set[type[nn.Module]]: ...
+
+
+@runtime_checkable
 class ChecksObsSpace(Protocol):
     """A policy that checks the env's observation space itself (raises ``ValueError`` naming the flag
     to change); ``VLAModule.check_env_spec`` calls it before any sampler starts."""

@@ -1,8 +1,9 @@
 """FSDP2 for the policy: ``--trainer.strategy fsdp2``, Lightning's own ``ModelParallelStrategy``.
 
 A policy that outgrows one GPU is sharded with PyTorch's FSDP2 (``fully_shard``): each transformer
-block of a Hugging Face backbone (the classes its ``_no_split_modules`` names, as accelerate wraps
-them) is one unit, and the policy itself is the root unit that holds the rest (heads, embeddings).
+block the policy names (:class:`~fastlight.models.base.ShardsBlocks`: a VLA's, the classes its Hugging
+Face models list in ``_no_split_modules``) is one unit, and the policy itself is the root unit that
+holds the rest (heads, embeddings).
 The policy's own methods (``act``, ``evaluate``, ``value``, and a flow policy's
 ``flow_matching_loss``) are registered as FSDP forward methods, so each gathers the root's
 parameters like ``forward`` does. Lightning's ``fsdp`` (FSDP1) is refused (:func:`refuse_fsdp1`): its
@@ -16,8 +17,6 @@ stay one file (gathered on rank 0), which every fastlight tool reads.
 """
 
 from __future__ import annotations
-
-import sys
 
 from torch import nn
 
@@ -66,18 +65,11 @@ def refuse_fsdp1(strategy: object) -> None:
 
 
 def block_classes(policy: nn.Module) -> set[type[nn.Module]]:
-    """The classes of ``policy``'s transformer blocks: those its Hugging Face models list in
-    ``_no_split_modules`` (empty for a policy without one: the policy is then a single unit)."""
-    # transformers stays behind its wall (fastlight.vla): a Hugging Face model exists only where it
-    # was imported.
-    transformers = sys.modules.get("transformers")
-    if transformers is None:
-        return set()
-    names: set[str] = set()
-    for m in policy.modules():
-        if isinstance(m, transformers.PreTrainedModel):
-            names.update(m._no_split_modules or ())
-    return {type(m) for m in policy.modules() if type(m).__name__ in names}
+    """The classes of ``policy``'s transformer blocks, from the policy itself (a VLA's Hugging Face models
+    name them); empty for a policy that does not: the policy is then a single unit."""
+    from fastlight.models.base import ShardsBlocks
+
+    return policy.block_classes() if isinstance(policy, ShardsBlocks) else set()
 
 
 def shard_policy(policy: nn.Module, mesh: object) -> list[str]:

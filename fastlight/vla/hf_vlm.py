@@ -235,6 +235,15 @@ class PicklableCapture(nn.Module):
     copy, the inference worker's, a Ray actor's): pickled or copied at any time, also after it ran,
     without transformers' capture hooks (:func:`reset_output_capture`), and capturing again once loaded."""
 
+    def block_classes(self) -> set[type[nn.Module]]:
+        """FSDP2's units (:class:`~fastlight.models.base.ShardsBlocks`): the classes its Hugging Face
+        models list in ``_no_split_modules``, as accelerate wraps them."""
+        from transformers import PreTrainedModel
+
+        hf = [m for m in self.modules() if isinstance(m, PreTrainedModel)]
+        names = {n for m in hf for n in m._no_split_modules or ()}
+        return {type(m) for m in self.modules() if type(m).__name__ in names}
+
     def __getstate__(self) -> dict:
         reset_output_capture(self)  # the hooks are local closures; transformers re-installs them on use
         return super().__getstate__()
