@@ -346,11 +346,10 @@ def pi05_folder(tmp_path_factory) -> str:
 
 
 def bound(folder: str, **kw) -> FlowVLAPolicy:
-    from fastlight.envs.instruction_tokens import encode_instructions
-    from fastlight.envs.instructions import instruction_tokenizer
+    from tests.instruction_ids import instruction_ids
 
     p = policy(folder, **kw)
-    ids, mask = encode_instructions(instruction_tokenizer(), list(SENTENCES), 6)
+    ids, mask = instruction_ids(SENTENCES, 6)
     assert p.bind_instructions(SENTENCES, ids, mask)
     return p
 

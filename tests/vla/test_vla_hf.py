@@ -20,14 +20,14 @@ import pytest
 import torch
 
 from benchmarks.tiny_vlm import ARCHITECTURES, save_tiny_vlm
-from fastlight.envs.instruction_tokens import encode_instructions
-from fastlight.envs.instructions import InstructionTable, instruction_tokenizer
+from fastlight.envs.instructions import InstructionTable
 from fastlight.losses import gipo_loss
 from fastlight.vla.hf_vlm import load_image_processor, load_tokenizer, projector, vision_tower
 from fastlight.vla.image_encoder import image_tokens
 from fastlight.vla.imitation_loss import token_cross_entropy
 from fastlight.vla.module import _check_obs_space
 from fastlight.vla.policy import VLAPolicy
+from tests.instruction_ids import instruction_ids
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SENTENCES = ("reach the goal position with the gripper", "push the puck to the goal", "open the drawer")
@@ -47,7 +47,7 @@ def folders(tmp_path_factory) -> dict[str, str]:
 
 def env_rows() -> tuple[torch.Tensor, torch.Tensor]:
     """The env's instruction rows ``[T, 10]`` (fastlight's WordLevel ids), one per sentence."""
-    return encode_instructions(instruction_tokenizer(SENTENCES), list(SENTENCES), 10)
+    return instruction_ids(SENTENCES, 10, extra=SENTENCES)
 
 
 def policy(folder: str, seed: int = 0, **kw) -> VLAPolicy:

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from benchmarks.tiny_vlm import save_tiny_vlm
-from fastlight.envs.instruction_tokens import encode_instructions
-from fastlight.envs.instructions import INSTRUCTIONS, instruction_tokenizer
+from fastlight.envs.instructions import INSTRUCTIONS
 from fastlight.losses import gipo_loss
 from fastlight.vla.policy import VLAPolicy
+from tests.instruction_ids import instruction_ids
 
 ROOT = Path(__file__).resolve().parents[2]
 SENTENCES = tuple(INSTRUCTIONS.values())[:3]
@@ -31,7 +31,7 @@ def llava(tmp_path_factory) -> str:
 
 def batch() -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
-    ids, mask = encode_instructions(instruction_tokenizer(), list(SENTENCES), 16)
+    ids, mask = instruction_ids(SENTENCES, 16)
     rows = torch.arange(N) % len(SENTENCES)
     return {
         "image": torch.randint(0, 256, (N, SIDE, SIDE, 3), dtype=torch.uint8, generator=g),
@@ -70,7 +70,7 @@ def one_update(policy: VLAPolicy, obs: dict[str, torch.Tensor], *, autocast: boo
 def test_one_bf16_update_in_process(llava, mode):
     torch.manual_seed(0)
     policy = VLAPolicy(backbone=llava, action_dim=4, proprio_dim=4, image_size=SIDE)
-    ids, mask = encode_instructions(instruction_tokenizer(), list(SENTENCES), 16)
+    ids, mask = instruction_ids(SENTENCES, 16)
     assert policy.bind_instructions(SENTENCES, ids, mask)
     if mode == "bf16-true":
         policy = policy.to(torch.bfloat16)

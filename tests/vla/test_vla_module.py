@@ -271,13 +271,12 @@ def test_the_frozen_vision_tower_is_said_once_and_other_eval_modules_still_warn(
     import warnings
 
     from benchmarks.tiny_vlm import save_tiny_vlm
-    from fastlight.envs.instruction_tokens import encode_instructions
-    from fastlight.envs.instructions import instruction_tokenizer
+    from tests.instruction_ids import instruction_ids
     from tests.lightning_helpers import quiet_trainer
 
     sentences = ("reach the goal", "push the puck")
     folder = save_tiny_vlm("llava", tmp_path / "llava", sentences=sentences, n_bins=32)
-    ids, mask = encode_instructions(instruction_tokenizer(sentences), list(sentences), 6)
+    ids, mask = instruction_ids(sentences, 6, extra=sentences)
 
     def fit(value_head_eval: bool) -> tuple[list[str], str, VLAModule]:
         torch.manual_seed(0)
