@@ -296,7 +296,8 @@ def _plot(rows: list[dict[str, Any]], args: argparse.Namespace, path: Path) -> N
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.mujoco", description=__doc__.split("\n")[0])
-    p.add_argument("--env", nargs="+", default=["Hopper-v4", "HalfCheetah-v4"], choices=sorted(SF_ENVS))
+    envs = sorted(set(SF_ENVS) | set(env_steps.CLEANRL_1M))
+    p.add_argument("--env", nargs="+", default=["Hopper-v4", "HalfCheetah-v4"], choices=envs)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--minutes", type=float, default=3.5, help="wall-clock per run, from launch")
     p.add_argument(
@@ -335,6 +336,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.systems = ["fastlight"]
     if args.config is None:
         args.config = RACE_CONFIG if args.env_steps is None else ENV_STEPS_CONFIG
+    no_sf = [e for e in args.env if e not in SF_ENVS]
+    if "sf" in args.systems and no_sf:
+        p.error(f"--env {' '.join(no_sf)}: not a Sample Factory env; use --env-steps or --systems fastlight")
     if "sf" in args.systems and (args.sf_python is None or shutil.which(args.sf_python) is None):
         p.error(
             "--sf-python must name the python of a virtualenv with sample-factory==2.1.1 "
