@@ -103,8 +103,12 @@ def tiny_ckpt(tmp_path_factory) -> Path:
     # Replace the config's callback list so the checkpoint lands in a known place. Short episodes
     # keep the evaluation fast; the expert cannot finish in
     # 10 steps, hence successful_only false.
-    callbacks = [{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
-                  "init_args": {"dirpath": str(tmp / "ckpt"), "save_last": True}}]
+    callbacks = [
+        {
+            "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+            "init_args": {"dirpath": str(tmp / "ckpt"), "save_last": True},
+        }
+    ]
     cli_main(
         ["fit", "--config", str(ROOT / "configs/vla_metaworld_mt10_sft.yaml"),
          "--data.demos_per_task", "1", "--data.num_workers", "0", "--data.cache_dir", str(tmp / "c"),
@@ -197,3 +201,16 @@ def test_different_env_settings_are_refused(tiny_ckpt, fake_bc, tmp_path, capsys
     assert want in capsys.readouterr().err
     assert not (tmp_path / "rep.md").exists()
 
+
+def test_group_outcomes_compares_clips_from_one_initial_state(tiny_ckpt, capsys):
+    """benchmarks.vla.group_outcomes: one row per group and cycle, the clips of a group start alike."""
+    from benchmarks.vla import group_outcomes
+
+    rows = group_outcomes.main(
+        ["--ckpt", str(tiny_ckpt), "--task", "reach-v3", "--groups", "2", "--group-size", "2",
+         "--cycles", "2", "--max-path-length", "6"]
+    )  # fmt: skip
+    assert [(r["cycle"], r["group"]) for r in rows] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert all(len(r["success"]) == len(r["length"]) == 2 for r in rows)
+    assert all(1 <= n <= 6 for r in rows for n in r["length"])
+    assert "groups had both successes and failures" in capsys.readouterr().out
