@@ -67,8 +67,7 @@ class RLModule(PolicyModule):
             from the env's sizes).
         hidden_sizes: MLP widths of the default policy (refused together with ``policy``).
         lr: Adam learning rate.
-        gamma: discount factor of the returns, per env step (a transition that executed an action
-            chunk of ``h`` env steps is discounted by ``gamma**h``, see :mod:`fastlight.advantages`).
+        gamma: discount factor per env step (an action chunk of ``h`` env steps: ``gamma**h``).
         gae_lambda: GAE lambda (0: one-step TD advantages, 1: Monte-Carlo returns).
         update_epochs: K, the epochs over each rollout (K x M optimizer steps per rollout).
         num_minibatches: M, the minibatches each epoch splits the rollout's valid transitions into.
@@ -78,25 +77,19 @@ class RLModule(PolicyModule):
             default, ``None``), ``GIPO`` (AcceRL §GIPO), ``SAPO`` or a subclass of your own.
         ratio_granularity: ``token | action | chunk`` importance ratios (token policies), for
             every objective (:mod:`fastlight.losses.ratios`).
-        tokens_per_action: consecutive tokens per ratio for ``action`` granularity. ``None`` (the
-            default): the tokens of one env action, ``K / H`` of a policy's ``K`` tokens per call in
-            chunks of ``H`` env actions (``action_dim`` for a :class:`~fastlight.vla.policy.VLAPolicy`),
-            so ``action`` is one ratio per env action, ``chunk`` one per policy call.
+        tokens_per_action: consecutive tokens per ratio for ``action`` granularity. ``None``: the
+            tokens of one env action (``K / H`` of ``K`` tokens per call in chunks of ``H`` env
+            actions), so ``action`` is one ratio per env action, ``chunk`` one per policy call.
         vf_coef: weight of the value loss.
         ent_coef: weight of the entropy bonus.
         value_clip_eps: PPO2-style value clipping range, ``None`` for the unclipped loss.
         max_grad_norm: gradient clipping by global norm (``None`` disables).
         normalize_advantages: standardise advantages over valid steps (globally under DDP).
-        advantage: ``gae`` (masked GAE over the critic's values) or ``grpo``: each clip's return
-            against the other clips of its group, which started from the same seed
-            (:func:`~fastlight.advantages.group_relative_advantages`; needs ``--data.group_size`` >= 2;
-            the critic still learns, and ``normalize_advantages`` is not applied on top).
-        normalize_obs: keep running observation statistics in the policy and act on normalised
-            observations (:class:`~fastlight.models.normalization.NormalizedPolicy`: updated from each
-            Rollout's valid steps, published with the weights, saved in checkpoints). ``None``
-            (default): on for continuous actions over flat vector observations (MuJoCo-style
-            control, where every PPO library normalises), off otherwise (highway-env's features are
-            normalised already; images and tokens are not vectors).
+        advantage: ``gae``, or ``grpo``: a clip's return against its group's (``--data.group_size``).
+        normalize_obs: act on observations normalised by running statistics the policy keeps
+            (:class:`~fastlight.models.normalization.NormalizedPolicy`: published with the weights,
+            saved in checkpoints). ``None``: on for continuous actions over flat vectors (MuJoCo-style
+            control, where every PPO library normalises), off otherwise.
         normalize_returns: the critic predicts values in units of the running mean/std of the value
             targets, so the value loss has unit scale whatever the reward scale (Sample Factory's
             ``normalize_returns``). ``None`` (default): as ``normalize_obs``.
@@ -215,6 +208,8 @@ class RLModule(PolicyModule):
         return adv, ret, values
 
     def _group_size(self) -> int:
+        """``--model.advantage grpo``'s groups (:func:`~fastlight.advantages.group_relative_advantages`;
+        the critic still learns, and ``normalize_advantages`` is not applied on top)."""
         data = self._trainer.datamodule if self._trainer is not None else None
         size = data.group_size if isinstance(data, GroupsEnvs) else 1
         if size < 2:
