@@ -171,3 +171,23 @@ def test_share_of_three_seed_means_counts_every_subset_against_a_naive_loop():
     assert share_of_three_seed_means_at_least(finals, 3001.0) == 0.0
     with pytest.raises(ValueError, match=">= 3 seeds"):
         share_of_three_seed_means_at_least(finals[:2], 0.0)
+
+
+def test_a_run_that_logs_no_return_stops_the_benchmark_naming_why(tmp_path):
+    """A failed run (an env id gymnasium refuses, a crash) is never scored as a result, nor timed."""
+    import argparse
+    import time
+
+    from benchmarks.mujoco import env_steps
+
+    def failed_run(cmd, *, seconds, log, env):
+        log.write_text("Traceback ...\nfastlight: error: --data.env_id Pusher-v4 needs mujoco<3\n")
+        return time.time()
+
+    args = argparse.Namespace(
+        config="configs/mujoco_ppo.yaml", env_steps=1000, fastlight_args=[], final_steps=100
+    )
+    with pytest.raises(
+        SystemExit, match=r"Pusher-v4 seed 3 logged no return \(fastlight: error: --data.env_id"
+    ):
+        env_steps.run("Pusher-v4", 3, args, tmp_path, failed_run)
