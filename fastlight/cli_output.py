@@ -125,7 +125,11 @@ def parse_error_line(message: str, error: BaseException | None) -> str:
     if own is not None:
         return own
     levels = [message, *(e for e in chain if isinstance(e, argparse.ArgumentError)), *chain[-1:]]
-    return " ".join(dict.fromkeys(line for line in map(_first_line, levels) if line))
+    kept: list[str] = []
+    for line in map(_first_line, levels):
+        if line and not any(line in earlier for earlier in kept):  # a level that only repeats one above
+            kept.append(line)
+    return " ".join(kept)
 
 
 @contextmanager

@@ -17,7 +17,9 @@ update the earlier ones key by key, as ``--data.env_kwargs.KEY`` does.
 
 from __future__ import annotations
 
+import difflib
 import os
+import re
 from collections.abc import Sequence
 from contextvars import ContextVar
 from pathlib import Path
@@ -171,6 +173,18 @@ class FastlightArgumentParser(LightningArgumentParser):
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         # The parsers jsonargparse nests for a class do not exit on error: their report goes up, into
         # the command's own parser's, which raises it as one line instead of printing usage and help.
+        message = self._with_suggestion(message)
         if not self.exit_on_error:
             super().error(message, ex)
         raise SettingError(parse_error_line(message, ex)) from ex
+
+    def _with_suggestion(self, message: str) -> str:
+        """``message`` with the closest setting this parser knows when it refuses an unknown one (a
+        typo: ``--data.termination_treshold``, ``--model.learning_rate``)."""
+        unknown = re.search(r"Option '([\w.]+)' is not accepted|unrecognized arguments: --([\w.]+)", message)
+        if unknown is None:
+            return message
+        name = unknown[1] or unknown[2]
+        known = {s.lstrip("-") for a in self._actions for s in (a.dest, *a.option_strings) if s != "help"}
+        close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.75)
+        return f"{message} (did you mean {close[0]}?)" if close else message

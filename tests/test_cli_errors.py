@@ -46,7 +46,13 @@ MISTAKES: list[tuple[str, tuple[str, ...], str]] = [
     (
         "unknown-trainer-setting",
         ("--trainer.max_stpes", "2"),
-        "unrecognized arguments: --trainer.max_stpes 2",
+        "unrecognized arguments: --trainer.max_stpes 2 (did you mean trainer.max_steps?)",
+    ),
+    (
+        "misspelled-data-setting",
+        ("--data.termination_treshold", "0.5"),
+        """Parser key "data": Option 'termination_treshold' is not accepted (did you mean """
+        "termination_threshold?)",
     ),
     (
         "wrong-type",
