@@ -186,5 +186,5 @@ class FastlightArgumentParser(LightningArgumentParser):
             return message
         name = unknown[1] or unknown[2]
         known = {s.lstrip("-") for a in self._actions for s in (a.dest, *a.option_strings) if s != "help"}
-        close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.75)
+        close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.8)
         return f"{message} (did you mean {close[0]}?)" if close else message
