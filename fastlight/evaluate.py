@@ -34,6 +34,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -48,6 +49,21 @@ from fastlight.cli_output import fail as cli_fail
 PROG = "fastlight evaluate"
 N_BOOT = 10_000
 
+
+
+def progress_line(every_s: float = 10.0) -> Callable[[int, int], None]:
+    """A ``progress(done, total)`` that prints ``fastlight evaluate: 40 of 200 episodes, 35 s`` to stderr
+    at most every ``every_s`` seconds, and at the end (a long evaluation is not silent)."""
+    start = last = time.monotonic()
+
+    def show(done: int, total: int) -> None:
+        nonlocal last
+        now = time.monotonic()
+        if now - last >= every_s or done == total:
+            last = now
+            print(f"{PROG}: {done} of {total} episodes, {now - start:.0f} s", file=sys.stderr, flush=True)
+
+    return show
 
 def fail(message: str) -> NoReturn:
     cli_fail(message, prog=PROG)
@@ -205,6 +221,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         module.policy, env_id, env_kwargs, episodes=args.episodes, seed=args.seed,
         deterministic=not args.sample, wrappers=wrappers, batch=args.batch, record=record,
         task_names=task_names,  # probed once, in main
+        progress=progress_line(),
     )  # fmt: skip
     fps = args.fps or render_fps
     videos = write_gifs(Path(args.video), episodes, fps) if args.video else []

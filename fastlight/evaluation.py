@@ -162,6 +162,7 @@ def play_episodes(
     *,
     observer: EpisodeObserver | None = None,
     action_chunk: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> list[EpisodeRecord]:
     """Play every spec to its natural end, in order; one :class:`EpisodeRecord` per spec.
 
@@ -172,6 +173,7 @@ def play_episodes(
 
     ``action_chunk``: ``act`` returns ``H`` env actions per episode (``[B, H, ...]``), played
     open-loop for up to ``H`` env steps before the next call (``None``: one action per call).
+    ``progress(done, total)`` is called after each lockstep group.
     """
     if not envs:
         raise ValueError("play_episodes needs at least one env")
@@ -182,6 +184,8 @@ def play_episodes(
         records += _play_group(
             act, envs[: len(group)], group, observer, first=len(records), action_chunk=action_chunk
         )
+        if progress is not None:
+            progress(len(records), len(specs))
     return records
 
 
@@ -297,6 +301,7 @@ def play_tasks(
     batch: int = 4,
     record: int = 0,
     action_chunk: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> list[EpisodeRecord]:
     """Play ``episodes_per_task`` episodes of every task of a multi-task env (fastlight's Meta-World).
 
@@ -310,7 +315,7 @@ def play_tasks(
     envs = [make_env(env_id, env_kwargs=env_kwargs) for _ in range(min(batch, episodes_per_task))]
     try:
         specs = task_specs(tuple(envs[0].unwrapped.task_names), episodes_per_task, seed, record=record)
-        return play_episodes(act, envs, specs, action_chunk=action_chunk)
+        return play_episodes(act, envs, specs, action_chunk=action_chunk, progress=progress)
     finally:
         for env in envs:
             env.close()
@@ -328,6 +333,7 @@ def play_policy(
     batch: int = 4,
     record: bool = False,
     task_names: tuple[str, ...] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> tuple[list[EpisodeRecord], tuple[str, ...], float]:
     """``(episodes, task names, the env's render fps)``: what ``fastlight evaluate`` and
     :class:`~fastlight.callbacks.periodic_evaluation.PeriodicEvaluation` play. On fastlight's
@@ -335,7 +341,8 @@ def play_policy(
     other env, episode ``i`` on seed ``seed + i`` inside the run's gymnasium ``wrappers`` (what the
     policy saw, e.g. a flattened Dict; fastlight's own :class:`EnvWrapper` settings, an emulated
     scenario-load cost, are left out). ``record``: keep frames (``env.render()``, or the camera).
-    ``task_names``: :func:`probe_env`'s, where the caller probed already (``None``: probed here)."""
+    ``task_names``: :func:`probe_env`'s, where the caller probed already (``None``: probed here).
+    ``progress(done, total)``: called as episodes finish (:func:`play_episodes`)."""
     from fastlight.envs.wrappers import EnvWrapper, wrap_env, wrapper_of
     from fastlight.models.action_mapping import action_chunk
 
@@ -345,7 +352,8 @@ def play_policy(
     if task_names:
         act = policy_batch_act_fn(policy, deterministic=deterministic)
         played = play_tasks(act, env_id=env_id, env_kwargs=env_kwargs, episodes_per_task=episodes, seed=seed,
-                            batch=batch, record=episodes if record else 0, action_chunk=chunk)  # fmt: skip
+                            batch=batch, record=episodes if record else 0, action_chunk=chunk,
+                            progress=progress)  # fmt: skip
         return played, task_names, 20.0
     kwargs = {**env_kwargs, "render_mode": "rgb_array"} if record else env_kwargs
     gym_wrappers = [w for w in map(wrapper_of, wrappers) if not isinstance(w, EnvWrapper)]
@@ -354,7 +362,7 @@ def play_policy(
         fps = float(min(max(env.metadata.get("render_fps") or 20, 1), 30))
         act = one_at_a_time(policy_act_fn(policy, deterministic=deterministic))
         specs = seeded_specs(episodes, seed, record=record)
-        return play_episodes(act, [env], specs, action_chunk=chunk), (), fps
+        return play_episodes(act, [env], specs, action_chunk=chunk, progress=progress), (), fps
     finally:
         env.close()
 

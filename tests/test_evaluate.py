@@ -29,8 +29,11 @@ def test_highway_episodes_are_full_seeded_and_replayable(highway_run, tmp_path, 
     result = main(
         ["--ckpt", str(ckpt), "--episodes", "2", "--seed", "5", "--video", str(video), "--out", str(out)]
     )
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     assert "mean return" in printed and "crash rate" in printed and "success rate    not reported" in printed
+    # progress on stderr, at the end at least (a long evaluation is not silent)
+    assert "fastlight evaluate: 2 of 2 episodes, " in captured.err
     assert json.loads(out.read_text()) == json.loads(json.dumps(result))
 
     # The checkpoint's own subclass was rebuilt, and the env from its data settings, DPSA off.
