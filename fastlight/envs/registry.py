@@ -85,3 +85,5 @@ def make_env(
             raise
         # A keyword the env's constructor does not take (gymnasium's message names it and the env).
         raise ValueError(f"--data.env_kwargs: {' '.join(str(e).split())}") from e
+    except ImportError as e:  # a dependency the env needs, missing or of a version it refuses
+        raise ValueError(f"{flag} {env_id}: {' '.join(str(e).split())}") from e
