@@ -3,9 +3,10 @@
     fastlight plot runs/highway_dpsa
     fastlight plot runs/highway_dpsa --x env_steps --y rollout/return rollout/crash_rate --out curve.png
 
-Reads ``RUN_DIR/csv/version_N/metrics.csv`` (the CSVLogger ``fastlight fit`` attaches; the newest
-version unless ``--version N``; a version folder or a ``metrics.csv`` itself also works) and draws
-one panel per ``--y`` key (default ``rollout/return``) against ``--x``:
+Reads ``RUN_DIR/csv/version_N/metrics.csv`` (the CSVLogger ``fastlight fit`` attaches: every version,
+in order, one line each, so a resumed run's curve goes on where it stopped; ``--version N`` reads
+one; a version folder or a ``metrics.csv`` itself also works) and draws one panel per ``--y`` key
+(default ``rollout/return``) against ``--x``:
 
 - ``step``: Lightning's logging step, one per training step (= one Rollout, one policy update);
 - ``env_steps``: the ``env_steps`` column, the env transitions learned from so far (DPSA's padding
@@ -13,7 +14,8 @@ one panel per ``--y`` key (default ``rollout/return``) against ``--x``:
   every run; a log without it (an older run, a plain Lightning project) falls back to
   ``perf/valid_steps_total`` (the ``RolloutThroughput`` callback's, from the second Rollout on);
 - ``time``: seconds since the first logged value, from the wall times of the run's TensorBoard
-  log of the same version (``RUN_DIR/tb/version_N``): a CSV row holds no clock.
+  log of the same version (``RUN_DIR/tb/version_N``): a CSV row holds no clock; a later version
+  starts where the one before it ended.
 
 Rows without the ``--y`` value (other loggers' rows) are skipped. Needs matplotlib (the ``bench``
 extra). Writes ``--out`` (default ``RUN_DIR/learning_curve.png``).
@@ -49,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", metavar="RUN_DIR", help="the run's --trainer.default_root_dir")
     p.add_argument("--x", default="step", help=f"x axis: {' | '.join(X_CHOICES)} (default step)")
     p.add_argument("--y", nargs="+", default=["rollout/return"], metavar="KEY", help="logged keys")
-    p.add_argument("--version", type=int, help="csv/version_N to read (default: the newest)")
+    p.add_argument("--version", type=int, help="csv/version_N to read alone (default: every version)")
     p.add_argument("--out", metavar="PNG", help="image to write (default: RUN_DIR/learning_curve.png)")
     return p
 
@@ -76,6 +78,16 @@ def find_metrics(run_dir: Path, version: int | None) -> Path:
             f"--version must be one of {sorted(versions)} (under {run_dir / 'csv'}), got {version}"
         )
     return versions[version] / "metrics.csv"
+
+
+def run_logs(run_dir: Path, version: int | None) -> list[Path]:
+    """Every ``metrics.csv`` of a run root, by version (a resumed run logs into a new one); the one
+    :func:`find_metrics` picks where ``version`` is given or ``run_dir`` is a version or a file."""
+    newest = find_metrics(run_dir, version)
+    if version is not None or newest.parent.parent != run_dir / "csv":
+        return [newest]
+    logs = [d / "metrics.csv" for d in (run_dir / "csv").glob("version_*") if (d / "metrics.csv").is_file()]
+    return sorted(logs, key=lambda m: int(m.parent.name.removeprefix("version_")))
 
 
 def read_columns(path: Path) -> dict[str, list[float]]:
@@ -143,17 +155,29 @@ def plot(
     matplotlib.use("Agg")  # files only: no display needed
     import matplotlib.pyplot as plt
 
-    metrics = find_metrics(Path(run_dir), version)
-    columns = read_columns(metrics)
-    data = [(y, *series(columns, x, y, metrics)) for y in ys]
+    logs = run_logs(Path(run_dir), version)
     labels = {"step": "training step (rollout)", "env_steps": "env steps (valid transitions)"}
-    fig, axes = plt.subplots(len(data), 1, figsize=(7, 2.6 * len(data)), sharex=True, squeeze=False)
-    for ax, (y, xs, vs) in zip(axes[:, 0], data, strict=True):
-        ax.plot(xs, vs, marker="." if len(xs) < 50 else None)
+    fig, axes = plt.subplots(len(ys), 1, figsize=(7, 2.6 * len(ys)), sharex=True, squeeze=False)
+    for ax, y in zip(axes[:, 0], ys, strict=True):
+        offset, drawn = 0.0, 0  # --x time: a later version's clock starts where the one before it ended
+        for metrics in logs:
+            try:
+                xs, vs = series(read_columns(metrics), x, y, metrics)
+            except ValueError:
+                if len(logs) == 1 or (metrics is logs[-1] and not drawn):
+                    raise
+                continue  # a version that stopped before it logged ``y`` (a failed start, a resume)
+            drawn += 1
+            xs = [v + offset for v in xs] if x == "time" else xs
+            offset = xs[-1] if x == "time" else offset
+            label = metrics.parent.name if len(logs) > 1 else None
+            ax.plot(xs, vs, marker="." if len(xs) < 50 else None, label=label)
         ax.set_ylabel(y)
         ax.grid(alpha=0.3)
+        if len(logs) > 1:
+            ax.legend(fontsize="small")
     axes[-1, 0].set_xlabel(labels.get(x, "seconds"))
-    axes[0, 0].set_title(str(metrics))
+    axes[0, 0].set_title(str(logs[-1] if len(logs) == 1 else Path(run_dir)))
     fig.tight_layout()
     folder = Path(run_dir) if Path(run_dir).is_dir() else Path(run_dir).parent
     path = Path(out) if out else folder / "learning_curve.png"

@@ -88,3 +88,35 @@ def test_a_folder_without_a_csv_log_is_named(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main([str(tmp_path)])
     assert f"RUN_DIR: no csv/version_*/metrics.csv under {tmp_path}" in capsys.readouterr().err
+
+
+def test_a_resumed_run_is_drawn_version_after_version(highway_run, tmp_path, capsys):
+    """A resume logs into a new csv/version_N: the plot draws every version, in order, one line each;
+    a version with no row of the key (a start that failed) is left out; --version reads one alone."""
+    import shutil
+
+    from fastlight.plot import run_logs
+
+    root = tmp_path / "run"
+    src = find_metrics(highway_run, None)
+    rows = list(csv.DictReader(src.open()))
+    for version, shift in ((0, 0), (1, 2), (10, 4)):  # version 10 sorts after 1, as a number
+        folder = root / "csv" / f"version_{version}"
+        folder.mkdir(parents=True)
+        with open(folder / "metrics.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            for r in rows:
+                w.writerow({**r, "step": str(int(float(r["step"])) + shift)})
+    empty = root / "csv" / "version_2"
+    empty.mkdir()
+    shutil.copy(src, empty / "metrics.csv")
+    with open(empty / "metrics.csv", "w", newline="") as f:  # a header and a row without the key
+        csv.DictWriter(f, fieldnames=["step", "other"]).writeheader()
+        f.write("0,1\n")
+    logs = run_logs(root, None)
+    assert [m.parent.name for m in logs] == ["version_0", "version_1", "version_2", "version_10"]
+    assert run_logs(root, 1) == [root / "csv" / "version_1" / "metrics.csv"]
+    out = main([str(root), "--out", str(tmp_path / "joined.png")])
+    assert out.read_bytes()[:8] == PNG_MAGIC
+    assert "wrote" in capsys.readouterr().out
