@@ -97,6 +97,15 @@ def spend_restart(
     )
 
 
+def env_raised(payload: str) -> str | None:
+    """The last line of a sampler's traceback (``EnvError: env X (index i, seed s) raised ... at episode
+    step n: ...``) when an env's own exception ended the sampler, else None. A simulator that throws
+    now and then (CARLA, Isaac) is restarted as a crashed sampler is, within the restart budget."""
+    lines = [line.strip() for line in payload.splitlines() if line.strip()]
+    kind, sep, message = lines[-1].partition(": ") if lines else ("", "", "")
+    return f"EnvError: {message}" if sep and kind.rsplit(".", 1)[-1] == "EnvError" else None
+
+
 def crashed(index: int, payload: str) -> str:
     """Sampler ``index``'s own exception: its last line (e.g. which env raised, of which seed, at which
     step) on the first line, then the traceback it sent."""

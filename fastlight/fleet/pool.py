@@ -41,7 +41,7 @@ import torch.multiprocessing as tmp
 from torch import nn
 
 from fastlight.fleet.base import WATCH_EVERY_S, Fleet, FleetBuild, SamplerFleet
-from fastlight.fleet.faults import SamplerError, broken_pipe, crashed
+from fastlight.fleet.faults import SamplerError, broken_pipe, crashed, env_raised
 from fastlight.fleet.local_watch import FORKSERVER_EXIT_S, check_forkserver, process_fault
 from fastlight.fleet.start import forkserver_pid
 from fastlight.inference.client import InferenceClient
@@ -274,7 +274,7 @@ class SamplerPool(SamplerFleet):
         env) and would recur. A pipe to the inference worker broken by a dead peer is a consequence,
         left to the group's restart."""
         for i, payload in sorted(self.errors.items()):
-            if self.client is None or not broken_pipe(payload):
+            if env_raised(payload) is None and (self.client is None or not broken_pipe(payload)):
                 raise SamplerError(crashed(i, payload))
 
     def _sampler_fault(self, s: _Sampler, now: float) -> tuple[str, str | None] | None:
@@ -283,6 +283,9 @@ class SamplerPool(SamplerFleet):
             s.reader.join(timeout=2.0)  # a dying sampler's last words come before its EOF
             self._raise_reported()
             self._check_forkserver(s.proc.exitcode)
+            env_error = env_raised(self.errors.pop(s.index, ""))
+            if env_error is not None:  # an env threw (a flaky simulator): restarted within the budget
+                return f"crashed: {env_error}", None
         return process_fault(s, now)
 
     def _worker_fault(self, now: float) -> tuple[str, str | None] | None:
@@ -313,7 +316,7 @@ class SamplerPool(SamplerFleet):
         what its exit code means). Call under the lock."""
         name = self._sampler_name(s)
         self._kill(s)
-        killed = "" if what.startswith("died") else f"; killed it (exit code {s.proc.exitcode})"
+        killed = "" if what.startswith(("died", "crashed")) else f"; killed it (exit code {s.proc.exitcode})"
         if self._spend_restart(f"{name} {what}{killed}", "restarting it", note, dropped=1):
             with children_ignore_stop_signals():
                 self.samplers[s.index] = self._spawn(s.index)

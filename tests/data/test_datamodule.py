@@ -74,12 +74,23 @@ def test_fit_is_strictly_on_policy_and_leaves_no_children():
     assert_no_children(model.pids)
 
 
-def test_sampler_exception_stops_fit_naming_worker_and_traceback():
-    dm = RolloutDataModule(env_id="tests.fake_envs:Crashing-v0", num_envs=2, num_workers=2)
+def test_an_env_exception_is_restarted_then_stops_fit_naming_env_and_budget():
+    dm = RolloutDataModule(
+        env_id="tests.fake_envs:Crashing-v0",
+        num_envs=2,
+        num_workers=2,
+        faults=FaultSettings(max_worker_restarts=1),
+    )
     t0 = time.monotonic()
-    with pytest.raises(SamplerError, match=r"sampler worker \d \(fastlight-sampler-\d\) crashed") as e:
+    with pytest.raises(
+        SamplerError, match=r"sampler \d \(fastlight-sampler-\d, pid \d+, env [^)]*\) crashed"
+    ) as e:
         quiet_trainer(max_steps=3).fit(RLModule(obs_dim=3, action_dim=2), datamodule=dm)
-    assert "RuntimeError: simulator exploded on purpose" in str(e.value)
+    assert re.search(
+        r"crashed: EnvError: env Crashing-v0 \(index \d of this sampler, seed \d+\) raised RuntimeError at "
+        r"episode step \d+: simulator exploded on purpose; restart budget exhausted: 1 restarts",
+        str(e.value),
+    ), str(e.value)
     assert time.monotonic() - t0 < 60
     assert_no_children()
 

@@ -46,6 +46,21 @@ class RaisingEnv(_Counted):
         return super().step(action)
 
 
+class FlakyEnv(_Counted):
+    """The bad instance raises once in its ``bad_step``-th step, in whichever process first gets there
+    (``flag_dir/raised`` marks it): a simulator that throws now and then."""
+
+    def __init__(self, flag_dir: str = "", **kw) -> None:
+        super().__init__(**kw)
+        self.flag = os.path.join(flag_dir, "raised")
+
+    def step(self, action):
+        if self.bad and self.t + 1 == self.bad_step and not os.path.exists(self.flag):
+            open(self.flag, "w").close()
+            raise RuntimeError("the simulator lost its road network")
+        return super().step(action)
+
+
 class MemoryHogEnv(FixedLengthEnv):
     """Holds ``hold_mib`` MiB of touched memory from its first reset on, then writes
     ``<ready_dir>/<pid>`` so that a test knows the memory is held."""
@@ -79,5 +94,6 @@ class WhichFastlightEnv(FixedLengthEnv):
 
 gym.register("OddShape-v0", entry_point=OddShapeEnv)
 gym.register("Raising-v0", entry_point=RaisingEnv)
+gym.register("Flaky-v0", entry_point=FlakyEnv)
 gym.register("MemoryHog-v0", entry_point=MemoryHogEnv)
 gym.register("WhichFastlight-v0", entry_point=WhichFastlightEnv)

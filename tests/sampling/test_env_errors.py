@@ -78,12 +78,13 @@ def test_a_dict_observation_names_the_key_layouts(monkeypatch):
 
 
 @pytest.mark.multiproc
-def test_an_env_exception_in_a_sampler_names_env_index_seed_and_step():
-    # The sampler's env 1 (seed 1000 + 1) raises in the 3rd step of its first episode.
+def test_an_env_that_keeps_raising_spends_the_restart_budget_naming_env_index_seed_and_step():
+    # The sampler's env 1 (seed 1000 + 1) raises in the 3rd step of its first episode, in every process.
     env_kwargs = {"bad_instance": 1, "bad_step": 3}
     configs = [SamplerConfig(env_id=RAISING, num_envs=2, max_horizon=8, seed=1000, env_kwargs=env_kwargs)]
     net = MLPActorCritic(3, 2)
-    pool = SamplerPool(FleetBuild(configs, net, faults=FaultSettings(worker_timeout_s=60)))
+    faults = FaultSettings(worker_timeout_s=60, max_worker_restarts=2)
+    pool = SamplerPool(FleetBuild(configs, net, faults=faults))
     pool.start()
     try:
         pool.publish(net, 0)
@@ -92,10 +93,38 @@ def test_an_env_exception_in_a_sampler_names_env_index_seed_and_step():
                 pool.next_item(0.2)
     finally:
         pool.stop()
-    first, *rest = str(e.value).splitlines()
-    assert first == (
-        "sampler worker 0 (fastlight-sampler-0) crashed: EnvError: env Raising-v0 (index 1 of this sampler, "
-        "seed 1001) raised RuntimeError at episode step 3: the simulator lost its road network"
+    (line,) = str(e.value).splitlines()  # one line: the env's error and the spent budget
+    assert line.startswith("sampler 0 (fastlight-sampler-0")
+    assert line.endswith(
+        "crashed: EnvError: env Raising-v0 (index 1 of this sampler, seed 1001) raised RuntimeError at "
+        "episode step 3: the simulator lost its road network; restart budget exhausted: 2 restarts in the "
+        "last 600 s (--data.faults.max_worker_restarts 2 per --data.faults.restart_window_s 600)"
     )
-    assert "RuntimeError: the simulator lost its road network" in rest  # the env's own traceback follows
+    wait_no_children()
+
+
+def test_an_env_that_raises_once_is_restarted_and_the_run_goes_on(tmp_path, capsys):
+    """A simulator that throws now and then: its sampler is restarted within the budget, in one line."""
+    env_kwargs = {"bad_instance": 1, "bad_step": 3, "flag_dir": str(tmp_path)}
+    flaky = "tests.sampling.error_envs:Flaky-v0"
+    configs = [SamplerConfig(env_id=flaky, num_envs=2, max_horizon=8, seed=1000, env_kwargs=env_kwargs)]
+    net = MLPActorCritic(3, 2)
+    pool = SamplerPool(FleetBuild(configs, net, faults=FaultSettings(worker_timeout_s=60)))
+    pool.start()
+    try:
+        pool.publish(net, 0)
+        got = []
+        for _ in range(600):
+            item = pool.next_item(0.2)
+            if item is not None:
+                got.append(item)
+                pool.publish(net, len(got))  # on-policy: the next round waits for the next version
+            if len(got) >= 3:
+                break
+    finally:
+        pool.stop()
+    assert (tmp_path / "raised").exists() and len(got) >= 3  # it raised, and rounds came after it
+    err = capsys.readouterr().err
+    assert "crashed: EnvError: env Flaky-v0 (index 1 of this sampler, seed 1001) raised RuntimeError" in err
+    assert "restarting it (1 of 3 restarts in 600 s)" in err
     wait_no_children()
