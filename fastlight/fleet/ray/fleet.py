@@ -64,7 +64,7 @@ from torch import nn
 
 from fastlight.extras import check_extra
 from fastlight.fleet.base import Fleet, FleetBuild, SamplerFleet
-from fastlight.fleet.faults import SamplerError, crashed
+from fastlight.fleet.faults import SamplerError, crashed, env_raised
 from fastlight.fleet.ray.actors import ActorRecord, first_line, moved_line
 from fastlight.fleet.ray.cluster import SETTINGS, WHAT, RayCluster
 from fastlight.fleet.ray.inference_handle import RayInference
@@ -274,7 +274,12 @@ class RaySamplerFleet(SamplerFleet):
             if kind == "error":
                 if self.inference is not None:  # its death fails every sampler's call: name the cause
                     self.inference.check(wait_s=2.0)
-                raise SamplerError(crashed(i, payload))
+                env_error = env_raised(payload)
+                if env_error is None:
+                    raise SamplerError(crashed(i, payload))
+                # An env threw (a flaky simulator): restarted within the budget, as a local sampler is.
+                self._replace([actor], f"{self._name(actor)} crashed: {env_error}", "restarting it")
+                return None
             self.pending[actor.handle.next_rollout.remote(POLL_S)] = i
             if kind == "wait":  # its heartbeat only: the watch judges it
                 return None

@@ -423,6 +423,30 @@ def test_a_stopped_sampler_actor_is_caught_by_its_heartbeat_and_restarted(cluste
 
 
 @pytest.mark.slow
+def test_an_env_that_raises_once_in_a_sampler_actor_is_restarted_and_the_fit_goes_on(
+    cluster, tmp_path, capfd
+):
+    """A flaky simulator on a Ray node: its actor is restarted within the budget, named in one line."""
+    env_kwargs = {"bad_instance": 1, "bad_step": 2, "flag_dir": str(tmp_path), "lengths": (4,)}
+    dm = RolloutDataModule(
+        env_id="tests.sampling.error_envs:Flaky-v0", env_kwargs=env_kwargs, num_envs=4, num_workers=2,
+        fleet=RayFleet(sampler_resources=ON_NODE_2),
+    )  # fmt: skip
+    model = RecordingModule(obs_dim=3, action_dim=2, update_epochs=1, num_minibatches=2)
+    quiet_trainer(max_steps=6).fit(model, datamodule=dm)
+    assert (tmp_path / "raised").exists() and model.policy_version == 3
+    assert dm.fault_counters()["faults/worker_restarts"] == 1.0
+    said = capfd.readouterr().err
+    assert re.search(
+        r"fastlight: sampler \d \(Ray actor, [^;]*\) crashed: EnvError: env Flaky-v0 \(index 1 of this "
+        r"sampler, seed \d+\) raised RuntimeError at episode step 2: the simulator lost its road network; "
+        r"restarting it",
+        said,
+    ), said
+    assert alive_actors() == []
+
+
+@pytest.mark.slow
 def test_a_sigkilled_sampler_actor_is_restarted_then_the_budget_stops_the_run(cluster):
     _, node2 = cluster
     dm = RolloutDataModule(
