@@ -17,6 +17,7 @@ from typing import Any
 import gymnasium as gym
 
 from fastlight.envs.metaworld_tasks import MT10_TASKS
+from fastlight.extras import MissingExtraError
 
 #: Packages that register gymnasium ids when imported, keyed by id prefix.
 _REGISTERING_PACKAGES = {
@@ -85,5 +86,7 @@ def make_env(
             raise
         # A keyword the env's constructor does not take (gymnasium's message names it and the env).
         raise ValueError(f"--data.env_kwargs: {' '.join(str(e).split())}") from e
+    except MissingExtraError:  # fastlight's own line already names the extra to install
+        raise
     except ImportError as e:  # a dependency the env needs, missing or of a version it refuses
         raise ValueError(f"{flag} {env_id}: {' '.join(str(e).split())}") from e
