@@ -489,10 +489,9 @@ def test_group_relative_advantages_match_a_naive_loop_over_clips_and_groups():
         rows = slice(6 * cycle, 6 * cycle + 6)
         sums = adv[rows].sum(0).view(-1, group).sum(1)
         torch.testing.assert_close(sums, torch.zeros_like(sums), rtol=0, atol=1e-9)
-    # a group whose clips earned the same return says nothing: zero advantages
-    same = torch.where(valid, torch.ones_like(rewards), rewards)
+    # a group whose clips earned the same return (1, paid at each clip's last step) says nothing
     flat = group_relative_advantages(
-        rewards=same * 0 + valid.double() * 0,
+        rewards=((terminated | truncated) & valid).double(),
         terminated=terminated,
         truncated=truncated,
         valid=valid,

@@ -46,3 +46,38 @@ def test_paired_interval_is_the_pooled_mean_difference_and_brackets_it():
     assert lo < d < hi and lo > 0  # 0.3 -> 0.6 over 120 paired episodes: the interval excludes 0
     same, lo0, hi0 = ablation.paired_ci(a, a, n_boot=200)
     assert same == lo0 == hi0 == 0.0
+
+
+def test_a_failed_arm_stops_the_arms_running_beside_it(tmp_path, monkeypatch):
+    """No training run outlives the ablation: an arm that fails (or Ctrl-C) terminates the others."""
+    import os
+    import sys
+    import time
+
+    import pytest
+
+    pid_file = tmp_path / "sleeper.pid"
+    sleeper = (  # the pid appears whole (a rename), then the arm sleeps
+        f"import os, time; open({str(pid_file)!r} + '.tmp', 'w').write(str(os.getpid())); "
+        f"os.rename({str(pid_file)!r} + '.tmp', {str(pid_file)!r}); time.sleep(120)"
+    )
+
+    # the failing arm waits for the sleeper to be running, then fails
+    failing = (
+        f"import os, time\nwhile not os.path.exists({str(pid_file)!r}): time.sleep(0.05)\nraise SystemExit(3)"
+    )
+
+    def fake_command(arm, args, seed, root, config):
+        return [sys.executable, "-c", failing if arm == "sil_only" else sleeper]
+
+    monkeypatch.setattr(ablation, "arm_command", fake_command)
+    argv = ["--sft", "s.ckpt", "--tasks", "push-v3", "--minutes", "1", "--seeds", "0", "--parallel", "2",
+            "--arms", "sil_only", "rl_only", "--runs", str(tmp_path / "runs"),
+            "--out", str(tmp_path / "r")]  # fmt: skip
+    t0 = time.monotonic()
+    with pytest.raises(SystemExit, match="sil_only-s0 failed"):
+        ablation.main(argv)
+    assert time.monotonic() - t0 < 60
+    pid = int(pid_file.read_text())  # written before the failing arm exited
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)

@@ -172,18 +172,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for i in range(0, len(todo), args.parallel):
         batch = todo[i : i + args.parallel]
         procs = []
-        for name, cmd, root in batch:
-            print(f"{COMMAND}: {name} for {args.minutes} min -> {root}", flush=True)
-            log = open(runs / f"{name}.log", "w")  # noqa: SIM115 - closed below, after the run
-            procs.append(
-                (name, subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log, root)
-            )
-        for name, proc, log, root in procs:
-            rc = proc.wait()
-            log.close()
-            if rc != 0 or not (root / "checkpoints" / "last.ckpt").exists():
-                raise SystemExit(f"{COMMAND}: {name} failed (rc {rc}); see {log.name}")
-            print(f"{COMMAND}: {name} done", flush=True)
+        try:
+            for name, cmd, root in batch:
+                print(f"{COMMAND}: {name} for {args.minutes} min -> {root}", flush=True)
+                log = open(runs / f"{name}.log", "w")  # noqa: SIM115 - closed below, after the run
+                procs.append(
+                    (name, subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log, root)
+                )
+            for name, proc, log, root in procs:
+                rc = proc.wait()
+                log.close()
+                if rc != 0 or not (root / "checkpoints" / "last.ckpt").exists():
+                    raise SystemExit(f"{COMMAND}: {name} failed (rc {rc}); see {log.name}")
+                print(f"{COMMAND}: {name} done", flush=True)
+        finally:  # a failed arm or Ctrl-C: the arms still running stop too (SIGTERM: they save and exit)
+            for _, proc, log, _ in procs:
+                if proc.poll() is None:
+                    proc.terminate()
+                    proc.wait()
+                log.close()
     eval_args = [f"--ckpt={c}" for c in ckpts] + [
         "--episodes-per-task", str(args.episodes_per_task), "--batch", "10", "--out", f"{args.out}_eval",
         "--title", f"Ablation from one SFT checkpoint, {args.minutes} min per arm",
