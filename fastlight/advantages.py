@@ -39,6 +39,7 @@ __all__ = [
     "chunk_rewards",
     "global_advantage_moments",
     "group_relative_advantages",
+    "group_step_advantages",
     "masked_gae",
     "normalize_advantages",
 ]
@@ -234,3 +235,57 @@ def group_relative_advantages(
     z = ((g - g.mean(-1, keepdim=True)) / (g.std(-1, unbiased=False, keepdim=True) + eps)).view(n_clip, n_env)
     scale = lengths[lengths > 0].mean() / lengths.clamp(min=1)
     return zero_invalid((z * scale).gather(0, clip), valid)
+
+
+def group_step_advantages(
+    *,
+    rewards: Tensor,
+    terminated: Tensor,
+    truncated: Tensor,
+    valid: Tensor,
+    group_size: int,
+    gamma: float,
+) -> Tensor:
+    """Per-step group advantages: each step's discounted reward-to-go within its clip minus the mean
+    of the other clips of its group at the same step of theirs (RLOO's leave-one-out baseline, Kool et
+    al., 2019, taken per step as GiGPO's step-level groups, Feng et al., 2025, §3.2).
+
+    The clips of a group start from one seed (``--data.group_size``), and where the policy's samples
+    move its clips apart only a little, the others at step ``t`` stand where this clip stood: their
+    mean reward-to-go is a state-value baseline that needs no critic. Unlike
+    :func:`group_relative_advantages`, a step is credited with what followed it only, so a dense
+    reward says which part of a clip did better. Steps with no other valid clip of the group at that
+    step get 0.
+
+    Shapes: ``[T, E]`` each; a group is ``group_size`` consecutive columns whose clips start at the
+    same rows (cycle-based resets). Returns ``[T, E]``, 0 where invalid.
+    """
+    _check_episode_structure(terminated, truncated, valid)
+    n_t, n_env = rewards.shape
+    if group_size < 2 or n_env % group_size:
+        raise ValueError(f"group_size {group_size} must be >= 2 and divide the rollout's {n_env} columns")
+    if not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"group_step_advantages: gamma must be in [0, 1], got {gamma}")
+    done = (terminated | truncated) & valid
+    r = zero_invalid(rewards, valid)
+    togo = torch.zeros_like(r)
+    nxt = torch.zeros_like(r[0])
+    for t in range(n_t - 1, -1, -1):  # a done step starts a new sum: nothing leaks across clips
+        nxt = r[t] + gamma * nxt * (~done[t]).to(r.dtype)
+        togo[t] = nxt
+    # The step of its clip each row holds (counted over valid rows), to check the group's alignment.
+    pos = torch.cumsum(valid.long(), 0)
+    start = torch.cummax(torch.where(done, pos, torch.zeros_like(pos)), 0).values
+    pos = (pos - torch.cat([torch.zeros_like(start[:1]), start[:-1]])).view(n_t, -1, group_size)
+    m = valid.view(n_t, -1, group_size)
+    ref = pos.masked_fill(~m, -1).amax(-1, keepdim=True)
+    if bool(((pos != ref) & m).any()):
+        raise ValueError(
+            "group_step_advantages compares the clips of a group step by step: they must start at the "
+            "same rows (a cycle-based --data.reset_mode, with --data.group_size)"
+        )
+    g, w = togo.view(n_t, -1, group_size), m.to(r.dtype)
+    others = w.sum(-1, keepdim=True) - w
+    baseline = ((g * w).sum(-1, keepdim=True) - g * w) / others.clamp(min=1)
+    adv = torch.where(others > 0, g - baseline, torch.zeros_like(g)).view(n_t, n_env)
+    return zero_invalid(adv, valid)

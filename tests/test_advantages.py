@@ -502,3 +502,60 @@ def test_group_relative_advantages_match_a_naive_loop_over_clips_and_groups():
         group_relative_advantages(
             rewards=rewards, terminated=terminated, truncated=truncated, valid=valid, group_size=4
         )
+
+
+def group_steps_loop(rewards, terminated, truncated, valid, group_size, gamma):
+    """Naive per-step group advantages: reward-to-go per clip, minus the other valid columns' at that row."""
+    t_len, n_env = rewards.shape
+    togo = torch.zeros(t_len, n_env, dtype=torch.float64)
+    for e in range(n_env):
+        acc = 0.0
+        for t in reversed(range(t_len)):
+            if not valid[t, e]:
+                continue
+            if terminated[t, e] or truncated[t, e]:
+                acc = 0.0
+            acc = float(rewards[t, e]) + gamma * acc
+            togo[t, e] = acc
+    adv = torch.zeros_like(togo)
+    for t in range(t_len):
+        for e in range(n_env):
+            g0 = e - e % group_size
+            others = [o for o in range(g0, g0 + group_size) if o != e and valid[t, o]]
+            if valid[t, e] and others:
+                adv[t, e] = togo[t, e] - sum(float(togo[t, o]) for o in others) / len(others)
+    return adv
+
+
+def test_group_step_advantages_match_a_naive_loop_and_need_aligned_clips():
+    from fastlight.advantages import group_step_advantages
+
+    g = torch.Generator().manual_seed(4)
+    t_len, n_env, group = 12, 6, 3
+    rewards = torch.randn(t_len, n_env, generator=g, dtype=torch.float64)
+    valid = torch.zeros(t_len, n_env, dtype=torch.bool)
+    terminated, truncated = torch.zeros_like(valid), torch.zeros_like(valid)
+    ends = torch.randint(0, 6, (2, n_env), generator=g)  # two cycles of 6 rows, clips from each cycle's start
+    for c in range(2):
+        for e in range(n_env):
+            end = 6 * c + int(ends[c, e])
+            valid[6 * c : end + 1, e] = True
+            (terminated if (c + e) % 2 else truncated)[end, e] = True
+    rewards[~valid] = float("nan")  # padding must not leak
+    ends_kw = {"terminated": terminated, "truncated": truncated, "valid": valid}
+    adv = group_step_advantages(rewards=rewards, group_size=group, gamma=0.9, **ends_kw)
+    ref = group_steps_loop(rewards, terminated, truncated, valid, group, 0.9)
+    torch.testing.assert_close(adv, ref, rtol=1e-9, atol=1e-9)
+    assert bool((adv[~valid] == 0).all()) and bool((adv != 0).any())
+    # clips that do not start together cannot be compared step by step
+    shifted = valid.clone()
+    shifted[0, 0] = False  # column 0's first clip starts a row late
+    with pytest.raises(ValueError, match="same rows"):
+        group_step_advantages(
+            rewards=rewards,
+            terminated=terminated,
+            truncated=truncated,
+            valid=shifted,
+            group_size=group,
+            gamma=0.9,
+        )

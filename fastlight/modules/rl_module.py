@@ -32,7 +32,13 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from typing_extensions import override
 
-from fastlight.advantages import chunk_rewards, group_relative_advantages, masked_gae, normalize_advantages
+from fastlight.advantages import (
+    chunk_rewards,
+    group_relative_advantages,
+    group_step_advantages,
+    masked_gae,
+    normalize_advantages,
+)
 from fastlight.data.protocols import GroupsEnvs, ReportsFaults
 from fastlight.losses import entropy_bonus, explained_variance, value_loss
 from fastlight.losses.ratios import Granularity
@@ -49,6 +55,9 @@ from fastlight.modules.objectives import Objective, PPOClip, as_objective
 from fastlight.modules.policy_module import PolicyModule
 from fastlight.modules.rollout_logging import rollout_metrics
 from fastlight.rollout import Rollout
+
+#: ``--model.advantage``'s values (:mod:`fastlight.advantages`).
+ADVANTAGES = ("gae", "grpo", "group_steps")
 
 
 class RLModule(PolicyModule):
@@ -85,7 +94,8 @@ class RLModule(PolicyModule):
         value_clip_eps: PPO2-style value clipping range, ``None`` for the unclipped loss.
         max_grad_norm: gradient clipping by global norm (``None`` disables).
         normalize_advantages: standardise advantages over valid steps (globally under DDP).
-        advantage: ``gae``, or ``grpo``: a clip's return against its group's (``--data.group_size``).
+        advantage: ``gae``; ``grpo``: a clip's return against its group's (``--data.group_size``);
+            ``group_steps``: each step's reward-to-go against the group's other clips at that step.
         normalize_obs: act on observations normalised by running statistics the policy keeps
             (:class:`~fastlight.models.normalization.NormalizedPolicy`: published with the weights,
             saved in checkpoints). ``None``: on for continuous actions over flat vectors (MuJoCo-style
@@ -126,7 +136,7 @@ class RLModule(PolicyModule):
         value_clip_eps: float | None = None,
         max_grad_norm: float | None = 0.5,
         normalize_advantages: bool = True,
-        advantage: Literal["gae", "grpo"] = "gae",
+        advantage: Literal["gae", "grpo", "group_steps"] = "gae",
         normalize_obs: bool | None = None,
         normalize_returns: bool | None = None,
         recompute_values: bool = False,
@@ -136,11 +146,11 @@ class RLModule(PolicyModule):
     ) -> None:
         super().__init__()
         check_settings(locals(), default_policy=type(self).build_policy is RLModule.build_policy)
-        if advantage not in ("gae", "grpo"):
-            raise ValueError(f"--model.advantage must be one of gae | grpo, got {advantage!r}")
+        if advantage not in ADVANTAGES:
+            raise ValueError(f"--model.advantage must be one of {' | '.join(ADVANTAGES)}, got {advantage!r}")
         #: The policy objective compute_loss uses (hparams hold its class_path / init_args).
         self.objective = as_objective(objective, default=self.default_objective)
-        self._informative_groups: Tensor | None = None  # --model.advantage grpo's, per update
+        self._informative_groups: Tensor | None = None  # a group advantage's, per update
         save_hparams(self, policy, self.objective, frame=inspect.currentframe())
         self.automatic_optimization = False
         if policy is not None:
@@ -187,18 +197,17 @@ class RLModule(PolicyModule):
             lam=h.gae_lambda,
             discounts=discounts,
         )
-        if h.get("advantage", "gae") == "grpo":
+        kind = h.get("advantage", "gae")
+        if kind != "gae":
             size = self._group_size()
-            adv = group_relative_advantages(
-                rewards=rollout.rewards,
-                terminated=rollout.terminated,
-                truncated=rollout.truncated,
-                valid=rollout.valid,
-                group_size=size,
-            )
+            ends = {"terminated": rollout.terminated, "truncated": rollout.truncated, "valid": rollout.valid}
+            if kind == "grpo":
+                adv = group_relative_advantages(rewards=rollout.rewards, group_size=size, **ends)
+            else:
+                adv = group_step_advantages(rewards=rewards, group_size=size, gamma=h.gamma, **ends)
             # The groups whose clips earned different returns: the only ones that move the policy.
             self._informative_groups = (adv != 0).any(0).view(-1, size).any(1).float().mean()
-        elif h.normalize_advantages:
+        if h.normalize_advantages and kind != "grpo":
             # One all-reduce of (sum, sum of squares, count) under DDP (AcceRL §global normalisation).
             adv = normalize_advantages(adv, rollout.valid)
         if isinstance(self.policy, NormalizedPolicy):
@@ -208,14 +217,14 @@ class RLModule(PolicyModule):
         return adv, ret, values
 
     def _group_size(self) -> int:
-        """``--model.advantage grpo``'s groups (:func:`~fastlight.advantages.group_relative_advantages`;
-        the critic still learns, and ``normalize_advantages`` is not applied on top)."""
+        """``--model.advantage grpo | group_steps``'s groups (:mod:`fastlight.advantages`; the critic
+        still learns; ``normalize_advantages`` applies on top of ``group_steps`` only)."""
         data = self._trainer.datamodule if self._trainer is not None else None
         size = data.group_size if isinstance(data, GroupsEnvs) else 1
         if size < 2:
             raise ValueError(
-                "--model.advantage grpo compares clips that started alike: set --data.group_size to 2 or "
-                f"more (a divisor of each sampler's envs), got {size}"
+                f"--model.advantage {self.hparams.advantage} compares clips that started alike: set "
+                f"--data.group_size to 2 or more (a divisor of each sampler's envs), got {size}"
             )
         return size
 

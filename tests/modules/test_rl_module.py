@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 
 import lightning as L
 import pytest
@@ -275,7 +276,7 @@ def test_grpo_advantage_needs_groups_and_logs_the_informative_share():
 
     from fastlight.rollout import Rollout
 
-    with pytest.raises(ValueError, match="--model.advantage must be one of gae | grpo, got 'grpo2'"):
+    with pytest.raises(ValueError, match=re.escape("one of gae | grpo | group_steps, got 'grpo2'")):
         RLModule(obs_dim=3, action_dim=2, advantage="grpo2")
     m = RLModule(obs_dim=3, action_dim=2, advantage="grpo")
     m.configure_model()
@@ -304,3 +305,10 @@ def test_grpo_advantage_needs_groups_and_logs_the_informative_share():
     # returns 4 vs 0 (group 1) and 8 vs 8 (group 2: no signal)
     torch.testing.assert_close(adv[:, :2], torch.tensor([[1.0, -1.0]]).expand(t_len, 2), rtol=0, atol=1e-5)
     assert bool((adv[:, 2:] == 0).all()) and float(m._informative_groups) == 0.5
+    # group_steps: each step's reward-to-go against the other clip's at that step, then normalised
+    m.hparams.advantage = "group_steps"
+    adv, _, _ = m.compute_advantages(rollout)
+    assert bool((adv[:, 0] > 0).all()) and bool((adv[:, 1] < 0).all()) and float(m._informative_groups) == 0.5
+    torch.testing.assert_close(
+        adv[:, 2:], torch.full((t_len, 2), float(adv[:, 2:].mean())), rtol=0, atol=1e-6
+    )
