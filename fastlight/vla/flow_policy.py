@@ -29,7 +29,7 @@ from fastlight.models.base import ActionMapping, ActOutput, EvalOutput, PolicyBa
 from fastlight.vla.flow_sde import gaussian_entropy, gaussian_logprob, sde_times, sde_transition
 from fastlight.vla.hf_vlm import BACKBONE_FLAG, PicklableCapture
 from fastlight.vla.image_encoder import image_encoder, image_tokens
-from fastlight.vla.inputs import episode_step, instruction_inputs, proprio_input
+from fastlight.vla.inputs import check_obs_space, episode_step, instruction_inputs, proprio_input
 from fastlight.vla.lora import LoRASettings, apply_lora, as_lora_settings
 from fastlight.vla.pi05 import Pi05Prompt, is_pi05, pi05_expert, pi05_flow_loss, pi05_prefix
 from fastlight.vla.retokenize import Retokenizer
@@ -202,6 +202,10 @@ class FlowVLAPolicy(PicklableCapture, PolicyBase):
         hidden = cfg.vlm_config.text_config.hidden_size if self.pi05 else cfg.dit_config.hidden_size
         self.value_head = ActionAwareValueHead(hidden, max_episode_steps, value_mlp_hidden)
         self.train()  # from_pretrained returns eval mode
+
+    def check_obs_space(self, space: object) -> None:
+        """As :meth:`fastlight.vla.policy.VLAPolicy.check_obs_space`."""
+        check_obs_space(space, self)
 
     def bind_instructions(self, sentences: Any, ids: Tensor, mask: Tensor) -> bool:
         """As :meth:`fastlight.vla.policy.VLAPolicy.bind_instructions`: the folder's tokenizer, once."""

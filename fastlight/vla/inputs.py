@@ -7,8 +7,16 @@ mismatched env fails at its first batch with what to change rather than deep ins
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+import gymnasium as gym
+import numpy as np
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from fastlight.vla.flow_policy import FlowVLAPolicy
+    from fastlight.vla.policy import VLAPolicy
 
 
 def instruction_inputs(obs: dict[str, Tensor], max_text_len: int) -> tuple[Tensor, Tensor]:
@@ -60,3 +68,49 @@ def action_bins(actions: Tensor, n: int, action_chunk: int, action_dim: int) -> 
             f"action_dim {action_dim}), got {tuple(actions.shape)}"
         )
     return actions.long()
+
+
+def check_obs_space(space: gym.Space, p: VLAPolicy | FlowVLAPolicy) -> None:
+    """Raise ``ValueError`` naming the flag if the env's observation does not fit the policy (both VLA
+    kinds' ``check_obs_space``, which ``VLAModule`` calls before any sampler starts)."""
+    if not isinstance(space, gym.spaces.Dict) or "instruction_ids" not in space.spaces:
+        raise ValueError(
+            f"VLAModule needs a dict observation with 'instruction_ids' (e.g. --data.env_id "
+            f"fastlight/MetaWorld-reach-v3), got {space}"
+        )
+    obs, flag = space.spaces, "--model.policy.init_args"
+    text_len = obs["instruction_ids"].shape[0]
+    if text_len > p.max_text_len:
+        raise ValueError(
+            f"{flag}.max_text_len={p.max_text_len} is shorter than the env's instructions ({text_len})"
+        )
+    size, image = p.image_size, obs.get("image")
+    if image is not None and size is None:
+        raise ValueError(
+            f"the env renders images {tuple(image.shape)} but {flag}.image_size=null builds no image "
+            f"encoder: set {flag}.image_size={image.shape[0]} (or --data.env_kwargs.image false)"
+        )
+    if image is None and size is not None:
+        # The encoder's parameters would get no gradient: DDP stops on unused parameters.
+        raise ValueError(
+            f"the env has no 'image' (state only) but {flag}.image_size={size} builds an image encoder it "
+            f"would never use: set {flag}.image_size=null"
+        )
+    if image is not None and tuple(image.shape) != (size, size, 3):
+        raise ValueError(f"{flag}.image_size={size} does not match the env's image {tuple(image.shape)}")
+    env_proprio = obs["proprio"].shape[0] if "proprio" in obs else 0
+    if env_proprio != p.proprio_dim:
+        raise ValueError(
+            f"{flag}.proprio_dim={p.proprio_dim} does not match the env's proprio size {env_proprio} "
+            f"(--data.env_kwargs.proprio_dim)"
+        )
+    if p.retokenizer.active:  # the folder's tokenizer re-tokenizes the instructions: any env id fits
+        return
+    high = np.asarray(obs["instruction_ids"].high)
+    rows = p.backbone.get_input_embeddings().weight.shape[0]
+    top = int(high.max()) if np.isfinite(high).all() else -1
+    if top >= rows:
+        raise ValueError(
+            f"the env's instruction ids go up to {top} but the backbone has {rows} input embeddings: "
+            f"set {flag}.vocab_size above {top}, or give a backbone folder with a tokenizer"
+        )

@@ -52,8 +52,6 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-import gymnasium as gym
-import numpy as np
 import torch
 from lightning.fabric.utilities.warnings import PossibleUserWarning
 from lightning.pytorch.utilities import rank_zero_info
@@ -62,14 +60,12 @@ from typing_extensions import override
 
 from fastlight.data.env_spec import EnvSpec, bind_instruction_table
 from fastlight.data.protocols import missing_members
-from fastlight.envs.instructions import InstructionTable
 from fastlight.models.action_mapping import action_chunk
 from fastlight.models.base import ChecksObsSpace, FlowPolicy, Policy, PolicyBase, TokenPolicy
 from fastlight.modules.objectives import GIPO, Objective
 from fastlight.modules.rl_module import RLModule
 from fastlight.rank_state import PER_RANK_KEY, gather_per_rank, per_rank_entries, world
 from fastlight.rollout import Rollout
-from fastlight.vla.flow_policy import FlowVLAPolicy
 from fastlight.vla.imitation_loss import token_cross_entropy
 from fastlight.vla.policy import VLAPolicy
 from fastlight.vla.self_imitation import SuccessBuffer, buffers_for_world_size
@@ -276,59 +272,10 @@ class VLAModule(RLModule):
         space = spec.observation_space  # None when the EnvSpec was built without a space
         if space is None:
             return
-        if isinstance(p, (VLAPolicy, FlowVLAPolicy)):
-            _check_obs_space(space, p, spec.instructions if isinstance(spec, EnvSpec) else None)
-        elif isinstance(p, ChecksObsSpace):  # a user's own token policy that checks for itself
+        if isinstance(p, ChecksObsSpace):
             p.check_obs_space(space)
-
-
-def _check_obs_space(
-    space: gym.Space, p: VLAPolicy | FlowVLAPolicy, instructions: InstructionTable | None = None
-) -> None:
-    """Raise ``ValueError`` naming the flag if the env's observation does not fit the policy; then hand
-    the env's instruction table (``EnvSpec.instructions``) to the policy, which re-tokenizes it when
-    its backbone folder has a tokenizer."""
-    if not isinstance(space, gym.spaces.Dict) or "instruction_ids" not in space.spaces:
-        raise ValueError(
-            f"VLAModule needs a dict observation with 'instruction_ids' (e.g. --data.env_id "
-            f"fastlight/MetaWorld-reach-v3), got {space}"
-        )
-    obs, flag = space.spaces, "--model.policy.init_args"
-    text_len = obs["instruction_ids"].shape[0]
-    if text_len > p.max_text_len:
-        raise ValueError(
-            f"{flag}.max_text_len={p.max_text_len} is shorter than the env's instructions ({text_len})"
-        )
-    size, image = p.image_size, obs.get("image")
-    if image is not None and size is None:
-        raise ValueError(
-            f"the env renders images {tuple(image.shape)} but {flag}.image_size=null builds no image "
-            f"encoder: set {flag}.image_size={image.shape[0]} (or --data.env_kwargs.image false)"
-        )
-    if image is None and size is not None:
-        # The encoder's parameters would get no gradient: DDP stops on unused parameters.
-        raise ValueError(
-            f"the env has no 'image' (state only) but {flag}.image_size={size} builds an image encoder it "
-            f"would never use: set {flag}.image_size=null"
-        )
-    if image is not None and tuple(image.shape) != (size, size, 3):
-        raise ValueError(f"{flag}.image_size={size} does not match the env's image {tuple(image.shape)}")
-    env_proprio = obs["proprio"].shape[0] if "proprio" in obs else 0
-    if env_proprio != p.proprio_dim:
-        raise ValueError(
-            f"{flag}.proprio_dim={p.proprio_dim} does not match the env's proprio size {env_proprio} "
-            f"(--data.env_kwargs.proprio_dim)"
-        )
-    if bind_instruction_table(p, instructions):
-        return
-    high = np.asarray(obs["instruction_ids"].high)
-    rows = p.backbone.get_input_embeddings().weight.shape[0]
-    top = int(high.max()) if np.isfinite(high).all() else -1
-    if top >= rows:
-        raise ValueError(
-            f"the env's instruction ids go up to {top} but the backbone has {rows} input embeddings: "
-            f"set {flag}.vocab_size above {top}, or give a backbone folder with a tokenizer"
-        )
+        # The env's instruction table, to a policy that re-tokenizes it with its folder's tokenizer.
+        bind_instruction_table(p, spec.instructions if isinstance(spec, EnvSpec) else None)
 
 
 def _explain_frozen_eval_modules(module: nn.Module, policy: nn.Module | None) -> Any:

@@ -51,7 +51,7 @@ from fastlight.vla.action_head import action_tokenizer, fit_head
 from fastlight.vla.decoding import DECODING_MODES, Decoding, choose, token_logprobs
 from fastlight.vla.hf_vlm import PicklableCapture, build_llama, load_backbone, position_ids
 from fastlight.vla.image_encoder import image_encoder, image_tokens
-from fastlight.vla.inputs import action_bins, episode_step, instruction_inputs, proprio_input
+from fastlight.vla.inputs import action_bins, check_obs_space, episode_step, instruction_inputs, proprio_input
 from fastlight.vla.lora import LoRASettings, apply_lora, as_lora_settings
 from fastlight.vla.retokenize import Retokenizer
 from fastlight.vla.value_heads import ActionAwareValueHead
@@ -216,6 +216,11 @@ class VLAPolicy(PicklableCapture, PolicyBase):
         return self._frozen_modules
 
     # ------------------------------------------------------------------ instructions
+    def check_obs_space(self, space: object) -> None:
+        """Refuse an env whose observations do not fit, naming the flag
+        (:func:`fastlight.vla.inputs.check_obs_space`)."""
+        check_obs_space(space, self)
+
     @property
     def retokenizes(self) -> bool:
         """True when instructions are re-tokenized with the backbone folder's own tokenizer."""

@@ -20,12 +20,12 @@ import pytest
 import torch
 
 from benchmarks.tiny_vlm import ARCHITECTURES, save_tiny_vlm
+from fastlight.data.env_spec import bind_instruction_table
 from fastlight.envs.instructions import InstructionTable
 from fastlight.losses import gipo_loss
 from fastlight.vla.hf_vlm import load_image_processor, load_tokenizer, projector, vision_tower
 from fastlight.vla.image_encoder import image_tokens
 from fastlight.vla.imitation_loss import token_cross_entropy
-from fastlight.vla.module import _check_obs_space
 from fastlight.vla.policy import VLAPolicy
 from tests.instruction_ids import instruction_ids
 
@@ -399,17 +399,17 @@ def test_state_only_policy_builds_no_image_encoder():
     )
     state = {k: v for k, v in o.items() if k != "image"}
     assert p.act(state).actions.shape == (N, K)
-    _check_obs_space(_space(None), p)
+    p.check_obs_space(_space(None))
     with pytest.raises(ValueError) as e:
-        _check_obs_space(_space(SIDE), p)
+        p.check_obs_space(_space(SIDE))
     assert str(e.value) == (
         "the env renders images (48, 48, 3) but --model.policy.init_args.image_size=null builds no image "
         "encoder: set --model.policy.init_args.image_size=48 (or --data.env_kwargs.image false)"
     )
     with_encoder = VLAPolicy(**tiny)
-    _check_obs_space(_space(SIDE), with_encoder)
+    with_encoder.check_obs_space(_space(SIDE))
     with pytest.raises(ValueError) as e:
-        _check_obs_space(_space(None), with_encoder)
+        with_encoder.check_obs_space(_space(None))
     assert str(e.value) == (
         "the env has no 'image' (state only) but --model.policy.init_args.image_size=48 builds an image "
         "encoder it would never use: set --model.policy.init_args.image_size=null"
@@ -418,7 +418,7 @@ def test_state_only_policy_builds_no_image_encoder():
     with pytest.raises(
         ValueError, match=r"instruction ids go up to 59 but the backbone has 52 input embeddings"
     ):
-        _check_obs_space(_space(None), small)
+        small.check_obs_space(_space(None))
 
 
 def test_state_only_vlm_freezes_its_tower_and_projector(folders):
@@ -435,13 +435,14 @@ def test_state_only_vlm_freezes_its_tower_and_projector(folders):
         p.act(obs())
 
 
-def test_check_obs_space_binds_the_env_table(folders):
+def test_the_env_table_binds_to_a_folder_with_a_tokenizer(folders):
     torch.manual_seed(0)
     p = VLAPolicy(backbone=folders["paligemma"], **POLICY)
     assert p.retokenizer.row_keys is None
     ids, mask = env_rows()
     table = InstructionTable(SENTENCES, ids.numpy(), mask.numpy())
-    _check_obs_space(_space(SIDE), p, table)
+    p.check_obs_space(_space(SIDE))
+    assert bind_instruction_table(p, table)
     own = load_tokenizer(folders["paligemma"])(SENTENCES[1])["input_ids"]
     got, got_mask = p.retokenizer(ids[[1]], mask[[1]])
     assert got[0, : len(own)].tolist() == own and int(got_mask.sum()) == len(own)
