@@ -7,16 +7,10 @@ mismatched env fails at its first batch with what to change rather than deep ins
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import gymnasium as gym
 import numpy as np
 import torch
-from torch import Tensor
-
-if TYPE_CHECKING:
-    from fastlight.vla.flow_policy import FlowVLAPolicy
-    from fastlight.vla.policy import VLAPolicy
+from torch import Tensor, nn
 
 
 def instruction_inputs(obs: dict[str, Tensor], max_text_len: int) -> tuple[Tensor, Tensor]:
@@ -70,9 +64,10 @@ def action_bins(actions: Tensor, n: int, action_chunk: int, action_dim: int) -> 
     return actions.long()
 
 
-def check_obs_space(space: gym.Space, p: VLAPolicy | FlowVLAPolicy) -> None:
-    """Raise ``ValueError`` naming the flag if the env's observation does not fit the policy (both VLA
-    kinds' ``check_obs_space``, which ``VLAModule`` calls before any sampler starts)."""
+def check_obs_space(space: gym.Space, p: nn.Module) -> None:
+    """Raise ``ValueError`` naming the flag if the env's observation does not fit the policy ``p`` (a
+    ``VLAPolicy`` or ``FlowVLAPolicy``: their ``check_obs_space``, which ``VLAModule`` calls before any
+    sampler starts)."""
     if not isinstance(space, gym.spaces.Dict) or "instruction_ids" not in space.spaces:
         raise ValueError(
             f"VLAModule needs a dict observation with 'instruction_ids' (e.g. --data.env_id "
