@@ -334,6 +334,7 @@ def play_policy(
     record: bool = False,
     task_names: tuple[str, ...] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    observer: EpisodeObserver | None = None,
 ) -> tuple[list[EpisodeRecord], tuple[str, ...], float]:
     """``(episodes, task names, the env's render fps)``: what ``fastlight evaluate`` and
     :class:`~fastlight.callbacks.periodic_evaluation.PeriodicEvaluation` play. On fastlight's
@@ -342,13 +343,16 @@ def play_policy(
     policy saw, e.g. a flattened Dict; fastlight's own :class:`EnvWrapper` settings, an emulated
     scenario-load cost, are left out). ``record``: keep frames (``env.render()``, or the camera).
     ``task_names``: :func:`probe_env`'s, where the caller probed already (``None``: probed here).
-    ``progress(done, total)``: called as episodes finish (:func:`play_episodes`)."""
+    ``progress(done, total)``: called as episodes finish (:func:`play_episodes`); ``observer`` reads
+    the env as :func:`play_episodes` plays it (single-task envs only)."""
     from fastlight.envs.wrappers import EnvWrapper, wrap_env, wrapper_of
     from fastlight.models.action_mapping import action_chunk
 
     chunk = action_chunk(policy.action_mapping())  # chunks play open-loop, lengths in env steps
     if task_names is None:
         task_names, _ = probe_env(env_id, env_kwargs)
+    if task_names and observer is not None:
+        raise ValueError(f"play_policy: an observer reads single-task envs only, not {env_id}")
     if task_names:
         act = policy_batch_act_fn(policy, deterministic=deterministic)
         played = play_tasks(act, env_id=env_id, env_kwargs=env_kwargs, episodes_per_task=episodes, seed=seed,
@@ -362,7 +366,8 @@ def play_policy(
         fps = float(min(max(env.metadata.get("render_fps") or 20, 1), 30))
         act = one_at_a_time(policy_act_fn(policy, deterministic=deterministic))
         specs = seeded_specs(episodes, seed, record=record)
-        return play_episodes(act, [env], specs, action_chunk=chunk, progress=progress), (), fps
+        played = play_episodes(act, [env], specs, observer=observer, action_chunk=chunk, progress=progress)
+        return played, (), fps
     finally:
         env.close()
 
