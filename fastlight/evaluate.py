@@ -123,24 +123,20 @@ def env_settings(ckpt: dict[str, Any], env_id: str | None, override: dict[str, A
 
 
 def wants_driving(env_id: str, env_kwargs: dict[str, Any], choice: str | None) -> bool:
-    """Whether to record the driving metrics: ``--metrics`` where given, else whether it is a highway-env
-    scene; ``ValueError`` for ``--metrics driving`` on another env (they read highway-env's simulator)."""
+    """``--metrics`` where given, else whether the env is a highway-env scene (whose simulator the driving
+    metrics read); ``ValueError`` for ``--metrics driving`` on another env."""
     from fastlight.envs.registry import make_env
     from fastlight.metrics.driving import is_highway_env
 
-    if choice == "basic":
-        return False
     env = make_env(env_id, env_kwargs=env_kwargs, flag="--env")
-    try:
-        highway = is_highway_env(env)
-    finally:
-        env.close()
+    highway = is_highway_env(env)
+    env.close()
     if choice == "driving" and not highway:
         raise ValueError(
             f"--metrics driving: {env_id} is not a highway-env scene, whose simulator the driving metrics "
             "read (highway-fast-v0, merge-v0, roundabout-v0, ...); leave --metrics out or give basic"
         )
-    return highway
+    return highway and choice != "basic"
 
 
 def write_gifs(directory: Path, episodes: list[EpisodeRecord], fps: float) -> list[str]:
@@ -270,6 +266,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     fps = args.fps or render_fps
     videos = write_gifs(Path(args.video), episodes, fps) if args.video else []
     version = ckpt["state_dict"].get("_policy_version")
+    driving = [None] * len(episodes) if recorder is None else recorder.episodes
     result: dict[str, Any] = {
         "ckpt": args.ckpt,
         "module": (ckpt.get("hyper_parameters") or {}).get("_class_path") or type(module).__name__,
@@ -283,7 +280,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "summary": summarise(episodes, seed=args.seed, n_boot=N_BOOT),
         "videos": videos,
         "video_note": video_note,
-        "episodes": [_row(i, e, recorder and recorder.episodes[i]) for i, e in enumerate(episodes)],
+        "episodes": [_row(i, e, d) for i, (e, d) in enumerate(zip(episodes, driving, strict=True))],
     }
     if recorder is not None:
         result["summary"]["driving"] = driving_summary(recorder.episodes, n_boot=N_BOOT, seed=args.seed)
