@@ -11,7 +11,8 @@ were trained on (rebuilt from the checkpoint's saved datamodule settings: ``env_
 for a briefly trained policy is often one action everywhere), each episode to its natural end:
 a crash or the env's time limit, no DPSA cut.
 The driving metrics (:mod:`fastlight.metrics.driving`) are read from the simulator after every
-step. For each metric, the difference B - A gets a leave-one-seed-out jackknife SE and the
+step by ``fastlight evaluate``'s player and recorder (that command reports them for one checkpoint).
+For each metric, the difference B - A gets a leave-one-seed-out jackknife SE and the
 interval ``θ ± t(0.975, n - 1) · SE`` (:mod:`benchmarks.stats.jackknife`). FAST reports "no
 degradation" when the interval covers zero. Writes ``PREFIX.md`` and ``PREFIX.json``.
 """
@@ -27,7 +28,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 import torch
 
@@ -35,16 +35,16 @@ from benchmarks.convergence.snapshots import is_snapshot, load_snapshot
 from benchmarks.stats.jackknife import jackknife_ratio_difference
 from fastlight.checkpoints import read_checkpoint
 from fastlight.envs.registry import make_env
-from fastlight.evaluation import policy_act_fn, run_episodes
+from fastlight.evaluation import play_policy
 from fastlight.extras import check_extra
 from fastlight.metrics.driving import (
     METRICS,
     NOT_IN_HIGHWAY_ENV,
     DrivingEpisode,
+    DrivingRecorder,
     DrivingThresholds,
-    EpisodeTracker,
+    is_highway_env,
     ratio_of_sums,
-    read_driving_state,
 )
 from fastlight.modules.loading import load_module
 
@@ -52,27 +52,6 @@ from fastlight.modules.loading import load_module
 HIGHER_IS_BETTER = {"return", "min_ttc_s", "min_headway_m", "min_lateral_clearance_m", "efficiency"}
 #: Descriptive rows, neither better nor worse when larger.
 NEUTRAL = {"mean_speed_mps", "episode_steps"}
-
-
-class DrivingRecorder:
-    """An :class:`~fastlight.evaluation.EpisodeObserver` keeping one :class:`DrivingEpisode` per episode."""
-
-    def __init__(self, thresholds: DrivingThresholds | None = None) -> None:
-        self.thresholds = thresholds or DrivingThresholds()
-        self.episodes: list[DrivingEpisode] = []
-        self._tracker: EpisodeTracker | None = None
-
-    def on_reset(self, env: gym.Env, episode: int) -> None:
-        sim = env.unwrapped
-        self._tracker = EpisodeTracker(1.0 / sim.config["policy_frequency"], self.thresholds)
-        self._tracker.reset(read_driving_state(sim))
-
-    def on_step(self, env: gym.Env, episode: int, done: bool) -> None:
-        if self._tracker is None:
-            raise RuntimeError("DrivingRecorder.on_step before on_reset")
-        self._tracker.step(read_driving_state(env.unwrapped))
-        if done:
-            self.episodes.append(self._tracker.finish())
 
 
 @dataclass
@@ -116,17 +95,16 @@ def check_same_env(paths: list[str], env: str | None) -> tuple[str, dict[str, An
         raise ValueError(f"--ckpt {paths[1]} was trained on {env_b!r}, --ckpt {paths[0]} on {env_a!r}")
     if (kw_b or {}) != (kw_a or {}):
         raise ValueError(f"--ckpt {paths[1]} has env_kwargs {kw_b}, --ckpt {paths[0]} has {kw_a}")
-    from highway_env.envs.common.abstract import AbstractEnv
-
     probe = make_env(env_a, env_kwargs=kw_a, flag="--ckpt")
     try:
-        if not isinstance(probe.unwrapped, AbstractEnv):
-            raise ValueError(
-                f"--ckpt: the checkpoints were trained on {env_a!r}, not a highway-env scene; the driving "
-                "metrics read highway-env's simulator (highway-fast-v0, merge-v0, roundabout-v0, ...)"
-            )
+        highway = is_highway_env(probe)
     finally:
         probe.close()
+    if not highway:
+        raise ValueError(
+            f"--ckpt: the checkpoints were trained on {env_a!r}, not a highway-env scene; the driving "
+            "metrics read highway-env's simulator (highway-fast-v0, merge-v0, roundabout-v0, ...)"
+        )
     return env_a, kw_a
 
 
@@ -138,12 +116,13 @@ def evaluate(
     policy = load_snapshot(path)[0] if is_snapshot(path) else load_module(path).policy
     torch.manual_seed(seed)  # sampled actions are reproducible, and both policies draw the same stream
     recorder = DrivingRecorder(thresholds)
-    records = run_episodes(
+    records, _, _ = play_policy(
+        policy,
         env_id,
-        policy_act_fn(policy, deterministic=greedy),
+        env_kwargs or {},
         episodes=episodes,
         seed=seed,
-        env_kwargs=env_kwargs,
+        deterministic=greedy,
         observer=recorder,
     )
     return PolicyRun(

@@ -17,7 +17,9 @@ Reported (95%): mean return with a percentile-bootstrap interval (10,000 resampl
 episodes, :func:`fastlight.stats.stratified_mean_ci` with one stratum), mean episode length, and the
 success rate (an episode succeeded if any step's ``info['success']`` or ``info['is_success']``
 is true: :func:`fastlight.rollout.success_after`) and crash rate (highway-env's ``info['crashed']``
-at the last step) with Wilson score intervals, each where the env reports it. Printed, and
+at the last step) with Wilson score intervals, each where the env reports it. On highway-env (or with
+``--metrics driving``; ``basic`` leaves them out) FAST's closed-loop driving metrics too (§5,
+:func:`fastlight.metrics.driving.driving_summary`: bootstrap over the episodes). Printed, and
 written with one row per episode to ``--out`` (default: a file of its own per call,
 ``<ckpt>.eval-<date>-<time>-seed<seed>.json``, and the latest also as ``<ckpt>.eval.json``). ``--video DIR``
 writes one GIF per episode (imageio, from the optional ``bench`` extra). A policy acting in action
@@ -35,12 +37,14 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
 if TYPE_CHECKING:
+    from fastlight.metrics.driving import DrivingEpisode
     from fastlight.rollout import EpisodeRecord
 
 from fastlight.cli_output import OneLineArgumentParser
@@ -48,7 +52,6 @@ from fastlight.cli_output import fail as cli_fail
 
 PROG = "fastlight evaluate"
 N_BOOT = 10_000
-
 
 
 def progress_line(every_s: float = 10.0) -> Callable[[int, int], None]:
@@ -64,6 +67,7 @@ def progress_line(every_s: float = 10.0) -> Callable[[int, int], None]:
             print(f"{PROG}: {done} of {total} episodes, {now - start:.0f} s", file=sys.stderr, flush=True)
 
     return show
+
 
 def fail(message: str) -> NoReturn:
     cli_fail(message, prog=PROG)
@@ -84,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--env", metavar="ID", help="gymnasium id, instead of the checkpoint's data.env_id")
     p.add_argument("--env-kwargs", metavar="JSON", help="merged over the checkpoint's data.env_kwargs")
     p.add_argument("--batch", type=int, default=4, help="multi-task env: episodes of a task in lockstep")
+    p.add_argument("--metrics", choices=("driving", "basic"), help="default: driving on highway-env only")
     return p
 
 
@@ -117,6 +122,23 @@ def env_settings(ckpt: dict[str, Any], env_id: str | None, override: dict[str, A
     return env_id, {**(data.get("env_kwargs") or {}), **override}
 
 
+def wants_driving(env_id: str, env_kwargs: dict[str, Any], choice: str | None) -> bool:
+    """``--metrics`` where given, else whether the env is a highway-env scene (whose simulator the driving
+    metrics read); ``ValueError`` for ``--metrics driving`` on another env."""
+    from fastlight.envs.registry import make_env
+    from fastlight.metrics.driving import is_highway_env
+
+    env = make_env(env_id, env_kwargs=env_kwargs, flag="--env")
+    highway = is_highway_env(env)
+    env.close()
+    if choice == "driving" and not highway:
+        raise ValueError(
+            f"--metrics driving: {env_id} is not a highway-env scene, whose simulator the driving metrics "
+            "read (highway-fast-v0, merge-v0, roundabout-v0, ...); leave --metrics out or give basic"
+        )
+    return highway and choice != "basic"
+
+
 def write_gifs(directory: Path, episodes: list[EpisodeRecord], fps: float) -> list[str]:
     """``episode_<i>[_<task>]_seed<seed>.gif`` for every episode that kept frames."""
     import imageio.v3 as iio
@@ -133,8 +155,8 @@ def write_gifs(directory: Path, episodes: list[EpisodeRecord], fps: float) -> li
     return written
 
 
-def _row(index: int, e: EpisodeRecord) -> dict[str, Any]:
-    """An episode as a JSON row (``return``, not the attribute's ``ret``; no frames)."""
+def _row(index: int, e: EpisodeRecord, driving: DrivingEpisode | None) -> dict[str, Any]:
+    """An episode as a JSON row (``return``, not the attribute's ``ret``; no frames; its driving sums)."""
     return {
         "index": index,
         "seed": e.seed,
@@ -145,6 +167,7 @@ def _row(index: int, e: EpisodeRecord) -> dict[str, Any]:
         "crashed": e.crashed,
         "task": e.task,
         "return": e.ret,
+        **({} if driving is None else {"driving": asdict(driving)}),
     }
 
 
@@ -154,9 +177,23 @@ def _fmt_rate(r: dict[str, float] | None) -> str:
     )
 
 
+def _driving_lines(driving: dict[str, dict[str, float] | None]) -> list[str]:
+    """FAST §5's metrics as ``benchmarks/results/driving_metrics.md`` prints them (4 significant digits)."""
+    from fastlight.metrics.driving import NOT_IN_HIGHWAY_ENV
+
+    lines = ["  driving metrics (FAST §5), 95% CI: percentile bootstrap over episodes"]
+    for key, m in driving.items():
+        ci = (
+            "n/a in this scene" if m is None else f"{m['value']:.4g}  [{m['ci_low']:.4g}, {m['ci_high']:.4g}]"
+        )
+        lines.append(f"    {key:<27} {ci}")
+    return lines + [f"    {key:<27} n/a: {why}" for key, why in NOT_IN_HIGHWAY_ENV.items()]
+
+
 def report(result: dict[str, Any]) -> str:
     s = result["summary"]
     r = s["return"]
+    driving = s.get("driving")
     return "\n".join(
         [
             f"{PROG}: {result['ckpt']} ({result['module']}, policy_version {result['policy_version']}) "
@@ -166,6 +203,7 @@ def report(result: dict[str, Any]) -> str:
             f"  mean length     {s['length']['mean']:.1f} steps",
             f"  success rate    {_fmt_rate(s['success_rate'])}",
             f"  crash rate      {_fmt_rate(s['crash_rate'])}",
+            *([] if driving is None else _driving_lines(driving)),
         ]
     )
 
@@ -190,6 +228,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from fastlight.data.env_spec import bind_instruction_table, env_spec_of
     from fastlight.envs.registry import check_env_id
     from fastlight.evaluation import per_task_summary, play_policy, probe_env, summarise
+    from fastlight.metrics.driving import DrivingRecorder, driving_summary
     from fastlight.modules.loading import load_module_of
 
     try:
@@ -204,6 +243,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         # A VLA whose backbone has its own tokenizer re-tokenizes the env's instructions.
         wrappers = (ckpt.get("datamodule_hyper_parameters") or {}).get("env_wrappers") or []
         bind_instruction_table(module.policy, env_spec_of(env_id, env_kwargs, wrappers).instructions)
+        recorder = DrivingRecorder() if wants_driving(env_id, env_kwargs, args.metrics) else None
     except (FileNotFoundError, ValueError) as e:
         fail(str(e).splitlines()[0])
     torch.manual_seed(args.seed)  # --sample: reproducible
@@ -221,11 +261,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         module.policy, env_id, env_kwargs, episodes=args.episodes, seed=args.seed,
         deterministic=not args.sample, wrappers=wrappers, batch=args.batch, record=record,
         task_names=task_names,  # probed once, in main
-        progress=progress_line(),
+        progress=progress_line(), observer=recorder,
     )  # fmt: skip
     fps = args.fps or render_fps
     videos = write_gifs(Path(args.video), episodes, fps) if args.video else []
     version = ckpt["state_dict"].get("_policy_version")
+    driving = [None] * len(episodes) if recorder is None else recorder.episodes
     result: dict[str, Any] = {
         "ckpt": args.ckpt,
         "module": (ckpt.get("hyper_parameters") or {}).get("_class_path") or type(module).__name__,
@@ -239,8 +280,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "summary": summarise(episodes, seed=args.seed, n_boot=N_BOOT),
         "videos": videos,
         "video_note": video_note,
-        "episodes": [_row(i, e) for i, e in enumerate(episodes)],
+        "episodes": [_row(i, e, d) for i, (e, d) in enumerate(zip(episodes, driving, strict=True))],
     }
+    if recorder is not None:
+        result["summary"]["driving"] = driving_summary(recorder.episodes, n_boot=N_BOOT, seed=args.seed)
     if task_names:
         result["per_task"] = per_task_summary(episodes, task_names, n_boot=N_BOOT, seed=args.seed)
     text = json.dumps(result, indent=1) + "\n"

@@ -302,20 +302,23 @@ def play_tasks(
     record: int = 0,
     action_chunk: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    observer: EpisodeObserver | None = None,
 ) -> list[EpisodeRecord]:
     """Play ``episodes_per_task`` episodes of every task of a multi-task env (fastlight's Meta-World).
 
     :func:`task_specs` on ``min(batch, episodes_per_task)`` envs: episode ``i`` of task ``k`` is
     reset with ``options={"task_id": k}`` and :func:`eval_seed`, so two policies evaluated with the
     same ``seed`` face the same goals. The first ``record`` episodes of each task keep their
-    camera frames (image mode). ``action_chunk`` as in :func:`play_episodes`.
+    camera frames (image mode). ``action_chunk`` and ``observer`` as in :func:`play_episodes`.
     """
     if episodes_per_task < 1 or batch < 1:
         raise ValueError(f"episodes_per_task and batch must be >= 1, got {episodes_per_task} and {batch}")
     envs = [make_env(env_id, env_kwargs=env_kwargs) for _ in range(min(batch, episodes_per_task))]
     try:
         specs = task_specs(tuple(envs[0].unwrapped.task_names), episodes_per_task, seed, record=record)
-        return play_episodes(act, envs, specs, action_chunk=action_chunk, progress=progress)
+        return play_episodes(
+            act, envs, specs, observer=observer, action_chunk=action_chunk, progress=progress
+        )
     finally:
         for env in envs:
             env.close()
@@ -334,6 +337,7 @@ def play_policy(
     record: bool = False,
     task_names: tuple[str, ...] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    observer: EpisodeObserver | None = None,
 ) -> tuple[list[EpisodeRecord], tuple[str, ...], float]:
     """``(episodes, task names, the env's render fps)``: what ``fastlight evaluate`` and
     :class:`~fastlight.callbacks.periodic_evaluation.PeriodicEvaluation` play. On fastlight's
@@ -342,7 +346,7 @@ def play_policy(
     policy saw, e.g. a flattened Dict; fastlight's own :class:`EnvWrapper` settings, an emulated
     scenario-load cost, are left out). ``record``: keep frames (``env.render()``, or the camera).
     ``task_names``: :func:`probe_env`'s, where the caller probed already (``None``: probed here).
-    ``progress(done, total)``: called as episodes finish (:func:`play_episodes`)."""
+    ``progress(done, total)`` and ``observer``: as in :func:`play_episodes`."""
     from fastlight.envs.wrappers import EnvWrapper, wrap_env, wrapper_of
     from fastlight.models.action_mapping import action_chunk
 
@@ -353,7 +357,7 @@ def play_policy(
         act = policy_batch_act_fn(policy, deterministic=deterministic)
         played = play_tasks(act, env_id=env_id, env_kwargs=env_kwargs, episodes_per_task=episodes, seed=seed,
                             batch=batch, record=episodes if record else 0, action_chunk=chunk,
-                            progress=progress)  # fmt: skip
+                            progress=progress, observer=observer)  # fmt: skip
         return played, task_names, 20.0
     kwargs = {**env_kwargs, "render_mode": "rgb_array"} if record else env_kwargs
     gym_wrappers = [w for w in map(wrapper_of, wrappers) if not isinstance(w, EnvWrapper)]
@@ -362,7 +366,8 @@ def play_policy(
         fps = float(min(max(env.metadata.get("render_fps") or 20, 1), 30))
         act = one_at_a_time(policy_act_fn(policy, deterministic=deterministic))
         specs = seeded_specs(episodes, seed, record=record)
-        return play_episodes(act, [env], specs, action_chunk=chunk, progress=progress), (), fps
+        played = play_episodes(act, [env], specs, observer=observer, action_chunk=chunk, progress=progress)
+        return played, (), fps
     finally:
         env.close()
 

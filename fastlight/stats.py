@@ -78,3 +78,19 @@ def stratified_mean_ci(
     boot /= len(arrays)
     mean = float(np.mean([a.mean() for a in arrays]))
     return (mean, *percentiles(boot, confidence))
+
+
+def ratio_of_sums_ci(
+    num: np.ndarray, den: np.ndarray, *, n_boot: int = 10_000, seed: int = 0, confidence: float = 0.95
+) -> tuple[float, float, float]:
+    """``Σ num / Σ den`` over units (episodes) ``[n]``, with a percentile-bootstrap CI that resamples whole
+    units, ``num`` and ``den`` together (a per-step rate keeps each episode's steps together). Draws as
+    :func:`stratified_mean_ci` does, so with ``den`` all ones both give the same interval. ``(nan,) * 3``
+    where ``Σ den == 0``; a resample with ``Σ den == 0`` is undefined and dropped."""
+    num, den = np.asarray(num, dtype=np.float64), np.asarray(den, dtype=np.float64)
+    if den.sum() <= 0:
+        return np.nan, np.nan, np.nan
+    idx = np.random.default_rng(seed).integers(0, num.size, size=(n_boot, num.size))  # [n_boot, n]
+    nums, dens = num[idx].sum(axis=1), den[idx].sum(axis=1)
+    keep = dens > 0
+    return (float(num.sum() / den.sum()), *percentiles(nums[keep] / dens[keep], confidence))

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
+import re
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -82,6 +85,82 @@ def test_highway_episodes_are_full_seeded_and_replayable(highway_run, tmp_path, 
         assert np.abs(frames[-1].astype(int) - frames[0]).sum() > 0  # the cars moved
 
 
+def test_highway_reports_fasts_driving_metrics_with_intervals(highway_run, tmp_path, capsys):
+    """On a highway-env id the driving metrics come by themselves: printed, in the JSON with 95%
+    intervals, per episode in the rows, and equal to DrivingMetrics over a replay of the same seeds."""
+    from fastlight.envs.registry import make_env
+    from fastlight.evaluation import policy_act_fn
+    from fastlight.metrics.driving import (
+        METRICS,
+        NOT_IN_HIGHWAY_ENV,
+        DrivingMetrics,
+        EpisodeTracker,
+        read_driving_state,
+    )
+    from fastlight.modules.loading import load_module
+    from fastlight.stats import stratified_mean_ci
+
+    ckpt, out = highway_run / "checkpoints" / "last.ckpt", tmp_path / "eval.json"
+    result = main(["--ckpt", str(ckpt), "--episodes", "4", "--seed", "5", "--out", str(out)])
+    printed = capsys.readouterr().out
+    saved = json.loads(out.read_text())
+    driving = saved["summary"]["driving"]
+    assert list(driving) == list(METRICS) and driving == result["summary"]["driving"]
+
+    # The same seeds replayed by hand, each state read after reset and after every step.
+    act = policy_act_fn(load_module(ckpt).policy, deterministic=True)
+    env, metric = make_env("highway-fast-v0"), DrivingMetrics()
+    for row in saved["episodes"]:
+        obs, _ = env.reset(seed=row["seed"])
+        tracker = EpisodeTracker(1.0 / env.unwrapped.config["policy_frequency"])
+        tracker.reset(read_driving_state(env.unwrapped))
+        steps, done = 0, False
+        while not done:
+            obs, _, term, trunc, _ = env.step(act(obs, steps))
+            tracker.step(read_driving_state(env.unwrapped))
+            steps, done = steps + 1, term or trunc
+        episode = tracker.finish()
+        assert row["driving"] == asdict(episode) and row["driving"]["steps"] == row["length"]
+        metric.update(episode)
+    env.close()
+    for key, value in metric.compute().items():
+        m = driving[key]
+        if key == "parking_error_m":  # no parking goal on a highway: n/a in this scene
+            assert m is None and math.isnan(float(value))
+            assert re.search(r"^    parking_error_m +n/a in this scene$", printed, re.M)
+            continue
+        assert m["value"] == pytest.approx(float(value), rel=1e-12), key
+        assert m["ci_low"] <= m["value"] <= m["ci_high"], (key, m)
+        line = f"    {key:<27} {m['value']:.4g}  [{m['ci_low']:.4g}, {m['ci_high']:.4g}]"
+        assert line in printed.splitlines(), (line, printed)
+    # An episode mean's interval is the bootstrap over the four episodes that the return's uses too.
+    lengths = np.asarray([r["length"] for r in saved["episodes"]], dtype=float)
+    mean, low, high = stratified_mean_ci({"all": lengths}, n_boot=10_000, seed=5)
+    assert low < high and len(set(lengths)) > 1  # not a point: the episodes differ
+    assert tuple(driving["episode_steps"].values()) == pytest.approx((mean, low, high), rel=1e-12)
+    assert "  driving metrics (FAST §5), 95% CI: percentile bootstrap over episodes" in printed
+    for key, why in NOT_IN_HIGHWAY_ENV.items():
+        assert f"    {key:<27} n/a: {why}" in printed.splitlines()
+
+
+def test_metrics_flag_turns_the_driving_metrics_off_or_refuses_a_non_highway_env(
+    highway_run, tmp_path, capsys
+):
+    ckpt, out = str(highway_run / "checkpoints" / "last.ckpt"), tmp_path / "eval.json"
+    result = main(["--ckpt", ckpt, "--episodes", "1", "--metrics", "basic", "--out", str(out)])
+    assert "driving" not in result["summary"] and "driving" not in result["episodes"][0]
+    assert "driving metrics" not in capsys.readouterr().out and result["summary"]["crash_rate"] is not None
+    with pytest.raises(SystemExit) as e:
+        main(["--ckpt", ckpt, "--env", "CartPole-v1", "--metrics", "driving", "--out", str(out)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "fastlight evaluate: error: --metrics driving: CartPole-v1 is not a highway-env scene, whose "
+        "simulator the driving metrics read (highway-fast-v0, merge-v0, roundabout-v0, ...); leave "
+        "--metrics out or give basic"
+    ]
+
+
 def test_unimportable_module_class_names_it(highway_run, tmp_path, capsys):
     ckpt = torch.load(highway_run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     ckpt["hyper_parameters"]["_class_path"] = "my_missing_package.tasks.MyModule"
@@ -107,6 +186,10 @@ def test_unimportable_module_class_names_it(highway_run, tmp_path, capsys):
         (["--ckpt", "{ckpt}", "--env-kwargs", "[1]"], "--env-kwargs must be a JSON object, got '[1]'"),
         (["--ckpt", "{ckpt}", "--out", "x.txt"], "--out must name a .json file, got 'x.txt'"),
         (["--ckpt", "{ckpt}", "--env", "highway-fats-v0"], "--env must be a registered gymnasium id"),
+        (
+            ["--ckpt", "{ckpt}", "--metrics", "all"],
+            "argument --metrics: invalid choice: 'all' (choose from 'driving', 'basic')",
+        ),
         (  # the id comes from the checkpoint, not from --env: the message says so
             ["--ckpt", "{own}"],
             "the checkpoint's data.env_id (from {own}; or give --env) must be a registered gymnasium id, "

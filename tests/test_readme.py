@@ -179,6 +179,8 @@ def evaluated(ckpt: str, env_id: str, episodes: int, gifs: str | None = None) ->
         tail = re.escape(f") on {env_id}, {episodes} episodes from seed 10000, greedy actions")
         assert re.search(rf"^{head}fastlight\.\w+, policy_version \d+{tail}$", done.output, re.M), done.output
         assert re.search(r"^  mean return +-?\d+\.\d{3} +95% CI \[", done.output, re.M)
+        if env_id.startswith("highway"):  # FAST's driving metrics come by themselves on highway-env
+            assert re.search(r"^    min_ttc_s +\S+  \[\S+, \S+\]$", done.output, re.M), done.output
         done.written(ckpt.removesuffix(".ckpt") + ".eval.json")
         if gifs is not None:
             found = sorted((done.cwd / gifs).glob("*.gif"))

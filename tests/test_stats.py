@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from fastlight.stats import stratified_mean_ci, wilson_interval
+from fastlight.stats import ratio_of_sums_ci, stratified_mean_ci, wilson_interval
 
 
 def _tasks(rates: list[float], n: int) -> dict[str, np.ndarray]:
@@ -69,3 +69,18 @@ def test_wilson_refuses_impossible_counts():
     for k, n in ((1, 0), (-1, 5), (6, 5)):
         with pytest.raises(ValueError, match="wilson_interval"):
             wilson_interval(k, n)
+
+
+def test_ratio_of_sums_resamples_whole_units():
+    # Unit 2 has no denominator: a resample of it alone is undefined and dropped; every other resample
+    # holds unit 1's pair (2 / 2) whole, so the interval is a point (resampling num and den apart: not).
+    assert ratio_of_sums_ci(np.array([2.0, 0.0]), np.array([2.0, 0.0]), n_boot=500) == (1.0, 1.0, 1.0)
+    value, low, high = ratio_of_sums_ci(np.array([1.0, 9.0, 0.0]), np.array([2.0, 3.0, 5.0]), seed=3)
+    assert value == 1.0 and 0.0 <= low < 1.0 < high <= 3.0  # 10 / 10; single units range 0 .. 3
+    assert all(math.isnan(x) for x in ratio_of_sums_ci(np.ones(3), np.zeros(3)))  # not in this scene
+
+
+def test_ratio_of_sums_over_unit_denominators_is_the_bootstrap_of_the_mean():
+    x = np.random.default_rng(0).normal(size=17)
+    ratio = ratio_of_sums_ci(x, np.ones(17), n_boot=3000, seed=9)
+    np.testing.assert_allclose(ratio, stratified_mean_ci({"all": x}, n_boot=3000, seed=9), rtol=1e-12)

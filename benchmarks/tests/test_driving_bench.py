@@ -134,3 +134,20 @@ def test_convergence_snapshots_are_compared_like_checkpoints(tmp_path):
     assert "convergence snapshot after 7 policy updates" in table
     assert "convergence snapshot after 9 policy updates" in table
     assert len(result["a"]["episodes"]) == 3
+
+
+def test_a_policy_plays_and_is_recorded_as_fastlight_evaluate_does(highway_run, tmp_path, capsys):
+    """The bench's side A is ``fastlight evaluate --sample`` on the same checkpoint and seeds: the same
+    episodes, returns and per-episode driving sums (one player, one recorder)."""
+    from dataclasses import asdict
+
+    from benchmarks.driving import evaluate
+    from fastlight.evaluate import main as fastlight_evaluate
+    from fastlight.metrics.driving import DrivingThresholds
+
+    ckpt = str(highway_run / "checkpoints" / "last.ckpt")
+    argv = ["--ckpt", ckpt, "--episodes", "3", "--seed", "7", "--sample", "--out", str(tmp_path / "e.json")]
+    rows = fastlight_evaluate(argv)["episodes"]
+    run = evaluate("A", ckpt, episodes=3, seed=7, greedy=False, thresholds=DrivingThresholds())
+    assert [asdict(ep) for ep in run.episodes] == [r["driving"] for r in rows]
+    assert run.returns == [r["return"] for r in rows] and len({r["return"] for r in rows}) > 1

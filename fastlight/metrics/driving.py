@@ -57,7 +57,8 @@ precision exists where the scene has a parking goal (``parking-v0``, a controlle
 from __future__ import annotations
 
 import math
-from dataclasses import astuple, dataclass, fields
+from collections.abc import Sequence
+from dataclasses import asdict, astuple, dataclass, fields
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -66,6 +67,7 @@ from torch import Tensor
 from torchmetrics import Metric
 
 if TYPE_CHECKING:
+    import gymnasium as gym
     from highway_env.envs.common.abstract import AbstractEnv
     from highway_env.vehicle.kinematics import Vehicle
 
@@ -327,3 +329,53 @@ class DrivingMetrics(Metric):
             key: torch.tensor(ratio_of_sums(sums[num], sums[den], scale), dtype=torch.float64)
             for key, (num, den, scale) in METRICS.items()
         }
+
+
+def is_highway_env(env: gym.Env) -> bool:
+    """Whether ``env`` (wrapped or not) is a highway-env scene, the simulator the metrics read."""
+    from highway_env.envs.common.abstract import AbstractEnv
+
+    return isinstance(env.unwrapped, AbstractEnv)
+
+
+class DrivingRecorder:
+    """An :class:`~fastlight.evaluation.EpisodeObserver` keeping one :class:`DrivingEpisode` per episode:
+    ``episodes``, in episode order (``fastlight evaluate`` and ``benchmarks.driving`` record with it)."""
+
+    def __init__(self, thresholds: DrivingThresholds | None = None) -> None:
+        self.thresholds = thresholds or DrivingThresholds()
+        self._trackers: dict[int, EpisodeTracker] = {}
+        self._done: dict[int, DrivingEpisode] = {}
+
+    @property
+    def episodes(self) -> list[DrivingEpisode]:
+        return [self._done[i] for i in sorted(self._done)]
+
+    def on_reset(self, env: gym.Env, episode: int) -> None:
+        sim = env.unwrapped
+        self._trackers[episode] = EpisodeTracker(1.0 / sim.config["policy_frequency"], self.thresholds)
+        self._trackers[episode].reset(read_driving_state(sim))
+
+    def on_step(self, env: gym.Env, episode: int, done: bool) -> None:
+        if episode not in self._trackers:
+            raise RuntimeError(f"DrivingRecorder.on_step of episode {episode} before its on_reset")
+        self._trackers[episode].step(read_driving_state(env.unwrapped))
+        if done:
+            self._done[episode] = self._trackers.pop(episode).finish()
+
+
+def driving_summary(
+    episodes: Sequence[DrivingEpisode], *, n_boot: int = 10_000, seed: int = 0
+) -> dict[str, dict[str, float] | None]:
+    """Every :data:`METRICS` value over ``episodes`` (what :class:`DrivingMetrics` computes) with its 95%
+    percentile-bootstrap interval, resampling episodes (:func:`fastlight.stats.ratio_of_sums_ci`);
+    ``None`` for a metric not in this scene."""
+    from fastlight.stats import ratio_of_sums_ci
+
+    rows = [asdict(e) for e in episodes]
+    out: dict[str, dict[str, float] | None] = {}
+    for key, (num, den, scale) in METRICS.items():
+        column = [[r[num] for r in rows], [r[den] for r in rows]]
+        value, low, high = (scale * x for x in ratio_of_sums_ci(*column, n_boot=n_boot, seed=seed))
+        out[key] = None if math.isnan(value) else {"value": value, "ci_low": low, "ci_high": high}
+    return out

@@ -1,5 +1,6 @@
 """Driving metrics (FAST §5): the state extractor on hand-built highway-env scenes, the episode
-tracker's events, and the Metric's exact aggregation (the jackknife: tests/stats)."""
+tracker's events, the Metric's exact aggregation (the jackknife: tests/stats), and the recorder and
+summary ``fastlight evaluate`` reports with (on a real checkpoint: tests/test_evaluate.py)."""
 
 from __future__ import annotations
 
@@ -17,11 +18,15 @@ from fastlight.metrics.driving import (
     METRICS,
     DrivingEpisode,
     DrivingMetrics,
+    DrivingRecorder,
     DrivingState,
     DrivingThresholds,
     EpisodeTracker,
+    driving_summary,
+    is_highway_env,
     read_driving_state,
 )
+from fastlight.stats import ratio_of_sums_ci, stratified_mean_ci
 
 
 # ---------------------------------------------------------------------------- the extractor
@@ -227,3 +232,45 @@ def test_merging_two_metric_states_equals_one_metric_over_all_episodes():
 def test_metric_update_refuses_other_types():
     with pytest.raises(TypeError, match="expects a DrivingEpisode, got dict"):
         DrivingMetrics().update({"steps": 1})
+
+
+# ---------------------------------------------------------------------------- what fastlight evaluate reports
+def test_recorder_keeps_episodes_in_order_when_they_end_out_of_order(highway):
+    recorder = DrivingRecorder()
+    recorder.on_reset(highway, 0)
+    recorder.on_reset(highway, 1)  # two envs in lockstep: episode 1 ends first, after 2 steps
+    recorder.on_step(highway, 1, False)
+    recorder.on_step(highway, 1, True)
+    recorder.on_step(highway, 0, True)
+    assert [ep.steps for ep in recorder.episodes] == [1.0, 2.0]
+    with pytest.raises(RuntimeError, match="on_step of episode 2 before its on_reset"):
+        recorder.on_step(highway, 2, True)
+    for env_id, expected in (("merge-v0", True), ("CartPole-v1", False)):
+        env = gym.make(env_id)  # wrapped (time limit, checks): the scene is env.unwrapped
+        assert is_highway_env(env) is expected, env_id
+        env.close()
+
+
+def test_summary_is_the_metric_with_a_bootstrap_over_episodes():
+    eps = _random_episodes(np.random.default_rng(5), 15)
+    summary = driving_summary(eps, n_boot=2000, seed=4)
+    metric = DrivingMetrics()
+    for ep in eps:
+        metric.update(ep)
+    assert list(summary) == list(METRICS)
+    for key, value in metric.compute().items():
+        if math.isnan(float(value)):
+            assert summary[key] is None, key  # parking_error_m: no goal in these episodes
+            continue
+        row = summary[key]
+        assert row["value"] == pytest.approx(float(value), rel=1e-12), key
+        assert row["ci_low"] <= row["value"] <= row["ci_high"] and row["ci_low"] < row["ci_high"], (key, row)
+    # An episode mean's interval is the plain bootstrap of the mean over episodes; a per-step rate
+    # resamples episodes whole (numerator and denominator together), scaled per 100 steps.
+    crashed = np.array([ep.crashed for ep in eps])
+    _, low, high = stratified_mean_ci({"all": crashed}, n_boot=2000, seed=4)
+    assert (summary["collision_rate"]["ci_low"], summary["collision_rate"]["ci_high"]) == (low, high)
+    brakes, steps = np.array([ep.hard_brakes for ep in eps]), np.array([ep.steps for ep in eps])
+    _, low, high = ratio_of_sums_ci(brakes, steps, n_boot=2000, seed=4)
+    row = summary["hard_brakes_per_100_steps"]
+    assert (row["ci_low"], row["ci_high"]) == pytest.approx((100 * low, 100 * high), rel=1e-12)
