@@ -230,9 +230,10 @@ def test_the_cli_takes_the_ray_fleet_by_class_path():
         "--data.fleet.class_path", "fastlight.fleet.ray.fleet.RayFleet",
         "--data.fleet.init_args.address", "auto",
         "--data.fleet.init_args.sampler_resources", "{sim: 1}",
+        "--data.fleet.init_args.allow_unauthenticated", "true",
     ]  # fmt: skip
     fleet = parser.instantiate(parser.parse_args(args)).data.fleet
-    assert fleet == RayFleet(address="auto", sampler_resources={"sim": 1.0})
+    assert fleet == RayFleet(address="auto", sampler_resources={"sim": 1.0}, allow_unauthenticated=True)
     assert fleet.bundle() == {"CPU": 1.0, "sim": 1.0}
     with pytest.raises(Exception, match=r"RayFlet"):
         parser.parse_args(["--data.fleet.class_path", "fastlight.fleet.ray.fleet.RayFlet"])
@@ -537,8 +538,10 @@ class Report(L.Callback):
 
 address = sys.argv[1] if sys.argv[1] != "none" else None
 resources = None if address is None else {"sim": 1.0}
+# The test's cluster (ray.cluster_utils) runs without authentication: joined on purpose.
+fleet = RayFleet(address=address, sampler_resources=resources, allow_unauthenticated=True)
 dm = RolloutDataModule(env_id="tests.fake_envs:FixedLength-v0", env_kwargs={"lengths": (4,)}, num_envs=2,
-                       num_workers=2, fleet=RayFleet(address=address, sampler_resources=resources))
+                       num_workers=2, fleet=fleet)
 L.Trainer(max_steps=10_000, logger=False, enable_checkpointing=False, enable_progress_bar=False,
           callbacks=[Report()]).fit(RLModule(obs_dim=3, action_dim=2), datamodule=dm)
 """
