@@ -21,8 +21,7 @@ import pytest
 
 from fastlight.fleet.ray.cluster import RayCluster
 from fastlight.fleet.ray.fleet import RayFleet
-from tests.fleet.ray.test_ray_fleet import _descendants
-from tests.fleet.ray.test_ray_readme import BIN, free_port, processes_with_home, stop_processes
+from tests.fleet.ray.test_ray_readme import BIN, cluster_processes, free_port, stop_processes
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 ray = pytest.importorskip("ray")
@@ -48,9 +47,7 @@ def start_head(mode: str) -> tuple[Path, str]:
 
 
 def stop(home: Path) -> None:
-    pids = processes_with_home(home)
-    pids += [c for p in pids for c in _descendants(p)]  # the agents (their environment is rewritten)
-    left = stop_processes(sorted(set(pids)))
+    left = stop_processes(cluster_processes(home))
     shutil.rmtree(home, ignore_errors=True)
     assert not left, f"Ray processes left: {left}"
 
