@@ -10,11 +10,13 @@ import contextlib
 import logging
 import math
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 from typing import Any, Protocol
 
 from fastlight.extras import import_extra
@@ -196,6 +198,7 @@ class RayCluster:
             if main and sigterm is not None:
                 signal.signal(signal.SIGTERM, sigterm)
         self._owns_ray = True
+        shorten_raylet_messages(ray)
         if address is None:
             self._reaper = start_reaper(ray)
 
@@ -258,6 +261,39 @@ def offered(ray: Any, asked: dict[str, float]) -> str:
         f"{n[:8]} ({ips.get(n, '?')})"
         for n, t in total.items()
     )
+
+
+#: The end of the first line of Ray's message for a raylet that died, before its log's last lines.
+LOG_TAIL = re.compile(r"Last \d+ lines of the Raylet logs:$")
+
+
+def shorten_raylet_messages(ray: Any) -> None:
+    """Keep each message Ray's GCS publishes to the driver (printed as ``(raylet) ...``) to its first
+    line, once a minute: a node lost without a word brings the last 20 lines of its raylet's log, once per
+    agent that watched it, and the heartbeat note of its node marked dead; the fleet says in one line
+    which node left. The whole messages stay in Ray's logs (the node's ``raylet.out``, its agents' logs)."""
+    worker = ray._private.worker
+    original = worker.print_to_stdstream
+    if getattr(original, "shortened", False):
+        return
+    said: dict[str, float] = {}
+
+    def shortened(data: dict, ignore_prefix: bool) -> None:
+        if data.get("pid") == "raylet":
+            first = [m.strip().splitlines()[0].strip() for m in data.get("lines", []) if m.strip()]
+            now = time.monotonic()
+            lines = [line for line in first if line not in said or now - said[line] >= 60.0]
+            said.update(dict.fromkeys(lines, now))
+            if not lines:
+                return
+            data = {
+                **data,
+                "lines": [LOG_TAIL.sub("Its log: raylet.out, among the node's Ray logs.", x) for x in lines],
+            }
+        original(data, ignore_prefix)
+
+    shortened.shortened = True  # type: ignore[attr-defined]
+    worker.print_to_stdstream = shortened
 
 
 def _resources(total: dict[str, float], bundle: dict[str, float]) -> str:
