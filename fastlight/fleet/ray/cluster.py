@@ -254,13 +254,11 @@ def offered(ray: Any, asked: dict[str, float]) -> str:
         ips = {n["NodeID"]: n.get("NodeManagerAddress", "?") for n in ray.nodes()}
     except Exception:
         return "(unknown)"
-    return ", ".join(
-        "{"
-        + ", ".join(f"{k}: {free.get(n, {}).get(k, 0):g} of {t.get(k, 0):g}" for k in asked)
-        + "} on node "
-        f"{n[:8]} ({ips.get(n, '?')})"
+    has = {
+        n: ", ".join(f"{k}: {free.get(n, {}).get(k, 0):g} of {t.get(k, 0):g}" for k in asked)
         for n, t in total.items()
-    )
+    }
+    return ", ".join(f"{{{h}}} on node {n[:8]} ({ips.get(n, '?')})" for n, h in has.items())
 
 
 #: The end of the first line of Ray's message for a raylet that died, before its log's last lines.
@@ -284,13 +282,9 @@ def shorten_raylet_messages(ray: Any) -> None:
             now = time.monotonic()
             lines = [line for line in first if line not in said or now - said[line] >= 60.0]
             said.update(dict.fromkeys(lines, now))
-            if not lines:
-                return
-            data = {
-                **data,
-                "lines": [LOG_TAIL.sub("Its log: raylet.out, among the node's Ray logs.", x) for x in lines],
-            }
-        original(data, ignore_prefix)
+            data = {**data, "lines": [LOG_TAIL.sub("Its log: the node's raylet.out.", x) for x in lines]}
+        if data.get("lines"):
+            original(data, ignore_prefix)
 
     shortened.shortened = True  # type: ignore[attr-defined]
     worker.print_to_stdstream = shortened

@@ -211,8 +211,6 @@ def test_rays_messages_on_a_lost_node_are_one_line_each_once(monkeypatch, capsys
     )
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 3 and "state-dump" not in "".join(out), out
-    assert out[0].endswith(
-        "(3) Other termination signals. Its log: raylet.out, among the node's Ray logs."
-    ), out
+    assert out[0].endswith("(3) Other termination signals. Its log: the node's raylet.out."), out
     assert out[1].endswith("This can happen when a (1) raylet crashes unexpectedly (OOM, etc.)"), out
     assert out[2].endswith("an env's own line") and "pid=4321" in out[2], out  # a worker's lines: as they are
