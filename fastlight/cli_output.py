@@ -152,10 +152,7 @@ def one_line_errors() -> Iterator[None]:
         line = None if debug_enabled() else setting_error_line(error)
         if line is None:
             raise
-        from fastlight.callbacks.preemption import stop_reported
-
-        if not stop_reported(error):  # else the fit's stop line said it (a refusal found as the fit started)
-            print(f"fastlight: error: {line}  (FASTLIGHT_DEBUG=1 shows the traceback)", file=sys.stderr)
+        print(f"fastlight: error: {line}  (FASTLIGHT_DEBUG=1 shows the traceback)", file=sys.stderr)
         raise SystemExit(2) from None
 
 
