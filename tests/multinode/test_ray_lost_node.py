@@ -27,7 +27,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.fleet.ray.test_ray_readme import BIN, free_port, processes_with_home, stop_processes
+from tests.fleet.ray.test_ray_readme import (
+    BIN,
+    cluster_processes,
+    free_port,
+    processes_with_home,
+    stop_processes,
+)
 
 # About 2 minutes on 2 busy cores: three `ray start`, a fit whose samplers start twice, and the ~15 s
 # Ray's health check takes to declare the node dead.
@@ -140,6 +146,8 @@ def test_a_sigkilled_node_moves_its_samplers_to_the_node_with_room_and_the_run_f
         assert proc.returncode == 0, output[-6000:]
         assert f"`Trainer.fit` stopped: `max_steps={MAX_STEPS}` reached." in output, output[-4000:]
         assert "Traceback" not in output and "budget exhausted" not in output, output[-6000:]
+        # Ray's messages on the lost node: one line each, once (not its raylet's log, once per agent).
+        assert "[state-dump]" not in output and output.count("Raylet is terminated") == 1, output[-6000:]
         lines = [line for line in output.splitlines() if line.startswith("fastlight:")]
         # One restart for the node: both samplers placed again in one go, in the default budget of 3.
         (restart,) = [line for line in lines if "restarts in 600 s" in line]
@@ -164,6 +172,6 @@ def test_a_sigkilled_node_moves_its_samplers_to_the_node_with_room_and_the_run_f
         if proc is not None and proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
             proc.wait()
-        left = stop_processes(processes_with_home(home))
+        left = stop_processes(cluster_processes(home))
         shutil.rmtree(home, ignore_errors=True)
         assert not left, f"Ray processes left: {left}"

@@ -10,11 +10,13 @@ import contextlib
 import logging
 import math
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 from typing import Any, Protocol
 
 from fastlight.extras import import_extra
@@ -47,6 +49,68 @@ def check_reachable(address: str) -> None:
         ) from None
 
 
+#: How long the trainer waits for a cluster's GCS to answer the authentication probe (s).
+PROBE_TIMEOUT_S = 5.0
+#: What a cluster with token authentication asks of the trainer.
+TOKEN_NEEDED = (
+    "RAY_AUTH_MODE=token and the cluster's token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)"
+)
+
+
+def check_auth(address: str, *, allow_unauthenticated: bool) -> None:
+    """Refuse in one line a cluster the trainer cannot authenticate to (``ray.init`` would retry it for
+    20 s and more, logging a warning a second), and one with authentication disabled unless
+    ``allow_unauthenticated``: its GCS is asked once without a token, then once with the trainer's.
+    Ray Client addresses (``ray://``) and what Ray cannot resolve are Ray's to check."""
+    import grpc
+    from ray._private.services import canonicalize_bootstrap_address
+    from ray._raylet import AuthenticationTokenLoader
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+    try:
+        gcs = None if address.startswith("ray://") else canonicalize_bootstrap_address(address)
+    except Exception:
+        return
+    if gcs is None:
+        return
+
+    def refused(metadata: tuple) -> bool | None:
+        """True: the GCS refused the call as unauthenticated, False: it answered, None: anything else."""
+        with grpc.insecure_channel(gcs) as channel:
+            try:
+                gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetClusterId(
+                    gcs_service_pb2.GetClusterIdRequest(), timeout=PROBE_TIMEOUT_S, metadata=metadata
+                )
+            except grpc.RpcError as e:
+                return True if e.code() == grpc.StatusCode.UNAUTHENTICATED else None
+        return False
+
+    at = f"{SETTINGS}.address {address}: the Ray cluster there"
+    without_token = refused(())
+    if without_token is False and not allow_unauthenticated:
+        raise ConnectionError(
+            f"{at} has authentication disabled (RAY_AUTH_MODE=disabled): anyone who reaches its ports can "
+            f"run code on its nodes; start it with RAY_AUTH_MODE=token, or set {SETTINGS}."
+            "allow_unauthenticated true to join it anyway"
+        )
+    if not without_token:
+        return
+    try:
+        header = AuthenticationTokenLoader.instance().get_token_for_http_header(ignore_auth_mode=True)
+    except Exception as e:  # RAY_AUTH_TOKEN_PATH names a file that cannot be read
+        raise ConnectionError(f"{at} needs {TOKEN_NEEDED}; the token cannot be read: {e}") from None
+    if not header:
+        raise ConnectionError(f"{at} needs {TOKEN_NEEDED}; no token was found")
+    if refused(tuple(header.items())):
+        raise ConnectionError(
+            f"{at} refuses this machine's token (InvalidAuthToken): it needs {TOKEN_NEEDED}"
+        )
+    # Ray sends the token only in token mode, which it turns on by itself only for `auto`.
+    mode = os.environ.get("RAY_AUTH_MODE", "token" if address == "auto" else "unset")
+    if mode.lower() != "token":
+        raise ConnectionError(f"{at} needs {TOKEN_NEEDED}; RAY_AUTH_MODE is {mode}")
+
+
 def import_ray() -> Any:
     return import_extra("ray", extra="ray", what=WHAT)
 
@@ -55,6 +119,7 @@ class PlacementSettings(Protocol):
     """What the cluster reads of :class:`~fastlight.fleet.ray.fleet.RayFleet` (its settings)."""
 
     address: str | None
+    allow_unauthenticated: bool
     num_cpus_per_sampler: float
     placement_strategy: str
     placement_timeout_s: float
@@ -108,6 +173,7 @@ class RayCluster:
             }
         else:
             check_reachable(address)
+            check_auth(address, allow_unauthenticated=self.settings.allow_unauthenticated)
             kwargs["address"] = address
         # ray.init replaces the trainer's SIGTERM handler (its preemption checkpoint): put it back. The
         # Ray processes it starts ignore the stop signals, as the local samplers do: a Ctrl-C to the
@@ -132,6 +198,7 @@ class RayCluster:
             if main and sigterm is not None:
                 signal.signal(signal.SIGTERM, sigterm)
         self._owns_ray = True
+        shorten_raylet_messages(ray)
         if address is None:
             self._reaper = start_reaper(ray)
 
@@ -175,6 +242,52 @@ class RayCluster:
                 self._reaper.wait(timeout=10.0)
             self._reaper = None
         self.ray = None
+
+
+def offered(ray: Any, asked: dict[str, float]) -> str:
+    """What each live node has free of the resources ``asked``, of its total: ``{CPU: 0 of 2, sim: 0 of 2}
+    on node 3f2a9c1e (10.0.0.2)``, comma-separated."""
+    try:
+        from ray._private import state
+
+        free, total = state.available_resources_per_node(), state.total_resources_per_node()
+        ips = {n["NodeID"]: n.get("NodeManagerAddress", "?") for n in ray.nodes()}
+    except Exception:
+        return "(unknown)"
+    has = {
+        n: ", ".join(f"{k}: {free.get(n, {}).get(k, 0):g} of {t.get(k, 0):g}" for k in asked)
+        for n, t in total.items()
+    }
+    return ", ".join(f"{{{h}}} on node {n[:8]} ({ips.get(n, '?')})" for n, h in has.items())
+
+
+#: The end of the first line of Ray's message for a raylet that died, before its log's last lines.
+LOG_TAIL = re.compile(r"Last \d+ lines of the Raylet logs:$")
+
+
+def shorten_raylet_messages(ray: Any) -> None:
+    """Keep each message Ray's GCS publishes to the driver (printed as ``(raylet) ...``) to its first
+    line, once a minute: a node lost without a word brings the last 20 lines of its raylet's log, once per
+    agent that watched it, and the heartbeat note of its node marked dead; the fleet says in one line
+    which node left. The whole messages stay in Ray's logs (the node's ``raylet.out``, its agents' logs)."""
+    worker = ray._private.worker
+    original = worker.print_to_stdstream
+    if getattr(original, "shortened", False):
+        return
+    said: dict[str, float] = {}
+
+    def shortened(data: dict, ignore_prefix: bool) -> None:
+        if data.get("pid") == "raylet":
+            first = [m.strip().splitlines()[0].strip() for m in data.get("lines", []) if m.strip()]
+            now = time.monotonic()
+            lines = [line for line in first if line not in said or now - said[line] >= 60.0]
+            said.update(dict.fromkeys(lines, now))
+            data = {**data, "lines": [LOG_TAIL.sub("Its log: the node's raylet.out.", x) for x in lines]}
+        if data.get("lines"):
+            original(data, ignore_prefix)
+
+    shortened.shortened = True  # type: ignore[attr-defined]
+    worker.print_to_stdstream = shortened
 
 
 def _resources(total: dict[str, float], bundle: dict[str, float]) -> str:

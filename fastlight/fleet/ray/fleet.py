@@ -88,6 +88,10 @@ class RayFleet(Fleet):
             ``auto`` joins the cluster this machine is part of (``ray start``), ``ray://host:port``
             or ``host:port`` the one at that address (it keeps running after the run). A Ray
             already initialised in the process (a user's script) is used as it is.
+        allow_unauthenticated: join a cluster whose authentication is disabled (``RAY_AUTH_MODE=disabled``;
+            refused by default). Anyone who reaches such a cluster's ports (the GCS's, and the raylets'
+            and workers', open on all interfaces) can run code on its nodes as the user who started
+            Ray: only on a network no one else reaches.
         sampler_resources: Ray resources each sampler needs besides its CPUs, e.g. ``{sim: 1}``:
             samplers go only to nodes started with ``--resources '{"sim": N}'``.
         num_cpus_per_sampler: CPUs each sampler reserves (fractions allowed).
@@ -102,6 +106,7 @@ class RayFleet(Fleet):
     """
 
     address: str | None = None
+    allow_unauthenticated: bool = False
     sampler_resources: dict[str, float] | None = None
     num_cpus_per_sampler: float = 1.0
     placement_strategy: Strategy = "PACK"
@@ -185,6 +190,11 @@ class RaySamplerFleet(SamplerFleet):
             self.inference = RayInference(
                 ray, self.build, resources=dict(s.inference_resources or {}), num_cpus=s.num_cpus_inference
             )
+            try:  # before the samplers: they would wait on it, and be blamed for it
+                self.inference.wait_placed(s.placement_timeout_s)
+            except SamplerError:
+                self._stop()
+                raise
         with self._lock:
             self.actors = [self._create(i) for i in range(len(self.configs))]
 

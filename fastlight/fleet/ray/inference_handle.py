@@ -19,6 +19,7 @@ from torch import nn
 from fastlight.fleet.base import FleetBuild
 from fastlight.fleet.faults import SamplerError
 from fastlight.fleet.ray.actors import first_line
+from fastlight.fleet.ray.cluster import SETTINGS, offered
 from fastlight.fleet.ray.inference_actor import InferenceActor, RayServedPolicy
 from fastlight.inference.settings import FLAG as INFERENCE_FLAG
 from fastlight.weights.broadcast import LazyBroadcaster, SyncGroupConfig, WeightSyncError, free_port
@@ -49,6 +50,7 @@ class RayInference:
         self.broadcast = LazyBroadcaster(self.sync, settings.sync_bucket_mb)
         extra = dict(resources)
         gpus = extra.pop("GPU", 0.0)
+        self.asked = {"CPU": num_cpus, "GPU": gpus, **extra} if gpus else {"CPU": num_cpus, **extra}
         # One thread per sampler's call, plus wait_ended, info, weights_version and stop.
         threads = len(build.configs) + 4
         actor = ray.remote(InferenceActor).options(
@@ -81,6 +83,31 @@ class RayInference:
         self.broadcast.request_drain()
 
     # ------------------------------------------------------------ faults
+    def wait_placed(self, timeout_s: float) -> None:
+        """Wait until Ray gives the actor a node; raise :class:`SamplerError` naming what it asks and what
+        each node has free if none does within ``timeout_s`` (the samplers start after it: they act
+        through it, and would be blamed for its absence)."""
+        ray = self.ray
+        ready, _ = ray.wait([self.info_ref], timeout=timeout_s)
+        if ready or self._placed():
+            return
+        raise SamplerError(
+            f"the {self.name()} cannot be placed within {SETTINGS}.placement_timeout_s {timeout_s:g}: it "
+            f"asks {self.asked}, and the nodes have free {offered(ray, self.asked)} (the rank's samplers "
+            f"reserved theirs first); lower {SETTINGS}.num_cpus_inference or inference_resources, or add "
+            "a node that has them; `ray status` lists the nodes and their resources"
+        )
+
+    def _placed(self) -> bool:
+        """Whether Ray gave the actor a node (it may still be starting there); True where it cannot tell."""
+        try:
+            from ray._private import state
+
+            record = state.actors(actor_id=self.handle._actor_id.hex())
+            return record["State"] == "ALIVE" or bool(record["Pid"])  # a worker leased for it: placed
+        except Exception:
+            return True
+
     def check(self, wait_s: float = 0.0) -> None:
         """Raise :class:`SamplerError` naming the actor if it died or its serving loop failed."""
         ray = self.ray

@@ -21,6 +21,7 @@ from fastlight.data.datamodule import RolloutDataModule
 from fastlight.fleet.base import FleetBuild
 from fastlight.fleet.faults import FaultSettings
 from fastlight.fleet.ray.actors import NODE_VERDICT_S
+from fastlight.fleet.ray.cluster import shorten_raylet_messages
 from fastlight.fleet.ray.fleet import RayFleet, RaySamplerFleet
 from fastlight.models.mlp import MLPActorCritic
 
@@ -181,3 +182,35 @@ def test_an_actor_unreachable_for_longer_than_ray_takes_to_judge_its_node_is_jud
         fleet._watch(now + NODE_VERDICT_S + 5.0)  # Ray would have declared a dead node by now
     assert fleet.restarts == 1 and len(fake.actors) == 2
     assert "fastlight: sampler 0 (Ray actor, pid 100, Ray node" in capfd.readouterr().err
+
+
+def test_rays_messages_on_a_lost_node_are_one_line_each_once(monkeypatch, capsys):
+    """What Ray's GCS publishes to the driver when a raylet is SIGKILLed (the messages as Ray 2.60 words
+    them): its log's last 20 lines, once per agent that watched it, then its node marked dead."""
+    from ray._private import worker
+
+    monkeypatch.setattr(worker, "print_to_stdstream", worker.print_to_stdstream)  # put back after the test
+    shorten_raylet_messages(ray)
+    shorten_raylet_messages(ray)  # once: a second fleet of the process does not wrap it again
+    died = (
+        "Raylet is terminated. Termination is unexpected. Possible reasons include: (1) SIGKILL by the user "
+        "or system OOM killer, (2) Invalid memory access from Raylet causing SIGSEGV or SIGBUS, (3) Other "
+        "termination signals. Last 20 lines of the Raylet logs:\n"
+        + "    [state-dump] NodeManager.deadline_timer.flush_free_objects - 1 total (1 active)\n"
+        * 20
+    )
+    dead = (
+        f"The node with node id: {NODE2} and address: {IP} and node name: {IP} has been marked dead because "
+        "the detector has missed too many heartbeats from it. This can happen when a (1) raylet crashes "
+        "unexpectedly (OOM, etc.) \n\t(2) raylet has lagging heartbeats due to slow network or busy workload."
+    )
+    for message in (died, died, dead):
+        worker.print_to_stdstream({"lines": [message], "pid": "raylet", "is_err": False}, ignore_prefix=False)
+    worker.print_to_stdstream(
+        {"lines": ["an env's own line"], "pid": 4321, "is_err": False}, ignore_prefix=False
+    )
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 3 and "state-dump" not in "".join(out), out
+    assert out[0].endswith("(3) Other termination signals. Its log: the node's raylet.out."), out
+    assert out[1].endswith("This can happen when a (1) raylet crashes unexpectedly (OOM, etc.)"), out
+    assert out[2].endswith("an env's own line") and "pid=4321" in out[2], out  # a worker's lines: as they are

@@ -230,9 +230,10 @@ def test_the_cli_takes_the_ray_fleet_by_class_path():
         "--data.fleet.class_path", "fastlight.fleet.ray.fleet.RayFleet",
         "--data.fleet.init_args.address", "auto",
         "--data.fleet.init_args.sampler_resources", "{sim: 1}",
+        "--data.fleet.init_args.allow_unauthenticated", "true",
     ]  # fmt: skip
     fleet = parser.instantiate(parser.parse_args(args)).data.fleet
-    assert fleet == RayFleet(address="auto", sampler_resources={"sim": 1.0})
+    assert fleet == RayFleet(address="auto", sampler_resources={"sim": 1.0}, allow_unauthenticated=True)
     assert fleet.bundle() == {"CPU": 1.0, "sim": 1.0}
     with pytest.raises(Exception, match=r"RayFlet"):
         parser.parse_args(["--data.fleet.class_path", "fastlight.fleet.ray.fleet.RayFlet"])
@@ -340,6 +341,37 @@ def test_an_inference_actor_on_node_2_serves_the_samplers_with_every_version(clu
     assert model.nodes == [node2, node2] and model.inference_node == node2
     assert dm.last_sync.mode == "bucketed" and dm.last_sync.version == 3
     assert dm.pool is None and alive_actors() == []
+
+
+def test_an_inference_actor_no_node_has_room_for_stops_the_fit_in_one_line_blaming_no_sampler(cluster, capfd):
+    """The samplers' bundles take node 2's CPUs and all its `sim`; the inference actor also asks `sim`:
+    no node can take it. The fit stops within placement_timeout_s, naming what it asks and what each
+    node has free; no sampler actor is started (they would wait on it, and be restarted as hung)."""
+    from ray.util import placement_group_table
+
+    from fastlight.inference import InferenceSettings
+
+    fleet = RayFleet(sampler_resources={"sim": 1.0}, inference_resources={"sim": 0.5}, placement_timeout_s=3)
+    dm = RolloutDataModule(env_id=FIXED, env_kwargs={"lengths": (4,)}, num_envs=2, num_workers=2,
+                           inference=InferenceSettings(), fleet=fleet)  # fmt: skip
+    model = RecordingModule(obs_dim=3, action_dim=2, update_epochs=1, num_minibatches=2)
+    capfd.readouterr()
+    t0 = time.monotonic()
+    with pytest.raises(SamplerError) as e:
+        quiet_trainer(max_steps=2).fit(model, datamodule=dm)
+    took = time.monotonic() - t0
+    line, err = str(e.value), capfd.readouterr().err
+    assert "\n" not in line and took < 30, (took, line)  # 3 s of waiting, and the fit's own start
+    assert line.startswith(
+        "the inference worker (Ray actor, rank 0) cannot be placed within "
+        "--data.fleet.init_args.placement_timeout_s 3: it asks {'CPU': 1.0, 'sim': 0.5}, and the nodes have "
+        "free {CPU: "
+    ), line
+    assert re.search(r"\{CPU: 0 of 2, sim: 0 of 2\} on node \w{8} \(", line), line  # node 2, all reserved
+    assert re.search(r"\{CPU: 1 of 1, sim: 0 of 0\} on node \w{8} \(", line), line  # the head: no `sim`
+    assert "sampler" not in err.replace("the rank's samplers", ""), err[-3000:]  # none started, none blamed
+    assert alive_actors() == []
+    assert {pg["state"] for pg in placement_group_table().values()} <= {"REMOVED"}
 
 
 @pytest.mark.slow
@@ -506,8 +538,10 @@ class Report(L.Callback):
 
 address = sys.argv[1] if sys.argv[1] != "none" else None
 resources = None if address is None else {"sim": 1.0}
+# The test's cluster (ray.cluster_utils) runs without authentication: joined on purpose.
+fleet = RayFleet(address=address, sampler_resources=resources, allow_unauthenticated=True)
 dm = RolloutDataModule(env_id="tests.fake_envs:FixedLength-v0", env_kwargs={"lengths": (4,)}, num_envs=2,
-                       num_workers=2, fleet=RayFleet(address=address, sampler_resources=resources))
+                       num_workers=2, fleet=fleet)
 L.Trainer(max_steps=10_000, logger=False, enable_checkpointing=False, enable_progress_bar=False,
           callbacks=[Report()]).fit(RLModule(obs_dim=3, action_dim=2), datamodule=dm)
 """
