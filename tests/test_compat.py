@@ -10,6 +10,7 @@ import pytest
 from packaging.version import Version
 
 from fastlight import jsonargparse_compat, lightning_compat
+from fastlight.vla import transformers_compat
 
 
 def outside(module: ModuleType, dist: str, installed: str) -> str | None:
@@ -25,7 +26,12 @@ def outside(module: ModuleType, dist: str, installed: str) -> str | None:
 
 
 @pytest.mark.parametrize(
-    "module, dist", [(lightning_compat, "lightning"), (jsonargparse_compat, "jsonargparse")]
+    "module, dist",
+    [
+        (lightning_compat, "lightning"),
+        (jsonargparse_compat, "jsonargparse"),
+        (transformers_compat, "transformers"),
+    ],
 )
 def test_installed_release_is_one_the_private_touches_were_checked_against(module, dist):
     problem = outside(module, dist, metadata.version(dist))

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 
 from fastlight.extras import import_extra
 from fastlight.vla.pruning import load_pruned_model
+from fastlight.vla.transformers_compat import no_split_classes, reset_output_capture
 
 #: The CLI flag that names a backbone folder (error messages).
 BACKBONE_FLAG = "--model.policy.init_args.backbone"
@@ -44,9 +45,6 @@ TRUST_FLAG = "--model.policy.init_args.trust_remote_code"
 #: The auto classes whose entry in a folder's ``auto_map`` names the model class to load, by preference:
 #: the first two a VLM (``AutoModelForVision2Seq``, OpenVLA's, is the first's older name), the last an LM.
 REMOTE_AUTO_CLASSES = ("AutoModelForImageTextToText", "AutoModelForVision2Seq", "AutoModelForCausalLM")
-
-#: The transformers module whose forward hooks capture hidden states (see :func:`reset_output_capture`).
-_CAPTURE = "transformers.utils.output_capturing"
 
 
 def _transformers() -> Any:
@@ -84,7 +82,7 @@ def build_llama(
 
 def is_vision_language(config: Any) -> bool:
     """True when ``config``'s class maps in ``AutoModelForImageTextToText`` (a VLM)."""
-    return type(config) in _transformers().AutoModelForImageTextToText._model_mapping
+    return type(config) in _transformers().MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING
 
 
 def load_backbone(path: str, trust_remote_code: bool = False) -> tuple[nn.Module, bool]:
@@ -121,7 +119,7 @@ def load_backbone(path: str, trust_remote_code: bool = False) -> tuple[nn.Module
         return model, remote != "AutoModelForCausalLM"
     if is_vision_language(config):
         return load_pruned_model(folder, transformers.AutoModelForImageTextToText, config=config), True
-    if type(config) in transformers.AutoModelForCausalLM._model_mapping:
+    if type(config) in transformers.MODEL_FOR_CAUSAL_LM_MAPPING:
         return load_pruned_model(folder, transformers.AutoModelForCausalLM, config=config), False
     raise ValueError(
         f"{BACKBONE_FLAG} {path}: its config is a {type(config).__name__}, neither a vision-language model "
@@ -205,44 +203,16 @@ def position_ids(model: nn.Module, mask: Tensor, image_tokens: int, image_grid_t
     return get_rope_index(torch.zeros_like(mask), types, image_grid_thw=grid, attention_mask=mask)[0]
 
 
-def reset_output_capture(module: nn.Module) -> None:
-    """Make the transformers models inside ``module`` (a copy or an unpickled one) capture hidden
-    states again, and picklable.
-
-    transformers collects a model's hidden states (Llava's ``vision_feature_layer``) through forward
-    hooks it installs on first use, and finds what a model class records in a process-wide registry
-    filled when a model is constructed. An unpickled model (a spawned sampler's) was never constructed
-    in its process: without re-registering, it silently records nothing. A copied one carries the
-    hooks, local closures that pickle refuses: they are dropped here, and re-installed on next use.
-    """
-    try:
-        from transformers.modeling_utils import PreTrainedModel
-        from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
-    except ImportError:  # a transformers without this machinery needs nothing
-        return
-    for m in module.modules():
-        keys = [k for k, fn in m._forward_hooks.items() if getattr(fn, "__module__", "") == _CAPTURE]
-        for hooks in (m._forward_hooks, m._forward_hooks_with_kwargs, m._forward_hooks_always_called):
-            for key in keys:
-                hooks.pop(key, None)
-        if isinstance(m, PreTrainedModel):
-            m._output_capturing_hooks_installed = False
-            _CAN_RECORD_REGISTRY[m] = m._can_record_outputs
-
-
 class PicklableCapture(nn.Module):
     """Base of a module that holds transformers models and travels to other processes (a sampler's
     copy, the inference worker's, a Ray actor's): pickled or copied at any time, also after it ran,
-    without transformers' capture hooks (:func:`reset_output_capture`), and capturing again once loaded."""
+    without transformers' capture hooks (:mod:`fastlight.vla.transformers_compat`), and capturing again
+    once loaded."""
 
     def block_classes(self) -> set[type[nn.Module]]:
         """FSDP2's units (:class:`~fastlight.models.base.ShardsBlocks`): the classes its Hugging Face
         models list in ``_no_split_modules``, as accelerate wraps them."""
-        from transformers import PreTrainedModel
-
-        hf = [m for m in self.modules() if isinstance(m, PreTrainedModel)]
-        names = {n for m in hf for n in m._no_split_modules or ()}
-        return {type(m) for m in self.modules() if type(m).__name__ in names}
+        return no_split_classes(self)
 
     def __getstate__(self) -> dict:
         reset_output_capture(self)  # the hooks are local closures; transformers re-installs them on use
