@@ -106,3 +106,32 @@ def test_a_lost_fsdp2_rank_before_any_sharded_checkpoint_says_there_is_nothing_t
         "no checkpoint completed in this run (3 updates of this run lost); the ranks it launched exited -9"
     )
     assert list((tmp_path / "killed").rglob("*.distcp")) == list((tmp_path / "killed").rglob("*.ckpt")) == []
+
+
+def test_ckpt_path_last_resumes_the_furthest_complete_checkpoint_sharded_or_not(tmp_path):
+    """``--ckpt_path last``: ``last.ckpt`` or a complete sharded folder further on (global step); a folder
+    without Lightning's ``meta.pt`` (a save a lost rank left unfinished) is not a checkpoint."""
+    import torch
+    from jsonargparse import Namespace
+
+    from fastlight.checkpoints import read_checkpoint
+    from fastlight.cli_defaults import resume_last
+
+    cfg = Namespace(trainer=Namespace(default_root_dir=str(tmp_path)))
+    checkpoints = tmp_path / "checkpoints"
+    assert resume_last(cfg) == "last"
+    checkpoints.mkdir()
+    torch.save({"global_step": 8, "state_dict": {}}, checkpoints / "last.ckpt")
+    assert resume_last(cfg) == str(checkpoints / "last.ckpt")
+    folders = {s: checkpoints / "version_1" / f"sharded-step={s}" for s in (4, 8, 12, 16)}
+    for step, folder in folders.items():
+        folder.mkdir(parents=True)
+        if step != 16:  # 16: its shards written, not its meta.pt
+            torch.save({"global_step": step, "hyper_parameters": {"lr": 0.1}}, folder / "meta.pt")
+    assert resume_last(cfg) == str(folders[12])
+    (folders[12] / "meta.pt").unlink()
+    assert resume_last(cfg) == str(checkpoints / "last.ckpt")  # step 8 both: the one file
+    # A resume reads the folder's meta.pt; anything else that reads a checkpoint refuses the folder.
+    assert read_checkpoint(folders[4], flag="--ckpt_path", sharded=True)["global_step"] == 4
+    with pytest.raises(ValueError, match=r"--ckpt: .*sharded-step=4 is a sharded checkpoint .* fsdp2"):
+        read_checkpoint(folders[4], flag="--ckpt")
