@@ -208,7 +208,8 @@ def run_defaults(cfg: Namespace, *, version: int, last_exists: bool) -> Namespac
     if not any(_is(cb, LOST_RANK) for cb in callbacks):  # it writes PreemptionCheckpoint's file
         callbacks.append(Namespace(class_path=LOST_RANK, init_args=_defaults(LostRankCheckpoint)))
     if cfg.get("ckpt_path") == "last" and last_exists:  # see resume_last
-        cfg["ckpt_path"] = resume_last(cfg)
+        found = resume_last(cfg)  # last.ckpt, or a sharded checkpoint further on
+        cfg["ckpt_path"] = found if found != "last" else os.path.join(checkpoints, "last.ckpt")
     # Every RL run logs env_steps (the unit an RL user plans in); one that lists EnvStepBudget itself
     # (e.g. --trainer.callbacks+=EnvStepBudget --trainer.callbacks.total_env_steps N) sets a budget.
     # A supervised stage (DemoDataModule: batches of demonstrations) has no env steps to count.
