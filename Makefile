@@ -42,7 +42,8 @@ test-numeric: install
 test-multinode: install
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m multinode tests/multinode
 
-# Two trainer ranks on this machine (DDP, a stop signal in one rank, a lost rank): about 2 CPU-minutes,
+# Two trainer ranks on this machine (DDP, a stop signal in one rank, a lost rank, a lost FSDP2 rank and the
+# resume from its sharded checkpoint): about 3 CPU-minutes,
 # apart from `make test` like the two nodes, and in .ci/run.
 test-ranks: install
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "ranks and not slow and not benchmark and not gpu"

@@ -66,10 +66,21 @@ def saving() -> Iterator[None]:
         _saves_running -= 1
 
 
-def read_checkpoint(path: str | Path, *, flag: str = "--ckpt", map_location: Any = "cpu") -> dict[str, Any]:
+def read_checkpoint(
+    path: str | Path, *, flag: str = "--ckpt", map_location: Any = "cpu", sharded: bool = False
+) -> dict[str, Any]:
     """``torch.load`` a Lightning checkpoint (on the CPU unless ``map_location`` says otherwise), its
-    checksum verified, naming ``flag`` and the file when it is missing, corrupt or not a checkpoint."""
+    checksum verified, naming ``flag`` and the file when it is missing, corrupt or not a checkpoint.
+    A sharded one (a folder, ``--trainer.strategy fsdp2``'s ``sharded-step=<S>``) gives its ``meta.pt``,
+    all but the weights and optimizer state, where ``sharded`` (a resume) allows it; else it is refused."""
     path = Path(path)
+    if path.is_dir() and (path / "meta.pt").is_file():
+        if sharded:
+            return safe_load(path / "meta.pt", flag=flag, map_location=map_location)
+        raise ValueError(
+            f"{flag}: {path} is a sharded checkpoint (each rank's shards, written under --trainer.strategy "
+            "fsdp2): only a run under fsdp2 reads it, resuming with --ckpt_path"
+        )
     if not path.is_file():
         raise FileNotFoundError(f"{flag}: no checkpoint file at {path}")
     verify_checksum(path, flag=flag)

@@ -177,7 +177,7 @@ class FastlightCLI(LightningCLI):
             return
         from fastlight.checkpoints import read_checkpoint
 
-        checkpoint = read_checkpoint(ckpt_path, flag="--ckpt_path")
+        checkpoint = read_checkpoint(ckpt_path, flag="--ckpt_path", sharded=True)
         saved = dict(checkpoint.get("hyper_parameters") or {})
         # The data settings too (Lightning saves the DataModule's hparams): another env is the usual
         # reason a checkpoint's weights do not fit, which the module then refuses in one line.

@@ -36,6 +36,7 @@ with a folder of the config's own is left where the config put it.
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 from typing import Any
@@ -45,7 +46,7 @@ from jsonargparse import Namespace
 from fastlight.callbacks.env_steps import EnvStepBudget
 from fastlight.callbacks.lost_rank import LostRankCheckpoint
 from fastlight.callbacks.periodic_evaluation import PeriodicEvaluation
-from fastlight.callbacks.preemption import PreemptionCheckpoint
+from fastlight.callbacks.preemption import PreemptionCheckpoint, checkpoint_step
 from fastlight.callbacks.timed_checkpoint import TimedCheckpoint
 from fastlight.class_paths import class_path, resolve, same_class
 from fastlight.cli_callbacks import constructor_defaults, merge_repeated_callbacks
@@ -152,11 +153,18 @@ def _logger_key(logger: Any) -> tuple[Any, ...] | None:
 
 
 def resume_last(cfg: Namespace) -> str:
-    """What ``--ckpt_path last`` resumes: ``<root>/checkpoints/last.ckpt`` where it exists, else
-    ``last`` (Lightning's: no checkpoint found, training starts afresh, e.g. a requeued job's first
-    start). Lightning's own ``last`` looks in ModelCheckpoint's folder, this run's new, empty one."""
-    path = os.path.join(root_dir(cfg), "checkpoints", "last.ckpt")
-    return path if os.path.isfile(path) else "last"
+    """What ``--ckpt_path last`` resumes: ``<root>/checkpoints/last.ckpt`` or, where one is further on
+    (global step), a complete sharded checkpoint ``<root>/checkpoints/version_N/sharded-step=<S>``
+    (``fsdp2``'s, :class:`~fastlight.callbacks.lost_rank.LostRankCheckpoint`); else ``last``
+    (Lightning's: no checkpoint found, training starts afresh, e.g. a requeued job's first start).
+    Lightning's own ``last`` looks in ModelCheckpoint's folder, this run's new, empty one."""
+    checkpoints = os.path.join(root_dir(cfg), "checkpoints")
+    path = os.path.join(checkpoints, "last.ckpt")
+    found = [(checkpoint_step(path, unless=""), 1, path)] if os.path.isfile(path) else []
+    for meta in glob.glob(os.path.join(glob.escape(checkpoints), "version_*", "sharded-step=*", "meta.pt")):
+        folder = os.path.dirname(meta)  # complete: Lightning writes meta.pt once every shard is on disk
+        found.append((int(folder.rsplit("=", 1)[1]), 0, folder))
+    return max(found)[2] if found else "last"
 
 
 def run_defaults(cfg: Namespace, *, version: int, last_exists: bool) -> Namespace:
@@ -200,7 +208,8 @@ def run_defaults(cfg: Namespace, *, version: int, last_exists: bool) -> Namespac
     if not any(_is(cb, LOST_RANK) for cb in callbacks):  # it writes PreemptionCheckpoint's file
         callbacks.append(Namespace(class_path=LOST_RANK, init_args=_defaults(LostRankCheckpoint)))
     if cfg.get("ckpt_path") == "last" and last_exists:  # see resume_last
-        cfg["ckpt_path"] = os.path.join(checkpoints, "last.ckpt")
+        found = resume_last(cfg)  # last.ckpt, or a sharded checkpoint further on
+        cfg["ckpt_path"] = found if found != "last" else os.path.join(checkpoints, "last.ckpt")
     # Every RL run logs env_steps (the unit an RL user plans in); one that lists EnvStepBudget itself
     # (e.g. --trainer.callbacks+=EnvStepBudget --trainer.callbacks.total_env_steps N) sets a budget.
     # A supervised stage (DemoDataModule: batches of demonstrations) has no env steps to count.

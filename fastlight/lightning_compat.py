@@ -37,6 +37,9 @@ Defined here:
   ``_child_processes``): the launcher's thread that SIGKILLs rank 0 within 5 s of another rank's
   non-zero exit, which a rank stopping on purpose (exit 128 + signum) or a lost one triggers before
   any checkpoint is written; :func:`stand_down_child_observer` empties its list.
+- ``ModelParallelStrategy._save_distributed_checkpoint``: :func:`save_sharded` writes one checkpoint
+  as the strategy built with ``save_distributed_checkpoint=True`` does (a directory of each rank's
+  shards), whatever it was built with (``--trainer.strategy fsdp2`` saves one file otherwise).
 - ``LightningModule._hparams`` and ``_hparams_initial``: :func:`record_hparams` writes the policy and
   the objective into a module's hparams as plain data (a class path and its init args), where
   checkpoints and loggers read them.
@@ -88,6 +91,19 @@ def dump_checkpoint(trainer: L.Trainer) -> dict[str, Any]:
     """The full checkpoint (a resume point) as ``Trainer.save_checkpoint`` would write it, made on this
     rank only: no gather, no barrier."""
     return trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+
+
+def save_sharded(trainer: L.Trainer, path: str) -> None:
+    """``Trainer.save_checkpoint(path)`` under ``ModelParallelStrategy(save_distributed_checkpoint=True)``:
+    every rank writes its own shards (PyTorch's distributed checkpoint), then rank 0 Lightning's
+    ``meta.pt``, then all meet in a barrier. Every rank takes part."""
+    strategy = trainer.strategy
+    before = strategy._save_distributed_checkpoint
+    strategy._save_distributed_checkpoint = True
+    try:
+        trainer.save_checkpoint(path, weights_only=False)
+    finally:
+        strategy._save_distributed_checkpoint = before
 
 
 class StopSignalConnector(_SignalConnector):

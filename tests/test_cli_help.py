@@ -192,7 +192,11 @@ def test_print_config_shows_the_callbacks_loggers_and_folders_the_command_adds(t
         "version": 0,
         "every_epoch": False,
     }
-    assert callbacks["LostRankCheckpoint"] == {"peer_timeout_minutes": 5.0, "rollback": False}
+    assert callbacks["LostRankCheckpoint"] == {
+        "peer_timeout_minutes": 5.0,
+        "rollback": False,
+        "sharded_every_minutes": 5.0,
+    }
     assert callbacks["EnvStepBudget"]["total_env_steps"] is None
     assert not root.exists()  # printing the config creates no folder
 

@@ -15,20 +15,32 @@ A loss in the middle of an update leaves the survivors with part of it applied, 
 should hold: with ``rollback`` the survivor's checkpoint is set back to the update's start
 (:class:`~fastlight.ranks.rollback.RollbackPoint`); without (the default) nothing is written and the line
 names the checkpoint on disk. The ``fastlight`` CLI attaches this callback to every run.
+
+Under ``--trainer.strategy fsdp2`` no rank holds the whole model, so a survivor cannot save alone: every
+``sharded_every_minutes`` all ranks write a sharded checkpoint together (each its own shards,
+:func:`~fastlight.lightning_compat.save_sharded`) to ``<run folder>/sharded-step=<S>``, complete once
+Lightning's ``meta.pt`` is in it (rank 0 writes it after every rank's shards), and the previous one is
+removed; after a lost rank the line names the last complete one (or says there is nothing to resume
+from) and how many updates are lost. ``--ckpt_path last`` resumes the newest complete checkpoint,
+sharded or not (on any number of ranks under ``fsdp2``).
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
 from typing import Any
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.strategies import ModelParallelStrategy
 from typing_extensions import override
 
 from fastlight import lightning_compat, rank_state
 from fastlight.callbacks.preemption import PreemptionCheckpoint
+from fastlight.callbacks.timed_checkpoint import SaveClock, max_over_ranks
 from fastlight.checkpoints import saving
 from fastlight.data.protocols import StopsSampling
 from fastlight.ranks import peer_watch
@@ -36,6 +48,9 @@ from fastlight.ranks.launcher import RANKS_EXIT_TIMEOUT_S, end_launched_ranks
 from fastlight.ranks.rollback import RollbackPoint
 
 __all__ = ["LostRankCheckpoint"]
+
+#: Minutes between two sharded checkpoints under ``fsdp2`` (see the class docstring for its cost).
+SHARDED_EVERY_MINUTES = 5.0
 
 
 class LostRankCheckpoint(Callback):
@@ -55,19 +70,34 @@ class LostRankCheckpoint(Callback):
             that state per update, and that much host memory (``python -m benchmarks.rollback_cost``).
             Off: a loss mid-update saves nothing new and the line names the checkpoint on disk to resume
             from.
+        sharded_every_minutes: under ``--trainer.strategy fsdp2`` (several ranks), training wall-clock
+            between two sharded checkpoints: at most the updates of this long are lost with a rank.
+            One costs a few tenths of a second for the FSDP2 test configs on CPU (the highway MLP,
+            the MT10 VLA: ``benchmarks/results/faults.md``); ``None``: none.
     """
 
     def __init__(
         self,
         peer_timeout_minutes: float | None = peer_watch.DEFAULT_PEER_TIMEOUT_MINUTES,
         rollback: bool = False,
+        sharded_every_minutes: float | None = SHARDED_EVERY_MINUTES,
     ) -> None:
         if peer_timeout_minutes is not None and peer_timeout_minutes <= 0:
             raise ValueError(
                 f"LostRankCheckpoint peer_timeout_minutes must be > 0 or null, got {peer_timeout_minutes}"
             )
+        if sharded_every_minutes is not None and sharded_every_minutes <= 0:
+            raise ValueError(
+                f"LostRankCheckpoint sharded_every_minutes must be > 0 or null, got {sharded_every_minutes}"
+            )
         self.peer_timeout_minutes = peer_timeout_minutes
-        self.rollback = rollback
+        self.rollback, self.sharded_every_minutes = rollback, sharded_every_minutes
+        self.clock = SaveClock(None)  # the sharded checkpoints' (fsdp2 only)
+        #: This fit's last complete sharded checkpoint, and its last whole one (PreemptionCheckpoint's):
+        #: global step, updates of this fit, update number (the policy version), path.
+        self.sharded: tuple[int, int, int, str] | None = None
+        self._whole: tuple[int, int, int, str] | None = None
+        self._updates = 0  # updates completed in this fit
         #: The state at the current update's start (``rollback=True``, several ranks).
         self.rollback_point: RollbackPoint | None = None
         #: The line of a stop after a lost rank (this rank's), once printed.
@@ -91,6 +121,11 @@ class LostRankCheckpoint(Callback):
             )
         self._checkpoint = found[0]
         distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        sharded = (
+            distributed and trainer.world_size > 1 and isinstance(trainer.strategy, ModelParallelStrategy)
+        )
+        self.clock = SaveClock(self.sharded_every_minutes if sharded else None)
+        self.sharded = self._whole = None
         if trainer.world_size < 2 or self.peer_timeout_minutes is None or not distributed:
             return
         timeout_s = 60.0 * self.peer_timeout_minutes
@@ -106,8 +141,9 @@ class LostRankCheckpoint(Callback):
 
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._trained = True
+        self._trained, self._updates = True, 0
         self._boundary = trainer.global_step
+        self.clock.start()
 
     @override
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
@@ -119,8 +155,24 @@ class LostRankCheckpoint(Callback):
         # This rank got through every collective of the update, so every rank took part in them: the
         # update is complete on this rank, whichever rank is lost next.
         self._boundary = trainer.global_step
+        self._updates += 1
         if self._peers is not None:
             self._peers.note_progress(trainer.global_step)
+        if self.clock.every_s is None:
+            return
+        ckpt, step = self._checkpoint, trainer.global_step
+        version = int(getattr(pl_module, "policy_version", self._updates))
+        if ckpt is not None and ckpt.saved_step == step:  # PreemptionCheckpoint saved this update
+            self._whole = (step, self._updates, version, ckpt.resume_path)
+        if max_over_ranks(trainer, self.clock.due())[0]:
+            assert ckpt is not None
+            path = os.path.join(os.path.dirname(ckpt.run_ckpt_path), f"sharded-step={step}")
+            with saving():
+                lightning_compat.save_sharded(trainer, path)  # returns once every rank's part is on disk
+            previous, self.sharded = self.sharded, (step, self._updates, version, path)
+            self.clock.saved()
+            if previous is not None and previous[3] != path and trainer.is_global_zero:
+                shutil.rmtree(previous[3], ignore_errors=True)
 
     def handles_stop(self, trainer: L.Trainer, exception: BaseException) -> bool:
         """Whether ``exception`` is a collective failing because a rank is lost (the verdict is waited
@@ -160,6 +212,8 @@ class LostRankCheckpoint(Callback):
         rolled_back = step != boundary
         if not self._trained:
             return "before training started; no checkpoint written"
+        if self.clock.every_s is not None:
+            return self._sharded_line(trainer)
         if rolled_back and (self.rollback_point is None or self.rollback_point.step != boundary):
             on_disk = f"at global step {ckpt.saved_step}" if ckpt.saved_step is not None else "if any"
             return (
@@ -190,8 +244,30 @@ class LostRankCheckpoint(Callback):
             "it holds the per-rank state of the surviving ranks only)"
         )
 
+    def _sharded_line(self, trainer: L.Trainer) -> str:
+        """Under ``fsdp2``: nothing is saved (each survivor holds its own shards only); what is on disk."""
+        assert self._checkpoint is not None
+        at = f"at global step {trainer.global_step}: not saved (under --trainer.strategy fsdp2 a save needs "
+        at += "every rank)"
+        saved = [c for c in (self.sharded, self._whole) if c is not None]
+        if not saved:
+            lost, resumed = f"{plural(self._updates)} of this run lost", trainer.ckpt_path
+            if resumed:
+                return f"{at}; no checkpoint completed in this run ({lost}); resume from {resumed} again"
+            return f"{at}; nothing to resume from: no checkpoint completed in this run ({lost})"
+        step, updates, version, path = max(saved)
+        hint = self._checkpoint.resume_hint.format(path=path)
+        return (
+            f"{at}; the last complete checkpoint is {path} (global step {step}, update {version}): "
+            f"{plural(self._updates - updates)} completed since lost (resume with {hint})"
+        )
+
     @override
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage == "fit" and self._peers is not None:
             self._peers.close()
             self._peers = None
+
+
+def plural(updates: int) -> str:
+    return f"{updates} update" + ("" if updates == 1 else "s")

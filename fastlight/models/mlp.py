@@ -83,7 +83,7 @@ class MLPActorCritic(PolicyBase):
 
     def _logprob(self, dist: Categorical | Normal, actions: Tensor) -> Tensor:
         lp = dist.log_prob(actions)
-        return lp.sum(-1) if self.continuous else lp
+        return lp.sum(-1) if self.continuous else lp.clone()  # Categorical's is a view: see _value
 
     def act(self, obs: Tensor, *, step: Tensor | None = None, deterministic: bool = False) -> ActOutput:
         x = self._flat(obs)
@@ -92,17 +92,22 @@ class MLPActorCritic(PolicyBase):
             actions = dist.mean if self.continuous else dist.probs.argmax(-1)
         else:
             actions = dist.sample()
-        return ActOutput(actions, self._logprob(dist, actions), self.critic(x).squeeze(-1))
+        return ActOutput(actions, self._logprob(dist, actions), self._value(x))
 
     def evaluate(self, obs: Tensor, actions: Tensor, *, step: Tensor | None = None) -> EvalOutput:
         x = self._flat(obs)
         dist = self._dist(x)
         ent = dist.entropy()
         ent = ent.sum(-1) if self.continuous else ent
-        return EvalOutput(self._logprob(dist, actions), ent, self.critic(x).squeeze(-1))
+        return EvalOutput(self._logprob(dist, actions), ent, self._value(x))
 
     def value(self, obs: Tensor, *, step: Tensor | None = None) -> Tensor:
-        return self.critic(self._flat(obs)).squeeze(-1)
+        return self._value(self._flat(obs))
+
+    def _value(self, x: Tensor) -> Tensor:
+        # A tensor of its own, not a view: under fsdp2 a view returned by a method FSDP2 hooks warns
+        # (an in-place op on it would skip the pre-backward all-gather). A copy of one float per row.
+        return self.critic(x).squeeze(-1).clone()
 
     def action_mapping(self) -> ActionMapping:
         """Continuous actions are clipped to ``[-action_bound, action_bound]``; discrete ones pass."""

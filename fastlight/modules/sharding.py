@@ -13,7 +13,8 @@ one root unit, whose forward is ``training_step``, refuses the several backward 
 = devices per node by default); :func:`shard_policy` hands it to ``fully_shard`` as it is, which
 shards within a node and replicates across nodes (HSDP), so gradients cross the slow link once
 per step. The name ``fsdp2`` is registered with ``save_distributed_checkpoint=False``: checkpoints
-stay one file (gathered on rank 0), which every fastlight tool reads.
+stay one file (gathered on rank 0), which every fastlight tool reads; the sharded checkpoints a lost
+rank leaves to resume from are :class:`~fastlight.callbacks.lost_rank.LostRankCheckpoint`'s.
 """
 
 from __future__ import annotations

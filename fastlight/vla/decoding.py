@@ -27,5 +27,6 @@ def choose(logits: Tensor, deterministic: bool) -> Tensor:
 
 
 def token_logprobs(logits: Tensor, actions: Tensor) -> Tensor:
-    """``log softmax(logits)[actions]``: ``[N, k, B]`` and ``[N, k]`` -> ``[N, k]``."""
-    return torch.log_softmax(logits, dim=-1).gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+    """``log softmax(logits)[actions]``: ``[N, k, B]`` and ``[N, k]`` -> ``[N, k]``, a tensor of its own
+    (not a view: FSDP2 warns about a view a policy method returns, ``MLPActorCritic._value``)."""
+    return torch.log_softmax(logits, dim=-1).gather(-1, actions.unsqueeze(-1)).squeeze(-1).clone()

@@ -78,4 +78,4 @@ class ActionAwareValueHead(nn.Module):
                 f"step must be [N={n}], got shape {tuple(step.shape)} (hidden {tuple(hidden.shape)})"
             )
         t = step.long().clamp(0, self.max_episode_steps - 1)
-        return self.mlp(pooled + self.step_embedding(t)).squeeze(-1)
+        return self.mlp(pooled + self.step_embedding(t)).squeeze(-1).clone()  # not a view: see token_logprobs

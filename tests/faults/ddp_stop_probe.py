@@ -8,6 +8,11 @@ signal while the stop checkpoint is written.
     python -m tests.faults.ddp_stop_probe --root DIR --lose-rank 1 --lose-signal SIGKILL --at 2 \
         --peer-timeout-s 10 [--rollback]                               # a lost rank (peer_watch)
 
+Under ``--strategy fsdp2`` (``--sharded-every-updates K``: LostRankCheckpoint's sharded checkpoint
+every K updates, its clock counting updates) every rank records the sum of the whole weights after
+each update in ``DIR/sums<r>.json`` (``--resume CKPT``: also at the start, as ``start``, with the
+global step and policy version the fit starts from).
+
 With ``--lose-rank``, that rank sends ``--lose-signal`` (SIGKILL, SIGSTOP) to itself at the start of
 update ``--at`` (``--mid``: after that update's first optimizer step, before its second backward;
 rank 0 then saves its weights and optimizer state at the end of update ``--at - 1`` to
@@ -35,7 +40,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from fastlight.callbacks import preemption
+from fastlight.callbacks import preemption, timed_checkpoint
 from fastlight.callbacks.lost_rank import LostRankCheckpoint
 from fastlight.callbacks.preemption import PreemptionCheckpoint
 from fastlight.callbacks.timed_checkpoint import max_over_ranks
@@ -78,6 +83,7 @@ class SignalledRank(RLModule):
         self.lost_at_file: Path | None = None  # where the lost rank writes when it sent its signal
         self.batch_ends: list[float] = []  # when each update ended (perf_counter)
         self.boundary_file: Path | None = None
+        self.sums_file: Path | None = None
 
     def lose_now(self) -> None:
         if self.lost_at_file is not None:
@@ -102,8 +108,32 @@ class SignalledRank(RLModule):
             self.lose_now()
         return super().manual_backward(loss, *args, **kwargs)
 
+    def on_train_start(self):
+        super().on_train_start()
+        # Adam's step counts (the optimizer state restored too) and the whole weights' sum.
+        adam = {int(s["step"]) for s in self.optimizers().optimizer.state.values()}
+        self.start = {"step": self.global_step, "version": self.policy_version, "adam_steps": sorted(adam),
+                      "sum": self.weight_sum()}  # fmt: skip
+        self.sums: dict[int, float] = {}
+
+    def weight_sum(self) -> float:
+        """The sum of the whole weights (under fsdp2 gathered from the shards: every rank takes part)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        from torch.distributed.tensor import DTensor
+
+        sharded = any(isinstance(p, DTensor) for p in self.parameters())
+        state = (
+            get_model_state_dict(self, options=StateDictOptions(full_state_dict=True)) if sharded else None
+        )
+        state = state if state is not None else self.state_dict()
+        return sum(float(v.double().sum()) for k, v in state.items() if k.startswith("policy."))
+
     def on_train_batch_end(self, outputs, batch, batch_idx):
         self.batch_ends.append(time.perf_counter())
+        if self.sums_file is not None:
+            self.sums[self.policy_version] = self.weight_sum()
+            out = self.sums_file / f"sums{self.trainer.global_rank}.json"
+            out.write_text(json.dumps({"start": self.start, "sums": self.sums}))
         if self.boundary_file is not None and batch_idx == self.at - 1 and self.trainer.global_rank == 0:
             optimizer = self.optimizers().optimizer
             torch.save(
@@ -131,6 +161,10 @@ def main() -> None:
     p.add_argument("--mid", action="store_true")
     p.add_argument("--peer-timeout-s", type=float, default=None)
     p.add_argument("--rollback", action="store_true")
+    p.add_argument("--strategy", default="ddp")
+    p.add_argument("--devices", type=int, default=2)
+    p.add_argument("--sharded-every-updates", type=int, default=None)
+    p.add_argument("--resume", default=None)
     args = p.parse_args()
     signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own, as in a terminal
     root = Path(args.root)
@@ -138,23 +172,34 @@ def main() -> None:
     cb = PreemptionCheckpoint(every_minutes=None)
     agreement = preemption.max_over_ranks = CountedAgreement()
     peer = {} if timeout is None else {"peer_timeout_minutes": timeout}
-    lost = LostRankCheckpoint(**peer, rollback=args.rollback)
+    every = args.sharded_every_updates
+    if every is not None:  # the sharded checkpoints' clock counts updates: one is due every `every`
+        timed_checkpoint._now = lambda: float(module.policy_version)
+    lost = LostRankCheckpoint(**peer, rollback=args.rollback, sharded_every_minutes=every and every / 60)
     module = SignalledRank(
-        args.signal_rank, args.at, args.second, args.lose_rank, signal.Signals[args.lose_signal], args.mid
+        args.signal_rank,
+        args.at,
+        args.second,
+        args.lose_rank,
+        int(signal.Signals[args.lose_signal]),
+        args.mid,
     )
     module.lost_at_file = root / "lost_at.txt"
     if args.mid:
         root.mkdir(parents=True, exist_ok=True)
         module.boundary_file = root / "boundary.pt"
+    if args.strategy == "fsdp2":
+        root.mkdir(parents=True, exist_ok=True)
+        module.sums_file = root
     trainer = L.Trainer(
-        strategy="ddp", devices=2, accelerator="cpu", max_steps=2 * args.updates, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        strategy=args.strategy, devices=args.devices, accelerator="cpu", max_steps=2 * args.updates,
+        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         callbacks=[cb, lost], plugins=[AtomicCheckpointIO()], default_root_dir=str(root),
     )  # fmt: skip
     report: dict = {"exit": "finished"}
     t0 = time.perf_counter()
     try:
-        trainer.fit(module, DataLoader(Rollouts(args.updates + 10), batch_size=None))
+        trainer.fit(module, DataLoader(Rollouts(args.updates + 10), batch_size=None), ckpt_path=args.resume)
     except SystemExit as e:
         report["exit"] = e.code
         raise

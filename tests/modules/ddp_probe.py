@@ -16,6 +16,17 @@ from fastlight.weights.sharded import full
 class DumpRankState(Callback):
     def __init__(self, out_dir: str) -> None:
         self.out_dir = out_dir
+        self.steps = 0
+
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer) -> None:
+        """The gradients of the first optimizer step (averaged over the ranks; whole tensors), as
+        ``grads{r}.pt``."""
+        self.steps += 1
+        if self.steps == 1:
+            named = pl_module.policy.named_parameters()
+            grads = {k: full(p.grad).cpu() for k, p in named if p.grad is not None}
+            os.makedirs(self.out_dir, exist_ok=True)
+            torch.save(grads, os.path.join(self.out_dir, f"grads{trainer.global_rank}.pt"))
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         dm = trainer.datamodule

@@ -2,9 +2,9 @@
 (gloo), end to end.
 
 - Against DDP on the same data: with ``--data.max_staleness 0 --data.rank_rounds apart`` a highway
-  run's batches are fixed by its seeds, so the two strategies see the same rollouts and must end at
-  the same weights: FSDP2's reduce-scatter and DDP's all-reduce both average the ranks' gradients and
-  differ only in summation order.
+  run's batches are fixed by its seeds, so the two strategies see the same rollouts and must take the
+  same first step's gradients and end at the same weights: FSDP2's reduce-scatter and DDP's all-reduce
+  both average the ranks' gradients and differ only in summation order.
 - The VLA (a Hugging Face backbone: each decoder layer its own unit, the policy the root): it trains,
   both ranks hold the same whole weights, the samplers' copies match every publish (the delivery
   check after every sync, which gathers the shards), and the checkpoint is one file of whole tensors
@@ -59,6 +59,16 @@ def test_fsdp2_ends_where_ddp_does_on_the_same_data(tmp_path):
     apart = max((w - v).abs().max().item() for w, v in zip(wd[0].values(), wf[0].values(), strict=True))
     assert apart < 2e-5, apart
     assert wd[0].keys() == wf[0].keys()
+    # The first optimizer step's gradients (the same batches; averaged over the ranks, then clipped), whole:
+    # FSDP2's reduce-scatter against DDP's all-reduce. Tolerance: 2e-5 of the largest gradient (measured:
+    # 1.75e-7 of 0.062, 2.8e-6, float32 summation order); a gradient not averaged over the two ranks'
+    # different batches, or missing, is off by a sizeable fraction of it.
+    gd, gf = (torch.load(tmp_path / run / "ranks" / "grads0.pt") for run in ("ddp", "fsdp2"))
+    assert gd.keys() == gf.keys() == wd[0].keys()
+    scale = max(g.abs().max().item() for g in gd.values())
+    worst = max((gf[k] - gd[k]).abs().max().item() for k in gd)
+    print(f"\nfirst step's gradients: largest {scale:.3g}, FSDP2 - DDP at most {worst:.3g}")
+    assert worst < 2e-5 * scale, (worst, scale)
 
 
 @pytest.mark.multiproc
