@@ -39,6 +39,7 @@ DRIVERS = (
     "benchmarks.sampling",
     "benchmarks.sampling.auto_threshold",
     "benchmarks.sampling.model",
+    "benchmarks.sharded_save",
     "benchmarks.soak",
     "benchmarks.startup",
     "benchmarks.sync",
