@@ -292,16 +292,6 @@ def release(sim: TaskSim) -> None:
         sim.env.close()
 
 
-def models_built() -> int:
-    """How many MuJoCo models (Meta-World objects) this process has built."""
-    return _BUILT[0]
-
-
-def live_sims() -> int:
-    """How many shared simulations this process holds now."""
-    return len(_SIMS)
-
-
 def _trim_heap() -> None:
     """Return freed heap to the OS (glibc): compiling a model frees tens of MB of scratch memory
     that glibc would otherwise keep, in the arena of whichever reset thread compiled it."""

@@ -21,6 +21,16 @@ from fastlight.envs.registry import make_env
 ZERO = np.zeros(4, dtype=np.float32)
 
 
+def models_built() -> int:
+    """How many MuJoCo models (Meta-World objects) this process has built."""
+    return metaworld_sims._BUILT[0]
+
+
+def live_sims() -> int:
+    """How many shared simulations this process holds now."""
+    return len(metaworld_sims._SIMS)
+
+
 def reach(**kw) -> MetaWorldEnv:
     return MetaWorldEnv(**{"tasks": "reach-v3", "image_size": 32, **kw})
 
@@ -303,12 +313,12 @@ def test_shared_models_play_the_episodes_of_one_model_per_env():
     """The same seeds give the same episodes, bitwise (observations, rewards, endings, success and
     Meta-World's step metrics, the full 39-d state), with one Meta-World object per task shared by
     three envs as with one per env and task; and the shared run builds one model per task."""
-    built = metaworld_sims.models_built()
+    built = models_built()
     own, seen_own = _play_interleaved(OwnModels)
-    own_built = metaworld_sims.models_built() - built
-    built = metaworld_sims.models_built()
+    own_built = models_built() - built
+    built = models_built()
     shared, seen = _play_interleaved(MetaWorldEnv)
-    shared_built = metaworld_sims.models_built() - built
+    shared_built = models_built() - built
     _same(own, shared)
     assert seen == seen_own
     # The schedule did what it is there for: several envs on one task at once, task switches,
@@ -372,27 +382,27 @@ def test_concurrent_resets_of_one_task_keep_each_envs_state():
 def test_an_mt10_sampler_builds_one_model_per_task():
     """8 MT10 envs (a sampler's) meeting every task build 10 models, not 80; the last env to close
     frees them."""
-    live, built = metaworld_sims.live_sims(), metaworld_sims.models_built()
+    live, built = live_sims(), models_built()
     envs = [MetaWorldEnv("MT10", image=False) for _ in range(8)]
     for k in range(len(MT10_TASKS)):
         for i, env in enumerate(envs):
             env.reset(seed=i if k == 0 else None, options={"task_id": (k + i) % 10})
     assert all(len(env._sims) == 10 and len(env._states) == 1 for env in envs)  # met every task, plays one
-    assert metaworld_sims.models_built() - built == 10
-    assert metaworld_sims.live_sims() - live == 10
+    assert models_built() - built == 10
+    assert live_sims() - live == 10
     for env in envs[:-1]:
         env.close()
-    assert metaworld_sims.live_sims() - live == 10  # the last env still plays on them
+    assert live_sims() - live == 10  # the last env still plays on them
     envs[-1].close()
-    assert metaworld_sims.live_sims() == live
+    assert live_sims() == live
     # The reference mode builds one per env and task.
-    built = metaworld_sims.models_built()
+    built = models_built()
     own = [OwnModels("reach-v3,push-v3", image=False) for _ in range(2)]
     for env in own:
         for k in range(2):
             env.reset(seed=0, options={"task_id": k})
         env.close()
-    assert metaworld_sims.models_built() - built == 4
+    assert models_built() - built == 4
 
 
 def test_every_mt10_task_plays_the_same_after_task_switches():
