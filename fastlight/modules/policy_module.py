@@ -107,7 +107,7 @@ class PolicyModule(L.LightningModule):
         h = self.hparams
         return resolve_normalization(
             continuous=bool(h.get("continuous")),
-            obs_dim=int(h.get("obs_dim") or 0),
+            obs_dim=0 if h.get("spaces") else int(h.get("obs_dim") or 0),  # images and parts: not vectors
             normalize_obs=h.get("normalize_obs"),
             normalize_returns=h.get("normalize_returns"),
         )
