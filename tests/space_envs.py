@@ -109,7 +109,8 @@ class MissionEnv(CueEnv):
 
     def __init__(self, length: int = 8) -> None:
         super().__init__(length)
-        self.observation_space = gym.spaces.Dict({**self.observation_space.spaces, "mission": gym.spaces.Text(8)})
+        parts = self.observation_space.spaces
+        self.observation_space = gym.spaces.Dict({**parts, "mission": gym.spaces.Text(8)})
 
     def _obs(self):
         return {**super()._obs(), "mission": "cue"}

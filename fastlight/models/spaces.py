@@ -60,10 +60,12 @@ def _obs_part(name: str, space: gym.Space, keep: list[str | int] | None) -> str:
     if is_image(space):
         side = min(s for i, s in enumerate(space.shape) if i != (0 if channels_first(space.shape) else 2))
         if side < MIN_IMAGE_SIDE:
-            raise ValueError(
-                f"--data.env_id: {where} is a {_dims(space.shape)} image, smaller than the Nature-CNN's "
-                f"{MIN_IMAGE_SIDE}x{MIN_IMAGE_SIDE}: enlarge it with --data.env_wrappers '[{{class_path: "
-                "gymnasium.wrappers.ResizeObservation, init_args: {shape: [64, 64]}}]'"
+            # Refused only when the default policy is built (refusal()): an injected policy (a VLA over
+            # small camera images) may take it.
+            return (
+                f"refused --data.env_id: {where} is a {_dims(space.shape)} image, smaller than the "
+                f"Nature-CNN's {MIN_IMAGE_SIDE}x{MIN_IMAGE_SIDE}: enlarge it with --data.env_wrappers "
+                "'[{class_path: gymnasium.wrappers.ResizeObservation, init_args: {shape: [64, 64]}}]'"
             )
         return f"image {_dims(space.shape)}"
     if isinstance(space, gym.spaces.Box | gym.spaces.MultiBinary):
@@ -85,17 +87,9 @@ def _obs_part(name: str, space: gym.Space, keep: list[str | int] | None) -> str:
     )
 
 
-def _described(name: str, space: gym.Space, keep: list[str | int] | None) -> str:
-    # A part no default policy takes is refused only when the default policy is built (refusal()):
-    # an injected policy (a VLA over small camera images and instruction ids) may take it.
-    try:
-        return _obs_part(name, space, keep)
-    except ValueError as e:
-        return f"refused {e}"
-
-
 def refusal(spaces: Spaces | None) -> str | None:
-    """The one-line refusal of the first observation part the default policies cannot take, if any."""
+    """The one-line refusal of the first observation part the default policies cannot take (an image
+    too small for the Nature-CNN), if any."""
     parts = (spaces or {}).get("obs", {}).values()
     return next((d.removeprefix("refused ") for d in parts if d.startswith("refused ")), None)
 
@@ -108,8 +102,9 @@ def _action(space: gym.Space) -> str:
     if isinstance(space, gym.spaces.MultiDiscrete | gym.spaces.MultiBinary) and len(space.shape) == 1:
         kind = "multidiscrete" if isinstance(space, gym.spaces.MultiDiscrete) else "multibinary"
         return f"{kind} {_dims(space.nvec) if kind == 'multidiscrete' else space.n}"
+    shown = " ".join(str(space).split())  # a 2-dim nvec prints on two lines
     raise ValueError(
-        f"--data.env_id: the env's action space {space} is not supported: fastlight's policies take "
+        f"--data.env_id: the env's action space {shown} is not supported: fastlight's policies take "
         "Discrete, Box, MultiDiscrete or MultiBinary (one dim) actions; map it to one with a gymnasium "
         "ActionWrapper in --data.env_wrappers"
     )
@@ -118,14 +113,15 @@ def _action(space: gym.Space) -> str:
 def describe_spaces(obs_space: gym.Space, action_space: gym.Space) -> Spaces | None:
     """The env's spaces as :mod:`this module <fastlight.models.spaces>` describes them; ``None`` for a
     vector observation with Discrete or Box actions (the MLP policy's). Raises ``ValueError`` in one
-    line naming a part no policy takes and the gymnasium wrapper that removes it."""
+    line naming a part no observation tensor can hold (Text, a nested Dict) and the gymnasium wrapper
+    that removes it."""
     action = _action(action_space)
     if isinstance(obs_space, gym.spaces.Dict | gym.spaces.Tuple):
         dict_space = isinstance(obs_space, gym.spaces.Dict)
         named = list(obs_space.spaces.items() if dict_space else enumerate(obs_space))
-        obs = {str(k): _described(str(k), s, [o for o, _ in named if o != k]) for k, s in named}
+        obs = {str(k): _obs_part(str(k), s, [o for o, _ in named if o != k]) for k, s in named}
     else:
-        obs = {"": _described("", obs_space, None)}
+        obs = {"": _obs_part("", obs_space, None)}
     if list(obs) == [""] and obs[""].startswith("box ") and action.split()[0] in ("discrete", "box"):
         return None
     return {"obs": obs, "action": action}
