@@ -135,8 +135,9 @@ class PolicyModule(L.LightningModule):
     def check_env_spec(self, spec: Any) -> None:
         """Refuse a policy whose sizes do not match the env (called by the DataModule before it
         starts the samplers, after ``configure_model``)."""
-        mine = {k: getattr(self.core_policy, k, None) for k in ("obs_dim", "action_dim", "continuous")}
-        theirs = {"obs_dim": spec.obs_dim, "action_dim": spec.action_dim, "continuous": spec.continuous}
+        keys = ("obs_dim", "action_dim", "continuous", "spaces")  # spaces: MultiInputActorCritic's
+        mine = {k: getattr(self.core_policy, k, None) for k in keys}
+        theirs = {k: getattr(spec, k, None) for k in keys}
         for key, value in mine.items():
             if value is not None and value != theirs[key]:
                 raise ValueError(

@@ -57,17 +57,15 @@ class RLModule(PolicyModule):
     """PPO / GIPO / SAPO on Rollouts.
 
     Args:
-        obs_dim: the env's flattened observation size, 0 for dict observations (linked from --data).
-        action_dim: the env's action size: a Box action's dimensions, a Discrete action's choices, a
-            MultiDiscrete or MultiBinary action's entries (linked from --data).
-        continuous: whether the env's actions are continuous (linked from --data).
-        spaces: the env's spaces for the default policy, ``None`` for the MLP's vectors (linked from
-            --data; :mod:`fastlight.models.spaces`).
+        obs_dim: the env's flat observation size, 0 for a dict (linked from --data).
+        action_dim: Box dims, Discrete choices or Multi* entries (linked from --data).
+        continuous: continuous actions (linked from --data).
+        spaces: the env's spaces (linked from --data).
         policy: the actor-critic, any ``nn.Module`` implementing :class:`fastlight.models.base.Policy`
             (CLI: ``--model.policy.class_path`` / ``init_args``: a :class:`~fastlight.models.base.PolicyBase`
             subclass, or a class whose methods have the protocol's signatures). ``None``:
-            :meth:`build_policy` builds one in ``configure_model`` (default: :class:`MLPActorCritic`,
-            or :class:`MultiInputActorCritic` for images, Dict / Tuple observations or multi-part actions).
+            :meth:`build_policy` builds :class:`MLPActorCritic` over vectors, else
+            :class:`MultiInputActorCritic`.
         hidden_sizes: MLP widths of the default policy (refused together with ``policy``).
         lr: Adam learning rate.
         gamma: discount factor per env step (an action chunk of ``h`` env steps: ``gamma**h``).
@@ -113,7 +111,7 @@ class RLModule(PolicyModule):
         obs_dim: int = 0,
         action_dim: int = 0,
         continuous: bool = False,
-        spaces: dict[str, Any] | None = None,
+        spaces: dict | None = None,
         # Typed for the CLI, whose help then lists fastlight's policies (nn.Module would list torch.nn).
         policy: PolicyBase | Policy | None = None,
         hidden_sizes: tuple[int, ...] = (64, 64),

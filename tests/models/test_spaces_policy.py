@@ -140,3 +140,26 @@ def test_the_multi_input_policy_encodes_every_part_and_scores_its_own_actions():
     assert ev.entropy.shape == (6,) and bool((ev.entropy > 0).all())
     ev.logprobs.sum().backward()  # gradients reach the CNN through the shared features
     assert policy.cnns["2"].convs[0].weight.grad.abs().sum() > 0
+
+
+def test_rl_module_builds_the_policy_its_spaces_ask_for_and_checks_an_injected_one():
+    from fastlight.data.env_spec import EnvSpec
+    from fastlight.models.mlp import MLPActorCritic
+    from fastlight.modules.rl_module import RLModule
+
+    spaces = describe_spaces(IMAGE, gym.spaces.Box(-1, 1, (3,)))
+    module = RLModule(obs_dim=40 * 40 * 3, action_dim=3, continuous=True, spaces=spaces)
+    module.configure_model()
+    assert isinstance(module.policy, MultiInputActorCritic)  # not behind observation normalisation
+    assert module.normalization() == (False, False)
+    assert isinstance(RLModule(obs_dim=4, action_dim=2).build_policy(), MLPActorCritic)
+    injected = RLModule(policy=MultiInputActorCritic(spaces))
+    other = describe_spaces(IMAGE, gym.spaces.MultiDiscrete([3, 3]))
+    with pytest.raises(
+        ValueError, match="--model.policy.init_args.spaces=.* does not match the env's spaces="
+    ):
+        injected.check_env_spec(EnvSpec(40 * 40 * 3, 2, False, spaces=other))
+    injected.check_env_spec(EnvSpec(40 * 40 * 3, 3, True, spaces=spaces))
+    small = describe_spaces(gym.spaces.Box(0, 255, (16, 16, 3), np.uint8), gym.spaces.Discrete(2))
+    with pytest.raises(ValueError, match="16x16x3 image, smaller than the Nature-CNN's 36x36"):
+        RLModule(obs_dim=768, action_dim=2, spaces=small)
