@@ -3,13 +3,16 @@
 :func:`describe_spaces` reads gymnasium spaces into ``{"obs": {part: descriptor}, "action":
 descriptor}`` (``--model.spaces``, linked from the data module; strings, so a checkpoint loads them
 with ``weights_only``). A part is a key of a Dict observation, ``"0"``, ``"1"``, ... of a Tuple one
-(the samplers hand a Tuple observation over as that dict), or ``""`` for the observation itself.
+(``fastlight.envs.wrappers.TupleAsDict`` makes that dict of a Tuple observation around every env),
+or ``""`` for the observation itself.
 Descriptors are ``"<kind> <dims joined by x>"``:
 
 - ``image HxWxC`` / ``image CxHxW``: a uint8 Box of 3 dims in ``[0, 255]`` with 1, 3 or 4 channels
   (SB3's ``is_image_space``), encoded by the Nature-CNN (:mod:`fastlight.models.cnn`);
 - ``box AxB``: any other Box (or a MultiBinary observation), flattened to float features;
 - ``discrete N``: a Discrete part, one-hot; ``multidiscrete AxB``: one one-hot per entry;
+- ``refused <line>``: an image smaller than the Nature-CNN takes, refused with ``<line>`` only when the
+  default policy is built (:func:`refusal`);
 - actions: ``discrete N``, ``box D``, ``multidiscrete AxB`` (factorised Categoricals) and
   ``multibinary N`` (independent Bernoullis).
 

@@ -6,7 +6,7 @@ normalisers), how its sizes are checked against the env, and what a loading chec
 for (:mod:`fastlight.modules.checkpointing`). How the policy learns is
 :class:`~fastlight.modules.rl_module.RLModule`.
 
-It reads the settings ``RLModule`` saves in its hparams: ``obs_dim``, ``continuous``,
+It reads the settings ``RLModule`` saves in its hparams: ``obs_dim``, ``continuous``, ``spaces``,
 ``normalize_obs``, ``normalize_returns``, ``init_from`` and ``policy``.
 """
 
