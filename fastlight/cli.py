@@ -103,8 +103,9 @@ class FastlightCLI(LightningCLI):
         injected = isinstance(model, ChecksEnvSpec) and model.hparams.get("policy") is not None
         if injected and isinstance(data, RolloutDataModule):
             model.check_env_spec(data.env_spec)
+        # Which default policy the env's spaces got (an image's CNN, a Dict's parts), said once.
         default = isinstance(model, RLModule) and type(model).build_policy is RLModule.build_policy
-        if default and model.hparams.get("policy") is None and int(os.environ.get("RANK", "0")) == 0:
+        if default and model.hparams.get("policy") is None and self.trainer.global_rank == 0:
             print(f"fastlight: policy {policy_notice(model.hparams.get('spaces'), model.hparams.obs_dim)}")
 
     def parse_arguments(self, parser, args) -> None:  # noqa: ANN001 - jsonargparse parser and args
