@@ -38,6 +38,7 @@ _EXPORTS: dict[str, str] = {
     "ActOutput": "fastlight.models.base",
     "EvalOutput": "fastlight.models.base",
     "MLPActorCritic": "fastlight.models.mlp",
+    "MultiInputActorCritic": "fastlight.models.multi_input",
     "VLAPolicy": "fastlight.vla.policy",
     "LoRASettings": "fastlight.vla.lora",
     # callbacks
@@ -66,6 +67,7 @@ __all__ = [
     "LoRASettings",
     "LostRankCheckpoint",
     "MLPActorCritic",
+    "MultiInputActorCritic",
     "PeriodicEvaluation",
     "Objective",
     "PPOClip",
@@ -120,6 +122,7 @@ if TYPE_CHECKING:  # static checkers and IDEs see the real classes
     from fastlight.inference.settings import InferenceSettings
     from fastlight.models.base import ActOutput, EvalOutput, Policy, PolicyBase, TokenPolicy
     from fastlight.models.mlp import MLPActorCritic
+    from fastlight.models.multi_input import MultiInputActorCritic
     from fastlight.modules.objectives import GIPO, SAPO, Objective, PPOClip
     from fastlight.modules.rl_module import RLModule
     from fastlight.rollout import Rollout

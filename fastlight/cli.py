@@ -45,6 +45,7 @@ from fastlight.cli_parser import (
 from fastlight.data.datamodule import RolloutDataModule
 from fastlight.data.protocols import ChecksEnvSpec
 from fastlight.log_writes import guard_logger_writes
+from fastlight.models.spaces import policy_notice
 from fastlight.modules.rl_module import RLModule
 from fastlight.modules.sharding import refuse_fsdp1
 from fastlight.modules.weights_fit import differences
@@ -52,7 +53,7 @@ from fastlight.procs import ignore_stop_signals
 from fastlight.ranks import peer_watch
 
 #: Model arguments the CLI links from the data module: not the user's to set, never a difference.
-_LINKED = ("obs_dim", "action_dim", "continuous")
+_LINKED = ("obs_dim", "action_dim", "continuous", "spaces")
 
 
 #: ``fastlight fit --help``: where fastlight's settings are among Lightning's many.
@@ -102,6 +103,10 @@ class FastlightCLI(LightningCLI):
         injected = isinstance(model, ChecksEnvSpec) and model.hparams.get("policy") is not None
         if injected and isinstance(data, RolloutDataModule):
             model.check_env_spec(data.env_spec)
+        # Which default policy the env's spaces got (an image's CNN, a Dict's parts), said once.
+        default = isinstance(model, RLModule) and type(model).build_policy is RLModule.build_policy
+        if default and model.hparams.get("policy") is None and self.trainer.global_rank == 0:
+            print(f"fastlight: policy {policy_notice(model.hparams.get('spaces'), model.hparams.obs_dim)}")
 
     def parse_arguments(self, parser, args) -> None:  # noqa: ANN001 - jsonargparse parser and args
         """LightningCLI's parsing, every refusal one line (:mod:`fastlight.cli_parser`): an optimizer

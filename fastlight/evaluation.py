@@ -54,12 +54,7 @@ def policy_act_fn(policy: torch.nn.Module, *, deterministic: bool = False) -> Ac
 
     @torch.no_grad()
     def act(obs: Any, step: int) -> Any:
-        batch = obs_to_tensor(
-            np.asarray(obs)[None]
-            if not isinstance(obs, dict)
-            else {k: np.asarray(v)[None] for k, v in obs.items()}
-        )
-        batch = _to(batch, device_of(policy))
+        batch = _to(obs_to_tensor(stack_obs([obs])), device_of(policy))
         out = policy.act(batch, step=torch.tensor([step]), deterministic=deterministic)
         return action_to_env(policy, out.actions)[0]
 

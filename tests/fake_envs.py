@@ -240,15 +240,15 @@ class DictObsEnv(FixedLengthEnv):
 
 
 class MultiDiscreteEnv(FixedLengthEnv):
-    """FixedLength with a MultiDiscrete action space (which fastlight's policies do not take)."""
+    """FixedLength with a MultiDiscrete action space of ``nvec`` (one of 2 dims no policy takes)."""
 
-    def __init__(self) -> None:
+    def __init__(self, nvec: list | None = None) -> None:
         super().__init__()
-        self.action_space = gym.spaces.MultiDiscrete([3, 3])
+        self.action_space = gym.spaces.MultiDiscrete(nvec or [3, 3])
 
 
 class FlatMultiDiscrete(gym.ActionWrapper):
-    """The README's way for a MultiDiscrete env: one Discrete action over every combination."""
+    """A gymnasium ActionWrapper for a MultiDiscrete env: one Discrete action over every combination."""
 
     def __init__(self, env: gym.Env) -> None:
         super().__init__(env)

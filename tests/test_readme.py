@@ -161,6 +161,16 @@ def fitted(steps: int, env_id: str | None = None) -> Callable[[Done], None]:
     return check
 
 
+def noticed(steps: int, env_id: str, policy: str) -> Callable[[Done], None]:
+    """:func:`fitted`, and the one line saying which default policy the env's spaces got."""
+
+    def check(done: Done) -> None:
+        fitted(steps, env_id=env_id)(done)
+        assert f"fastlight: policy {policy}\n" in done.output
+
+    return check
+
+
 def printed_config(done: Done) -> None:
     """``--print_config`` prints the resolved YAML and runs nothing."""
     config = yaml.safe_load(done.output[done.output.index("# lightning.pytorch==") :])
@@ -336,6 +346,24 @@ RUN: dict[str, Run] = {
     TWO_NODES: Run(without(MT10_TINY, "--trainer.max_steps"), two_nodes(8), slow=True),
     f"{HIGHWAY} --data.env_id mypkg:mypkg/Uneven-v0 --data.env_kwargs '{{}}' "
     "--trainer.default_root_dir runs/uneven": Run(TINY, fitted(1, env_id="mypkg:mypkg/Uneven-v0")),
+    f"{HIGHWAY} --data.env_id mypkg:mypkg/Pixels-v0 --data.env_kwargs '{{}}' "
+    "--trainer.default_root_dir runs/pixels": Run(
+        TINY,
+        noticed(
+            1,
+            "mypkg:mypkg/Pixels-v0",
+            "MultiInputActorCritic over image 64x64x3 (Nature-CNN); discrete 4 actions",
+        ),
+    ),
+    f"{HIGHWAY} --data.env_id mypkg:mypkg/Panel-v0 --data.env_kwargs '{{}}' "
+    "--trainer.default_root_dir runs/panel": Run(
+        TINY,
+        noticed(
+            1,
+            "mypkg:mypkg/Panel-v0",
+            "MultiInputActorCritic over gauges: box 4, mode: discrete 3; multidiscrete 3x3 actions",
+        ),
+    ),
 }
 
 #: README commands that are not run here, each with the reason.
@@ -373,7 +401,8 @@ NOT_RUN: dict[str, str] = {
 }
 
 #: The package of README's "Your own env": README's own ``mypkg/__init__.py``, and an env of
-#: episodes of uneven length (2 to 9 steps) for its entry point.
+#: episodes of uneven length (2 to 9 steps) for its entry point, with the same episodes over the
+#: spaces README shows next (64x64 RGB frames; a Dict with a Discrete part and a MultiDiscrete action).
 MYPKG_ENVS = """
 import gymnasium as gym
 import numpy as np
@@ -391,6 +420,35 @@ class UnevenEnv(gym.Env):
     def step(self, action):
         self.left -= 1
         return self.np_random.uniform(-1, 1, 3).astype(np.float32), float(action), self.left == 0, False, {}
+
+
+class PixelsEnv(UnevenEnv):
+    observation_space = gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)
+    action_space = gym.spaces.Discrete(4)
+
+    def reset(self, *, seed=None, options=None):
+        _, info = super().reset(seed=seed)
+        return self.observation_space.sample(), info
+
+    def step(self, action):
+        _, reward, terminated, truncated, info = super().step(int(action) == 0)
+        return self.observation_space.sample(), reward, terminated, truncated, info
+
+
+class PanelEnv(UnevenEnv):
+    observation_space = gym.spaces.Dict(
+        {"gauges": gym.spaces.Box(-1.0, 1.0, (4,)), "mode": gym.spaces.Discrete(3)}
+    )
+    action_space = gym.spaces.MultiDiscrete([3, 3])
+
+    def reset(self, *, seed=None, options=None):
+        _, info = super().reset(seed=seed)
+        return self.observation_space.sample(), info
+
+    def step(self, action):
+        assert np.shape(action) == (2,), action
+        _, reward, terminated, truncated, info = super().step(float(np.sum(action)))
+        return self.observation_space.sample(), reward, terminated, truncated, info
 """
 
 

@@ -14,6 +14,7 @@ from fastlight.data.protocols import MultiTaskEnv
 from fastlight.envs.instructions import InstructionTable
 from fastlight.envs.registry import make_env
 from fastlight.envs.wrappers import EnvWrapper, wrap_env, wrapper_of
+from fastlight.models.spaces import Spaces, describe_spaces
 
 
 @runtime_checkable
@@ -41,21 +42,23 @@ class EnvSpec:
     continuous: bool
     observation_space: gym.Space | None = field(default=None, compare=False, repr=False)
     instructions: InstructionTable | None = field(default=None, compare=False, repr=False)
+    #: The spaces as :func:`~fastlight.models.spaces.describe_spaces` gives them (None: the MLP's).
+    spaces: Spaces | None = field(default=None, compare=False, repr=False)
 
     @staticmethod
     def from_env(env: gym.Env) -> EnvSpec:
+        """Raises ``ValueError`` in one line for a space no policy of fastlight takes."""
         obs_space, act_space = env.observation_space, env.action_space
         obs_dim = int(math.prod(obs_space.shape)) if obs_space.shape else 0
         base = env.unwrapped
         table = base.instruction_table if isinstance(base, InstructedEnv) else None
+        spaces = describe_spaces(obs_space, act_space)
         if isinstance(act_space, gym.spaces.Discrete):
-            return EnvSpec(obs_dim, int(act_space.n), False, obs_space, table)
+            return EnvSpec(obs_dim, int(act_space.n), False, obs_space, table, spaces)
         if isinstance(act_space, gym.spaces.Box):
-            return EnvSpec(obs_dim, int(math.prod(act_space.shape)), True, obs_space, table)
-        raise ValueError(
-            f"--data.env_id: the env's action space {act_space} is not supported: fastlight's policies take "
-            "Discrete or Box actions; map it to one with a gymnasium ActionWrapper in --data.env_wrappers"
-        )
+            return EnvSpec(obs_dim, int(math.prod(act_space.shape)), True, obs_space, table, spaces)
+        # MultiDiscrete / MultiBinary (describe_spaces refused the others): the entries of one action.
+        return EnvSpec(obs_dim, int(math.prod(act_space.shape)), False, obs_space, table, spaces)
 
 
 class EnvSizes:
@@ -75,6 +78,10 @@ class EnvSizes:
     @property
     def continuous(self) -> bool:
         return self.env_spec.continuous
+
+    @property
+    def spaces(self) -> Spaces | None:
+        return self.env_spec.spaces
 
 
 @runtime_checkable

@@ -34,11 +34,24 @@ class EnvWrapper:
 AnyEnvWrapper = EnvWrapper | Callable[[gym.Env], gym.Env]
 
 
+class TupleAsDict(gym.ObservationWrapper):
+    """A Tuple observation as the Dict of its parts keyed ``"0"``, ``"1"``, ...: fastlight's observations
+    are a tensor or a dict of them (:mod:`fastlight.models.spaces`)."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        self.observation_space = gym.spaces.Dict({str(i): s for i, s in enumerate(env.observation_space)})
+
+    def observation(self, observation: tuple) -> dict[str, Any]:
+        return {str(i): part for i, part in enumerate(observation)}
+
+
 def wrap_env(env: gym.Env, wrappers: Sequence[AnyEnvWrapper] = ()) -> gym.Env:
-    """``env`` inside every wrapper of ``wrappers`` (the first one innermost)."""
+    """``env`` inside every wrapper of ``wrappers`` (the first one innermost), then, for a Tuple
+    observation, :class:`TupleAsDict`."""
     for wrapper in wrappers:
         env = wrapper(env)
-    return env
+    return TupleAsDict(env) if isinstance(env.observation_space, gym.spaces.Tuple) else env
 
 
 def wrapper_of(settings: Mapping[str, Any]) -> AnyEnvWrapper:

@@ -17,7 +17,8 @@ from fastlight.models.action_mapping import ClampActions, IdentityActions
 from fastlight.models.base import ActionMapping, ActOutput, EvalOutput, PolicyBase
 
 
-def _mlp(sizes: list[int], *, out_gain: float) -> nn.Sequential:
+def mlp(sizes: list[int], *, out_gain: float) -> nn.Sequential:
+    """Linear layers ``sizes[0] -> ... -> sizes[-1]`` with Tanh between them (none after the last)."""
     layers: list[nn.Module] = []
     for i in range(len(sizes) - 1):
         lin = nn.Linear(sizes[i], sizes[i + 1])
@@ -62,8 +63,8 @@ class MLPActorCritic(PolicyBase):
         self.continuous = continuous
         self.action_bound = action_bound
         sizes = [obs_dim, *hidden_sizes]
-        self.actor = _mlp([*sizes, action_dim], out_gain=0.01)
-        self.critic = _mlp([*sizes, 1], out_gain=1.0)
+        self.actor = mlp([*sizes, action_dim], out_gain=0.01)
+        self.critic = mlp([*sizes, 1], out_gain=1.0)
         if continuous:
             self.log_std = nn.Parameter(torch.full((action_dim,), float(init_log_std)))
 

@@ -9,6 +9,7 @@ from torch import nn
 
 from fastlight.class_paths import class_path
 from fastlight.losses.ratios import GRANULARITIES
+from fastlight.models.spaces import refusal
 
 
 def check_settings(args: dict[str, Any], *, default_policy: bool) -> None:
@@ -54,23 +55,25 @@ def check_settings(args: dict[str, Any], *, default_policy: bool) -> None:
     for name in ("value_clip_eps", "max_grad_norm"):
         if args[name] is not None and args[name] <= 0:
             raise ValueError(f"--model.{name} must be > 0 or null, got {args[name]}")
-    if policy is None and default_policy:
+    if policy is None and default_policy and args.get("spaces"):
+        check_spaces(args["spaces"])
+    elif policy is None and default_policy:
         check_mlp_sizes(args["obs_dim"], args["action_dim"])
+
+
+def check_spaces(spaces: dict[str, Any]) -> None:
+    """The default policies take every part of the env's spaces (:func:`fastlight.models.spaces.refusal`)."""
+    line = refusal(spaces)
+    if line:
+        raise ValueError(line)
 
 
 def check_mlp_sizes(obs_dim: int, action_dim: int) -> None:
     """The default MLP policy needs both env sizes."""
     if obs_dim < 1 or action_dim < 1:
-        # obs_dim 0: the env's observation has no flat size (a Dict or Tuple space).
-        flatten = (
-            ": the MLP policy takes a Box observation; flatten a Dict or Tuple one with --data.env_wrappers "
-            "'[{class_path: gymnasium.wrappers.FlattenObservation}]'"
-            if obs_dim < 1
-            else ""
-        )
         raise ValueError(
             f"--model.obs_dim and --model.action_dim must be >= 1 (linked from the data module by "
-            f"`fastlight fit`), got {obs_dim} and {action_dim}{flatten}"
+            f"`fastlight fit`), got {obs_dim} and {action_dim}"
         )
 
 

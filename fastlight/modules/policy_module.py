@@ -6,7 +6,7 @@ normalisers), how its sizes are checked against the env, and what a loading chec
 for (:mod:`fastlight.modules.checkpointing`). How the policy learns is
 :class:`~fastlight.modules.rl_module.RLModule`.
 
-It reads the settings ``RLModule`` saves in its hparams: ``obs_dim``, ``continuous``,
+It reads the settings ``RLModule`` saves in its hparams: ``obs_dim``, ``continuous``, ``spaces``,
 ``normalize_obs``, ``normalize_returns``, ``init_from`` and ``policy``.
 """
 
@@ -107,7 +107,7 @@ class PolicyModule(L.LightningModule):
         h = self.hparams
         return resolve_normalization(
             continuous=bool(h.get("continuous")),
-            obs_dim=int(h.get("obs_dim") or 0),
+            obs_dim=0 if h.get("spaces") else int(h.get("obs_dim") or 0),  # images and parts: not vectors
             normalize_obs=h.get("normalize_obs"),
             normalize_returns=h.get("normalize_returns"),
         )
@@ -135,8 +135,9 @@ class PolicyModule(L.LightningModule):
     def check_env_spec(self, spec: Any) -> None:
         """Refuse a policy whose sizes do not match the env (called by the DataModule before it
         starts the samplers, after ``configure_model``)."""
-        mine = {k: getattr(self.core_policy, k, None) for k in ("obs_dim", "action_dim", "continuous")}
-        theirs = {"obs_dim": spec.obs_dim, "action_dim": spec.action_dim, "continuous": spec.continuous}
+        keys = ("obs_dim", "action_dim", "continuous", "spaces")  # spaces: MultiInputActorCritic's
+        mine = {k: getattr(self.core_policy, k, None) for k in keys}
+        theirs = {k: getattr(spec, k, None) for k in keys}
         for key, value in mine.items():
             if value is not None and value != theirs[key]:
                 raise ValueError(

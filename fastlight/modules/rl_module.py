@@ -12,7 +12,8 @@ The policy is either injected (``policy=``; from the CLI, ``--model.policy`` wit
 
 Subclass hooks, in the order a step uses them:
 
-- :meth:`build_policy` - the actor-critic when none is injected (default :class:`MLPActorCritic`);
+- :meth:`build_policy` - the actor-critic when none is injected (default :class:`MLPActorCritic`, or
+  :class:`MultiInputActorCritic` over images, Dict / Tuple observations and multi-part actions);
 - :meth:`compute_advantages` - masked GAE (+ value recomputation, normalisation);
 - :meth:`evaluate_actions` - log-probs, entropy, values of a minibatch;
 - :meth:`compute_loss` - objective + value + entropy terms, returns ``(loss, info)``;
@@ -45,9 +46,10 @@ from fastlight.losses.ratios import Granularity
 from fastlight.models.action_mapping import action_chunk
 from fastlight.models.base import EvalOutput, Policy, PolicyBase
 from fastlight.models.mlp import MLPActorCritic
+from fastlight.models.multi_input import MultiInputActorCritic
 from fastlight.models.normalization import NormalizedPolicy
 from fastlight.modules.checkpointing import save_hparams
-from fastlight.modules.checks import check_mlp_sizes, check_settings
+from fastlight.modules.checks import check_mlp_sizes, check_settings, check_spaces
 from fastlight.modules.logp_mismatch import LogpMismatch, on_current_weights
 from fastlight.modules.minibatch import Minibatch, recompute_values
 from fastlight.modules.nonfinite import NonfiniteSteps
@@ -64,16 +66,15 @@ class RLModule(PolicyModule):
     """PPO / GIPO / SAPO on Rollouts.
 
     Args:
-        obs_dim: the env's flattened observation size, 0 for dict observations (linked from the
-            DataModule by the CLI).
-        action_dim: the env's action size: a Box action's dimensions, or a Discrete action's choices
-            (linked from the DataModule by the CLI).
-        continuous: whether the env's actions are continuous (linked from the DataModule by the CLI).
+        obs_dim: the env's flat observation size, 0 for a dict (linked from --data).
+        action_dim: Box dims, Discrete choices or Multi* entries (linked from --data).
+        continuous: continuous actions (linked from --data).
+        spaces: the env's spaces (linked from --data).
         policy: the actor-critic, any ``nn.Module`` implementing :class:`fastlight.models.base.Policy`
             (CLI: ``--model.policy.class_path`` / ``init_args``: a :class:`~fastlight.models.base.PolicyBase`
             subclass, or a class whose methods have the protocol's signatures). ``None``:
-            :meth:`build_policy` builds one in ``configure_model`` (default: :class:`MLPActorCritic`
-            from the env's sizes).
+            :meth:`build_policy` builds :class:`MLPActorCritic` over vectors, else
+            :class:`MultiInputActorCritic`.
         hidden_sizes: MLP widths of the default policy (refused together with ``policy``).
         lr: Adam learning rate.
         gamma: discount factor per env step (an action chunk of ``h`` env steps: ``gamma**h``).
@@ -120,6 +121,7 @@ class RLModule(PolicyModule):
         obs_dim: int = 0,
         action_dim: int = 0,
         continuous: bool = False,
+        spaces: dict | None = None,
         # Typed for the CLI, whose help then lists fastlight's policies (nn.Module would list torch.nn).
         policy: PolicyBase | Policy | None = None,
         hidden_sizes: tuple[int, ...] = (64, 64),
@@ -174,6 +176,9 @@ class RLModule(PolicyModule):
         by now). Override for a new observation / action type.
         """
         h = self.hparams
+        if h.get("spaces"):
+            check_spaces(h.spaces)
+            return MultiInputActorCritic(h.spaces, hidden_sizes=tuple(h.hidden_sizes))
         check_mlp_sizes(h.obs_dim, h.action_dim)
         return MLPActorCritic(
             h.obs_dim, h.action_dim, continuous=h.continuous, hidden_sizes=tuple(h.hidden_sizes)

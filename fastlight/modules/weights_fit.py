@@ -27,7 +27,7 @@ _DATA_NOT_SHAPES = frozenset(
     }
 )  # fmt: skip
 #: Model sizes the CLI links from the data module: named as the env's, not as settings to type.
-_ENV_SIZES = ("obs_dim", "action_dim", "continuous")
+_ENV_SIZES = ("obs_dim", "action_dim", "continuous", "spaces")
 
 
 def first_misfit(mine: dict[str, Any], theirs: dict[str, Any], *, strict: bool) -> str | None:

@@ -23,12 +23,15 @@ class ObservationShapeError(ValueError):
 
 
 def stack_obs(obs: Sequence[Any]) -> np.ndarray | dict[str, np.ndarray]:
-    """Stack per-env observations (arrays, or dicts of arrays) along a new leading axis.
+    """Stack per-env observations (arrays, or dicts or tuples of arrays) along a new leading axis; a
+    tuple's parts are keyed ``"0"``, ``"1"``, ... (:mod:`fastlight.models.spaces` names them so).
 
     Observations that differ in shape raise :class:`ObservationShapeError` naming the odd one
     (numpy alone says only "all input arrays must have the same shape"); it is looked for only
     once stacking has failed, so stacking costs what it did.
     """
+    if isinstance(obs[0], tuple):  # a Tuple space's observation: keyed "0", "1", ... as its parts
+        obs = [{str(i): part for i, part in enumerate(o)} for o in obs]
     try:
         if isinstance(obs[0], dict):
             return {k: np.stack([np.asarray(o[k]) for o in obs]) for k in obs[0]}

@@ -1,6 +1,7 @@
 """Observation and action spaces from the command line: a Dict observation trains with the MLP policy
-through gymnasium's own ``FlattenObservation`` in ``--data.env_wrappers``; without it, and for an action
-space fastlight's policies do not take (MultiDiscrete), the run stops in one line saying what to do."""
+through gymnasium's own ``FlattenObservation`` in ``--data.env_wrappers`` (without it, the
+MultiInputActorCritic takes it: tests/test_spaces_cli.py); an action space no policy of fastlight takes
+(a MultiDiscrete of 2 dims) stops the run in one line saying what to do."""
 
 from __future__ import annotations
 
@@ -52,14 +53,23 @@ def test_a_dict_observation_trains_with_the_mlp_policy_through_gymnasiums_wrappe
     assert multiprocessing.active_children() == []
 
 
-def test_a_dict_observation_without_flattening_names_the_wrapper(tmp_path, monkeypatch, capsys):
-    line = one_line(settings(tmp_path, "tests.fake_envs:DictObs-v0"), monkeypatch, capsys)
-    assert "got 0 and 2" in line and "gymnasium.wrappers.FlattenObservation" in line, line
+def test_a_dict_observation_without_flattening_is_described_for_the_multi_input_policy():
+    from fastlight.data.datamodule import RolloutDataModule
+
+    dm = RolloutDataModule(env_id="tests.fake_envs:DictObs-v0", num_envs=1, num_workers=1)
+    assert dm.obs_dim == 0 and dm.spaces == {
+        "obs": {"flag": "box 2", "state": "box 3"},
+        "action": "discrete 2",
+    }
 
 
-def test_a_multidiscrete_action_space_is_one_line_naming_the_supported_ones(tmp_path, monkeypatch, capsys):
-    line = one_line(settings(tmp_path, "tests.fake_envs:MultiDiscrete-v0"), monkeypatch, capsys)
-    assert "MultiDiscrete([3 3]) is not supported" in line and "Discrete or Box" in line, line
+def test_an_action_space_no_policy_takes_is_one_line_naming_the_supported_ones(tmp_path, monkeypatch, capsys):
+    argv = settings(
+        tmp_path, "tests.fake_envs:MultiDiscrete-v0", "--data.env_kwargs", "{nvec: [[3, 3], [2, 2]]}"
+    )
+    line = one_line(argv, monkeypatch, capsys)
+    assert "MultiDiscrete([[3 3] [2 2]]) is not supported" in line, line
+    assert "Discrete, Box, MultiDiscrete or MultiBinary (one dim)" in line, line
 
 
 def test_a_gymnasium_wrapper_class_works_from_python_too():
@@ -107,8 +117,8 @@ def test_a_vla_config_on_an_env_without_instructions_is_one_line(tmp_path, monke
 
 @pytest.mark.multiproc
 def test_evaluate_plays_a_multidiscrete_checkpoint_through_its_action_wrapper(tmp_path):
-    """Trained through the ActionWrapper the one-line refusal points to; evaluate checks the wrapped
-    env's spaces (it used to refuse the unwrapped MultiDiscrete one)."""
+    """Trained through an ActionWrapper (a MultiDiscrete env trains without one too); evaluate checks the
+    wrapped env's spaces (it used to refuse the unwrapped MultiDiscrete one)."""
     from fastlight.evaluate import main as evaluate
 
     wrapper = "[{class_path: tests.fake_envs.FlatMultiDiscrete}]"
