@@ -95,8 +95,7 @@ class RLModule(PolicyModule):
         value_clip_eps: PPO2-style value clipping range, ``None`` for the unclipped loss.
         max_grad_norm: gradient clipping by global norm (``None`` disables).
         normalize_advantages: standardise advantages over valid steps (globally under DDP).
-        advantage: ``gae``; ``grpo``: a clip's return against its group's (``--data.group_size``);
-            ``group_steps``: each step's reward-to-go against the group's other clips at that step.
+        advantage: ``gae``, or a clip's (``grpo``) or step's (``group_steps``) return against its group's.
         normalize_obs: act on observations normalised by running statistics the policy keeps
             (:class:`~fastlight.models.normalization.NormalizedPolicy`: published with the weights,
             saved in checkpoints). ``None``: on for continuous actions over flat vectors (MuJoCo-style
