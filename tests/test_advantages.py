@@ -459,22 +459,27 @@ def grpo_loop(rewards, terminated, truncated, valid, group_size):
     return adv
 
 
-def test_group_relative_advantages_match_a_naive_loop_over_clips_and_groups():
-    from fastlight.advantages import group_relative_advantages
-
-    g = torch.Generator().manual_seed(3)
-    t_len, n_env, group = 12, 6, 3
-    rewards = torch.randn(t_len, n_env, generator=g, dtype=torch.float64)
-    valid = torch.zeros(t_len, n_env, dtype=torch.bool)
-    terminated = torch.zeros_like(valid)
-    truncated = torch.zeros_like(valid)
-    # two cycles of 6 steps; each column's clip ends at its own step, then dummy (invalid) steps
+def two_cycles(*, seed: int, n_env: int):
+    """Random rewards over two sampling cycles of 6 rows: each column's clip starts at its cycle's first
+    row and ends (terminated or truncated) at its own step, then dummy (invalid) steps."""
+    g = torch.Generator().manual_seed(seed)
+    rewards = torch.randn(12, n_env, generator=g, dtype=torch.float64)
+    valid = torch.zeros(12, n_env, dtype=torch.bool)
+    terminated, truncated = torch.zeros_like(valid), torch.zeros_like(valid)
     ends = torch.randint(0, 6, (2, n_env), generator=g)
     for c in range(2):
         for e in range(n_env):
             end = 6 * c + int(ends[c, e])
             valid[6 * c : end + 1, e] = True
             (terminated if (c + e) % 2 else truncated)[end, e] = True
+    return rewards, terminated, truncated, valid
+
+
+def test_group_relative_advantages_match_a_naive_loop_over_clips_and_groups():
+    from fastlight.advantages import group_relative_advantages
+
+    n_env, group = 6, 3
+    rewards, terminated, truncated, valid = two_cycles(seed=3, n_env=n_env)
     rewards[2, 1] = float("nan")  # garbage where invalid must not leak (made invalid below when there)
     if valid[2, 1]:
         rewards[2, 1] = 0.5
@@ -530,17 +535,8 @@ def group_steps_loop(rewards, terminated, truncated, valid, group_size, gamma):
 def test_group_step_advantages_match_a_naive_loop_and_need_aligned_clips():
     from fastlight.advantages import group_step_advantages
 
-    g = torch.Generator().manual_seed(4)
-    t_len, n_env, group = 12, 6, 3
-    rewards = torch.randn(t_len, n_env, generator=g, dtype=torch.float64)
-    valid = torch.zeros(t_len, n_env, dtype=torch.bool)
-    terminated, truncated = torch.zeros_like(valid), torch.zeros_like(valid)
-    ends = torch.randint(0, 6, (2, n_env), generator=g)  # two cycles of 6 rows, clips from each cycle's start
-    for c in range(2):
-        for e in range(n_env):
-            end = 6 * c + int(ends[c, e])
-            valid[6 * c : end + 1, e] = True
-            (terminated if (c + e) % 2 else truncated)[end, e] = True
+    n_env, group = 6, 3
+    rewards, terminated, truncated, valid = two_cycles(seed=4, n_env=n_env)
     rewards[~valid] = float("nan")  # padding must not leak
     ends_kw = {"terminated": terminated, "truncated": truncated, "valid": valid}
     adv = group_step_advantages(rewards=rewards, group_size=group, gamma=0.9, **ends_kw)
