@@ -332,6 +332,11 @@ def _f(x, fmt: str = ".1f") -> str:
     return "-" if x is None else format(x, fmt)
 
 
+def _code(text: str) -> str:
+    """``text`` as Markdown code, also when it holds a backtick."""
+    return f"`` {text} ``" if "`" in text else f"`{text}`"
+
+
 def markdown(result: dict) -> str:
     b, c, g, r = result["baseline"], result["chaos"], result["goodput"], result["resume"]
     out = [
@@ -358,7 +363,10 @@ def markdown(result: dict) -> str:
         f"{_f(g['window'], '.2f')} over the training window. Recovery (kill -> the first metrics row after "
         f"the run's restart line): mean {_f(c['recovery_s']['mean'])} s, max {_f(c['recovery_s']['max'])} s; "
         f"{c['unrecovered']} kills without a recovery before the run ended; {c['kills_named_as_meant']} of "
-        f"{len(result['kills'])} restart lines name the process killed.",
+        f"{len(result['kills'])} restart lines name the process killed. {len(result['kills'])} of the "
+        f"{len(result['planned_kills'])} kills planned in {result['seconds']} s were made (the schedule "
+        "counts from the chaos run's first metrics row; later ones fell after its end); "
+        f"{len(c['skipped_kills'])} found no process to kill.",
         "",
         "| kill | at s | kind | pid | restart line names | s to restart line | s to next metrics row |",
         "|---|---|---|---|---|---|---|",
@@ -373,9 +381,9 @@ def markdown(result: dict) -> str:
         "",
         f"Resume of the chaos run (`--ckpt_path last`, 2 more updates): exit {r.get('rc')}, "
         f"global step {r.get('global_step_before')} -> {r.get('global_step_after')}, policy version "
-        f"{r.get('policy_version_before')} -> {r.get('policy_version_after')}: `{r.get('line', '')}`",
+        f"{r.get('policy_version_before')} -> {r.get('policy_version_after')}: {_code(r.get('line', ''))}",
         "",
-        f"Baseline's last line: `{b['last_line']}`; chaos run's: `{c['last_line']}`",
+        f"Baseline's last line: {_code(b['last_line'])}; chaos run's: {_code(c['last_line'])}",
     ]
     if result["not_covered"]:
         out += ["", "Not covered: " + "; ".join(f"{k}: {v}" for k, v in result["not_covered"].items())]
