@@ -100,7 +100,7 @@ def test_killed_and_stopped_inference_worker_restart_then_the_budget_stops_namin
             until_restarted(pool, 3)
         msg = str(info.value)
         assert re.search(
-            rf"inference worker \(fastlight-inference, pid {victim}, env {re.escape(ENV)}\) died with "
+            rf"inference worker \(fastlight-inference, pid {victim}, env {re.escape(ENV)}\) died with exit "
             r"code -9; restart budget exhausted: 2 restarts in the last 600 s "
             r"\(--data.faults.max_worker_restarts 2 per --data.faults.restart_window_s 600\)",
             msg,
