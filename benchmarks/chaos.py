@@ -43,6 +43,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -419,8 +420,6 @@ def main() -> None:
         ap.error(f"--targets: {', '.join(unknown) or 'none'}: choose from {', '.join(KINDS)}")
     for t, why in not_covered.items():
         print(f"chaos: --targets {t} is not covered: {why}", file=sys.stderr)
-    import tempfile
-
     work = args.workdir or Path(tempfile.mkdtemp(prefix="fastlight-chaos-"))
     work.mkdir(parents=True, exist_ok=True)
     seconds = int(args.minutes * 60)
