@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 #: The command-line drivers; the run-file workers (convergence.worker / .sb3, a ``run.json`` each,
 #: started by ``benchmarks.convergence``) and sync.report (a results file) take no flags.
 DRIVERS = (
+    "benchmarks.chaos",
     "benchmarks.convergence",
     "benchmarks.driving",
     "benchmarks.faults",

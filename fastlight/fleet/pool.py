@@ -256,9 +256,14 @@ class SamplerPool(SamplerFleet):
         self._raise_reported()
         if self.client is not None:
             fault = self._worker_fault(now)
-            for s in self.samplers if fault is None else []:
+            # A worker that exited by itself (a positive code: a sampler's pipe closed on it) follows a
+            # sampler's death: a sampler killed by a signal, or whose env raised, is the one named.
+            consequence = fault is not None and (self.client.proc.exitcode or 0) > 0
+            for s in self.samplers if fault is None or consequence else []:
                 found = self._sampler_fault(s, now)
-                if found is not None:
+                if found is not None and (
+                    fault is None or (s.proc.exitcode or 0) < 0 or found[0].startswith("crashed")
+                ):
                     fault = (f"{self._sampler_name(s)} {found[0]}", found[1])
                     break
             if fault is not None:

@@ -194,7 +194,10 @@ class InferenceServer(BatchingServer):
 
     def poll(self, timeout: float) -> None:
         for conn in wait(self.conns, timeout=timeout):
-            kind, rows, progress = conn.recv()
+            try:
+                kind, rows, progress = conn.recv()
+            except EOFError:  # the sampler died: the trainer's pool names it and restarts the group
+                raise SystemExit(1) from None
             self.pending.append(SlotRequest(self.conns.index(conn), kind, rows, progress))
 
     def inputs(self, request: SlotRequest) -> tuple[dict[str, Tensor], Tensor]:

@@ -128,3 +128,34 @@ def test_inference_worker_killed_during_a_publish_is_restarted_and_the_publish_l
         pool.stop()
     wait_no_children()
     assert not Path(f"/proc/{worker.pid}").exists()
+
+
+def test_a_killed_sampler_is_named_not_the_inference_worker_its_death_ends(capfd):
+    """The worker, its pipe to the sampler closed, exits (code 1) right after the sampler: the restart
+    line names the sampler and its signal, and the worker prints no traceback of the closed pipe."""
+    pool, net = served_pool(max_restarts=3)
+    pool.start()
+    try:
+        assert pool.client is not None
+        pool.publish(net, 0)
+        assert items_of(pool, 0, 2) == [0, 0]
+        worker, victim = pool.client.proc.pid, pool.procs[0].pid
+        capfd.readouterr()
+        os.kill(victim, signal.SIGKILL)
+        # Both dead before the pool looks (a forked worker exits within milliseconds of the EOF).
+        pool.procs[0].join(10)
+        pool.client.proc.join(10)
+        assert (pool.procs[0].exitcode, pool.client.proc.exitcode) == (-9, 1)
+        until_restarted(pool, 1)
+        assert pool.restarts == 1 and pool.dropped_rollouts == 2
+        assert items_of(pool, 0, 2) == [0, 0]
+        said = capfd.readouterr().err
+        assert re.search(
+            rf"fastlight: sampler 0 \(fastlight-sampler-0, pid {victim}, env {re.escape(ENV)}\) died with "
+            r"exit code -9; restarting the inference worker and its 2 samplers",
+            said,
+        ), said
+        assert f"pid {worker}" not in said and "Traceback" not in said and "EOFError" not in said, said
+    finally:
+        pool.stop()
+    wait_no_children()
