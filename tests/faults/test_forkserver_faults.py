@@ -191,13 +191,14 @@ def test_fit_stops_with_its_checkpoint_and_one_line_naming_a_killed_forkserver(t
     assert len(named) == 1, named
     assert re.search(
         rf"the forkserver \(pid {server}\) died, and with it the 4 samplers it forked \(pids "
-        r"\d+, \d+, \d+, \d+\); a dead forkserver is not restarted$",
+        r"\d+, \d+, \d+, \d+\); a dead forkserver is not restarted($|; )",  # the stop line may go on
         named[0],
     ), named[0]
     assert "restarting" not in text, text[-3000:]
     stop = last_line(log)
     assert stop.startswith("fastlight: stopped by SamplerError at global step "), stop
-    step = int(re.search(r"at global step (\d+); checkpoint saved to ", stop).group(1))
+    step = int(re.search(r"at global step (\d+)[:;] ", stop).group(1))
+    assert "checkpoint saved to " in stop, stop
     assert step >= 2  # wait_for_training saw updates logged before the kill
     ckpt = torch.load(root / "checkpoints" / "last.ckpt", weights_only=False)
     assert ckpt["global_step"] == step
