@@ -110,8 +110,11 @@ def instruction_lookup(demos: Demos) -> InstructionLookup:
     return lookup
 
 
-def task_ids_from_instructions(instruction_ids: np.ndarray | Tensor, lookup: Mapping[tuple[int, ...], int],
-                               task_names: tuple[str, ...] | None = None) -> np.ndarray:
+def task_ids_from_instructions(
+    instruction_ids: np.ndarray | Tensor,
+    lookup: Mapping[tuple[int, ...], int],
+    task_names: tuple[str, ...] | None = None,
+) -> np.ndarray:
     """``instruction_ids [B, L]`` -> task indices ``[B]`` int64; ``ValueError`` on a row not in ``lookup``."""
     ids = np.asarray(instruction_ids).astype(np.int64, copy=False)
     if ids.ndim != 2:
@@ -129,8 +132,11 @@ def task_ids_from_instructions(instruction_ids: np.ndarray | Tensor, lookup: Map
     return out
 
 
-def bc_act_fn(model: MLPBehaviourCloning, lookup: Mapping[tuple[int, ...], int],
-              task_names: tuple[str, ...] | None = None) -> BatchActFn:
+def bc_act_fn(
+    model: MLPBehaviourCloning,
+    lookup: Mapping[tuple[int, ...], int],
+    task_names: tuple[str, ...] | None = None,
+) -> BatchActFn:
     """A deterministic :data:`~fastlight.evaluation.BatchActFn`: obs batch (``proprio [B, P]``,
     ``instruction_ids [B, L]``; other keys ignored), step ``[B]`` (unused) -> actions ``[B, A]`` float32."""
     model.eval()
@@ -208,7 +214,7 @@ def train_bc(
             break
         if pos >= n:  # a new shuffled epoch; the last minibatch of an epoch may be short
             order, pos, epochs = torch.randperm(n, generator=gen), 0, epochs + 1
-        idx = order[pos: pos + batch_size]
+        idx = order[pos : pos + batch_size]
         pos += batch_size
         loss = F.mse_loss(model(proprio[idx], task_id[idx]), actions[idx])
         opt.zero_grad(set_to_none=True)
@@ -241,16 +247,27 @@ def _episodes_per_task(demos: Demos) -> dict[str, int]:
     return counts
 
 
-def save_bc(path: str | os.PathLike[str], model: MLPBehaviourCloning, demos: Demos, *, env_id: str,
-            env_kwargs: dict[str, Any], stats: dict[str, Any]) -> None:
+def save_bc(
+    path: str | os.PathLike[str],
+    model: MLPBehaviourCloning,
+    demos: Demos,
+    *,
+    env_id: str,
+    env_kwargs: dict[str, Any],
+    stats: dict[str, Any],
+) -> None:
     """``torch.save`` a plain dict (weights, sizes, env, task names, instruction lookup, stats) at
     ``path``, atomically (temporary file, then rename), so a half-written file is never loaded."""
     episodes = _episodes_per_task(demos)
     payload = {
         "format": SAVE_FORMAT,
         "state_dict": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
-        "sizes": {"proprio_dim": model.proprio_dim, "num_tasks": model.num_tasks,
-                  "action_dim": model.action_dim, "hidden": list(model.hidden)},
+        "sizes": {
+            "proprio_dim": model.proprio_dim,
+            "num_tasks": model.num_tasks,
+            "action_dim": model.action_dim,
+            "hidden": list(model.hidden),
+        },
         "env_id": env_id,
         "env_kwargs": dict(env_kwargs),
         "task_names": list(demos.task_names),
@@ -278,8 +295,9 @@ def load_bc(path: str | os.PathLike[str]) -> tuple[BatchActFn, dict[str, Any]]:
     if not isinstance(payload, dict) or payload.get("format") != SAVE_FORMAT:
         raise ValueError(f"{path} is not a fastlight BC baseline file (format {SAVE_FORMAT})")
     sizes = payload["sizes"]
-    model = MLPBehaviourCloning(sizes["proprio_dim"], sizes["num_tasks"], sizes["action_dim"],
-                                tuple(sizes["hidden"]))
+    model = MLPBehaviourCloning(
+        sizes["proprio_dim"], sizes["num_tasks"], sizes["action_dim"], tuple(sizes["hidden"])
+    )
     model.load_state_dict(payload["state_dict"])
     task_names = tuple(payload["task_names"])
     lookup = {tuple(row): int(task) for row, task in payload["instructions"]}
@@ -304,19 +322,32 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m benchmarks.vla.bc_baseline",
         description="Behaviour-clone a plain MLP on the scripted-expert demonstrations of an SFT config.",
     )
-    p.add_argument("--config", default=DEFAULT_CONFIG,
-                   help="SFT config whose data.init_args give env_id, env_kwargs, seed, cache_dir")
+    p.add_argument(
+        "--config",
+        default=DEFAULT_CONFIG,
+        help="SFT config whose data.init_args give env_id, env_kwargs, seed, cache_dir",
+    )
     p.add_argument("--demos-per-task", type=int, default=30)
     p.add_argument("--time", type=float, default=240.0, help="training wall-clock budget, seconds")
-    p.add_argument("--max-steps", type=int, default=None,
-                   help="stop after this many steps (default: the time budget only)")
+    p.add_argument(
+        "--max-steps",
+        type=int,
+        default=None,
+        help="stop after this many steps (default: the time budget only)",
+    )
     p.add_argument("--out", default=None, help="output file (default runs/bc_mlp/mlp<demos-per-task>.pt)")
-    p.add_argument("--seed", type=int, default=None,
-                   help="training seed (default: the config's seed_everything, else 0)")
-    p.add_argument("--demo-seed", type=int, default=None,
-                   help="demonstration seed (default: the config's data.init_args.seed, else 0)")
-    p.add_argument("--cache-dir", default=None,
-                   help="demo cache (default: the config's, else runs/demo_cache)")
+    p.add_argument(
+        "--seed", type=int, default=None, help="training seed (default: the config's seed_everything, else 0)"
+    )
+    p.add_argument(
+        "--demo-seed",
+        type=int,
+        default=None,
+        help="demonstration seed (default: the config's data.init_args.seed, else 0)",
+    )
+    p.add_argument(
+        "--cache-dir", default=None, help="demo cache (default: the config's, else runs/demo_cache)"
+    )
     p.add_argument("--num-workers", type=int, default=None, help="demo generating processes, if not cached")
     p.add_argument("--hidden", type=int, nargs="+", default=[256, 256])
     p.add_argument("--lr", type=float, default=1e-3)
@@ -324,9 +355,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-episodes", type=int, default=0, help="evaluation episodes per task (0: none)")
     p.add_argument("--eval-seed", type=int, default=12_345)
     p.add_argument("--eval-batch", type=int, default=4, help="episodes played in lockstep")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch CPU threads (default 1: a 256-wide MLP gains nothing from more, and on a "
-                        "shared machine extra threads contend and run many times slower)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch CPU threads (default 1: a 256-wide MLP gains nothing from more, and on a "
+        "shared machine extra threads contend and run many times slower)",
+    )
     return p
 
 
@@ -379,9 +414,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     # The demonstrations are the VLA's: same env, demo seed and cache as the config's DemoDataModule
     # (its own defaults where the config is silent), only demos_per_task from the flag.
-    dm_kwargs = {k: init_args[k] for k in ("env_id", "env_kwargs", "seed", "successful_only",
-                                           "max_attempts_per_demo", "num_workers", "cache_dir")
-                 if k in init_args}
+    dm_kwargs = {
+        k: init_args[k]
+        for k in (
+            "env_id",
+            "env_kwargs",
+            "seed",
+            "successful_only",
+            "max_attempts_per_demo",
+            "num_workers",
+            "cache_dir",
+        )
+        if k in init_args
+    }
     dm_kwargs["demos_per_task"] = args.demos_per_task
     overrides = {"seed": args.demo_seed, "cache_dir": args.cache_dir, "num_workers": args.num_workers}
     dm_kwargs.update({k: v for k, v in overrides.items() if v is not None})
@@ -389,8 +434,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     demos = dm.load()
     env_id, env_kwargs = dm.settings.env_id, dm.settings.env_kwargs
 
-    model, stats = train_bc(demos, hidden=tuple(args.hidden), lr=args.lr, batch_size=args.batch_size,
-                            time_budget_s=args.time, max_steps=args.max_steps, seed=args.seed)
+    model, stats = train_bc(
+        demos,
+        hidden=tuple(args.hidden),
+        lr=args.lr,
+        batch_size=args.batch_size,
+        time_budget_s=args.time,
+        max_steps=args.max_steps,
+        seed=args.seed,
+    )
     stats["demo_seed"] = dm.settings.seed
     out = args.out or f"runs/bc_mlp/mlp{args.demos_per_task}.pt"
     save_bc(out, model, demos, env_id=env_id, env_kwargs=env_kwargs, stats=stats)
@@ -407,19 +459,32 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
         act = bc_act_fn(model, instruction_lookup(demos), demos.task_names)
         t0 = time.perf_counter()
-        episodes = play_tasks(act, env_id=env_id, env_kwargs=env_kwargs, episodes_per_task=args.eval_episodes,
-                              seed=args.eval_seed, batch=args.eval_batch)
+        episodes = play_tasks(
+            act,
+            env_id=env_id,
+            env_kwargs=env_kwargs,
+            episodes_per_task=args.eval_episodes,
+            seed=args.eval_seed,
+            batch=args.eval_batch,
+        )
         per_task: dict[str, float] = {}
         for name in demos.task_names:
             wins = [e.success for e in episodes if e.task == name]
             per_task[name] = float(np.mean(wins))
             print(f"  {name:<26} {sum(wins):>3}/{len(wins)} = {per_task[name]:.0%}")
         mean = float(np.mean(list(per_task.values())))
-        print(f"bc_mlp: mean success {mean:.3f} over {len(per_task)} tasks x {args.eval_episodes} episodes "
-              f"(eval seed {args.eval_seed}, {time.perf_counter() - t0:.0f} s)", flush=True)
+        print(
+            f"bc_mlp: mean success {mean:.3f} over {len(per_task)} tasks x {args.eval_episodes} episodes "
+            f"(eval seed {args.eval_seed}, {time.perf_counter() - t0:.0f} s)",
+            flush=True,
+        )
         # Keep the result with the model it measures.
-        stats["eval"] = {"episodes_per_task": args.eval_episodes, "seed": args.eval_seed,
-                         "success": per_task, "mean_success": mean}
+        stats["eval"] = {
+            "episodes_per_task": args.eval_episodes,
+            "seed": args.eval_seed,
+            "success": per_task,
+            "mean_success": mean,
+        }
         save_bc(out, model, demos, env_id=env_id, env_kwargs=env_kwargs, stats=stats)
     return stats
 

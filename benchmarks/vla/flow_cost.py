@@ -98,9 +98,8 @@ def make_envs(n: int, env_id: str, env_kwargs: dict[str, Any]) -> list[Any]:
 
 def make_policy(folder: Path, k: int, h: int, env: Any, max_episode_steps: int, seed: int) -> Any:
     """The config's policy block on the pi0 folder, its instruction table bound from the env."""
-    from fastlight.data.env_spec import EnvSpec
+    from fastlight.data.env_spec import EnvSpec, bind_instruction_table
     from fastlight.vla.flow_policy import FlowVLAPolicy
-    from fastlight.vla.module import _check_obs_space
 
     spec = EnvSpec.from_env(env)
     torch.manual_seed(seed)
@@ -108,7 +107,8 @@ def make_policy(folder: Path, k: int, h: int, env: Any, max_episode_steps: int, 
         backbone=str(folder), action_dim=spec.action_dim, action_chunk=h, num_steps=k, proprio_dim=STATE_DIM,
         max_episode_steps=max_episode_steps, value_mlp_hidden=64,
     ).eval()  # fmt: skip
-    _check_obs_space(spec.observation_space, policy, spec.instructions)
+    policy.check_obs_space(spec.observation_space)
+    bind_instruction_table(policy, spec.instructions)
     return policy
 
 

@@ -69,10 +69,9 @@ class CountingPolicy:
 
 def make_variant(folder: Path, *, image: bool, chunk: int, num_envs: int, horizon: int, seed: int) -> dict:
     """Envs, a Collector and a bound VLAPolicy for one variant."""
-    from fastlight.data.env_spec import EnvSpec
+    from fastlight.data.env_spec import EnvSpec, bind_instruction_table
     from fastlight.envs.registry import make_env
     from fastlight.sampling.collector import Collector
-    from fastlight.vla.module import _check_obs_space
     from fastlight.vla.policy import VLAPolicy
 
     kwargs = {"tasks": "MT10", "image": image, "max_path_length": horizon}
@@ -83,7 +82,8 @@ def make_variant(folder: Path, *, image: bool, chunk: int, num_envs: int, horizo
         backbone=str(folder), action_dim=spec.action_dim, proprio_dim=39,
         image_size=64 if image else None, max_episode_steps=horizon, action_chunk=chunk,
     ).eval()  # fmt: skip
-    _check_obs_space(spec.observation_space, policy, spec.instructions)  # binds the instruction table
+    policy.check_obs_space(spec.observation_space)
+    bind_instruction_table(policy, spec.instructions)
     collector = Collector(envs, mode="dpsa", termination_threshold=0.5, max_horizon=horizon, seed=seed)
     return {"policy": CountingPolicy(policy), "collector": collector, "env_steps": 0, "seconds": 0.0}
 

@@ -122,11 +122,12 @@ class EnvBench:
 
 def measure_policy(folder: Path, spec: Any, batch: dict[str, torch.Tensor], calls: int) -> dict[str, Any]:
     """Median seconds of ``act`` on ``batch`` and of its processor / ``get_image_features`` calls."""
-    from fastlight.vla.module import _check_obs_space
+    from fastlight.data.env_spec import bind_instruction_table
     from fastlight.vla.policy import VLAPolicy
 
     policy = VLAPolicy(backbone=str(folder), action_dim=4, proprio_dim=39, image_size=64).eval()
-    _check_obs_space(spec.observation_space, policy, spec.instructions)  # binds the instruction table
+    policy.check_obs_space(spec.observation_space)
+    bind_instruction_table(policy, spec.instructions)
     prep: list[float] = []
     tower: list[float] = []
     policy.image_processor = _TimedCall(policy.image_processor, prep)
