@@ -42,7 +42,7 @@ from fastlight import lightning_compat, rank_state
 from fastlight.callbacks.preemption import PreemptionCheckpoint
 from fastlight.callbacks.timed_checkpoint import SaveClock, max_over_ranks
 from fastlight.checkpoints import saving
-from fastlight.data.protocols import StopsSampling
+from fastlight.data.protocols import RolloutPolicyModule, StopsSampling
 from fastlight.ranks import peer_watch
 from fastlight.ranks.launcher import RANKS_EXIT_TIMEOUT_S, end_launched_ranks
 from fastlight.ranks.rollback import RollbackPoint
@@ -161,7 +161,8 @@ class LostRankCheckpoint(Callback):
         if self.clock.every_s is None:
             return
         ckpt, step = self._checkpoint, trainer.global_step
-        version = int(getattr(pl_module, "policy_version", self._updates))
+        # A plain Lightning module counts no policy versions: its updates stand in for them.
+        version = pl_module.policy_version if isinstance(pl_module, RolloutPolicyModule) else self._updates
         if ckpt is not None and ckpt.saved_step == step:  # PreemptionCheckpoint saved this update
             self._whole = (step, self._updates, version, ckpt.resume_path)
         if max_over_ranks(trainer, self.clock.due())[0]:

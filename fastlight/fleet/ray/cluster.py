@@ -263,6 +263,8 @@ def offered(ray: Any, asked: dict[str, float]) -> str:
 
 #: The end of the first line of Ray's message for a raylet that died, before its log's last lines.
 LOG_TAIL = re.compile(r"Last \d+ lines of the Raylet logs:$")
+#: The printers :func:`shorten_raylet_messages` installed in this process.
+_SHORTENERS: set[Any] = set()
 
 
 def shorten_raylet_messages(ray: Any) -> None:
@@ -272,7 +274,7 @@ def shorten_raylet_messages(ray: Any) -> None:
     which node left. The whole messages stay in Ray's logs (the node's ``raylet.out``, its agents' logs)."""
     worker = ray._private.worker
     original = worker.print_to_stdstream
-    if getattr(original, "shortened", False):
+    if original in _SHORTENERS:  # installed already (a second fleet in this process)
         return
     said: dict[str, float] = {}
 
@@ -286,7 +288,7 @@ def shorten_raylet_messages(ray: Any) -> None:
         if data.get("lines"):
             original(data, ignore_prefix)
 
-    shortened.shortened = True  # type: ignore[attr-defined]
+    _SHORTENERS.add(shortened)
     worker.print_to_stdstream = shortened
 
 
