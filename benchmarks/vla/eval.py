@@ -290,7 +290,7 @@ def render_markdown(result: dict[str, Any]) -> str:
         "",
         f"Env `{env['env_id']}` with `{json.dumps(env['env_kwargs'], sort_keys=True)}`; "
         f"{s['episodes_per_task']} episodes per task, evaluation seed {s['seed']} (every policy plays the "
-        f"same episodes), {'sampled' if s['sample'] else 'greedy (argmax)'} VLA actions, "
+        f"same episodes), {_acting(s)} VLA actions, "
         f"episodes played to success or the time limit.",
         "",
         f"Success rate per task with the Wilson 95% interval; the {mean_name} with a stratified bootstrap "
@@ -335,6 +335,13 @@ def render_markdown(result: dict[str, Any]) -> str:
 
 
 # ---------------------------------------------------------------------- CLI
+def _acting(settings: dict[str, Any]) -> str:
+    if not settings["sample"]:
+        return "greedy (argmax)"
+    t = settings.get("temperature")
+    return "sampled" + (" (each checkpoint's temperature)" if t is None else f" at temperature {t:g}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=COMMAND, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -357,6 +364,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=12_345, help="evaluation seed, shared by every policy")
     p.add_argument("--batch", type=int, default=4, help="episodes of one task played in lockstep")
     p.add_argument("--sample", action="store_true", help="sample VLA actions instead of taking the argmax")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        metavar="T",
+        help="with --sample: every token VLA samples at T (default: each checkpoint's own temperature, "
+        "which differs between an SFT and an RL config)",
+    )
     p.add_argument("--video", metavar="DIR", help="image mode: a GIF of each task's first episode per policy")
     p.add_argument("--out", default="benchmarks/results/vla_mt10", help="writes <out>.md and <out>.json")
     p.add_argument("--title", default="Meta-World MT10: per-task success")
@@ -378,6 +392,8 @@ def _parse(p: argparse.ArgumentParser, argv: list[str] | None) -> tuple[argparse
     args = p.parse_args(argv)
     if args.episodes_per_task < 1:
         p.error(f"--episodes-per-task must be >= 1, got {args.episodes_per_task}")
+    if args.temperature is not None and not (args.sample and args.temperature > 0):
+        p.error(f"--temperature needs --sample and a value > 0, got {args.temperature}")
     if args.batch < 1:
         p.error(f"--batch must be >= 1, got {args.batch}")
     if args.n_boot < 1:
@@ -481,6 +497,12 @@ def main(argv: list[str] | None = None) -> dict:
             # A backbone with its own tokenizer re-tokenizes the env's instructions, as in training.
             bind_instruction_table(module.policy, env_spec_of(env_id, env_kwargs).instructions)
             chunk = action_chunk(module.policy.action_mapping())  # chunks play open-loop
+            if args.temperature is not None:
+                from fastlight.vla.policy import VLAPolicy
+
+                if not isinstance(module.policy, VLAPolicy):
+                    p.error(f"--temperature: {pol.label} is not a token VLA (VLAPolicy); drop the flag")
+                module.policy.temperature = args.temperature
             pol.act = policy_batch_act_fn(module.policy, deterministic=not args.sample)
         # Same torch seed per policy: sampled runs are reproducible and not order-dependent.
         torch.manual_seed(args.seed)
@@ -543,6 +565,7 @@ def main(argv: list[str] | None = None) -> dict:
             "seed": args.seed,
             "batch": args.batch,
             "sample": args.sample,
+            "temperature": args.temperature,
             "n_boot": args.n_boot,
             "confidence": 0.95,
         },

@@ -17,7 +17,8 @@ steps (``env_steps 10,202/200,000``); otherwise ``--trainer.max_steps`` gives a 
 re-estimated every Rollout), bounded by ``--trainer.max_epochs`` too; otherwise no bar, only the counts.
 
 **Not a terminal** (a CI log, ``| tee``, a batch job's output file): no bar, but the same items as one
-plain line every ``log_every_s`` seconds (and at the end), with the percentage done and the time left::
+plain line every ``log_every_s`` seconds (and at the end), with the percentage done and the time left
+(by ``--trainer.max_time`` where that stops the run first)::
 
     fastlight: rollout 12/500 | env_steps 10,202 | return 23.4 | 2% | 0:00:10 elapsed, 0:07:50 left
 
@@ -34,7 +35,7 @@ import time
 from typing import Any, TextIO
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import TQDMProgressBar
+from lightning.pytorch.callbacks import Timer, TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 from lightning.pytorch.utilities.types import STEP_OUTPUT
 from typing_extensions import override
@@ -239,11 +240,21 @@ class RolloutProgressBar(TQDMProgressBar):
         now = _now()
         elapsed = now - self._started
         clock = f"{_hms(elapsed)} elapsed"
+        done = left = None
         if total:
             done = min(n / total, 1.0)
-            parts.append(f"{done:.0%}")
             if done > 0:
-                clock += f", {_hms(elapsed * (1 - done) / done)} left"
+                left = elapsed * (1 - done) / done
+        timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+        remaining = None if timer is None else timer.time_remaining()
+        if remaining is not None and (left is None or remaining < left):
+            # --trainer.max_time stops the run first: its clock (resumes included) is the one to show.
+            spent = timer.time_elapsed()
+            done, left = min(spent / max(spent + remaining, 1e-9), 1.0), max(remaining, 0.0)
+        if done is not None:
+            parts.append(f"{done:.0%}")
+        if left is not None:
+            clock += f", {_hms(left)} left"
         print(f"fastlight: {' | '.join(parts)} | {clock}", file=sys.stdout, flush=True)
         self._logged_at = now
 

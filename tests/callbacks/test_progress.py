@@ -161,6 +161,27 @@ def test_off_when_stdout_is_not_a_terminal(monkeypatch: pytest.MonkeyPatch) -> N
     ]
 
 
+def test_max_time_bounds_the_time_left_in_a_log_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With max_time nearer than max_steps, the line counts down the Timer's clock, not the steps'."""
+    from lightning.pytorch.callbacks import Timer
+
+    class _Timer(Timer):  # Lightning's Timer on the test's clock: 100 s allowed, 30 s spent per Rollout
+        def __init__(self) -> None:
+            super().__init__(duration={"seconds": 100})
+            self.n = 0
+
+        def on_train_batch_start(self, *_: object) -> None:
+            self.n += 1
+
+        def time_elapsed(self, stage: str = "train") -> float:
+            return 30.0 * self.n
+
+    bar, drawn = _fit(monkeypatch, stdout=io.StringIO(), callbacks=[EnvStepBudget(), _Timer()], max_steps=400)
+    first = drawn.splitlines()[0]
+    # By steps: rollout 1 of 100, 0:06:36 left; by the Timer: 30 of 100 s spent, 70 s left.
+    assert first.endswith("| 30% | 0:00:04 elapsed, 0:01:10 left"), first
+
+
 def _cli(tmp_path, *extra: str):
     from fastlight.cli import cli_main
 
