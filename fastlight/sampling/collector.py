@@ -221,10 +221,8 @@ class Collector(EnvSteps):
         stats.wall_time += time.perf_counter() - t0
         return rollout
 
-    def _reached(self, fraction: float, t: int, threshold: float) -> bool:
-        """Whether a cycle at env step ``t`` with ``fraction`` of its clips ended is truncated."""
-        if t >= self.max_horizon:
-            return True
+    def _reached(self, fraction: float, threshold: float) -> bool:
+        """Whether a cycle with ``fraction`` of its clips ended is truncated (the termination rate)."""
         if not self.traits.threshold:
             return fraction > 0
         # A small epsilon: k / E computed by the chooser must cut at k ended envs, not k + 1.
@@ -232,13 +230,15 @@ class Collector(EnvSteps):
 
     def _should_truncate(self, n_ended: int, t: int, threshold: float, key: int | None) -> bool:
         if key is None:
-            return self._reached(n_ended / self.num_envs, t, threshold)
+            return t >= self.max_horizon or self._reached(n_ended / self.num_envs, threshold)
         # FAST §DPSA's rate over all clips: this rank's samplers cut together.
         assert self.rounds is not None
-        if self.rounds.rank_cut(key, n_ended, lambda fraction: self._reached(fraction, t, threshold)):
+        if self.rounds.rank_cut(key, n_ended, lambda fraction: self._reached(fraction, threshold)):
             return True
         # Every clip of this sampler has ended: nothing left here to truncate (the others go on).
-        return n_ended == self.num_envs
+        # max_horizon counts this sampler's own env steps, so it ends this cycle here only: marked
+        # rank-wide it would cut a slower sampler's clips wherever they are, short of the horizon.
+        return n_ended == self.num_envs or t >= self.max_horizon
 
     def _cut_asked(self) -> bool:
         """Whether the trainer asked, since this round began, for the round under way."""

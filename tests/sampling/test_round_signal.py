@@ -87,6 +87,25 @@ def test_a_sampler_that_moved_on_still_counts_in_the_cycle_it_left(obs_value_pol
     assert cycle_length(late, obs_value_policy, 0, 0) == 5  # (2 + 1) / 4 >= 0.75 at its first end
 
 
+@pytest.mark.parametrize("length", [20, 30])
+def test_a_sampler_at_its_horizon_does_not_cut_the_others(obs_value_policy, length):
+    """max_horizon counts a sampler's own env steps: one that reaches it first (its episodes ended
+    by the env's time limit at the horizon, 20, or still running, 30) ends its cycle alone; a slower
+    sampler on the same cycle is not cut short of its own horizon (threshold 1.0: nothing else cuts)."""
+    signal = board(2, 2)
+    k = cycle_key(0, 0)
+
+    def sampler(index: int) -> Collector:
+        envs = [FixedLengthEnv(lengths=(length,), tag=i, truncate=True) for i in range(2)]
+        return Collector(envs, termination_threshold=1.0, max_horizon=20, rounds=signal.view(index))
+
+    fast = sampler(0).collect(obs_value_policy, policy_version=0, cycle=0)
+    assert [(e.length, e.cut) for e in fast.stats.episodes] == [(20, length > 20)] * 2
+    assert not signal.view(1).was_cut(k)
+    slow = sampler(1).collect(obs_value_policy, policy_version=0, cycle=0)  # its cycle on the same key
+    assert [(e.length, e.cut) for e in slow.stats.episodes] == [(20, length > 20)] * 2
+
+
 def test_sgr_cuts_the_rank_at_the_first_end_anywhere(obs_value_policy):
     signal = board(2, 2)
     other = signal.view(1)
