@@ -26,6 +26,8 @@ Defined here:
   so Lightning's loops (their per-batch broadcast from rank 0) never stop one rank alone.
 - ``Trainer._accelerator_connector.cluster_environment``: the SLURM environment and its requeue
   signal, also for one process (``Trainer.strategy`` has a cluster environment only under DDP).
+- ``Trainer._logger_connector.log_metrics``: :func:`log_once`, metrics a callback has only at some
+  updates (an evaluation, a weight publish), logged at that update's logger step and nowhere else.
 - ``Trainer._checkpoint_connector.hpc_save_path``: the ``hpc_ckpt_N.ckpt`` name a requeued SLURM job
   resumes from (Lightning looks for no other name).
 - ``Trainer._checkpoint_connector.dump_checkpoint``: the full checkpoint dict, made on this rank alone;
@@ -55,6 +57,7 @@ from types import FrameType
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
@@ -85,6 +88,16 @@ def slurm_requeue_signal(trainer: L.Trainer) -> int | None:
 def hpc_save_path(trainer: L.Trainer) -> str:
     """The next ``<default_root_dir>/hpc_ckpt_N.ckpt``: where Lightning resumes a requeued SLURM job from."""
     return trainer._checkpoint_connector.hpc_save_path(trainer.default_root_dir)
+
+
+def log_once(trainer: L.Trainer, metrics: dict[str, float]) -> None:
+    """Log ``metrics`` at this update's logger step only, and make them the latest callback metrics (for a
+    monitor or the progress bar). ``LightningModule.log`` from a callback keeps the value in the epoch's
+    results, and Lightning logs it again at every later step of the epoch: one evaluation would read as
+    one at every update in TensorBoard and metrics.csv."""
+    values = {k: torch.tensor(float(v)) for k, v in metrics.items()}
+    trainer.callback_metrics.update(values)
+    trainer._logger_connector.log_metrics(values)
 
 
 def dump_checkpoint(trainer: L.Trainer) -> dict[str, Any]:

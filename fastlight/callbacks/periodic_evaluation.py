@@ -31,6 +31,7 @@ from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from fastlight.data.protocols import EvaluationEnv, RolloutPolicyModule, implements
+from fastlight.lightning_compat import log_once
 
 #: What ``monitor`` may name, and whether larger is better by default.
 MONITORS = ("eval/return", "eval/success_rate", "eval/crash_rate", "eval/length")
@@ -124,7 +125,7 @@ class PeriodicEvaluation(Callback):
         metrics = self._play(trainer, pl_module) if trainer.is_global_zero else {}
         metrics = trainer.strategy.broadcast(metrics)
         self._last_time, self.evaluations, self.last = time.monotonic(), self.evaluations + 1, metrics
-        pl_module.log_dict({k: float(v) for k, v in metrics.items()}, on_step=True, on_epoch=False)
+        log_once(trainer, metrics)
         if self.monitor not in metrics:
             raise ValueError(
                 f"PeriodicEvaluation monitor {self.monitor}: the env does not report it on every episode; "

@@ -31,6 +31,7 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from fastlight.data.protocols import ChecksDelivery, TrainsPolicy, WeightPublishing, require
+from fastlight.lightning_compat import log_once
 
 
 class WeightSync(Callback):
@@ -67,7 +68,7 @@ class WeightSync(Callback):
             delivery = trainer.datamodule.delivery if isinstance(trainer.datamodule, ChecksDelivery) else None
             if delivery is not None and delivery.every > 0:
                 metrics["sync/verified"] = float(delivery.verified)
-            pl_module.log_dict(metrics, on_step=True, on_epoch=False, batch_size=1)
+            log_once(trainer, metrics)
 
     @override
     def on_before_optimizer_step(

@@ -100,6 +100,25 @@ def test_best_ckpt_follows_the_monitor(tmp_path, monkeypatch, monitor, mode, val
     assert again.best == values[best_eval - 1] and not os.path.exists(again.best_path(t))
 
 
+def test_an_evaluation_is_logged_at_its_update_only(tmp_path, monkeypatch):
+    """Lightning logs a value a callback logged through ``LightningModule.log`` again at every later step of
+    the epoch; an evaluation every 2nd update must read as one row per evaluation, not one per update."""
+    import lightning as L
+    from lightning.pytorch.loggers import CSVLogger
+
+    scripted(monkeypatch, "eval/return", [1.0, 2.0])
+    cb = PeriodicEvaluation(every_updates=2, env_id="unused", save_best=False)
+    quiet = {"enable_checkpointing": False, "enable_progress_bar": False, "enable_model_summary": False}
+    t = L.Trainer(logger=CSVLogger(tmp_path), callbacks=[cb], max_steps=4 * STEPS_PER_UPDATE,
+                  log_every_n_steps=1, **quiet)  # fmt: skip
+    t.fit(SignalInUpdate(), DataLoader(Rollouts(50), batch_size=None))
+    rows = list(csv.DictReader(open(tmp_path / "lightning_logs" / "version_0" / "metrics.csv")))
+    logged = [(int(r["step"]), float(r["eval/return"])) for r in rows if r.get("eval/return")]
+    assert [v for _, v in logged] == [1.0, 2.0], logged
+    assert logged[1][0] > logged[0][0]  # at the 2nd and 4th updates' steps
+    assert float(t.callback_metrics["eval/return"]) == 2.0  # a monitor still reads the latest
+
+
 def test_evaluation_leaves_the_training_rng_and_mode_as_they_were():
     module = RLModule(obs_dim=3, action_dim=2)
     module.configure_model()
