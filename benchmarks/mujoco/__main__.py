@@ -323,6 +323,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=20_000,
         help="with --env-steps: the score averages the last this many env steps",
     )
+    p.add_argument(
+        "--eval-every-steps",
+        type=float,
+        default=50_000,
+        help="with --env-steps: a deterministic evaluation (PeriodicEvaluation) every ~this many env steps",
+    )
+    p.add_argument("--eval-episodes", type=int, default=10, help="with --env-steps: episodes per evaluation")
     p.add_argument("--sf-python", default=None, help="python of a virtualenv with sample-factory==2.1.1")
     p.add_argument("--systems", nargs="+", default=["sf", "fastlight"], choices=["sf", "fastlight"])
     p.add_argument("--fastlight-args", nargs=argparse.REMAINDER, default=[], help="appended to fastlight fit")
@@ -370,7 +377,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                 rows.append(env_steps.run(env_id, seed, args, work, _run))
                 r = rows[-1]
                 print(f"{env_id} seed {seed}: return {r['final_return']:.0f} at {r['env_steps']:,.0f} "
-                      f"env steps, {r['seconds'] / 60:.1f} min", file=sys.stderr, flush=True)  # fmt: skip
+                      f"env steps, {r['seconds'] / 60:.1f} min; deterministic eval: final "
+                      f"{r['final_eval']:.0f}, best {r['best_eval']:.0f}",
+                      file=sys.stderr, flush=True)  # fmt: skip
         command = "python -m benchmarks.mujoco " + shlex.join(args.argv)
         if args.earlier_command:
             command = f"{args.earlier_command}`, then `{command}"

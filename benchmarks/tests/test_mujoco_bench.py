@@ -185,9 +185,104 @@ def test_a_run_that_logs_no_return_stops_the_benchmark_naming_why(tmp_path):
         return time.time()
 
     args = argparse.Namespace(
-        config="configs/mujoco_ppo.yaml", env_steps=1000, fastlight_args=[], final_steps=100
-    )
+        config="configs/mujoco_ppo.yaml", env_steps=1000, fastlight_args=[], final_steps=100,
+        eval_every_steps=50_000, eval_episodes=10,
+    )  # fmt: skip
     with pytest.raises(
         SystemExit, match=r"Pusher-v4 seed 3 logged no return \(fastlight: error: --data.env_id"
     ):
         env_steps.run("Pusher-v4", 3, args, tmp_path, failed_run)
+
+
+def _write_events(folder, scalars):
+    """TensorBoard events with ``scalars``: tag -> [(logger step, value)], as a run's logger writes them."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(folder))
+    for tag, points in scalars.items():
+        for step, value in points:
+            writer.add_scalar(tag, value, global_step=step)
+    writer.close()
+
+
+def test_evaluations_are_read_at_the_env_steps_of_their_update_and_scored(tmp_path):
+    from benchmarks.mujoco.env_steps import eval_scores, read_evals
+
+    # env_steps at every update (logger steps 0-5); an evaluation every 2 updates (after updates 2, 4 and
+    # 6: logger steps 1, 3 and 5), and Lightning's stale copies of the latest one at the updates between.
+    _write_events(
+        tmp_path / "tb" / "version_0",
+        {
+            "env_steps": [(k, 2048.0 * (k + 1)) for k in range(6)],
+            "eval/return": [(1, 120.0), (2, 120.0), (3, 900.0), (4, 900.0), (5, 300.0), (99, 5.0)],
+            "rollout/return": [(k, 1.0) for k in range(6)],
+        },
+    )
+    evals = read_evals(tmp_path, every_updates=2)
+    assert evals == {"steps": [4096.0, 8192.0, 12288.0], "ret": [120.0, 900.0, 300.0]}
+    assert read_evals(tmp_path, every_updates=1)["steps"] == [4096.0, 6144.0, 8192.0, 10240.0, 12288.0]
+    # The final evaluation (of last.ckpt, at 14,336 steps) closes the curve; the best is over all of them.
+    got = eval_scores(evals, final=700.0, env_steps=14_336.0)
+    assert got["final_eval"] == 700.0 and got["best_eval"] == 900.0
+    assert got["evals"] == {
+        "steps": [4096.0, 8192.0, 12_288.0, 14_336.0],
+        "ret": [120.0, 900.0, 300.0, 700.0],
+    }
+    # An evaluation during training at the final count is the final policy's: the final one replaces it.
+    got = eval_scores({"steps": [4096.0, 8192.0], "ret": [120.0, 650.0]}, final=640.0, env_steps=8192.0)
+    assert got["evals"]["steps"] == [4096.0, 8192.0] and got["evals"]["ret"] == [120.0, 640.0]
+    assert got["best_eval"] == 640.0
+    assert eval_scores({"steps": [], "ret": []}, final=3.0, env_steps=1.0)["best_eval"] == 3.0
+    assert read_evals(tmp_path / "nothing", every_updates=2) == {"steps": [], "ret": []}
+
+
+def test_evaluation_is_added_on_the_command_line_every_whole_update_near_the_asked_steps(tmp_path):
+    from benchmarks.mujoco.env_steps import EVAL_SEED, eval_args, eval_every_updates, rollout_size
+
+    assert rollout_size("configs/mujoco_ppo.yaml") == 16 * 128  # num_envs, RolloutDataModule's rollout_steps
+    assert eval_every_updates("configs/mujoco_ppo.yaml", 50_000) == 24  # 49,152 env steps
+    assert eval_args(24, 10) == [
+        "--trainer.callbacks+=fastlight.PeriodicEvaluation",
+        *("--trainer.callbacks.every_updates", "24", "--trainer.callbacks.episodes", "10"),
+        *("--trainer.callbacks.seed", str(EVAL_SEED), "--trainer.callbacks.save_best", "false"),
+    ]
+    small = tmp_path / "small.yaml"
+    small.write_text("data:\n  init_args:\n    num_envs: 4\n    rollout_steps: 1000\n")
+    assert eval_every_updates(str(small), 13_000) == 3  # 3.25 updates: the nearest whole
+    assert eval_every_updates(str(small), 100) == 1  # never 0
+
+
+def test_env_step_section_sets_each_metric_beside_its_peer():
+    from benchmarks.mujoco.env_steps import CLEANRL_1M, SB3_ZOO_1M, TIANSHOU_1M, section
+
+    args = parse_args(
+        ["--env", "Hopper-v4", "InvertedPendulum-v4", "--env-steps", "1000000", "--seeds", "0", "1"]
+    )
+    row = {"env": "Hopper-v4", "final_return": 2000.0, "seconds": 300.0, "env_steps_per_s": 3e3}
+    rows = [
+        {**row, "final_eval": 2300.0, "best_eval": 2500.0},
+        {**row, "final_eval": 2700.0, "best_eval": 2900.0},
+        # a run from before the evaluations (--add-to an older json): no eval columns, counted out of them
+        {**row, "env": "InvertedPendulum-v4", "final_return": 1000.0},
+    ]
+    text = "\n".join(section(rows, args, "cmd"))
+    sb3, ts = SB3_ZOO_1M["Hopper-v4"], TIANSHOU_1M["Hopper-v4"]
+    assert (
+        f"| Hopper-v4 | 2 | 2000 ± 0 | 2000, 2000 | {CLEANRL_1M['Hopper-v4'][0]:.0f} ± 272 | 2500 ± 200 | "
+        f"{sb3[0]:.0f} ± {sb3[1]:.0f} | 2700 ± 200 | {ts:.0f} |" in text
+    )
+    assert "| InvertedPendulum-v4 | 1 | 1000 ± 0 | 1000 | 963 | - | - | - | - |" in text
+    assert (
+        f"**met** Hopper-v4: mean final deterministic eval >= SB3 zoo's published: 2500 vs {sb3[0]:.0f}"
+        in text
+    )
+    assert (
+        f"**met** Hopper-v4: mean best deterministic eval >= Tianshou's published: 2700 vs {ts:.0f}" in text
+    )
+    rows[1]["best_eval"] = 2600.0  # mean 2550 < 2609
+    text = "\n".join(section(rows, args, "cmd"))
+    assert (
+        f"**MISSED** Hopper-v4: mean best deterministic eval >= Tianshou's published: 2550 vs {ts:.0f}"
+        in text
+    )
+    assert "InvertedPendulum-v4: mean final deterministic eval" not in text  # no peer number, no verdict
