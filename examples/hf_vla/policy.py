@@ -19,9 +19,10 @@ from examples.hf_vla.my_vla import MyVLA
 from fastlight.models.action_mapping import BinsToActions
 from fastlight.models.action_tokenizer import ActionTokenizer
 from fastlight.models.base import ActionMapping, ActOutput, EvalOutput, PolicyBase
+from fastlight.vla.imitation_loss import TokenImitation
 
 
-class MyVLAPolicy(PolicyBase):
+class MyVLAPolicy(TokenImitation, PolicyBase):  # TokenImitation: SFT's and self-imitation's loss
     def __init__(self, state_dim: int = 39, action_dim: int = 4, n_bins: int = 64, hidden: int = 64,
                  layers: int = 2) -> None:  # fmt: skip
         super().__init__()

@@ -16,13 +16,10 @@ A policy is an ``nn.Module`` with three methods over a flat batch ``[N, ...]`` o
 ``logprobs`` and ``entropy`` are ``[N]`` for single-distribution policies and ``[N, K]`` for
 token policies (one entry per action token), which is what token-level ratios need.
 
-A *token* policy (:class:`TokenPolicy`: ``VLAPolicy``, or a user's own VLA class) is what
-:class:`~fastlight.vla.module.VLAModule` trains: actions are ``K`` integer bins per call,
-it splits its parameters into actor and critic (the critic gets its own learning rate), gives the
-action-bin logits for cross-entropy (SFT on demonstrations, self-imitation) and tokenises the
-continuous actions of demonstrations into its bins. A *flow* policy (:class:`FlowPolicy`: pi0 through
-flow-SDE) is the other kind VLAModule trains: float actions holding its denoising chain, and a
-flow-matching loss instead of the cross-entropy.
+The VLA kinds :class:`~fastlight.vla.module.VLAModule` trains (:class:`VLAKind`: actor and critic
+parameters, an imitation loss) are *token* policies (:class:`TokenPolicy`: ``VLAPolicy``, or a user's own
+VLA class; ``K`` integer bins per call, cross-entropy on demonstrations' bins) and *flow* policies
+(:class:`FlowPolicy`: pi0 through flow-SDE; float actions holding the denoising chain, flow matching).
 """
 
 from __future__ import annotations
@@ -139,9 +136,32 @@ class ActionBins(Protocol):
 
 
 @runtime_checkable
-class TokenPolicy(Policy, Protocol):
-    """A :class:`Policy` over action tokens, what :class:`~fastlight.vla.module.VLAModule`
-    and :class:`~fastlight.vla.sft.VLASFTModule` train (an ``nn.Module``).
+class VLAKind(Policy, Protocol):
+    """What :class:`~fastlight.vla.module.VLAModule` and :class:`~fastlight.vla.sft.VLASFTModule` train (an
+    ``nn.Module``), which every VLA kind (:class:`TokenPolicy`, :class:`FlowPolicy`) implements:
+
+    - ``imitation_loss(obs, actions, valid [N] | [N, K] | None, *, own=False, **targets) -> (loss, info)``
+      (SFT, self-imitation; ``info``: detached metrics) of continuous env actions ``[N, K]`` (step-major)
+      or, with ``own``, of its own as ``act`` gave them; ``targets``: ``label_smoothing`` / ``bin_sigma`` of
+      :func:`~fastlight.vla.imitation_loss.token_cross_entropy`, which other kinds ignore;
+    - ``policy_parameters()`` / ``value_parameters()``: the actor's and the critic's parameters (disjoint;
+      the critic has its own learning rate, ``--model.value_lr``, and may be missing from an SFT
+      checkpoint); frozen ones may be included, the optimizers skip them;
+    - ``action_dim``: the env's action dimensions (``VLAModule.check_env_spec`` compares it).
+    """
+
+    action_dim: int
+
+    def imitation_loss(
+        self, obs: Obs, actions: Tensor, valid: Tensor | None = None, *, own: bool = False, **targets: float
+    ) -> tuple[Tensor, dict[str, Tensor]]: ...
+    def policy_parameters(self) -> list[nn.Parameter]: ...
+    def value_parameters(self) -> list[nn.Parameter]: ...
+
+
+@runtime_checkable
+class TokenPolicy(VLAKind, Protocol):
+    """A :class:`VLAKind` over action tokens:
 
     - ``act`` / ``evaluate``: ``actions`` are bins ``[N, K]`` (long) and ``logprobs`` / ``entropy``
       per token ``[N, K]``; ``values`` ``[N]``;
@@ -149,50 +169,31 @@ class TokenPolicy(Policy, Protocol):
       logits, with gradients, for cross-entropy (SFT, self-imitation); ``actions`` are the target
       bins ``[N, K]``, for a policy that teacher-forces them (autoregressive decoding); ``hidden``
       is whatever the policy likes (``VLAPolicy``: the slots' hidden states);
-    - ``policy_parameters()`` / ``value_parameters()``: the actor's and the critic's parameters
-      (disjoint; the critic has its own learning rate, ``--model.value_lr``, and may be missing from
-      an SFT checkpoint); frozen ones may be included, the optimizers skip them;
-    - ``action_tokenizer``: :class:`ActionBins`, the demonstrations' continuous actions -> bins;
-    - ``action_dim``: the env's action dimensions (``VLAModule.check_env_spec`` compares it).
+    - ``action_tokenizer``: :class:`ActionBins`, the demonstrations' continuous actions -> bins.
 
     A policy that acts in chunks of ``H`` env actions (``K = H x action_dim`` tokens) says so with
     its mapping (:class:`~fastlight.models.action_mapping.ChunkedActionMapping`). Optional:
     :class:`ChecksObsSpace`, to refuse an env whose observations do not fit before any sampler starts.
     """
 
-    action_dim: int
     action_tokenizer: ActionBins
 
     def forward(self, obs: Obs, actions: Tensor | None = None) -> tuple[Tensor, Tensor]: ...
 
-    def policy_parameters(self) -> list[nn.Parameter]: ...
-
-    def value_parameters(self) -> list[nn.Parameter]: ...
-
 
 @runtime_checkable
-class FlowPolicy(Policy, Protocol):
-    """A flow-matching :class:`Policy` (pi0 through flow-SDE, e.g.
-    :class:`~fastlight.vla.flow_policy.FlowVLAPolicy`), the other kind
-    :class:`~fastlight.vla.module.VLAModule` and :class:`~fastlight.vla.sft.VLASFTModule` train.
+class FlowPolicy(VLAKind, Protocol):
+    """A flow-matching :class:`VLAKind` (:class:`~fastlight.vla.flow_policy.FlowVLAPolicy`: pi0, flow-SDE):
 
     - ``act`` / ``evaluate``: ``actions`` are float rows ``[N, W]`` holding what the policy needs to score
       its sample again (its denoising chain); ``logprobs`` / ``entropy`` ``[N, K]``, one per executed
       action entry (``K = H x action_dim``), so token-level ratios apply; ``env_action``: the executed chunk;
-    - ``flow_matching_loss(obs, actions [N, K], valid [N] | [N, K] | None) -> (loss, info)``: the
-      imitation loss of continuous actions (step-major), for SFT and self-imitation;
-    - ``policy_parameters()`` / ``value_parameters()`` and ``action_dim``: as :class:`TokenPolicy`.
+    - ``flow_matching_loss(obs, actions [N, K], valid)``: its ``imitation_loss`` of continuous actions.
     """
-
-    action_dim: int
 
     def flow_matching_loss(
         self, obs: Obs, actions: Tensor, valid: Tensor | None = None
     ) -> tuple[Tensor, dict[str, Tensor]]: ...
-
-    def policy_parameters(self) -> list[nn.Parameter]: ...
-
-    def value_parameters(self) -> list[nn.Parameter]: ...
 
 
 @runtime_checkable

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from fastlight.extras import import_extra
 from fastlight.losses.masked import masked_mean
 from fastlight.models.action_mapping import ChunkActions
-from fastlight.models.base import ActionMapping, ActOutput, EvalOutput, PolicyBase
+from fastlight.models.base import ActionMapping, ActOutput, EvalOutput, Obs, PolicyBase
 from fastlight.vla.flow_sde import gaussian_entropy, gaussian_logprob, sde_times, sde_transition
 from fastlight.vla.hf_vlm import BACKBONE_FLAG, PicklableCapture
 from fastlight.vla.image_encoder import image_encoder, image_tokens
@@ -356,6 +356,12 @@ class FlowVLAPolicy(PicklableCapture, PolicyBase):
         grid = keep.new_full(loss.shape, self.train_padding) & keep.any(1)[:, None, None]
         grid[:, :h, :d] = keep.reshape(n, h, d)
         return masked_mean(loss.float(), grid), {}
+
+    def imitation_loss(
+        self, obs: Obs, actions: Tensor, valid: Tensor | None = None, *, own: bool = False, **_: float
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """:meth:`flow_matching_loss` of continuous actions, or (``own``) its chains' executed chunk."""
+        return self.flow_matching_loss(obs, (self.env_action(actions) if own else actions).flatten(1), valid)
 
     def action_mapping(self) -> ActionMapping:
         """Packed actions -> the executed chunk in [-1, 1]: ``[N, H, D]`` (``[N, D]`` for ``H = 1``)."""

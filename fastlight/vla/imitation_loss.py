@@ -2,7 +2,7 @@
 
 Both train a token policy to put its probability on given action bins. The mean runs over valid
 tokens only, as FAST §SMPO reduces the RL losses: a padded or masked token counts neither in the
-sum nor in the count.
+sum nor in the count. :class:`TokenImitation`, mixed into a token policy, is its ``imitation_loss``.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fastlight.losses.masked import masked_mean
+from fastlight.models.base import Obs
 
 
 def token_cross_entropy(
@@ -54,3 +55,13 @@ def token_cross_entropy(
             "bin_error": masked_mean((pred - bins).abs().float(), valid),
         }
     return loss, info
+
+
+class TokenImitation:
+    """A TokenPolicy's ``imitation_loss``: cross-entropy on the actions' bins (``own``: act's bins)."""
+
+    def imitation_loss(
+        self, obs: Obs, actions: Tensor, valid: Tensor | None = None, *, own: bool = False, **targets: float
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        bins = actions.long() if own else self.action_tokenizer.encode(actions)  # [N, K]
+        return token_cross_entropy(logits=self(obs, actions=bins)[0], bins=bins, valid=valid, **targets)

@@ -66,7 +66,6 @@ from fastlight.modules.objectives import GIPO, Objective
 from fastlight.modules.rl_module import RLModule
 from fastlight.rank_state import PER_RANK_KEY, gather_per_rank, per_rank_entries, world
 from fastlight.rollout import Rollout
-from fastlight.vla.imitation_loss import token_cross_entropy
 from fastlight.vla.policy import VLAPolicy
 from fastlight.vla.self_imitation import SuccessBuffer, buffers_for_world_size
 
@@ -210,7 +209,7 @@ class VLAModule(RLModule):
         self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=max(batch.num_valid, 1))
 
     def _self_imitation(self) -> dict[str, Tensor]:
-        """``sil_steps`` optimizer steps of token cross-entropy on buffer samples (Oh et al., 2018)."""
+        """``sil_steps`` optimizer steps of the policy's imitation loss on buffer steps (Oh et al., 2018)."""
         h = self.hparams
         opt = self.optimizers()[1]
         infos = []
@@ -219,13 +218,7 @@ class VLAModule(RLModule):
             obs = {k: v.to(self.device) for k, v in obs.items()}
             # With chunks: the tokens of chunk steps after the episode's end were never executed.
             valid = None if valid is None else valid.to(self.device)
-            if isinstance(self.policy, FlowPolicy):  # flow matching on the executed chunk of the chain
-                executed = self.policy.env_action(actions.to(self.device)).flatten(1)
-                loss, info = self.policy.flow_matching_loss(obs, executed, valid)
-            else:
-                bins = actions.to(self.device).long()
-                logits, _ = self.policy(obs, actions=bins)
-                loss, info = token_cross_entropy(logits=logits, bins=bins, valid=valid)
+            loss, info = self.policy.imitation_loss(obs, actions.to(self.device), valid, own=True)
             opt.zero_grad(set_to_none=True)
             self.manual_backward(loss)
             if h.max_grad_norm is not None:

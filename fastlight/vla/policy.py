@@ -51,6 +51,7 @@ from fastlight.vla.action_head import action_tokenizer, fit_head
 from fastlight.vla.decoding import DECODING_MODES, Decoding, choose, token_logprobs
 from fastlight.vla.hf_vlm import PicklableCapture, build_llama, load_backbone, position_ids
 from fastlight.vla.image_encoder import image_encoder, image_tokens
+from fastlight.vla.imitation_loss import TokenImitation
 from fastlight.vla.inputs import action_bins, check_obs_space, episode_step, instruction_inputs, proprio_input
 from fastlight.vla.lora import LoRASettings, apply_lora, as_lora_settings
 from fastlight.vla.retokenize import Retokenizer
@@ -58,7 +59,7 @@ from fastlight.vla.value_heads import ActionAwareValueHead
 from fastlight.vla.vision import PatchEncoder
 
 
-class VLAPolicy(PicklableCapture, PolicyBase):
+class VLAPolicy(PicklableCapture, TokenImitation, PolicyBase):
     """Token-level VLA actor-critic implementing the fastlight policy interface (AcceRL).
 
     Args:

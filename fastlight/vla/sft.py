@@ -7,8 +7,7 @@ expert's continuous action is tokenised by the policy's own ``action_tokenizer``
 dimension), the logits of its ``forward`` at the ``K`` action slots are scored against those bins
 (teacher-forced in autoregressive decoding), and the loss is the mean over valid tokens, as SMPO
 reduces RL losses (FAST §SMPO): a padded or masked token counts neither in the sum nor in the count.
-A flow-matching policy (:class:`~fastlight.models.base.FlowPolicy`, pi0) gets its own flow-matching loss
-on the same continuous actions and mask instead (``sft/loss`` only).
+A :class:`~fastlight.models.base.FlowPolicy` (pi0) imitates with its flow matching (``sft/loss`` only).
 
 It is a subclass of :class:`~fastlight.vla.module.VLAModule` so that its checkpoints are
 VLA checkpoints (``--model.init_from`` of an RL run reads its ``policy.*`` weights, the evaluation
@@ -28,8 +27,6 @@ from torch import Tensor
 from typing_extensions import override
 
 from fastlight.models.action_mapping import action_chunk
-from fastlight.models.base import FlowPolicy
-from fastlight.vla.imitation_loss import token_cross_entropy
 from fastlight.vla.module import VLAModule
 
 
@@ -87,8 +84,8 @@ class VLASFTModule(VLAModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     def token_loss(self, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
-        """Masked cross-entropy of the action tokens (a FlowPolicy: its flow-matching loss); ``batch`` as
-        DemoDataModule yields it.
+        """The policy's ``imitation_loss`` (a token policy: masked cross-entropy of the action tokens, a
+        FlowPolicy: its flow-matching loss); ``batch`` as DemoDataModule yields it.
 
         ``batch["actions"]`` is ``[B, A]``, or ``[B, H, A]`` for a policy acting in chunks of ``H``
         (its ``K = H x A`` tokens, step-major). ``batch["valid"]`` (optional, default all valid)
@@ -109,17 +106,8 @@ class VLASFTModule(VLAModule):
             actions = actions.reshape(n, chunk * dims)  # step-major, as the policy's tokens
             if valid is not None and tuple(valid.shape) == (n, chunk):
                 valid = valid.repeat_interleave(dims, dim=1)  # [B, H] -> [B, K]
-        if isinstance(policy, FlowPolicy):  # pi0's flow-matching loss on the continuous actions
-            return policy.flow_matching_loss(batch["obs"], actions.reshape(actions.shape[0], -1), valid)
-        bins = policy.action_tokenizer.encode(actions).to(self.device)  # [B, K]
-        logits, _ = policy(batch["obs"], actions=bins)  # [B, K, n_bins]
-        return token_cross_entropy(
-            logits=logits,
-            bins=bins,
-            valid=valid,
-            label_smoothing=self.hparams.label_smoothing,
-            bin_sigma=self.hparams.get("bin_sigma", 0.0),
-        )
+        targets = {k: self.hparams.get(k, 0.0) for k in ("label_smoothing", "bin_sigma")}  # token targets
+        return policy.imitation_loss(batch["obs"], actions.to(self.device), valid, **targets)
 
     @override
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:

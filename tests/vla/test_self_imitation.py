@@ -200,7 +200,7 @@ def test_buffer_of_chunks_keeps_which_tokens_were_executed():
 def test_sil_with_chunks_leaves_out_the_tokens_of_chunk_steps_never_executed(monkeypatch):
     """Env 0 succeeds 1 env step into its 4th chunk, env 1 is truncated: the self-imitation loss
     scores the 3 chunks of 3 steps whole and only the first step's 4 tokens of the last one."""
-    import fastlight.vla.module as vla_module
+    import fastlight.vla.imitation_loss as imitation
     from fastlight.vla.imitation_loss import token_cross_entropy
 
     chunk = 3
@@ -216,7 +216,7 @@ def test_sil_with_chunks_leaves_out_the_tokens_of_chunk_steps_never_executed(mon
         calls.append(kw)
         return token_cross_entropy(**kw)
 
-    monkeypatch.setattr(vla_module, "token_cross_entropy", spy)
+    monkeypatch.setattr(imitation, "token_cross_entropy", spy)
     torch.manual_seed(0)
     m = VLAModule(policy=VLAPolicy(**POLICY, action_chunk=chunk), action_dim=4, sil_steps=1,
                   sil_batch_size=64, update_epochs=1, num_minibatches=1)  # fmt: skip

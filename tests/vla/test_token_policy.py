@@ -106,7 +106,7 @@ def test_a_policy_missing_token_members_is_refused_naming_them():
     want = (
         r"^--model.policy tests.vla.test_token_policy.ActsOnly does not implement "
         r"fastlight.models.base.TokenPolicy, which VLAModule trains \(fastlight.vla.policy.VLAPolicy does\): "
-        r"it lacks action_tokenizer, policy_parameters, value_parameters$"
+        r"it lacks action_tokenizer, imitation_loss, policy_parameters, value_parameters$"
     )
     with pytest.raises(ValueError, match=want):
         VLAModule(policy=ActsOnly(), action_dim=4)

@@ -220,7 +220,7 @@ def test_a_policy_that_is_not_a_token_policy_is_refused_naming_what_it_lacks():
     msg = (
         r"^--model.policy fastlight.models.mlp.MLPActorCritic does not implement "
         r"fastlight.models.base.TokenPolicy, which VLAModule trains \(fastlight.vla.policy.VLAPolicy does\): "
-        r"it lacks action_tokenizer, forward, policy_parameters, value_parameters$"
+        r"it lacks action_tokenizer, forward, imitation_loss, policy_parameters, value_parameters$"
     )
     with pytest.raises(ValueError, match=msg):
         VLAModule(policy=MLPActorCritic(3, 4, continuous=True))
