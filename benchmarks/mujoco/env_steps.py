@@ -95,9 +95,9 @@ def score(series: dict[str, list[float]], final_steps: float) -> dict[str, float
 
 def read_evals(root: Path, every_updates: int) -> dict[str, list[float]]:
     """Per evaluation during training: the env steps trained on and ``eval/return``, joined at the
-    logger step both were logged at (``env_steps`` is logged at every update). Lightning logs the latest
-    ``eval/return`` again at every update after an evaluation, so only the updates that evaluated (each
-    ``every_updates``-th, as PeriodicEvaluation counts them) are kept."""
+    logger step both were logged at (``env_steps`` is logged at every update). Only the updates that
+    evaluated (each ``every_updates``-th, as PeriodicEvaluation counts them) are kept: runs made before
+    ``lightning_compat.log_once`` hold a stale copy of ``eval/return`` at every update."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     out: dict[str, list[float]] = {"steps": [], "ret": []}
