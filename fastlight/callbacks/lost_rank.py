@@ -180,8 +180,12 @@ class LostRankCheckpoint(Callback):
         for once per fit: up to a few heartbeats, as a killed peer's connection closes first)."""
         if self._lost is None:
             # A peer that is gone fails a collective with gloo's RuntimeError or torch.distributed's
-            # DistError family (its subclasses).
-            collective = self._peers is not None and isinstance(exception, RuntimeError)
+            # DistError family (its subclasses); a sharded save it was part of, with a
+            # CheckpointException (a BaseException, not a RuntimeError).
+            from torch.distributed.checkpoint.api import CheckpointException
+
+            failed = isinstance(exception, RuntimeError | CheckpointException)
+            collective = self._peers is not None and failed
             self._lost = (self._peers.wait_for_loss() or self._peers.behind()) if collective else {}
         return bool(self._lost)
 

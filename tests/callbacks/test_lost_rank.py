@@ -5,6 +5,7 @@ real processes: tests/faults/test_lost_rank.py."""
 from __future__ import annotations
 
 import pytest
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.utils.data import DataLoader
 
 from fastlight.callbacks.lost_rank import LostRankCheckpoint
@@ -32,3 +33,27 @@ def test_one_process_watches_nothing_and_copies_nothing(tmp_path):
     assert t.global_step == 3 * STEPS_PER_UPDATE
     assert lost._peers is None and lost.rollback_point is None and lost.peer_lost_line is None
     assert lost._boundary == 3 * STEPS_PER_UPDATE  # the last completed update
+
+
+class _Peers:
+    """What the peer watch says after a collective failed: rank 1 is gone."""
+
+    def wait_for_loss(self) -> dict[int, str]:
+        return {1: "was killed"}
+
+    def behind(self) -> dict[int, str]:
+        return {}
+
+
+@pytest.mark.parametrize(
+    "exception, handled",
+    [
+        (RuntimeError("gloo: connection closed by peer"), True),
+        (CheckpointException("save", {1: (RuntimeError("peer"), None)}), True),  # lost mid sharded save
+        (KeyError("not a collective"), False),
+    ],
+)
+def test_a_collective_or_a_sharded_save_failing_with_a_peer_lost_is_a_rank_loss(exception, handled):
+    lost = LostRankCheckpoint()
+    lost._peers = _Peers()
+    assert lost.handles_stop(None, exception) is handled
