@@ -98,17 +98,24 @@ def check_weights_fit(module: L.LightningModule, checkpoint: dict[str, Any]) -> 
 def use_typed_learning_rates(module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
     """Resuming with a changed ``lr`` (or ``*_lr``) means the new one: the optimizer state restored
     from the checkpoint would otherwise bring back the old rates silently. Edits the checkpoint's
-    optimizer param groups, restored after this hook, to ``module``'s rates."""
+    optimizer param groups, restored after this hook, to ``module``'s rates; a sharded checkpoint's
+    (``--trainer.strategy fsdp2``) are already loaded into the trainer's optimizers: edits those."""
     saved = checkpoint.get(module.CHECKPOINT_HYPER_PARAMS_KEY) or {}
     rates = [k for k in module.hparams if k == "lr" or k.endswith("_lr")]
     changed = [k for k in rates if k in saved and saved[k] != module.hparams[k]]
     states = checkpoint.get("optimizer_states")
-    if not changed or not states or "policy" not in module._modules:
+    if states:
+        targets = [state["param_groups"] for state in states]
+    elif module._trainer is not None:  # sharded: no optimizer states here, the strategy loaded them in place
+        targets = [opt.param_groups for opt in module.trainer.optimizers]
+    else:
+        targets = []
+    if not changed or not targets or "policy" not in module._modules:
         return
     fresh = module.configure_optimizers()
     opts = list(fresh) if isinstance(fresh, (list, tuple)) else [fresh]
-    if len(opts) != len(states) or not all(isinstance(o, torch.optim.Optimizer) for o in opts):
+    if len(opts) != len(targets) or not all(isinstance(o, torch.optim.Optimizer) for o in opts):
         return
-    for opt, state in zip(opts, states, strict=True):
-        for group, saved_group in zip(opt.param_groups, state["param_groups"], strict=False):
+    for opt, groups in zip(opts, targets, strict=True):
+        for group, saved_group in zip(opt.param_groups, groups, strict=False):
             saved_group["lr"] = group["lr"]

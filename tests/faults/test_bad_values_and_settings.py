@@ -119,6 +119,24 @@ def test_resume_applies_a_changed_learning_rate_to_the_restored_optimizer():
     assert ckpt["optimizer_states"][0]["param_groups"][0]["lr"] == 0.01
 
 
+def test_a_sharded_resume_applies_a_changed_learning_rate_to_the_loaded_optimizer():
+    """Under fsdp2 the strategy loads the optimizer state in place before the hook, and the checkpoint
+    dict has no optimizer_states: the trainer's optimizer itself gets the typed rate."""
+    from types import SimpleNamespace
+
+    old = RLModule(obs_dim=3, action_dim=2, lr=5e-4)
+    old.configure_model()
+    ckpt = {"hyper_parameters": dict(old.hparams)}
+    new = RLModule(obs_dim=3, action_dim=2, lr=0.01)
+    new.configure_model()
+    loaded = new.configure_optimizers()
+    for group in loaded.param_groups:
+        group["lr"] = 5e-4  # what the sharded load restored
+    new._trainer = SimpleNamespace(optimizers=[loaded], precision="32-true")  # attached as under a Trainer
+    new.on_load_checkpoint(ckpt)
+    assert [g["lr"] for g in loaded.param_groups] == [0.01] * len(loaded.param_groups)
+
+
 @pytest.mark.parametrize("mode", ["dpsa", "autoreset"])
 def test_nonfinite_drop_turns_the_episode_into_padding_and_counts_it(mode):
     # Env 1's 4th step returns NaN: its 4 steps of that episode become padding, env 0 is untouched.
