@@ -58,9 +58,11 @@ def lost_run(tmp_path: Path, lose: int, every: int = 2) -> tuple[dict, list[dict
     survivor = 1 - lose
     report = json.loads((root / f"rank{survivor}.json").read_text())
     assert report["version"] == 3 and report["exit"].startswith("RuntimeError: "), out[-3000:]
-    # Rank 1 also gets SIGTERM as its launcher, rank 0, dies (PR_SET_PDEATHSIG): after the collective
-    # failed, it is ignored in a line of its own.
-    ignored = "fastlight: rank 1: SIGTERM ignored (stop signal 2)"
+    # Rank 1 also gets SIGTERM as its launcher, rank 0, dies (PR_SET_PDEATHSIG). The signal follows the
+    # parent *thread*: as SIGKILL ends rank 0's threads one by one, the kernel re-parents rank 1 to a live
+    # one and signals it again, so it may come 1 to n_threads times. After the collective failed, each
+    # is ignored in a line of its own.
+    ignored = "fastlight: rank 1: SIGTERM ignored (stop signal "
     lines = [ln for ln in out.splitlines() if ln.startswith("fastlight: ") and not ln.startswith(ignored)]
     assert lines == [report["peer_lost_line"]]
     return report, [json.loads((root / f"sums{r}.json").read_text()) for r in (0, 1)], out
