@@ -1,28 +1,21 @@
 """``LostRankCheckpoint``: a rank that is lost stops the others with one line naming it, and the lowest
 surviving rank writes the checkpoint of the last completed update.
 
-A rank that is SIGKILLed, SIGSTOPped, hung, or whose node is gone leaves the others waiting in their
-next collective. On every rank of a multi-rank ``fit`` this callback sets the process-group timeout to
-``peer_timeout_minutes``, beats a heartbeat (:class:`~fastlight.ranks.peer_watch.PeerWatch`; Lightning's
-child-process observer is stood down), and when a collective fails and a rank is named lost, stops
-without another collective: the samplers end, the lowest
-surviving rank writes the last completed update alone (its own per-rank state only) to
+A rank that is killed, stopped, hung, or whose node is gone leaves the others waiting in their next
+collective. On every rank of a multi-rank ``fit`` this callback sets the process-group timeout to
+``peer_timeout_minutes`` and beats a heartbeat (:class:`~fastlight.ranks.peer_watch.PeerWatch`;
+Lightning's child-process observer is stood down). When a collective fails and a rank is named lost,
+the survivors stop without another collective: the samplers end, the lowest surviving rank writes the
+last completed update alone (its own per-rank state only) to
 :class:`~fastlight.callbacks.preemption.PreemptionCheckpoint`'s file (which then stands aside:
 :class:`~fastlight.callbacks.preemption.HandlesStop`), rank 0 ends the ranks it launched, and every
-survivor prints one line; the ``fastlight`` command exits 1 without the traceback.
+survivor prints one line. A loss in the middle of an update is set back to the update's start with
+``rollback`` (:class:`~fastlight.ranks.rollback.RollbackPoint`); without it nothing is written.
 
-A loss in the middle of an update leaves the survivors with part of it applied, which no checkpoint
-should hold: with ``rollback`` the survivor's checkpoint is set back to the update's start
-(:class:`~fastlight.ranks.rollback.RollbackPoint`); without (the default) nothing is written and the line
-names the checkpoint on disk. The ``fastlight`` CLI attaches this callback to every run.
-
-Under ``--trainer.strategy fsdp2`` no rank holds the whole model, so a survivor cannot save alone: every
-``sharded_every_minutes`` all ranks write a sharded checkpoint together (each its own shards,
-:func:`~fastlight.lightning_compat.save_sharded`) to ``<run folder>/sharded-step=<S>``, complete once
-Lightning's ``meta.pt`` is in it (rank 0 writes it after every rank's shards), and the previous one is
-removed; after a lost rank the line names the last complete one (or says there is nothing to resume
-from) and how many updates are lost. ``--ckpt_path last`` resumes the newest complete checkpoint,
-sharded or not (on any number of ranks under ``fsdp2``).
+Under ``--trainer.strategy fsdp2`` no rank holds the whole model, so every ``sharded_every_minutes`` all
+ranks write a sharded checkpoint together (:func:`~fastlight.lightning_compat.save_sharded`) to
+``<run folder>/sharded-step=<S>``, complete once Lightning's ``meta.pt`` is in it, and the previous one
+is removed; after a lost rank the line names the last complete one and how many updates are lost.
 """
 
 from __future__ import annotations
@@ -49,7 +42,7 @@ from fastlight.ranks.rollback import RollbackPoint
 
 __all__ = ["LostRankCheckpoint"]
 
-#: Minutes between two sharded checkpoints under ``fsdp2`` (see the class docstring for its cost).
+#: Minutes between two sharded checkpoints under ``fsdp2``.
 SHARDED_EVERY_MINUTES = 5.0
 
 
@@ -60,20 +53,13 @@ class LostRankCheckpoint(Callback):
     that callback's file); does nothing in a single-process run.
 
     Args:
-        peer_timeout_minutes: the process-group timeout and the bound on how long the survivors wait for
-            a lost rank before they stop (a killed rank is seen within seconds); longer than the slowest
-            checkpoint write, which the other ranks wait for. ``None``: Lightning's own timeout (30
-            minutes), no heartbeat, and this callback does nothing.
-        rollback: copy what an update changes (trainable parameters, buffers, optimizer and scheduler
-            state) to the host at the start of EVERY update, so that a rank lost in the middle of one
-            still leaves the checkpoint of the update before it. It costs one device-to-host copy of
-            that state per update, and that much host memory (``python -m benchmarks.rollback_cost``).
-            Off: a loss mid-update saves nothing new and the line names the checkpoint on disk to resume
-            from.
+        peer_timeout_minutes: the process-group timeout, and how long the survivors wait for a lost rank;
+            longer than the slowest checkpoint write. ``None``: Lightning's timeout, and this does nothing.
+        rollback: copy what an update changes to the host at the start of EVERY update (one
+            device-to-host copy per update), so a rank lost mid-update still leaves the update before it.
+            Off: a loss mid-update saves nothing new and the line names the checkpoint on disk.
         sharded_every_minutes: under ``--trainer.strategy fsdp2`` (several ranks), training wall-clock
-            between two sharded checkpoints: at most the updates of this long are lost with a rank.
-            One costs a few tenths of a second for the FSDP2 test configs on CPU (the highway MLP,
-            the MT10 VLA: ``benchmarks/results/faults.md``); ``None``: none.
+            between two sharded checkpoints (at most this much is lost with a rank); ``None``: none.
     """
 
     def __init__(
@@ -82,19 +68,17 @@ class LostRankCheckpoint(Callback):
         rollback: bool = False,
         sharded_every_minutes: float | None = SHARDED_EVERY_MINUTES,
     ) -> None:
-        if peer_timeout_minutes is not None and peer_timeout_minutes <= 0:
-            raise ValueError(
-                f"LostRankCheckpoint peer_timeout_minutes must be > 0 or null, got {peer_timeout_minutes}"
-            )
-        if sharded_every_minutes is not None and sharded_every_minutes <= 0:
-            raise ValueError(
-                f"LostRankCheckpoint sharded_every_minutes must be > 0 or null, got {sharded_every_minutes}"
-            )
+        for name, value in (
+            ("peer_timeout_minutes", peer_timeout_minutes),
+            ("sharded_every_minutes", sharded_every_minutes),
+        ):
+            if value is not None and value <= 0:
+                raise ValueError(f"LostRankCheckpoint {name} must be > 0 or null, got {value}")
         self.peer_timeout_minutes = peer_timeout_minutes
         self.rollback, self.sharded_every_minutes = rollback, sharded_every_minutes
         self.clock = SaveClock(None)  # the sharded checkpoints' (fsdp2 only)
         #: This fit's last complete sharded checkpoint, and its last whole one (PreemptionCheckpoint's):
-        #: global step, updates of this fit, update number (the policy version), path.
+        #: (global step, updates of this fit, policy version, path).
         self.sharded: tuple[int, int, int, str] | None = None
         self._whole: tuple[int, int, int, str] | None = None
         self._updates = 0  # updates completed in this fit
@@ -152,8 +136,7 @@ class LostRankCheckpoint(Callback):
 
     @override
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
-        # This rank got through every collective of the update, so every rank took part in them: the
-        # update is complete on this rank, whichever rank is lost next.
+        # This rank got through every collective of the update: it is complete, whichever rank is lost next.
         self._boundary = trainer.global_step
         self._updates += 1
         if self._peers is not None:
@@ -176,12 +159,11 @@ class LostRankCheckpoint(Callback):
                 shutil.rmtree(previous[3], ignore_errors=True)
 
     def handles_stop(self, trainer: L.Trainer, exception: BaseException) -> bool:
-        """Whether ``exception`` is a collective failing because a rank is lost (the verdict is waited
-        for once per fit: up to a few heartbeats, as a killed peer's connection closes first)."""
+        """Whether ``exception`` is a collective failing because a rank is lost (waited for once per fit)."""
         if self._lost is None:
-            # A peer that is gone fails a collective with gloo's RuntimeError or torch.distributed's
-            # DistError family (its subclasses); a sharded save it was part of, with a
-            # CheckpointException (a BaseException, not a RuntimeError).
+            # A lost peer fails a collective with a RuntimeError (gloo, DistError), a sharded save with a
+            # CheckpointException (a BaseException).
+
             from torch.distributed.checkpoint.api import CheckpointException
 
             failed = isinstance(exception, RuntimeError | CheckpointException)

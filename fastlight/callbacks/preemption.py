@@ -1,32 +1,24 @@
 """``PreemptionCheckpoint``: a run that is stopped or fails leaves a checkpoint to resume from.
 
-SLURM and Kubernetes send SIGTERM before a preemption, a person presses Ctrl-C. Lightning alone exits 0
-without a checkpoint on SIGTERM, raises KeyboardInterrupt on SIGINT wherever the main thread is, and
-deadlocks under DDP on a SIGTERM to a rank other than 0 (:mod:`fastlight.lightning_compat`). Instead it:
+Lightning alone exits 0 without a checkpoint on SIGTERM and deadlocks under DDP on a SIGTERM to a rank
+other than 0 (:mod:`fastlight.lightning_compat`). Instead this callback:
 
-- handles the stop signals during ``fit``, noting the signal without entering a collective. One
-  process stops at once outside an update (e.g. waiting for a rollout) and right after the update
-  during one: a checkpoint never holds half an update. Ranks agree at each update's end, in one small
-  all-reduce, on whether any was signalled (or the timer save is due), and stop after the same update;
-- on any exception during training (a signal, a sampler fault, a non-finite value, a log that could
-  not be written: :mod:`fastlight.log_writes`) ends the samplers, writes ``<dirpath>/<filename>.ckpt``
-  (rank 0 writes, every rank takes part) and prints one line saying what happened and where the
-  checkpoint is; further stop signals are ignored until it is on disk. It exits with 128 + signum
-  (SIGINT 130, SIGTERM 143, SIGUSR1 138) on every rank, and under SLURM with auto-requeue requeues the
-  job to resume from it (:mod:`fastlight.ranks.slurm`);
-- saves every ``every_minutes`` of training (:class:`~fastlight.callbacks.timed_checkpoint.SaveClock`,
-  agreed with the stop signal in that one all-reduce) and when training ends; a file that cannot be written
+- notes a stop signal during ``fit`` without entering a collective; ranks agree at each update's end,
+  in one all-reduce, on whether any was signalled (or the timer save is due), and stop after the same
+  update: a checkpoint never holds half an update;
+- on any exception during training ends the samplers, writes ``<dirpath>/<filename>.ckpt`` (rank 0
+  writes, every rank takes part), prints one line saying what happened and where the checkpoint is,
+  and exits with 128 + signum on every rank (SIGINT 130, SIGTERM 143, SIGUSR1 138); under SLURM with
+  auto-requeue it requeues the job (:mod:`fastlight.ranks.slurm`);
+- saves every ``every_minutes`` of training and when training ends; a file that cannot be written
   stops every rank with one line naming the last good checkpoint (:class:`CheckpointWriteError`).
 
-A lost rank is :class:`~fastlight.callbacks.lost_rank.LostRankCheckpoint`'s (the CLI attaches both).
-The file, ``<default_root_dir>/checkpoints/last.ckpt`` by default, is the newest checkpoint to resume
-from, and this callback its only writer: ``ModelCheckpoint(save_last=True)`` saves at its own triggers
-only and writes ``last-v1.ckpt`` next to an existing one, so the CLI sets ``every_epoch`` here instead.
-With ``version=N`` the run writes ``<dirpath>/version_N/<filename>.ckpt``, and the stable path becomes
-a second name of it at every save (:mod:`fastlight.checkpoint_link`) once this run has trained at least
-as far (global step) as the checkpoint the stable path named when the run began: a quick look after a
-long run, or a run that fails early, never takes ``last.ckpt`` from it. Such a run says so at its end,
-naming its own file. A run that completes no update writes nothing.
+A lost rank is :class:`~fastlight.callbacks.lost_rank.LostRankCheckpoint`'s. This callback is the only
+writer of ``<default_root_dir>/checkpoints/last.ckpt`` (``ModelCheckpoint(save_last=True)`` would write
+``last-v1.ckpt`` next to it, so the CLI sets ``every_epoch`` here instead). With ``version=N`` the run
+writes ``<dirpath>/version_N/<filename>.ckpt``, and the stable path becomes a second name of it
+(:mod:`fastlight.checkpoint_link`) once this run has trained at least as far (global step) as the
+checkpoint the stable path named when the run began. A run that completes no update writes nothing.
 """
 
 from __future__ import annotations
@@ -115,9 +107,7 @@ class PreemptionCheckpoint(Callback):
         self._signum: int | None = None  # the stop signal of this fit (the first one, or the agreed one)
         self._stopping = False  # the stop has begun (its checkpoint is being written, or is written)
         self._stable_checked = False  # the file found at ckpt_path before this run's first save
-        #: The global step of the checkpoint at ckpt_path when this run first saved (-1: none, or this
-        #: run's): the stable path moves to this run's file only once the run is at least that far.
-        self._floor: int | None = None
+        self._floor: int | None = None  # the global step of ckpt_path's checkpoint (-1: none, or this run's)
         self._updates = 0  # updates completed in this fit
         self.clock = SaveClock(every_minutes)
 
@@ -135,15 +125,12 @@ class PreemptionCheckpoint(Callback):
         return os.path.join(self.dirpath or "checkpoints", f"version_{self.version}", f"{self.filename}.ckpt")
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        """The stop-signal handler: notes the signal, enters no collective, raises only where one
-        process can stop at once (outside an update, no checkpoint being written)."""
+        """Notes the signal, enters no collective; raises only where one process can stop at once."""
         if self._signum is not None or self._stopping:
             self.ignored_signals += 1
             rank, n = f"rank {self._rank}: " if self._distributed else "", self.ignored_signals + 1
-            line = (
-                f"fastlight: {rank}{signal.Signals(signum).name} ignored (stop signal {n}): the run stops"
-                " once its checkpoint is on disk; SIGKILL stops it at once, without one\n"
-            )
+            line = f"fastlight: {rank}{signal.Signals(signum).name} ignored (stop signal {n}): the run stops"
+            line += " once its checkpoint is on disk; SIGKILL stops it at once, without one\n"
             with contextlib.suppress(OSError):  # not print: the handler may run inside a print
                 os.write(2, line.encode())
             return
@@ -183,8 +170,7 @@ class PreemptionCheckpoint(Callback):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
         self._in_update = False
         self._updates += 1
-        # The stop signal (0: none) and the timer, agreed by all ranks: a signal to any rank stops all
-        # after this update, and all take part in a save one rank's clock calls due.
+        # Agreed by all ranks: a signal to any rank stops all; a save one clock calls due is made by all.
         signum, due = max_over_ranks(trainer, self._signum or 0, int(self.clock.due()))
         if signum:
             self._signum = signum
@@ -201,17 +187,14 @@ class PreemptionCheckpoint(Callback):
 
     @override
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """A run that ends mid-epoch (``max_steps``, ``max_time``) leaves its final state too; one that
-        completed no update leaves nothing (a new start gives the same)."""
+        """The final state, also mid-epoch (``max_steps``, ``max_time``); nothing without an update."""
         if not self._updates:
             return
         self._save(trainer)
         if self.resume_path != self.ckpt_path and trainer.is_global_zero:
-            print(
-                f"fastlight: {self.ckpt_path} still names a longer run's checkpoint (global step "
-                f"{self._floor}, this run's {trainer.global_step}); this run's is {self.resume_path}",
-                file=sys.stderr,
-                flush=True,
+            _say(
+                f"{self.ckpt_path} still names a longer run's checkpoint (global step "
+                f"{self._floor}, this run's {trainer.global_step}); this run's is {self.resume_path}"
             )
 
     def _save(self, trainer: L.Trainer) -> None:
@@ -241,8 +224,7 @@ class PreemptionCheckpoint(Callback):
         self.clock.saved()
 
     def _point_stable_path(self, step: int) -> None:
-        """Make ``ckpt_path`` a second name of ``run_ckpt_path`` (:mod:`fastlight.checkpoint_link`) once
-        this run, at global step ``step``, is as far as the checkpoint found there (module docstring)."""
+        """Make ``ckpt_path`` a second name of ``run_ckpt_path`` once this run (at ``step``) is as far."""
         if self.run_ckpt_path == self.ckpt_path:
             return
         if self._floor is None:
@@ -279,10 +261,9 @@ class PreemptionCheckpoint(Callback):
             trainer.datamodule.stop()  # no sampler is restarted (nor samples) while this one stops
         what = signal.Signals(exception.signum).name if isinstance(exception, Preempted) else None
         what, at = what or type(exception).__name__, f"at global step {trainer.global_step}"
-        # A signal or a full disk says all in its line; any other error's traceback is kept.
+        # A signal, a full disk or a failed log write says all in its line; any other error's first line
+        # is said and its traceback kept.
         plain = not isinstance(exception, Preempted | CheckpointWriteError | LogWriteError)
-        # The error's own words: a log that could not be written is the cause, then what became of the
-        # checkpoint; any other error's first line (the command prints no traceback after this line).
         said = f": {exception.strerror}" if isinstance(exception, LogWriteError) else ""
         if plain and str(exception).strip():
             said = f": {str(exception).strip().splitlines()[0]}"
@@ -310,7 +291,7 @@ class PreemptionCheckpoint(Callback):
             where += end_launched_ranks(trainer) if agreed else ""  # they stop too: say how they ended
             if plain and (kept := self._keep_traceback(exception)):
                 where += f"; traceback in {kept}"
-            print(f"fastlight: stopped by {what} {where}", file=sys.stderr, flush=True)
+            _say(f"stopped by {what} {where}")
             global _reported
             _reported = exception
 
@@ -326,8 +307,7 @@ class PreemptionCheckpoint(Callback):
         return path
 
     def _report_final_log_error(self, trainer: L.Trainer, exception: BaseException) -> None:
-        """A logger's last flush failed: Lightning finalizes the loggers after the callbacks' teardown, once
-        training has ended and its checkpoint is on disk (:mod:`fastlight.log_writes`)."""
+        """A logger's last flush failed (Lightning finalizes the loggers after training has ended)."""
         if not isinstance(exception, LogWriteError) or exception.reported or self.saved_step is None:
             return
         exception.reported = True  # the command prints it once
@@ -335,11 +315,10 @@ class PreemptionCheckpoint(Callback):
             line = (
                 f"training finished at global step {self.saved_step}, checkpoint saved to {self.resume_path}"
             )
-            print(f"fastlight: {line}; then {exception.strerror}", file=sys.stderr, flush=True)
+            _say(f"{line}; then {exception.strerror}")
 
     def write_alone(self, trainer: L.Trainer, checkpoint: dict[str, Any]) -> None:
-        """Write ``checkpoint`` (made on this rank) to this callback's file from this rank alone, no
-        gather, no barrier, whichever rank this is: the survivors' save after a rank is lost."""
+        """Write ``checkpoint`` from this rank alone, no gather, no barrier (the survivors' save)."""
         with saving():
             trainer.strategy.checkpoint_io.save_checkpoint(checkpoint, self.run_ckpt_path)
         self._point_stable_path(int(checkpoint["global_step"]))
@@ -359,7 +338,7 @@ class PreemptionCheckpoint(Callback):
             line = f"{signal.Signals(self._signum).name} arrived as training ended; the run finished, "
             line += f"checkpoint saved to {self.resume_path}"
         if line is not None and trainer.is_global_zero:
-            print(f"fastlight: {line}", file=sys.stderr, flush=True)
+            _say(line)
 
     @override
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -379,15 +358,18 @@ class PreemptionCheckpoint(Callback):
 _reported: BaseException | None = None
 
 
+def _say(line: str) -> None:
+    print(f"fastlight: {line}", file=sys.stderr, flush=True)
+
+
 def stop_reported(error: BaseException) -> bool:
-    """Whether ``error`` ended a fit whose one-line stop was printed: the command then exits with status
-    1 and no traceback (it is in the run's ``traceback.txt``; ``FASTLIGHT_DEBUG=1`` prints it too)."""
+    """Whether ``error`` ended a fit whose one-line stop was printed (the command exits 1, no traceback)."""
     return _reported is not None and error is _reported
 
 
 def checkpoint_step(path: str, *, unless: str) -> int:
-    """The global step of the checkpoint at ``path``; -1 when there is none, it is ``unless`` itself, or it
-    cannot be read (``link_as`` keeps such a file under another name)."""
+    """The global step of the checkpoint at ``path``; -1 when none, ``unless`` itself, or unreadable."""
+
     if not os.path.isfile(path) or (os.path.exists(unless) and os.path.samefile(path, unless)):
         return -1
     try:  # mmap: the tensors are not read

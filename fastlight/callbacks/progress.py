@@ -1,30 +1,24 @@
 """``RolloutProgressBar``: the training progress bar in RL units (Rollouts, env steps, return, SPS).
 
-One bar spans the whole fit (an epoch here is only a checkpoint period of ``steps_per_epoch``
-Rollouts) and reads, on one line::
+One bar spans the whole fit (an epoch here is only a checkpoint period) and reads::
 
     rollout 12/500 | env_steps 10,202 | return 23.4 | ep_len 41.2 | SPS 1,950 |##    | 2% [00:10<07:50]
 
-**Items** (:meth:`RolloutProgressBar.get_metrics`; each appears once it has been logged):
-``env_steps`` (the :class:`~fastlight.callbacks.env_steps.EnvStepBudget` count), ``return`` and
-``ep_len`` (``rollout/return`` and ``rollout/episode_length``), ``SPS`` (``perf/effective_tps`` when
-:class:`~fastlight.callbacks.throughput.RolloutThroughput` logs it, else the env steps since the first
-Rollout over the seconds since then), then every other metric logged with ``prog_bar=True``.
+**Items**, each once logged: ``env_steps`` (:class:`~fastlight.callbacks.env_steps.EnvStepBudget`'s count),
+``return`` and ``ep_len`` (``rollout/return``, ``rollout/episode_length``), ``SPS`` (``perf/effective_tps``,
+else the env steps since the first Rollout over the seconds since then), then every other ``prog_bar`` metric.
 
-**Total**, only where one is known: an ``EnvStepBudget`` with ``total_env_steps`` fills the bar in env
-steps (``env_steps 10,202/200,000``); otherwise ``--trainer.max_steps`` gives a Rollout total
-(``rollout 12/500``: the optimizer steps left over the module's ``optimizer_steps_per_update``,
-re-estimated every Rollout), bounded by ``--trainer.max_epochs`` too; otherwise no bar, only the counts.
+**Total**, where one is known: an ``EnvStepBudget``'s ``total_env_steps`` (in env steps), else
+``--trainer.max_steps`` over the module's ``optimizer_steps_per_update`` (in Rollouts, re-estimated every
+Rollout), bounded by ``--trainer.max_epochs`` too; otherwise only the counts.
 
-**Not a terminal** (a CI log, ``| tee``, a batch job's output file): no bar, but the same items as one
-plain line every ``log_every_s`` seconds (and at the end), with the percentage done and the time left
-(by ``--trainer.max_time`` where that stops the run first)::
+**Not a terminal** (a CI log, ``| tee``): the same items as one plain line every ``log_every_s`` seconds
+(and at the end), with the percentage done and the time left (by ``--trainer.max_time`` where sooner)::
 
     fastlight: rollout 12/500 | env_steps 10,202 | return 23.4 | 2% | 0:00:10 elapsed, 0:07:50 left
 
-A training batch that is not a :class:`~fastlight.rollout.Rollout` is counted as a ``batch``. Given to
-a ``Trainer`` by hand, list it after the callbacks whose metrics it shows: it draws in
-``on_train_batch_end``, when the callbacks before it have logged.
+A batch that is not a :class:`~fastlight.rollout.Rollout` counts as a ``batch``. Given to a ``Trainer`` by
+hand, list it after the callbacks whose metrics it shows (it draws in ``on_train_batch_end``).
 """
 
 from __future__ import annotations
@@ -37,7 +31,6 @@ from typing import Any, TextIO
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Timer, TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
-from lightning.pytorch.utilities.types import STEP_OUTPUT
 from typing_extensions import override
 
 from fastlight.callbacks.env_steps import EnvStepBudget
@@ -96,8 +89,7 @@ class RolloutProgressBar(TQDMProgressBar):
 
     # ------------------------------------------------------------------ counts and totals
     def batches_done(self, trainer: pl.Trainer) -> int:
-        """Training batches (Rollouts) of the run so far, a resumed run's included; inside
-        ``on_train_batch_end`` the current one counts."""
+        """Training batches (Rollouts) of the run so far, a resumed run's and the current one included."""
         return trainer.fit_loop.epoch_loop.batch_progress.total.processed
 
     def env_steps(self, trainer: pl.Trainer) -> int | None:
@@ -109,8 +101,7 @@ class RolloutProgressBar(TQDMProgressBar):
         return None if value is None else int(round(float(value)))
 
     def rollout_total(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> int | None:
-        """The Rollouts the run will have trained on when it stops, where ``max_steps`` or
-        ``max_epochs`` bound it; ``None`` when neither does."""
+        """The Rollouts the run will have trained on when ``max_steps`` or ``max_epochs`` stop it, or None."""
         done = self.batches_done(trainer)
         bounds = []
         if trainer.max_steps is not None and trainer.max_steps > 0:
@@ -129,25 +120,15 @@ class RolloutProgressBar(TQDMProgressBar):
 
     # ------------------------------------------------------------------ what the bar shows
     @override
-    def get_metrics(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule
-    ) -> dict[str, int | str | float | dict[str, float]]:
+    def get_metrics(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
         """``env_steps``, ``return``, ``ep_len``, ``SPS``, then the other ``prog_bar`` metrics."""
-        items: dict[str, Any] = {}
-        logged = trainer.callback_metrics
-        steps = self.env_steps(trainer)
-        if steps is not None:
-            items["env_steps"] = steps
-        for key, name in RL_ITEMS.items():
-            if key in logged:
-                items[name] = float(logged[key])
+        logged, steps = trainer.callback_metrics, self.env_steps(trainer)
+        items: dict[str, Any] = {} if steps is None else {"env_steps": steps}
+        items |= {name: float(logged[key]) for key, name in RL_ITEMS.items() if key in logged}
         sps = self._sps(trainer, steps)
         if sps is not None:
             items["SPS"] = sps
-        for key, value in trainer.progress_bar_metrics.items():
-            if key not in _MAPPED:
-                items[key] = value
-        return items
+        return items | {k: v for k, v in trainer.progress_bar_metrics.items() if k not in _MAPPED}
 
     def _sps(self, trainer: pl.Trainer, steps: int | None) -> float | None:
         if SPS_KEY in trainer.callback_metrics:
@@ -163,18 +144,13 @@ class RolloutProgressBar(TQDMProgressBar):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule
     ) -> tuple[list[str], int, int | None]:
         """The items as ``name value`` texts, and the progress ``(n, total)`` the bar fills."""
-        rollouts = self.batches_done(trainer)
-        rollout_total = self.rollout_total(trainer, pl_module)
+        rollouts, rollout_total = self.batches_done(trainer), self.rollout_total(trainer, pl_module)
         budget = _env_step_budget(trainer)
         env_total = None if budget is None else budget.total_env_steps
-        metrics = self.get_metrics(trainer, pl_module)
-        desc = f"{self.unit} {rollouts:,}" + ("" if rollout_total is None else f"/{rollout_total:,}")
-        parts = [desc]
-        for name, value in metrics.items():
-            text = _format(value)
-            if name == "env_steps" and env_total is not None:
-                text += f"/{env_total:,}"
-            parts.append(f"{name} {text}")
+        parts = [f"{self.unit} {rollouts:,}" + ("" if rollout_total is None else f"/{rollout_total:,}")]
+        for name, value in self.get_metrics(trainer, pl_module).items():
+            total = f"/{env_total:,}" if name == "env_steps" and env_total is not None else ""
+            parts.append(f"{name} {_format(value)}{total}")
         if env_total is not None:
             return parts, budget.env_steps, env_total
         return parts, rollouts, rollout_total
@@ -207,20 +183,13 @@ class RolloutProgressBar(TQDMProgressBar):
 
     @override
     def on_train_batch_start(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, *_: Any
     ) -> None:
         if not isinstance(batch, Rollout):
             self.unit = "batch"
 
     @override
-    def on_train_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: STEP_OUTPUT,
-        batch: Any,
-        batch_idx: int,
-    ) -> None:
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *_: Any) -> None:
         if self._first_count is None:
             steps = self.env_steps(trainer)
             if steps is not None:
@@ -240,11 +209,8 @@ class RolloutProgressBar(TQDMProgressBar):
         now = _now()
         elapsed = now - self._started
         clock = f"{_hms(elapsed)} elapsed"
-        done = left = None
-        if total:
-            done = min(n / total, 1.0)
-            if done > 0:
-                left = elapsed * (1 - done) / done
+        done = min(n / total, 1.0) if total else None
+        left = elapsed * (1 - done) / done if done else None
         timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
         remaining = None if timer is None else timer.time_remaining()
         if remaining is not None and (left is None or remaining < left):
@@ -282,8 +248,8 @@ def _env_step_budget(trainer: pl.Trainer) -> EnvStepBudget | None:
 
 
 def _format(value: Any) -> str:
-    """``10,202`` for a count, three significant digits for a measure (``23.4``, ``0.0123``),
-    thousands grouped past 1000 (``1,950``)."""
+    """``10,202`` for a count; a measure to three significant digits (``0.0123``), grouped past 1000."""
+
     if hasattr(value, "item"):  # a tensor a user's get_metrics returned
         value = value.item()
     if isinstance(value, bool) or not isinstance(value, (int, float)):
