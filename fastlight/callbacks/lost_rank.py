@@ -163,7 +163,6 @@ class LostRankCheckpoint(Callback):
         if self._lost is None:
             # A lost peer fails a collective with a RuntimeError (gloo, DistError), a sharded save with a
             # CheckpointException (a BaseException).
-
             from torch.distributed.checkpoint.api import CheckpointException
 
             failed = isinstance(exception, RuntimeError | CheckpointException)

@@ -369,7 +369,6 @@ def stop_reported(error: BaseException) -> bool:
 
 def checkpoint_step(path: str, *, unless: str) -> int:
     """The global step of the checkpoint at ``path``; -1 when none, ``unless`` itself, or unreadable."""
-
     if not os.path.isfile(path) or (os.path.exists(unless) and os.path.samefile(path, unless)):
         return -1
     try:  # mmap: the tensors are not read

@@ -249,7 +249,6 @@ def _env_step_budget(trainer: pl.Trainer) -> EnvStepBudget | None:
 
 def _format(value: Any) -> str:
     """``10,202`` for a count; a measure to three significant digits (``0.0123``), grouped past 1000."""
-
     if hasattr(value, "item"):  # a tensor a user's get_metrics returned
         value = value.item()
     if isinstance(value, bool) or not isinstance(value, (int, float)):

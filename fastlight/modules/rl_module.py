@@ -1,26 +1,16 @@
 """``RLModule``: PPO-family training on Rollouts with masked GAE and the SMPO loss.
 
 Manual optimisation: each Rollout is one Lightning training step, inside which the module runs
-``update_epochs`` epochs x ``num_minibatches`` minibatches over the valid transitions. Every
-loss term is a masked sum over valid transitions divided by their count (FAST §SMPO, see
-:meth:`RLModule._update`), and under DDP the count is all-reduced so the global mean is exact.
+``update_epochs`` epochs x ``num_minibatches`` minibatches over the valid transitions. Every loss term
+is a masked sum over valid transitions divided by their count (FAST §SMPO), the count all-reduced
+under DDP so the global mean is exact.
 
-The policy is either injected (``policy=``; from the CLI, ``--model.policy`` with ``class_path`` /
-``init_args``) or built by :meth:`build_policy` in Lightning's ``configure_model`` hook, i.e. after
-``__init__``: a subclass sets its own attributes after ``super().__init__(**kwargs)`` and its
-``build_policy`` reads them. Until then ``module.policy`` raises an ``AttributeError`` saying so.
-
-Subclass hooks, in the order a step uses them:
-
-- :meth:`build_policy` - the actor-critic when none is injected (default :class:`MLPActorCritic`, or
-  :class:`MultiInputActorCritic` over images, Dict / Tuple observations and multi-part actions);
-- :meth:`compute_advantages` - masked GAE (+ value recomputation, normalisation);
-- :meth:`evaluate_actions` - log-probs, entropy, values of a minibatch;
-- :meth:`compute_loss` - objective + value + entropy terms, returns ``(loss, info)``;
-- :meth:`param_groups` - optimizer parameter groups (e.g. a value-head learning rate).
-
-Where the policy comes from, what wraps it (``init_from``, the normalisers) and what a loading
-checkpoint is checked for is the base class, :class:`~fastlight.modules.policy_module.PolicyModule`.
+The policy is injected (``policy=``, ``--model.policy``) or built by :meth:`build_policy` in
+``configure_model``, i.e. after ``__init__`` (a subclass sets its attributes after
+``super().__init__(**kwargs)``). Subclass hooks, in the order a step uses them: :meth:`build_policy`,
+:meth:`compute_advantages` (masked GAE), :meth:`evaluate_actions`, :meth:`compute_loss` (returns
+``(loss, info)``), :meth:`param_groups`. What wraps the policy and what a loading checkpoint is checked
+for is the base class, :class:`~fastlight.modules.policy_module.PolicyModule`.
 """
 
 from __future__ import annotations
@@ -71,25 +61,20 @@ class RLModule(PolicyModule):
         continuous: continuous actions (linked from --data).
         spaces: the env's spaces (linked from --data).
         policy: the actor-critic, any ``nn.Module`` implementing :class:`fastlight.models.base.Policy`
-            (CLI: ``--model.policy.class_path`` / ``init_args``: a :class:`~fastlight.models.base.PolicyBase`
-            subclass, or a class whose methods have the protocol's signatures). ``None``:
-            :meth:`build_policy` builds :class:`MLPActorCritic` over vectors, else
-            :class:`MultiInputActorCritic`.
+            (``--model.policy.class_path`` / ``init_args``). ``None``: :meth:`build_policy` builds
+            :class:`MLPActorCritic` over vectors, else :class:`MultiInputActorCritic`.
         hidden_sizes: MLP widths of the default policy (refused together with ``policy``).
         lr: Adam learning rate.
         gamma: discount factor per env step (an action chunk of ``h`` env steps: ``gamma**h``).
         gae_lambda: GAE lambda (0: one-step TD advantages, 1: Monte-Carlo returns).
         update_epochs: K, the epochs over each rollout (K x M optimizer steps per rollout).
         num_minibatches: M, the minibatches each epoch splits the rollout's valid transitions into.
-        objective: the policy objective, an :class:`~fastlight.modules.objectives.Objective` holding
-            its own settings (CLI: ``--model.objective GIPO --model.objective.sigma 0.2``; YAML
-            ``class_path`` / ``init_args``): :class:`~fastlight.modules.objectives.PPOClip` (the
-            default, ``None``), ``GIPO`` (AcceRL §GIPO), ``SAPO`` or a subclass of your own.
-        ratio_granularity: ``token | action | chunk`` importance ratios (token policies), for
-            every objective (:mod:`fastlight.losses.ratios`).
+        objective: the policy :class:`~fastlight.modules.objectives.Objective` with its own settings
+            (``--model.objective GIPO --model.objective.sigma 0.2``): ``PPOClip`` (``None``), ``GIPO``
+            (AcceRL §GIPO), ``SAPO`` or a subclass of your own.
+        ratio_granularity: ``token | action | chunk`` importance ratios (:mod:`fastlight.losses.ratios`).
         tokens_per_action: consecutive tokens per ratio for ``action`` granularity. ``None``: the
-            tokens of one env action (``K / H`` of ``K`` tokens per call in chunks of ``H`` env
-            actions), so ``action`` is one ratio per env action, ``chunk`` one per policy call.
+            tokens of one env action (``K / H`` of ``K`` tokens per call in chunks of ``H`` actions).
         vf_coef: weight of the value loss.
         ent_coef: weight of the entropy bonus.
         value_clip_eps: PPO2-style value clipping range, ``None`` for the unclipped loss.
@@ -97,22 +82,17 @@ class RLModule(PolicyModule):
         normalize_advantages: standardise advantages over valid steps (globally under DDP).
         advantage: ``gae``, or a clip's (``grpo``) or step's (``group_steps``) return against its group's.
         normalize_obs: act on observations normalised by running statistics the policy keeps
-            (:class:`~fastlight.models.normalization.NormalizedPolicy`: published with the weights,
-            saved in checkpoints). ``None``: on for continuous actions over flat vectors (MuJoCo-style
-            control, where every PPO library normalises), off otherwise.
+            (:class:`~fastlight.models.normalization.NormalizedPolicy`). ``None``: on for continuous
+            actions over flat vectors (MuJoCo-style control), off otherwise.
         normalize_returns: the critic predicts values in units of the running mean/std of the value
-            targets, so the value loss has unit scale whatever the reward scale (Sample Factory's
-            ``normalize_returns``). ``None`` (default): as ``normalize_obs``.
+            targets (Sample Factory's ``normalize_returns``). ``None`` (default): as ``normalize_obs``.
         recompute_values: re-run the current critic before GAE (AcceRL §value recomputation).
         init_from: a checkpoint whose policy weights this run starts from (e.g. an SFT run's
-            ``last.ckpt``; see :mod:`fastlight.modules.init_from`). ``--ckpt_path`` resumes instead.
+            ``last.ckpt``). ``--ckpt_path`` resumes instead.
         value_warmup_updates: for this many first updates only the critic learns (the policy and
-            entropy terms are off), so a critic fresh on top of a fine-tuned policy does not steer
-            it with noise.
-        max_nonfinite_updates: an optimizer step whose loss or gradient is NaN / inf is skipped (the
-            weights and the optimizer state stay as they were) and counted as
-            ``faults/skipped_updates``; this many skipped in a row stop the run, naming loss or
-            gradient and the step. ``0`` turns the check off.
+            entropy terms are off).
+        max_nonfinite_updates: this many optimizer steps in a row with a NaN / inf loss or gradient
+            (each skipped, counted as ``faults/skipped_updates``) stop the run; ``0`` turns the check off.
     """
 
     def __init__(
@@ -156,8 +136,7 @@ class RLModule(PolicyModule):
         self.automatic_optimization = False
         if policy is not None:
             self.policy = policy
-        # Number of updates so far; tags the weights the samplers act with. A buffer, so it is
-        # saved in checkpoints and a resumed run keeps counting.
+        # Updates so far, tagging the weights the samplers act with (a buffer: a resume keeps counting).
         self.register_buffer("_policy_version", torch.zeros((), dtype=torch.long))
         #: Skips optimizer steps with a NaN / inf loss or gradient (``--model.max_nonfinite_updates``).
         self.nonfinite = NonfiniteSteps(max_nonfinite_updates)
@@ -169,11 +148,8 @@ class RLModule(PolicyModule):
 
     # ------------------------------------------------------------------ hooks for subclasses
     def build_policy(self) -> nn.Module:
-        """The actor-critic when none is injected; runs once, in ``configure_model``.
-
-        Reads ``self.hparams`` and any attribute a subclass set in its ``__init__`` (they all exist
-        by now). Override for a new observation / action type.
-        """
+        """The actor-critic when none is injected; runs once, in ``configure_model`` (after ``__init__``).
+        Override for a new observation / action type."""
         h = self.hparams
         if h.get("spaces"):
             check_spaces(h.spaces)
@@ -214,9 +190,7 @@ class RLModule(PolicyModule):
         if h.normalize_advantages and kind != "grpo":
             # One all-reduce of (sum, sum of squares, count) under DDP (AcceRL §global normalisation).
             adv = normalize_advantages(adv, rollout.valid)
-        if isinstance(self.policy, NormalizedPolicy):
-            # This update's value targets set the critic's units before it learns them (Sample
-            # Factory's order); GAE above used the values in return units as sampled.
+        if isinstance(self.policy, NormalizedPolicy):  # the critic's units, before it learns them
             self.policy.update_returns(ret, rollout.valid, reduce=self.sum_over_ranks)
         return adv, ret, values
 
@@ -249,8 +223,7 @@ class RLModule(PolicyModule):
             tokens_per_action=self.tokens_per_action(out.logprobs),
             count=count,
         )
-        # With return normalisation, the value error in units of the targets' std (= the loss of a
-        # critic predicting normalised values): unit scale whatever the reward scale.
+        # With return normalisation, the value error in units of the targets' std.
         scale = self.policy.value_scale.to(out.values) if isinstance(self.policy, NormalizedPolicy) else 1.0
         vl = value_loss(
             values=out.values / scale,
@@ -264,9 +237,7 @@ class RLModule(PolicyModule):
         if self.policy_version < h.get("value_warmup_updates", 0):
             loss = h.vf_coef * vl  # critic warm-up: the policy stays where init_from put it
             if self._trainer is not None and self.trainer.world_size > 1:
-                # DDP all-reduces the gradient of every parameter and refuses one outside the loss's
-                # graph: the policy terms enter with weight 0 (zero gradients, so Adam leaves the policy
-                # where it is; its step count advances). One process keeps them out of the graph.
+                # DDP refuses a parameter outside the loss's graph: the policy terms enter with weight 0.
                 loss = loss + 0.0 * (pg - h.ent_coef * ent)
         else:
             loss = pg + h.vf_coef * vl - h.ent_coef * ent
@@ -305,16 +276,13 @@ class RLModule(PolicyModule):
     @override
     def configure_optimizers(self) -> torch.optim.Optimizer:
         groups = self.param_groups()
-        # Fused Adam updates every tensor in one kernel instead of the default's per-tensor Python loop,
-        # which costs most on small MLPs. Plain tensors on CPU / CUDA only (sharded DTensor parameters
-        # keep the default implementation).
+        # Fused Adam (one kernel for every tensor) on plain CPU / CUDA tensors only (not sharded DTensors).
         params = [p for g in groups for p in g["params"]]
         fused = bool(params) and all(
             type(p.data) is torch.Tensor and p.device.type in ("cpu", "cuda") and p.is_floating_point()
             for p in params
         )
-        # Lightning refuses to clip the gradients of a fused optimizer under mixed precision (it would
-        # unscale them itself), so --trainer.precision *-mixed keeps the per-tensor loop.
+        # Lightning refuses to clip a fused optimizer's gradients under mixed precision.
         fused = fused and not (self._trainer is not None and "mixed" in str(self.trainer.precision))
         return torch.optim.Adam(groups, lr=self.hparams.lr, eps=1e-5, fused=fused or None)
 
@@ -326,9 +294,7 @@ class RLModule(PolicyModule):
         with torch.no_grad():
             adv, ret, values = self.compute_advantages(rollout)
         infos = self._update(rollout, adv, ret, values)
-        if isinstance(self.policy, NormalizedPolicy):
-            # After the update: this Rollout was sampled, and its update evaluated, with the
-            # statistics published before it; the next version carries the new ones.
+        if isinstance(self.policy, NormalizedPolicy):  # after the update: the next version carries them
             self.policy.update_obs(rollout.obs, rollout.valid, reduce=self.sum_over_ranks)
         self._policy_version += 1
         self._log_step(rollout, infos, values, ret)
@@ -337,16 +303,12 @@ class RLModule(PolicyModule):
         h = self.hparams
         opt = self.optimizers()
         opt = opt[0] if isinstance(opt, list) else opt  # the RL optimizer first (a subclass may add more)
-        # FAST §SMPO, L = Σ valid·ℓ / max(Σ valid, 1): keeping only the valid transitions here IS that
-        # normalisation. Every minibatch is drawn from them, so each loss term's mean is a mean over
-        # valid transitions only, and the losses' masks find no padding left on this path. Under DDP
-        # the denominator is the valid count all-reduced over the ranks (_global_count), so that the
-        # global mean is exact however unevenly the ranks' valid transitions are spread.
+        # FAST §SMPO, L = Σ valid·ℓ / max(Σ valid, 1): every minibatch is drawn from the valid transitions
+        # only; under DDP the denominator is the global valid count (_global_count).
         idx = rollout.valid.reshape(-1).nonzero().squeeze(-1)
         data = Minibatch.from_rollout(rollout, adv, ret, values)
         infos: list[dict[str, Tensor]] = []
-        # A rollout with fewer valid transitions than minibatches (DPSA cycles vary) splits into
-        # as many as it has, never into empty ones; one with none is not an update.
+        # Never an empty minibatch; a rollout with no valid transition is not an update.
         pieces = min(h.num_minibatches, idx.numel())
         fresh = on_current_weights(rollout.policy_version, rollout.valid, self.policy_version)
         for epoch in range(h.update_epochs if pieces else 0):
@@ -365,8 +327,7 @@ class RLModule(PolicyModule):
                 self._skip_if_nonfinite(opt, loss, epoch, minibatch)
                 opt.step()  # with every grad None (a skipped step) the optimizer changes nothing
                 infos.append(info)
-        # One stack + mean at the end: no host sync inside the minibatch loop.
-        if not infos:
+        if not infos:  # one stack + mean at the end: no host sync inside the minibatch loop
             return {}
         return {k: torch.stack([i[k] for i in infos]).mean() for k in infos[0]}
 
