@@ -1,22 +1,16 @@
-"""Checkpoint files: reading one (naming the file when it is missing, not a checkpoint or corrupt)
-and writing one atomically, with a checksum (:class:`AtomicCheckpointIO`). File I/O only: which
-LightningModule a checkpoint holds, and loading it, is :mod:`fastlight.modules.loading`.
+"""Checkpoint files: reading one (naming the file when it is missing, not a checkpoint or corrupt) and
+writing one atomically, with a checksum (:class:`AtomicCheckpointIO`). Which LightningModule a checkpoint
+holds is :mod:`fastlight.modules.loading`.
 
-**Checksum.** Every checkpoint :class:`AtomicCheckpointIO` writes carries the sha256 of the bytes
-``torch.save`` wrote, in the zip archive's comment (``fastlight-sha256:<hex>``, the last 81 bytes of
-the file; the end record's comment length, 0 as torch writes it, is set to 81). The file stays a
-plain torch checkpoint (``torch.load``, ``mmap=True`` and ``unzip -z`` read it). Torch checks no
-checksum when it loads; :func:`verify_checksum` (called by :func:`read_checkpoint`, i.e.
-``--ckpt_path``, ``--model.init_from`` and ``fastlight evaluate --ckpt``) refuses a damaged file in one
-line naming it. A file without the comment (another CheckpointIO's) is loaded unchecked; a file is
-checked once per process (keyed by inode, size and mtime). The checksum proves the file intact, not
-safe: reading runs no code whoever wrote it (:mod:`fastlight.safe_files`).
+**Checksum.** A checkpoint :class:`AtomicCheckpointIO` writes carries the sha256 of the bytes
+``torch.save`` wrote in the zip archive's comment (``fastlight-sha256:<hex>``, the last 81 bytes of the
+file), so it stays a plain torch checkpoint. :func:`verify_checksum` (called by :func:`read_checkpoint`)
+refuses a damaged file in one line naming it; a file without the comment is loaded unchecked; a file is
+checked once per process. The checksum proves the file intact, not safe (:mod:`fastlight.safe_files`).
 
-**Failed writes.** A full disk, a read-only filesystem or an I/O error is a
-:class:`CheckpointWriteError`, one line naming the path, the free space there and the last good
-checkpoint to resume from. While a save runs, :func:`save_in_progress` is true: the stop-signal
-handler (:mod:`fastlight.callbacks.preemption`) then only notes the signal, so it never raises inside
-``torch.save``.
+**Failed writes.** A full disk, a read-only filesystem or an I/O error is a :class:`CheckpointWriteError`,
+one line naming the path, the free space there and the last good checkpoint. While a save runs,
+:func:`save_in_progress` is true, so the stop-signal handler never raises inside ``torch.save``.
 """
 
 from __future__ import annotations
@@ -69,10 +63,9 @@ def saving() -> Iterator[None]:
 def read_checkpoint(
     path: str | Path, *, flag: str = "--ckpt", map_location: Any = "cpu", sharded: bool = False
 ) -> dict[str, Any]:
-    """``torch.load`` a Lightning checkpoint (on the CPU unless ``map_location`` says otherwise), its
-    checksum verified, naming ``flag`` and the file when it is missing, corrupt or not a checkpoint.
-    A sharded one (a folder, ``--trainer.strategy fsdp2``'s ``sharded-step=<S>``) gives its ``meta.pt``,
-    all but the weights and optimizer state, where ``sharded`` (a resume) allows it; else it is refused."""
+    """``torch.load`` a Lightning checkpoint, its checksum verified, naming ``flag`` and the file when it is
+    missing, corrupt or not a checkpoint. A sharded one (an fsdp2 ``sharded-step=<S>`` folder) gives its
+    ``meta.pt`` (all but the weights and optimizer state) where ``sharded`` allows it; else it is refused."""
     path = Path(path)
     if path.is_dir() and (path / "meta.pt").is_file():
         if sharded:
@@ -103,13 +96,10 @@ WRITE_CHECK_BYTES = 64 * 1024
 
 
 def check_writable_dir(path: str | os.PathLike[str], *, flag: str = "--trainer.default_root_dir") -> None:
-    """Refuse, in one line naming ``flag``, a directory this process cannot write to: a run's logs and
-    checkpoints go there, and the first write (TensorBoard's, once the samplers have started) would
-    fail with a long traceback. Creates nothing: the directory, or its nearest existing parent, must
-    be a directory in which a file can be created and written. That is tried (a temporary file of
-    :data:`WRITE_CHECK_BYTES`, removed at once)
-    rather than read off permission bits, which miss read-only mounts and which root passes anyway.
-    Remote paths (``s3://...``) are not checked."""
+    """Refuse, in one line naming ``flag``, a directory (or its nearest existing parent) in which this
+    process cannot create and write a file. Creates nothing; tried with a temporary file rather than read
+    off permission bits, which miss read-only mounts and which root passes anyway. Remote paths are not
+    checked."""
     text = os.fspath(path)
     if "://" in text:
         return
@@ -126,8 +116,7 @@ def check_writable_dir(path: str | os.PathLike[str], *, flag: str = "--trainer.d
             f"{probe}); choose a directory this user can write to"
         ) from e
     try:
-        # A full filesystem still lets an empty file be created; a write of a few pages it refuses,
-        # here, rather than in TensorBoard's writer during Lightning's setup (a long traceback).
+        # A full filesystem still lets an empty file be created; a write of a few pages it refuses.
         os.write(fd, bytes(WRITE_CHECK_BYTES))
     except OSError as e:
         raise ValueError(
@@ -140,25 +129,18 @@ def check_writable_dir(path: str | os.PathLike[str], *, flag: str = "--trainer.d
 
 
 class CheckpointWriteError(OSError):
-    """A checkpoint could not be written (a full disk, a read-only filesystem, an I/O error). Its
-    message is one line: the path, the error, the free space there, and the last good checkpoint to
-    resume from (the previous file at the path is unchanged: writes are atomic)."""
+    """A checkpoint could not be written; its message is one line (see the module docstring)."""
 
-    #: Set once the line has been printed (PreemptionCheckpoint's stop line), so the command does
-    #: not print it twice.
-    reported: bool = False
+    reported: bool = False  #: the line was printed (PreemptionCheckpoint's stop line): not again
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Checkpoints that appear under their final name only when complete, with a checksum.
 
-    ``torch.save`` streams to a temporary file in the same directory (no second copy in memory), hashed
-    as it goes; the checksum is added (module docstring), the file flushed and fsynced, and only then
-    renamed over the final name (``os.replace`` is atomic on POSIX), so a full disk or a kill mid-write
-    never leaves a truncated file under it. A failed save removes the temporary file, leaves the previous
-    checkpoint intact and raises a :class:`CheckpointWriteError` (the original errno) naming the path.
-    Loading is :func:`read_checkpoint`'s. The ``fastlight`` CLI installs it unless ``--trainer.plugins``
-    brings another CheckpointIO.
+    ``torch.save`` streams to a temporary file in the same folder, hashed as it goes; the checksum is added,
+    the file fsynced and renamed over the final name, so a full disk or a kill mid-write never leaves a
+    truncated file under it. A failed save leaves the previous checkpoint intact and raises a
+    :class:`CheckpointWriteError` (the original errno) naming the path.
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
@@ -175,8 +157,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                     try:
                         torch.save(checkpoint, writer)
                     except BaseException as e:
-                        # torch's zip writer turns a failed write (OSError) and an exception raised inside
-                        # it (a stop signal's SystemExit) into a RuntimeError, the original as its context.
+                        # torch's zip writer wraps an OSError (or a signal's SystemExit) in a RuntimeError.
                         chain = exception_chain(e)
                         raise next(
                             (c for c in chain if not isinstance(c, Exception) or isinstance(c, OSError)), e
@@ -189,9 +170,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             with contextlib.suppress(OSError):
                 os.remove(tmp)
             if isinstance(e, OSError):
-                raise CheckpointWriteError(
-                    e.errno, write_error_line(path, e, payload_bytes(checkpoint))
-                ) from e
+                line = write_error_line(path, e, payload_bytes(checkpoint))
+                raise CheckpointWriteError(e.errno, line) from e
             raise
         _fsync_dir(folder)  # the rename itself survives a power cut
 
@@ -206,8 +186,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 
 class _HashingWriter:
-    """The file object ``torch.save`` writes to: passes every write on and hashes it, so the
-    checksum costs no second pass over the bytes."""
+    """The file object ``torch.save`` writes to: passes every write on and hashes it (no second pass)."""
 
     def __init__(self, f: Any) -> None:
         self.f = f
@@ -243,9 +222,8 @@ def exception_chain(error: BaseException) -> list[BaseException]:
 
 
 def verify_checksum(path: str | os.PathLike[str], *, flag: str = "--ckpt_path") -> bool:
-    """Check the checksum a checkpoint carries (see the module docstring): True when it matches,
-    False when the file carries none (loaded unchecked); a mismatch raises a one-line ``ValueError``
-    naming ``flag`` and the file."""
+    """True when a checkpoint's checksum matches, False when it carries none; a mismatch raises a
+    one-line ``ValueError`` naming ``flag`` and the file."""
     path = os.fspath(path)
     st = os.stat(path)
     key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
@@ -287,10 +265,8 @@ def verify_checksum(path: str | os.PathLike[str], *, flag: str = "--ckpt_path") 
 
 def last_good_checkpoint(path: str, *, exclude: str | None = None) -> str | None:
     """The newest checkpoint to resume from instead of ``path`` (whose save failed, or, given as
-    ``exclude``, which is corrupt): ``path`` itself when it exists and is not excluded (an atomic save
-    leaves the previous file unchanged), else the newest ``*.ckpt`` beside it or elsewhere in its
-    run layout (``<dirpath>/last.ckpt`` and ``<dirpath>/version_N/*.ckpt``: ModelCheckpoint's
-    ``epoch=...`` files, earlier runs'). None when there is none."""
+    ``exclude``, which is corrupt): ``path`` itself unless excluded, else the newest ``*.ckpt`` beside
+    it or in its run layout (``<dirpath>/*.ckpt``, ``<dirpath>/version_N/*.ckpt``); None when none."""
     if exclude is None and os.path.isfile(path):
         return path
     folder = os.path.dirname(os.path.abspath(path))
@@ -313,24 +289,21 @@ def last_good_checkpoint(path: str, *, exclude: str | None = None) -> str | None
 
 def write_error_line(path: str, error: OSError, needed: int | None = None) -> str:
     """One line for a checkpoint that could not be written: the path, the error, the space it needs
-    (``needed`` bytes, about) and the free space on its filesystem, and the last good checkpoint to
-    resume from."""
+    (about ``needed`` bytes), the free space there, and the last good checkpoint."""
     folder = os.path.dirname(os.path.abspath(path))
     code = errno_names.errorcode.get(error.errno or 0, str(error.errno))
     space = free_space(folder)
     if needed:
         space = f"it needs about {_size(needed)}, {space}"
     last = last_good_checkpoint(path)
-    if last is None:
-        resume = "no earlier checkpoint to resume from"
-    else:
+    resume = "no earlier checkpoint to resume from"
+    if last is not None:
         resume = f"last good checkpoint to resume from: {last}" + (" (unchanged)" if last == path else "")
     return f"could not save checkpoint {path}: {error.strerror or error} ({code}); {space}; {resume}"
 
 
 def free_space(folder: str) -> str:
-    """``<free> free of <total> on the filesystem of <folder>`` (``shutil.disk_usage``), for a line
-    about a write that failed there."""
+    """``<free> free of <total> on the filesystem of <folder>``, for a line about a failed write."""
     try:
         usage = shutil.disk_usage(folder)
     except OSError:
@@ -341,8 +314,7 @@ def free_space(folder: str) -> str:
 def payload_bytes(obj: Any) -> int:
     """The bytes of the tensors in a checkpoint (each storage once): about the size of its file."""
     seen: set[int] = set()
-    total = 0
-    stack = [obj]
+    total, stack = 0, [obj]
     while stack:
         item = stack.pop()
         if isinstance(item, torch.Tensor):

@@ -1,14 +1,6 @@
 """Process helpers every fastlight process shares: what a child does first (die with its trainer,
 ignore the stop signals, seed, limit threads), the shared stop flag and lock, the children's heartbeat
-(:class:`Liveness`), and the readers of Linux's ``/proc`` it needs.
-
-Used by the sampler processes (:mod:`fastlight.sampling.worker`), their pool
-(:mod:`fastlight.fleet.pool`), the inference worker and its client (:mod:`fastlight.inference`) and
-the shared weights (:mod:`fastlight.weights.shared_memory`). Processes start with the spawn context
-(or the forkserver the CLI warms) and get their seed from the trainer (DESIGN: processes), so a run
-is reproducible and no child outlives it.
-
-This module is the ground floor: it imports nothing from fastlight.
+(:class:`Liveness`), and the readers of Linux's ``/proc`` it needs. It imports nothing from fastlight.
 """
 
 from __future__ import annotations
@@ -35,16 +27,9 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 
 
 def start_child(parent_pid: int, *, seed: int | None = None, threads: int | None = None) -> None:
-    """Call first in a spawned child: :func:`die_with_parent`, then seeding and the thread count.
-
-    The stop signals are ignored: a Ctrl-C in a terminal reaches the whole process group, and so
-    do ``kill -TERM -PGID`` and SLURM's ``scancel`` (which signals every process of the job). The
-    trainer handles them (all its ranks agree on the update to stop after, one checkpoint, then it
-    stops its children); a child that died of one would be restarted by the pool while the trainer
-    stops, and one that raised KeyboardInterrupt would print a traceback and look like a crash.
-    (The pool also starts children with them ignored, which covers their start-up, before this runs.)
-    The trainer stops a child through the pool's stop flag, then SIGKILL.
-    """
+    """Call first in a spawned child: ignore the stop signals, :func:`die_with_parent`, then seeding and
+    the thread count. A Ctrl-C or ``scancel`` reaches every process of the job; the trainer handles it
+    and stops its children (through the pool's stop flag, then SIGKILL)."""
     ignore_stop_signals()
     die_with_parent(parent_pid)
     if threads is not None:
@@ -63,10 +48,8 @@ def usable_cores() -> int:
 
 
 def spare_threads(*, cores: int, ranks: int, busy: int) -> int:
-    """Intra-op threads for a process that shares ``cores`` with ``ranks - 1`` other trainer ranks
-    and, per rank, ``busy`` single-threaded processes that compute all the time (samplers): the
-    cores left over, at least 1. More threads than free cores make OpenMP's workers wait on
-    preempted peers at every parallel region."""
+    """Intra-op threads for a process that shares ``cores`` with ``ranks - 1`` other trainer ranks and,
+    per rank, ``busy`` single-threaded busy processes (samplers): the cores left over, at least 1."""
     return max(1, cores // max(1, ranks) - busy)
 
 
@@ -74,21 +57,16 @@ def ignore_stop_signals() -> None:
     if threading.current_thread() is threading.main_thread():
         for sig in STOP_SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
-        # Started from a trainer's thread, a child inherits them blocked (children_ignore_stop_signals):
-        # ignored now, they need not stay blocked (a blocked mask would pass on to its own children).
+        # A child started from a trainer's thread inherits them blocked: ignored now, they need not be.
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 
 @contextlib.contextmanager
 def children_ignore_stop_signals() -> Iterator[None]:
-    """Start processes inside this block to have them ignore the stop signals from their first
-    instruction: an ignored disposition survives fork and exec, and Python then installs no
-    KeyboardInterrupt handler. The trainer's own handlers are back when the block ends.
-
-    Outside the main thread (a sampler restarted by the prefetch thread), where Python cannot set a
-    disposition, the signals are blocked in this thread instead: a child inherits the calling
-    thread's mask through fork and exec, so none is delivered to it before :func:`start_child`
-    ignores them; the trainer's other threads still receive them (its main thread handles them)."""
+    """Processes started inside this block ignore the stop signals from their first instruction (an
+    ignored disposition survives fork and exec). Outside the main thread, where Python cannot set a
+    disposition, the signals are blocked in this thread instead (a child inherits the mask) until
+    :func:`start_child` ignores them."""
     if threading.current_thread() is not threading.main_thread():
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
         try:
@@ -105,15 +83,9 @@ def children_ignore_stop_signals() -> Iterator[None]:
 
 
 def die_with_parent(parent: int) -> None:
-    """Exit when the trainer (pid ``parent``) dies: the kernel's PR_SET_PDEATHSIG on Linux, plus
-    a watchdog thread. ``parent`` is passed in rather than read here, because the trainer may
-    die while this process is still importing, before this function runs.
-
-    A child forked by the trainer's forkserver (:mod:`fastlight.fleet.start`) has the
-    forkserver as its parent, itself the trainer's child. The forkserver does not exit with the
-    trainer on its own: it waits until every process holding its "alive" pipe is gone, and its
-    children hold that pipe too. So such a child also watches the forkserver's parent, and exits
-    once that is no longer the trainer; the forkserver follows when its last child is gone."""
+    """Exit when the trainer (pid ``parent``, passed in: it may die while this child imports) dies: the
+    kernel's PR_SET_PDEATHSIG on Linux, plus a watchdog thread. A child of the trainer's forkserver also
+    watches the forkserver's parent (the forkserver does not exit with the trainer while children live)."""
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
@@ -140,12 +112,8 @@ def seed_everything(seed: int) -> None:
 
 
 class StopFlag:
-    """A stop request shared with child processes, read without a lock.
-
-    ``multiprocessing.Event.is_set`` takes a lock shared by every process: a child killed or
-    SIGSTOPped inside it (samplers poll it in their loops) would block the trainer's ``set()``
-    forever. A single shared byte cannot be left locked.
-    """
+    """A stop request shared with child processes, read without a lock (a child killed inside
+    ``multiprocessing.Event.is_set`` would leave its lock held; a shared byte cannot be)."""
 
     def __init__(self, ctx: Any) -> None:
         self._flag = ctx.Value("b", 0, lock=False)
@@ -158,12 +126,8 @@ class StopFlag:
 
 
 class OwnedLock:
-    """A process-shared lock that remembers which pid holds it, so that the trainer can free it
-    when it kills that process (a restarted sampler must not leave the weights locked forever).
-
-    The holder's pid is written right after acquiring and cleared right before releasing; a
-    process killed between those instructions and the lock calls themselves is the only gap.
-    """
+    """A process-shared lock that remembers which pid holds it, so that the trainer can free it when it
+    kills that process (a process killed between the lock call and the pid write is the only gap)."""
 
     def __init__(self, ctx: Any) -> None:
         self._lock = ctx.Lock()
@@ -189,12 +153,8 @@ class OwnedLock:
 
 @dataclass(frozen=True)
 class HeartbeatLimits:
-    """How long a child may be silent, and the flags that set it (error messages name them).
-
-    A child that has beaten at least once may be silent for ``heartbeat_s``; until its first beat
-    (spawn, imports, building envs) it gets ``max(heartbeat_s, start_timeout_s)``. The defaults
-    (infinite) never count a child as hung.
-    """
+    """How long a child may be silent (``heartbeat_s``; before its first beat ``max(heartbeat_s,
+    start_timeout_s)``; infinite by default), and the flags that set it (error messages name them)."""
 
     heartbeat_s: float = float("inf")
     start_timeout_s: float = float("inf")
@@ -203,23 +163,13 @@ class HeartbeatLimits:
 
 
 class Liveness:
-    """A child process's heartbeat, both ends: the child calls :meth:`beat` on every sign of progress
-    (an env step, a reset, a turn of a wait loop), the trainer calls :meth:`hang` and restarts or
-    names a child whose counter stood still too long (Sample Factory's habit; DESIGN: a silent hang
-    is never acceptable).
+    """A child process's heartbeat, both ends: the child calls :meth:`beat` on every sign of progress,
+    the trainer calls :meth:`hang` and restarts or names a child whose counter stood still too long.
 
     The counter lives in shared memory (``ctx.Value("Q", lock=False)``); the trainer only looks for a
-    change, so neither clocks nor atomic increments matter, and a child killed mid-increment leaves
-    nothing locked. The object is passed to the child as a ``Process`` argument; the watching state
-    (last value seen and when, on the trainer's monotonic clock) is the trainer's copy.
-
-    Timeout rule: :class:`HeartbeatLimits`. Silence is measured from the last time a watcher saw the
-    counter move (or from :meth:`reset`, called right after the child starts), so a hang is detected
-    one watch interval after the limit at the latest.
-
-    Where the child shares no memory with the watcher (a Ray actor on another node), ``ctx`` is None:
-    the counter is the watcher's own, set by :meth:`report` from the count the child sends, and the
-    same rule applies (a child that stops answering stops moving it too).
+    change, so a child killed mid-increment leaves nothing locked. Silence is measured from the last
+    time a watcher saw it move (or from :meth:`reset`), against :class:`HeartbeatLimits`. With ``ctx``
+    None (a Ray actor on another node) the counter is the watcher's own, set by :meth:`report`.
     """
 
     def __init__(self, ctx: Any | None, limits: HeartbeatLimits | None = None) -> None:
@@ -236,8 +186,7 @@ class Liveness:
         self.counter.value = beats
 
     def reset(self, *, restart: bool = False) -> None:
-        """Start watching now (call right after starting the child); ``restart`` also zeroes the
-        counter, so a child started again on the same counter is held to the start-up limit."""
+        """Start watching now (right after starting the child); ``restart`` also zeroes the counter."""
         if restart:
             self.counter.value = 0
         self._seen, self._seen_at = self.counter.value, time.monotonic()
@@ -270,8 +219,8 @@ class Liveness:
 
 
 def stat_fields(pid: int) -> list[str] | None:
-    """The fields of ``/proc/<pid>/stat`` after ``(comm)`` (a command name may hold spaces and
-    parentheses): ``[0]`` state, ``[1]`` ppid, ``[11]`` utime, ``[12]`` stime, ``[19]`` starttime."""
+    """The fields of ``/proc/<pid>/stat`` after ``(comm)``: ``[0]`` state, ``[1]`` ppid, ``[11]`` utime,
+    ``[12]`` stime, ``[19]`` starttime."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()
@@ -301,8 +250,7 @@ def alive(pid: int) -> bool:
 
 @dataclass(frozen=True)
 class MemorySample:
-    """A process's resident memory as last seen (``/proc/<pid>/status``): now and at its peak, in MiB,
-    and when it was read (``time.monotonic()``)."""
+    """A process's resident memory (now and peak, MiB) and when it was read (``time.monotonic()``)."""
 
     rss_mib: float
     peak_mib: float
@@ -310,8 +258,7 @@ class MemorySample:
 
 
 def sample_memory(pid: int) -> MemorySample | None:
-    """``VmRSS`` and ``VmHWM`` of process ``pid`` (one small read: cheap enough for a watch loop);
-    None where unreadable (gone, a zombie, no ``/proc``)."""
+    """``VmRSS`` and ``VmHWM`` of process ``pid``; None where unreadable (gone, a zombie, no ``/proc``)."""
     rss = peak = None
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -332,10 +279,8 @@ def format_mib(mib: float) -> str:
 
 
 def exit_note(code: int | None, memory: MemorySample | None = None, now: float | None = None) -> str | None:
-    """What a dead child's exit code says beyond the number, or None for a normal exit code: the
-    signal that killed it (multiprocessing reports a signal ``N`` as exit code ``-N``) and, for
-    SIGKILL, its last resident memory seen (``memory``, from :func:`sample_memory`), since the
-    kernel's OOM killer kills with SIGKILL and leaves no other trace in the process."""
+    """What a dead child's exit code says beyond the number, or None for a normal exit: the signal that
+    killed it and, for SIGKILL (the OOM killer's), its last resident memory seen (``memory``)."""
     if code is None or code >= 0:
         return None
     try:
@@ -348,10 +293,8 @@ def exit_note(code: int | None, memory: MemorySample | None = None, now: float |
         seen = "its memory was never read"
     else:
         age = (time.monotonic() if now is None else now) - memory.at
-        seen = (
-            f"it held {format_mib(memory.rss_mib)} resident (peak {format_mib(memory.peak_mib)}) "
-            f"{age:.1f} s before"
-        )
+        rss, peak = format_mib(memory.rss_mib), format_mib(memory.peak_mib)
+        seen = f"it held {rss} resident (peak {peak}) {age:.1f} s before"
     return (
         f"exit code {code} is SIGKILL, which the kernel's OOM killer sends when memory runs out: {seen}; "
         "`dmesg | grep -i 'killed process'` (or `journalctl -k`) shows whether it did"
