@@ -1,14 +1,9 @@
 """A checkpoint under a second, stable name: ``<dirpath>/last.ckpt`` for ``<dirpath>/version_N/last.ckpt``.
 
-Each run writes its files in its own ``version_N`` folder, and :func:`link_as` makes the stable path a
-second name of the newest one, atomically: the stable path always holds the newest checkpoint of the
-latest run to save one, is a plain file (``--ckpt_path``, ``--model.init_from``, ``mv`` and ``rsync``
-treat it as one), and costs no extra disk. A hard link rather than a symlink: a symlink dangles once
-moved (``mv last.ckpt init.ckpt``) or once its run folder is deleted; a hard link is the file itself,
-and every save writes a new file (:class:`~fastlight.checkpoints.AtomicCheckpointIO` renames over the
-old one), so the two names never share a half-written file. A file already at the stable path that
-is no other file's second name (from before versioned folders, or whose run folder was deleted) is
-kept under another name, never overwritten.
+A hard link rather than a symlink: a symlink dangles once moved or once its run folder is deleted, and
+every save writes a new file (:class:`~fastlight.checkpoints.AtomicCheckpointIO` renames over the old
+one), so the two names never share a half-written file. A file already at the stable path that is no
+other file's second name is kept under another name, never overwritten.
 """
 
 from __future__ import annotations

@@ -1,50 +1,32 @@
 """Every use of a private Lightning API in fastlight, in one module.
 
-A name with a leading underscore can change in any Lightning release. Each one here is used because
-no public API does the job; :data:`CHECKED` is the release range they were checked against, and
-tests/test_compat.py fails, naming this module, once the installed Lightning leaves it. After an
-upgrade, re-read this list; tests/faults/test_preemption.py, test_ddp_stop.py and test_lost_rank.py
-exercise the names defined here. All were checked against Lightning 2.6.6. Used in place:
+Each one here is used because no public API does the job; :data:`CHECKED` is the release range they were
+checked against (tests/test_compat.py fails once the installed Lightning leaves it). After an upgrade,
+re-read this list; tests/faults/test_preemption.py, test_ddp_stop.py and test_lost_rank.py exercise the
+names defined here. Used in place:
 
-- ``LightningCLI._instantiate_trainer``, ``_parse_ckpt_path`` and ``_get``, overridden and called by
-  :class:`fastlight.cli.FastlightCLI` (the default progress bar; a resume with the typed settings);
-- ``TQDMProgressBar._train_progress_bar`` and ``_should_update``, used by
-  :class:`~fastlight.callbacks.progress.RolloutProgressBar` (one bar for the whole fit);
+- ``LightningCLI._instantiate_trainer``, ``_parse_ckpt_path`` and ``_get``: ``fastlight.cli.FastlightCLI``;
+- ``TQDMProgressBar._train_progress_bar`` and ``_should_update``: ``RolloutProgressBar``;
 - ``LightningModule._trainer``: whether a module is attached to a Trainer (``trainer`` raises when not).
 
 Defined here:
 
-- ``lightning.pytorch.trainer.connectors.signal_connector._SignalConnector`` (and its
-  ``_original_handlers``, ``_get_current_signal_handlers``, ``_register_signal``), set as
-  ``Trainer._signal_connector``: :class:`StopSignalConnector`. Lightning's connector installs, for
-  SIGTERM, a handler that forwards the signal to the launched ranks and then enters ``dist.broadcast``
-  from inside the signal handler, on whatever rank received it: a rank other than 0 blocks in a
-  broadcast that rank 0, busy in the update's all-reduce, never joins (the job deadlocks); under SLURM
-  with auto-requeue its SIGUSR1 handler saves a checkpoint (a barrier) from the handler too. The
-  subclass keeps the connector's record and restore of the process's handlers and registers one
-  handler that enters no collective for every stop signal. ``Trainer.received_sigterm`` stays False,
-  so Lightning's loops (their per-batch broadcast from rank 0) never stop one rank alone.
-- ``Trainer._accelerator_connector.cluster_environment``: the SLURM environment and its requeue
-  signal, also for one process (``Trainer.strategy`` has a cluster environment only under DDP).
-- ``Trainer._logger_connector.log_metrics``: :func:`log_once`, metrics a callback has only at some
-  updates (an evaluation, a weight publish), logged at that update's logger step and nowhere else.
-- ``Trainer._checkpoint_connector.hpc_save_path``: the ``hpc_ckpt_N.ckpt`` name a requeued SLURM job
-  resumes from (Lightning looks for no other name).
-- ``Trainer._checkpoint_connector.dump_checkpoint``: the full checkpoint dict, made on this rank alone;
-  ``Trainer.save_checkpoint`` gathers and ends in a barrier, which a rank whose peer is lost cannot
-  enter.
-- ``lightning.pytorch.strategies.launchers.subprocess_script._SubprocessScriptLauncher`` (its
-  ``procs``): the ranks Lightning's launcher started on this node.
-- ``lightning.fabric.strategies.launchers.subprocess_script._ChildProcessObserver`` (its
-  ``_child_processes``): the launcher's thread that SIGKILLs rank 0 within 5 s of another rank's
-  non-zero exit, which a rank stopping on purpose (exit 128 + signum) or a lost one triggers before
-  any checkpoint is written; :func:`stand_down_child_observer` empties its list.
-- ``ModelParallelStrategy._save_distributed_checkpoint``: :func:`save_sharded` writes one checkpoint
-  as the strategy built with ``save_distributed_checkpoint=True`` does (a directory of each rank's
-  shards), whatever it was built with (``--trainer.strategy fsdp2`` saves one file otherwise).
-- ``LightningModule._hparams`` and ``_hparams_initial``: :func:`record_hparams` writes the policy and
-  the objective into a module's hparams as plain data (a class path and its init args), where
-  checkpoints and loggers read them.
+- ``signal_connector._SignalConnector`` (``_original_handlers``, ``_get_current_signal_handlers``,
+  ``_register_signal``) as ``Trainer._signal_connector``: :class:`StopSignalConnector`. Lightning's
+  SIGTERM handler enters ``dist.broadcast`` from inside the handler on whatever rank received it, which
+  deadlocks a rank other than 0 (and its SLURM SIGUSR1 handler saves, with a barrier, there too). The
+  subclass registers one handler that enters no collective for every stop signal;
+  ``Trainer.received_sigterm`` stays False, so Lightning's loops never stop one rank alone.
+- ``Trainer._accelerator_connector.cluster_environment``: the SLURM environment and its requeue signal.
+- ``Trainer._logger_connector.log_metrics``: :func:`log_once`.
+- ``Trainer._checkpoint_connector.hpc_save_path``: the ``hpc_ckpt_N.ckpt`` a requeued SLURM job resumes from.
+- ``Trainer._checkpoint_connector.dump_checkpoint``: the full checkpoint dict made on this rank alone
+  (``Trainer.save_checkpoint`` ends in a barrier a rank whose peer is lost cannot enter).
+- ``_SubprocessScriptLauncher.procs``: the ranks Lightning's launcher started on this node.
+- ``_ChildProcessObserver._child_processes``: the launcher's thread that SIGKILLs rank 0 within 5 s of
+  another rank's non-zero exit; :func:`stand_down_child_observer` empties its list.
+- ``ModelParallelStrategy._save_distributed_checkpoint``: :func:`save_sharded`.
+- ``LightningModule._hparams`` and ``_hparams_initial``: :func:`record_hparams`.
 """
 
 from __future__ import annotations
@@ -91,10 +73,8 @@ def hpc_save_path(trainer: L.Trainer) -> str:
 
 
 def log_once(trainer: L.Trainer, metrics: dict[str, float]) -> None:
-    """Log ``metrics`` at this update's logger step only, and make them the latest callback metrics (for a
-    monitor or the progress bar). ``LightningModule.log`` from a callback keeps the value in the epoch's
-    results, and Lightning logs it again at every later step of the epoch: one evaluation would read as
-    one at every update in TensorBoard and metrics.csv."""
+    """Log ``metrics`` at this update's logger step only, and make them the latest callback metrics
+    (``LightningModule.log`` from a callback would log them again at every later step of the epoch)."""
     values = {k: torch.tensor(float(v)) for k, v in metrics.items()}
     trainer.callback_metrics.update(values)
     trainer._logger_connector.log_metrics(values)
@@ -107,9 +87,8 @@ def dump_checkpoint(trainer: L.Trainer) -> dict[str, Any]:
 
 
 def save_sharded(trainer: L.Trainer, path: str) -> None:
-    """``Trainer.save_checkpoint(path)`` under ``ModelParallelStrategy(save_distributed_checkpoint=True)``:
-    every rank writes its own shards (PyTorch's distributed checkpoint), then rank 0 Lightning's
-    ``meta.pt``, then all meet in a barrier. Every rank takes part."""
+    """``Trainer.save_checkpoint(path)`` as under ``save_distributed_checkpoint=True``: every rank writes
+    its own shards, then rank 0 Lightning's ``meta.pt``, then all meet in a barrier."""
     strategy = trainer.strategy
     before = strategy._save_distributed_checkpoint
     strategy._save_distributed_checkpoint = True
@@ -120,14 +99,8 @@ def save_sharded(trainer: L.Trainer, path: str) -> None:
 
 
 class StopSignalConnector(_SignalConnector):
-    """Lightning's signal connector with one handler, ``handler``, for every stop signal (see the
-    module docstring for why).
-
-    ``register_signal_handlers`` records the process's handlers (Lightning's ``teardown`` puts them
-    back when the fit ends, an interrupted one included) and installs ``handler``. It is called once by
-    :func:`install_stop_handler`, so a signal during the rest of the setup is handled too; Lightning's
-    own call, later in ``fit``, then changes nothing.
-    """
+    """Lightning's signal connector with one ``handler`` for every stop signal (module docstring).
+    Lightning's ``teardown`` puts the process's handlers back; registering twice changes nothing."""
 
     def __init__(self, trainer: L.Trainer, handler: Handler) -> None:
         super().__init__(trainer)
@@ -168,8 +141,7 @@ def launched_ranks(trainer: L.Trainer) -> list[subprocess.Popen]:
 
 def stand_down_child_observer(trainer: L.Trainer) -> None:
     """Stop Lightning's observer of the launched ranks from SIGKILLing this process when one of them
-    exits non-zero; the caller waits for them instead (it polls every 5 s, and ends at its next poll
-    once it watches nothing)."""
+    exits non-zero (the caller waits for them instead)."""
     launcher = trainer.strategy.launcher
     if not isinstance(launcher, _SubprocessScriptLauncher) or not launcher.procs:
         return

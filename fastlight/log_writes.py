@@ -1,18 +1,11 @@
 """A logger's write that fails (a full disk, a read-only filesystem, an I/O error) stops the run in one line.
 
-TensorBoard writes from a thread of its own, which prints its ``OSError`` as a traceback, keeps it, and
-raises it again at every later write from the training loop, where Lightning's TensorBoardLogger wraps
-any error as ``ValueError: you tried to log ... which is currently not supported``; Lightning then
-finalizes the loggers after the failure, and their flush raises the ``OSError`` once more.
-
 :func:`guard_logger_writes` (the ``fastlight`` command applies it to every logger of its Trainer) wraps
-each logger's writing methods: an ``OSError`` anywhere in the chain of what one raises becomes a
-:class:`LogWriteError`, one line naming the logger, the path, the error and the free space there
-(``shutil.disk_usage``); :class:`~fastlight.callbacks.preemption.PreemptionCheckpoint` adds the
-checkpoint to resume from, and the command exits 1. A logger whose write failed writes nothing more,
-and its ``finalize`` after a failed run (``status`` other than ``success``) says nothing: the run's own
-error is the one reported. TensorBoard's writer thread no longer prints its ``OSError`` (the training
-loop's next write raises it, named).
+each logger's writing methods: an ``OSError`` anywhere in the chain of what one raises (Lightning's
+TensorBoardLogger wraps it in a ``ValueError``) becomes a :class:`LogWriteError`, one line naming the
+logger, the path, the error and the free space there. A logger whose write failed writes nothing more,
+and its ``finalize`` after a failed run says nothing: the run's own error is the one reported.
+TensorBoard's writer thread no longer prints its ``OSError`` (the training loop's next write raises it).
 """
 
 from __future__ import annotations
@@ -33,12 +26,9 @@ _WRITER_THREAD_MODULE = "tensorboard.summary.writer.event_file_writer"
 
 
 class LogWriteError(OSError):
-    """A logger could not write its files. Its message is one line: the logger, the path, the error and
-    the free space there (the original errno is kept)."""
+    """A logger could not write its files; one line, the original errno kept."""
 
-    #: Set once the line has been printed (PreemptionCheckpoint's stop line), so the command does not
-    #: print it twice.
-    reported: bool = False
+    reported: bool = False  #: the line was printed (PreemptionCheckpoint's stop line): not again
 
 
 class _Guard:
@@ -49,9 +39,8 @@ class _Guard:
 
 
 class _GuardedWrite:
-    """A logger's method ``name``, called through its class (the instance attribute is this object), with
-    a failed write turned into a :class:`LogWriteError`. A plain class, not a closure: a Trainer that a
-    launcher pickles (``ddp_spawn``) pickles its loggers too."""
+    """A logger's method ``name``, called through its class, with a failed write turned into a
+    :class:`LogWriteError` (a class, not a closure: ``ddp_spawn`` pickles the loggers)."""
 
     def __init__(self, guard: _Guard, name: str) -> None:
         self.guard, self.name = guard, name
@@ -77,8 +66,7 @@ class _GuardedWrite:
 
 
 def guard_logger_writes(loggers: Iterable[Any]) -> None:
-    """Wrap the writing methods (:data:`WRITES`) of every logger in ``loggers`` (see the module
-    docstring); a logger already guarded is left as it is."""
+    """Wrap the writing methods (:data:`WRITES`) of every logger not guarded yet."""
     for logger in loggers:
         if isinstance(logger.__dict__.get(WRITES[0]), _GuardedWrite):
             continue
@@ -90,8 +78,7 @@ def guard_logger_writes(loggers: Iterable[Any]) -> None:
 
 
 def log_write_line(logger: Any, error: OSError) -> str:
-    """One line for ``logger``'s failed write: the logger, the file (or its folder), the error and the
-    free space there."""
+    """One line for ``logger``'s failed write: the logger, the file (or folder), the error, the free space."""
     folder = getattr(logger, "log_dir", None) or getattr(logger, "save_dir", None) or os.getcwd()
     folder = os.path.abspath(os.fspath(folder))
     where = os.fspath(error.filename) if error.filename else folder
@@ -101,9 +88,8 @@ def log_write_line(logger: Any, error: OSError) -> str:
 
 
 def _quiet_writer_threads() -> None:
-    """Drop the traceback TensorBoard's writer thread prints for an ``OSError`` (it raises the same
-    error again in the training loop, where the guard names it); every other thread's exception is
-    printed as before. Installed once per process."""
+    """Drop the traceback TensorBoard's writer thread prints for an ``OSError`` (the training loop
+    raises it again); installed once per process."""
     previous = threading.excepthook
     if isinstance(previous, _QuietWriterThreads):
         return

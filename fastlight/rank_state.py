@@ -1,17 +1,10 @@
 """Per-rank state in a checkpoint that rank 0 alone writes, and its mapping onto another world size.
 
-Under DDP most of a checkpoint is *global*: identical on every rank (the weights and the optimizer
-state, as gradients are averaged; ``policy_version``; ``env_steps``, summed over ranks; the DWR
-windows, pooled over ranks). Some state is *per rank*: each rank's own sampler counters (restarts,
-dropped rollouts, throughput totals) and its own self-imitation buffer. Rank 0 writes the file, so
-such state is gathered to rank 0 at save (:func:`gather_per_rank`) and stored as a list, one entry
-per rank, next to rank 0's own values (which older readers keep reading).
-
-On load with ``W`` ranks, new rank ``r`` takes the entries of the old ranks ``j`` with
-``j % W == r`` (:func:`old_ranks_for`): the same world size maps each rank onto itself, fewer ranks
-merge several old ranks into one, more ranks leave the extra ranks without an old entry. Counters are
-summed over those entries (:func:`counters_for_rank`), so the job's totals (the sum over ranks) are
-kept in both directions.
+Most of a checkpoint is identical on every rank; some state is *per rank* (each rank's sampler counters,
+its self-imitation buffer). It is gathered to rank 0 at save (:func:`gather_per_rank`) and stored as a
+list, one entry per rank, next to rank 0's own values. On load with ``W`` ranks, new rank ``r`` takes the
+old ranks ``j`` with ``j % W == r`` (:func:`old_ranks_for`); counters are summed over them
+(:func:`counters_for_rank`), so the job's totals are kept whatever the new world size.
 """
 
 from __future__ import annotations
@@ -29,8 +22,7 @@ _local_only = False
 
 @contextlib.contextmanager
 def local_only() -> Iterator[None]:
-    """Save without gathering: a rank that writes the checkpoint after another rank was lost (its
-    collectives would fail or wait) stores its own per-rank state only."""
+    """Save without gathering (a survivor of a lost rank stores its own per-rank state only)."""
     global _local_only
     previous, _local_only = _local_only, True
     try:
@@ -48,9 +40,7 @@ def world() -> tuple[int, int]:
 
 def gather_per_rank(value: Any) -> list[Any]:
     """Every rank's ``value`` in rank order on rank 0 (``[value]`` on the others and at world size 1).
-
-    A collective: every rank calls it, as every rank runs Lightning's checkpoint hooks
-    (``Trainer.save_checkpoint`` is called on all ranks; rank 0 writes the file)."""
+    A collective: every rank runs Lightning's checkpoint hooks."""
     rank, size = world()
     if size == 1 or _local_only:
         return [value]

@@ -1,21 +1,13 @@
 """Files a user is handed run no code: checkpoints, demo caches and saved env states.
 
-**Tensors and plain data.** Every checkpoint and cache fastlight reads goes through :func:`safe_load`:
-``torch.load(weights_only=True)``, whose unpickler builds only tensors, numbers, strings and the
-containers of these, plus the classes in :data:`ALLOWED`. A file that names anything else (a
-``__reduce__`` payload calling ``os.system``, a pickled object of any class) is refused before any of
-it is built, in one line naming the file and the globals it asks for. What fastlight writes never
-needs more: its modules, callbacks and the DataModule store state as plain data.
+**Tensors and plain data.** Every checkpoint and cache fastlight reads goes through :func:`safe_load`
+(``torch.load(weights_only=True)`` plus :data:`ALLOWED`): a file that names anything else is refused
+before any of it is built, in one line naming the file and the globals it asks for. The sha256 in a
+checkpoint (:mod:`fastlight.checkpoints`) is no signature: anyone can compute it.
 
-**A checksum is not a signature.** The sha256 in a checkpoint's zip comment
-(:mod:`fastlight.checkpoints`) proves the file is the one that was written, not who wrote it: anyone
-who writes a file can compute it. Safety comes from the loader above, not from the checksum.
-
-**Saved env states** (``--data.exact_resume``, autoreset) are pickles by nature: an arbitrary env is
-saved whole. They are unpickled only when their HMAC matches this user's own key
-(:func:`local_mac`, a random key in ``$XDG_CONFIG_HOME/fastlight/resume.key``, mode 0600), i.e.
-only when a run of this user wrote them (with a home shared across nodes, on any node). A checkpoint
-from anyone else resumes with its episodes under way started anew, said in the resume line.
+**Saved env states** (``--data.exact_resume``) are pickles by nature; they are unpickled only when their
+HMAC matches this user's own key (:func:`local_mac`, a random key in
+``$XDG_CONFIG_HOME/fastlight/resume.key``, mode 0600), i.e. only when a run of this user wrote them.
 """
 
 from __future__ import annotations
@@ -46,8 +38,7 @@ def safe_load(
     source: str | os.PathLike[str] | IO[bytes], *, flag: str, map_location: Any = "cpu", mmap: bool = False
 ) -> Any:
     """``torch.load(source, weights_only=True)`` with :data:`ALLOWED`; a file that asks for any other
-    global raises :class:`UnsafeFileError` naming ``flag``, the file and those globals. Other read errors
-    propagate as torch raises them (the caller names the file as unreadable)."""
+    global raises :class:`UnsafeFileError` naming ``flag``, the file and those globals."""
     with torch.serialization.safe_globals(ALLOWED):
         try:
             return torch.load(source, map_location=map_location, weights_only=True, mmap=mmap)

@@ -1,11 +1,4 @@
-"""The processes that start ranks: a rank ends with its launcher, a launcher waits for its ranks.
-
-:func:`stop_with_launcher`: a rank started by a launcher (torchrun's agent, Lightning's script
-launcher) gets SIGTERM when that launcher dies (``PR_SET_PDEATHSIG``), i.e. the coordinated stop of
-:class:`~fastlight.callbacks.preemption.PreemptionCheckpoint`, instead of running on alone with its
-samplers. :func:`end_launched_ranks`: rank 0 of a run whose launcher it is waits for the ranks it
-started after a stop (SIGKILLing those still running after a bound), so that none outlives it.
-"""
+"""The processes that start ranks: a rank ends with its launcher, a launcher waits for its ranks."""
 
 from __future__ import annotations
 
@@ -27,9 +20,8 @@ RANKS_EXIT_TIMEOUT_S = 30.0
 
 
 def launched_rank(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether this process is a rank a launcher started and waits for: torchrun's agent
-    (``TORCHELASTIC_RUN_ID``), or Lightning's script launcher on a node's local rank 0 (a
-    ``LOCAL_RANK`` above 0 outside SLURM, whose ``srun`` starts every task itself)."""
+    """Whether this process is a rank a launcher started and waits for: torchrun's agent, or Lightning's
+    script launcher (a ``LOCAL_RANK`` above 0 outside SLURM, whose ``srun`` starts every task itself)."""
     env = os.environ if environ is None else environ
     if "TORCHELASTIC_RUN_ID" in env:
         return True
@@ -41,10 +33,8 @@ def launched_rank(environ: Mapping[str, str] | None = None) -> bool:
 
 
 def stop_with_launcher(environ: Mapping[str, str] | None = None) -> bool:
-    """In a launched rank (:func:`launched_rank`), ask the kernel for SIGTERM when the launcher dies
-    (the stop signals' path: the ranks agree, rank 0 saves, all exit 143); returns whether it did.
-
-    Not for a process a person started: ``nohup fastlight fit &`` must outlive its shell."""
+    """In a launched rank (:func:`launched_rank`, never one a person started), ask the kernel for SIGTERM
+    when the launcher dies (the coordinated stop); returns whether it did."""
     if not sys.platform.startswith("linux") or not launched_rank(environ):
         return False
     try:
@@ -59,10 +49,9 @@ def stop_with_launcher(environ: Mapping[str, str] | None = None) -> bool:
 def end_launched_ranks(
     trainer: L.Trainer, *, lost: Collection[int] = (), timeout: float = RANKS_EXIT_TIMEOUT_S
 ) -> str:
-    """After a stop, in the process that launched ranks (Lightning's launcher on a node's local rank 0):
-    SIGKILL the ``lost`` ones (stopped or hung, they would never exit), wait up to ``timeout`` s for the
-    others (then SIGKILL them: none outlives its launcher), and return the stop line's account of how
-    they ended ("" where this process launched none)."""
+    """After a stop, in the process that launched ranks: SIGKILL the ``lost`` ones, wait up to ``timeout``
+    s for the others (then SIGKILL them), and return the stop line's account of how they ended ("" where
+    this process launched none)."""
     ranks = launched_ranks(trainer)
     for i, proc in enumerate(ranks):  # the launcher starts the node's next global ranks, in order
         if trainer.global_rank + i + 1 in lost and proc.poll() is None:

@@ -1,18 +1,11 @@
 """Which rank of a multi-rank run is lost, and a process-group timeout that notices.
 
-A rank that is SIGKILLed, SIGSTOPped or hung leaves the others in their next collective: a killed
-peer's gloo connection closes at once (``RuntimeError: ... Connection closed by peer``), a stopped
-or hung one is waited for until the process-group timeout (Lightning's default: 30 minutes), and
-neither error says which rank it was. :class:`PeerWatch` gives every rank a heartbeat and a progress
-counter in the rendezvous store torch.distributed already has (the ``TCPStore`` at ``MASTER_ADDR:
-MASTER_PORT``, hosted by rank 0 or by node 0's torchrun agent), beaten by a thread, which keeps
-beating while the main thread waits in a collective; a separate client connection with a short
-timeout, so a store host that stops answering is noticed too. After a collective fails, the survivors
-read who stopped beating (killed, stopped, its node gone), whose launcher saw it exit, or, when
-every heartbeat is alive, whose progress stopped (hung in Python), and
-:class:`~fastlight.callbacks.lost_rank.LostRankCheckpoint` stops them with one line naming the
-rank and the checkpoint of the last completed update, written by the lowest surviving rank without
-entering a collective.
+A killed, stopped or hung rank leaves the others in their next collective, whose error does not say
+which rank it was. :class:`PeerWatch` gives every rank a heartbeat and a progress counter in the
+rendezvous store torch.distributed already has (the ``TCPStore`` at ``MASTER_ADDR:MASTER_PORT``), beaten
+by a thread through its own short-timeout connection, so a store host that stops answering is noticed
+too. After a collective fails, the survivors read who stopped beating, whose launcher saw it exit, or,
+when every heartbeat is alive, whose progress stopped (hung in Python).
 """
 
 from __future__ import annotations
@@ -37,9 +30,8 @@ MISSED_BEATS = 3
 
 
 def set_process_group_timeout(seconds: float) -> None:
-    """The default process group's collective timeout: a collective waiting for a stopped or hung
-    rank raises after ``seconds`` (gloo; NCCL with ``TORCH_NCCL_BLOCKING_WAIT=1``). torch's private
-    ``_set_pg_timeout``: torch.distributed has no public setter for a group that is already up."""
+    """The default process group's collective timeout (gloo; NCCL with ``TORCH_NCCL_BLOCKING_WAIT=1``),
+    through torch's private ``_set_pg_timeout``: there is no public setter for a group already up."""
     from torch.distributed.distributed_c10d import _set_pg_timeout
 
     _set_pg_timeout(timedelta(seconds=seconds))
@@ -49,8 +41,7 @@ _reported: list[str] = []
 
 
 def report_loss(line: str) -> None:
-    """Note that this process printed the line of a stop after a lost rank (the command exits 1
-    without the collective's traceback, which says nothing more)."""
+    """Note that this process printed the line of a stop after a lost rank (the command exits 1)."""
     _reported.append(line)
 
 
@@ -71,13 +62,10 @@ class PeerWatch:
 
     Args:
         rank, world_size: this process's place in the default process group.
-        timeout_s: the peer timeout (also the process-group timeout the caller sets); the heartbeat
-            interval is a tenth of it, between 0.5 and 5 s.
-        launched: the ranks this process started (Lightning's launcher on a node's local rank 0: the
-            global ranks after this one, in order), whose exit is known at once, without waiting for
-            missed heartbeats.
-        address: the store's ``(host, port)``; ``MASTER_ADDR`` / ``MASTER_PORT`` by default (set by
-            torchrun, SLURM via Lightning, or Lightning's own launch).
+        timeout_s: the peer timeout; the heartbeat interval is a tenth of it, between 0.5 and 5 s.
+        launched: the ranks this process started (the global ranks after this one, in order), whose
+            exit is known at once.
+        address: the store's ``(host, port)``; ``MASTER_ADDR`` / ``MASTER_PORT`` by default.
     """
 
     def __init__(
@@ -109,8 +97,7 @@ class PeerWatch:
         self._exited: dict[int, int] = {}
         self._store_down_since: float | None = None
         self._store_error = ""
-        self._progress = 0
-        self._published = 0
+        self._progress, self._published = 0, 0
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
         self._store: dist.Store | None = None
@@ -206,8 +193,7 @@ class PeerWatch:
         return dict(sorted(out.items()))
 
     def wait_for_loss(self) -> dict[int, str]:
-        """After a collective failed: the ranks lost, waiting up to :data:`MISSED_BEATS` + 2 intervals
-        for a verdict (a killed peer's connection closes before its heartbeat is missed)."""
+        """After a collective failed: the ranks lost, waiting up to :data:`MISSED_BEATS` + 2 intervals."""
         deadline = time.monotonic() + (MISSED_BEATS + 2) * self.interval_s
         while True:
             lost = self.lost()
@@ -220,11 +206,8 @@ class PeerWatch:
         with self._lock:
             steps = dict(self._steps)
         top = max(steps.values())
-        return {
-            k: f"is alive but stuck after global step {s} (the others reached {top})"
-            for k, s in sorted(steps.items())
-            if s < top
-        }
+        stuck = "is alive but stuck after global step {} (the others reached {})"
+        return {k: stuck.format(s, top) for k, s in sorted(steps.items()) if s < top}
 
     def writer(self, lost: Mapping[int, str]) -> int | None:
         """The rank that writes the survivors' checkpoint: the lowest one not lost."""

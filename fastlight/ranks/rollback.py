@@ -1,15 +1,10 @@
 """The state at an update's start, kept on the host, so that a rank that survives another rank's loss
 in the middle of an update can still write the checkpoint of the last completed one.
 
-Under DDP a rank lost mid-update leaves the survivors with part of an update applied (the optimizer
-steps before the collective that failed); a checkpoint of that state would resume inside an update.
 :class:`RollbackPoint` holds what an update changes, taken at its start: the module's trainable
-parameters and its buffers (frozen weights cannot change), the optimizers' and LR schedulers' states,
-the fit loop's progress and the global step. :meth:`RollbackPoint.apply` puts them into a checkpoint
-dict made afterwards (:func:`fastlight.lightning_compat.dump_checkpoint`), which then holds the update
-boundary. Tensors are copied into the same host buffers at every update (no allocation after the
-first); the cost is one device-to-host copy of those tensors per update, which is why
-:class:`~fastlight.callbacks.lost_rank.LostRankCheckpoint` takes it only when asked (``rollback``).
+parameters and buffers, the optimizers' and LR schedulers' states, the fit loop's progress and the
+global step; :meth:`RollbackPoint.apply` puts them into a checkpoint dict made afterwards. Tensors are
+copied into the same host buffers at every update (no allocation after the first).
 """
 
 from __future__ import annotations

@@ -21,14 +21,9 @@ def slurm_job_id() -> str | None:
 
 
 def slurm_requeue(trainer: L.Trainer, ckpt_path: str) -> str:
-    """Requeue this SLURM job to resume from ``ckpt_path`` (rank 0, the checkpoint on disk); returns
-    what was done, for the stop line.
-
-    The requeued job runs the same command; Lightning resumes it from the newest
-    ``<default_root_dir>/hpc_ckpt_N.ckpt`` when no ``--ckpt_path`` is given (it looks for no other
-    name), so ``ckpt_path`` gets that name too: a hard link, no second copy (a copy where the
-    filesystem has no links).
-    """
+    """Requeue this SLURM job to resume from ``ckpt_path`` (rank 0); returns what was done, for the stop
+    line. Lightning resumes a requeued job only from ``hpc_ckpt_N.ckpt``, so ``ckpt_path`` gets that name
+    too (a hard link; a copy where the filesystem has no links)."""
     hpc = hpc_save_path(trainer)
     try:
         os.makedirs(os.path.dirname(os.path.abspath(hpc)), exist_ok=True)
