@@ -1,24 +1,15 @@
 """``DynamicWeightedResampling``: sample tasks in proportion to their recent failure rate (AcceRL §DWR).
 
 Per task ``k`` a sliding window holds the outcomes of its last ``window`` episodes, and ``f_k`` is the
-task's failure *rate* in it (failures / outcomes, in ``[0, 1]``; AcceRL: "proportional to the recent
-failure rate, complemented by a Laplace smoothing factor"). The sampling weight is
+task's failure *rate* in it (in ``[0, 1]``; 1 for a task with no outcome yet). The sampling weight is
 
     p_k = (f_k + eps) / sum_j (f_j + eps)
 
-so struggling tasks get more episodes while ``eps`` (Laplace smoothing) keeps every task at a
-probability of at least ``eps / sum_j (f_j + eps)``. A task with no outcome yet counts as ``f_k = 1``.
-
-Statistics are *pooled*: outcomes from every sampler and every DDP rank enter the same windows (one
-``all_gather`` per step), so all ranks hold identical weights (AcceRL keeps them per worker). Only
-episodes that ended by themselves count: an episode cut by a DPSA unified truncation has no outcome.
-
-``num_tasks`` and ``task_names`` default to the DataModule's env (``task_names`` of a
-:class:`~fastlight.data.protocols.MultiTaskData`, read at ``setup``); a ``num_tasks`` that disagrees
-with the env stops the run at setup, before any sampler starts. The weights are pushed to the samplers
-(``set_task_weights`` of the :class:`~fastlight.data.protocols.TaskWeightSink` the DataModule must be)
-after every update, logged as ``dwr/weight_<task>`` and ``dwr/success_rate_<task>``, and saved in
-checkpoints. On a run whose batches are not Rollouts the first one warns once.
+with ``eps`` the Laplace smoothing. Outcomes from every sampler and every DDP rank are pooled into the
+same windows (one ``all_gather`` per step; AcceRL keeps them per worker); an episode cut by a DPSA
+unified truncation has no outcome. The weights are pushed to the DataModule
+(:class:`~fastlight.data.protocols.TaskWeightSink`) after every update, logged as ``dwr/weight_<task>``
+and ``dwr/success_rate_<task>``, and saved in checkpoints.
 """
 
 from __future__ import annotations
@@ -39,15 +30,9 @@ from fastlight.rollout import Rollout
 
 
 def dwr_weights(failure_rates: Tensor, *, eps: float) -> Tensor:
-    """``p_k = (f_k + eps) / sum_j (f_j + eps)`` (AcceRL §DWR).
-
-    ``failure_rates`` holds each task's windowed failure *rate* ``f_k`` in ``[0, 1]`` (not a
-    failure count; see ``DynamicWeightedResampling.failure_rates``).
-
-    Shapes: ``failure_rates [K]`` (any real dtype) -> ``[K]`` float64 probabilities.
-    Raises ``ValueError`` on another shape, on ``eps <= 0``, and on a rate outside ``[0, 1]``
-    (NaN included), which usually means counts were passed.
-    """
+    """``p_k = (f_k + eps) / sum_j (f_j + eps)`` (AcceRL §DWR), ``failure_rates [K]`` (rates, not counts)
+    -> ``[K]`` float64 probabilities. Raises ``ValueError`` on another shape, on ``eps <= 0``, and on a
+    rate outside ``[0, 1]`` (NaN included)."""
     if failure_rates.dim() != 1:
         raise ValueError(f"dwr_weights: failure_rates must be [K], got shape {tuple(failure_rates.shape)}")
     if eps <= 0:
@@ -66,13 +51,10 @@ class DynamicWeightedResampling(Callback):
     """Task weights from pooled, windowed failure rates (an untried task counts as rate 1).
 
     Args:
-        num_tasks: number of tasks (task ids ``0 .. num_tasks-1``); default: ``len(task_names)``
-            if given, else the DataModule env's task count, read at ``setup``.
+        num_tasks: number of tasks; default: ``len(task_names)`` if given, else the env's task count.
         window: outcomes kept per task (the sliding window).
-        eps: Laplace smoothing; must be > 0. As rates lie in ``[0, 1]``, the largest weight is at most
-            ``(1 + eps) / eps`` times the smallest (2x at ``eps = 1``).
-        task_names: names used in the logged keys (default: the env's task names when the
-            DataModule has them, else the task ids).
+        eps: Laplace smoothing (> 0): the largest weight is at most ``(1 + eps) / eps`` times the smallest.
+        task_names: names used in the logged keys (default: the env's task names, else the task ids).
     """
 
     def __init__(
@@ -145,9 +127,8 @@ class DynamicWeightedResampling(Callback):
 
     def failure_rates(self) -> Tensor:
         """``[K]`` float64: failures / outcomes in each task's window; 1.0 for a task with none yet."""
-        return torch.tensor(
-            [sum(not ok for ok in w) / len(w) if w else 1.0 for w in self.outcomes], dtype=torch.float64
-        )
+        rates = [sum(not ok for ok in w) / len(w) if w else 1.0 for w in self.outcomes]
+        return torch.tensor(rates, dtype=torch.float64)
 
     def weights(self) -> Tensor:
         """``[K]`` float64 sampling probabilities, ``dwr_weights(self.failure_rates(), eps=self.eps)``."""
@@ -187,9 +168,8 @@ class DynamicWeightedResampling(Callback):
         self.record(pooled[:, 0].tolist(), pooled[:, 1].bool().tolist())
         self._push(trainer)
         metrics: dict[str, float] = {}
-        for name, w, sr in zip(
-            self.task_names, self.weights().tolist(), self.success_rates().tolist(), strict=True
-        ):
+        rows = zip(self.task_names, self.weights().tolist(), self.success_rates().tolist(), strict=True)
+        for name, w, sr in rows:
             metrics[f"dwr/weight_{name}"] = w
             if sr == sr:  # not NaN: the task has outcomes
                 metrics[f"dwr/success_rate_{name}"] = sr

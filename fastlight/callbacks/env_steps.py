@@ -1,27 +1,17 @@
 """``EnvStepBudget``: counts the env steps a run has trained on, logs them, and stops at a budget.
 
-``--trainer.max_steps`` counts optimizer steps (``update_epochs x num_minibatches`` per Rollout); this
-callback counts the unit an RL user plans in, env steps, like Stable-Baselines3's ``total_timesteps``.
+**What counts.** The real env steps of every Rollout (``stats.valid_steps``, summed over the DDP ranks):
+not DPSA's padding, nor the steps of items dropped as stale. With action chunks a transition counts the
+env steps its chunk executed.
 
-**What counts.** The real env steps of every Rollout the trainer receives (``stats.valid_steps``,
-summed over the DDP ranks): not DPSA's dummy steps (padding), nor the steps of sampler items dropped as
-stale (``--data.max_staleness``). With action chunks a transition counts the env steps its chunk
-executed (up to ``H``), not 1.
+**Budget.** With ``total_env_steps`` set, training stops at the first Rollout boundary at or past it,
+saying so in one line. **Logs.** ``env_steps`` (cumulative), also in the progress bar; for TensorBoard
+the ``tensorboard_keys`` metrics are also written as ``env_steps/<key>`` at the env-step count.
 
-**Budget.** With ``total_env_steps`` set, training stops at the first Rollout boundary at or past it
-(a Rollout is never cut), saying so in one line; it overshoots by less than one Rollout.
-
-**Logs.** ``env_steps`` (cumulative, with every Rollout's metrics: ``metrics.csv`` has an ``env_steps``
-column to plot against), also in the progress bar. For TensorBoard, whose x-axis is the logger's step,
-the ``tensorboard_keys`` metrics are also written as ``env_steps/<key>`` at the env-step count. The
-count is kept in checkpoints.
-
-**Learning-rate annealing.** With ``anneal_lr`` (and a budget), every optimizer parameter group's
-learning rate falls linearly from its value at the run's start to 0 at ``total_env_steps``, set before
-each update from the env steps trained on so far, as CleanRL's PPO anneals over its
-``total_timesteps`` (Huang et al., "The 37 Implementation Details of PPO", detail 4). A resumed run
-continues the schedule from its restored count; a learning rate changed at the resume (``--model.lr``)
-becomes the schedule's new starting value.
+**Learning-rate annealing.** With ``anneal_lr``, every parameter group's learning rate falls linearly
+from its value at the run's start to 0 at ``total_env_steps``, as CleanRL's PPO anneals (Huang et al.,
+"The 37 Implementation Details of PPO", detail 4). A learning rate changed at a resume becomes the
+schedule's new starting value.
 
     fastlight fit --config configs/highway_dpsa.yaml --trainer.callbacks+=EnvStepBudget \\
         --trainer.callbacks.total_env_steps 200000
@@ -54,12 +44,9 @@ class EnvStepBudget(Callback):
         total_env_steps: the run's env-step budget; ``None`` only counts and logs.
         prog_bar: show ``env_steps`` in the progress bar.
         anneal_lr: anneal every parameter group's learning rate linearly to 0 at ``total_env_steps``.
-        tensorboard_keys: metrics also written to TensorBoard against env steps
-            (``env_steps/<key>``), when logged in the same step.
-        batch_counts_fn: ``batch -> RolloutStats`` for training batches that are not Rollouts (a
-            plain Lightning project; :data:`fastlight.data.protocols.BatchCountsFn`): its
-            ``valid_steps`` are the batch's env steps. ``None``: such batches warn once, and count
-            nothing (so a budget cannot stop the run).
+        tensorboard_keys: metrics also written to TensorBoard against env steps (``env_steps/<key>``).
+        batch_counts_fn: ``batch -> RolloutStats`` for training batches that are not Rollouts (its
+            ``valid_steps`` are the batch's env steps); ``None``: such batches warn once, count nothing.
     """
 
     def __init__(
@@ -77,11 +64,9 @@ class EnvStepBudget(Callback):
             )
         if anneal_lr and total_env_steps is None:
             raise ValueError("EnvStepBudget anneal_lr needs total_env_steps (where the rate reaches 0)")
-        self.total_env_steps = total_env_steps
-        self.prog_bar = prog_bar
-        self.anneal_lr = anneal_lr
+        self.total_env_steps, self.prog_bar, self.anneal_lr = total_env_steps, prog_bar, anneal_lr
         # Per optimizer, per group: the schedule's starting rate, and the rate it last set (to tell a rate
-        # restored from a checkpoint, which is the schedule's, from one set anew at a resume).
+        # restored from a checkpoint from one set anew at a resume).
         self._base_lrs: list[list[float]] | None = None
         self._set_lrs: list[list[float]] | None = None
         self.tensorboard_keys = list(DEFAULT_TB_KEYS if tensorboard_keys is None else tensorboard_keys)
@@ -99,8 +84,7 @@ class EnvStepBudget(Callback):
         if saved_base is None or saved_set is None or len(saved_set) != len(current):
             self._base_lrs = current
             return
-        # A group still at the rate this schedule last set keeps the schedule's start; one whose rate was
-        # changed at the resume starts the schedule from its new rate.
+        # A group still at the rate this schedule last set keeps the schedule's start.
         self._base_lrs = [
             [b if lr == s else lr for lr, b, s in zip(cur, base, sets, strict=True)]
             for cur, base, sets in zip(current, saved_base, saved_set, strict=True)
@@ -146,11 +130,9 @@ class EnvStepBudget(Callback):
     def _tensorboard(self, trainer: pl.Trainer) -> None:
         metrics = trainer.callback_metrics  # this step's values, as logged so far
         values = {f"env_steps/{key}": float(metrics[key]) for key in self.tensorboard_keys if key in metrics}
-        for logger in trainer.loggers:
-            if not isinstance(logger, TensorBoardLogger) or trainer.global_rank != 0 or not values:
-                continue
-            # Through the logger, not its writer: a failed write is then the logger's (fastlight.log_writes).
-            logger.log_metrics(values, step=self.env_steps)
+        for logger in trainer.loggers:  # through the logger, not its writer (fastlight.log_writes)
+            if isinstance(logger, TensorBoardLogger) and trainer.global_rank == 0 and values:
+                logger.log_metrics(values, step=self.env_steps)
 
     @property
     @override
@@ -167,5 +149,4 @@ class EnvStepBudget(Callback):
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.env_steps = int(state_dict["env_steps"])
-        self._base_lrs = state_dict.get("base_lrs")
-        self._set_lrs = state_dict.get("set_lrs")
+        self._base_lrs, self._set_lrs = state_dict.get("base_lrs"), state_dict.get("set_lrs")

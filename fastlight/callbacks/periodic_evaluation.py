@@ -1,21 +1,15 @@
 """``PeriodicEvaluation``: full evaluation episodes during training, logged, with ``best.ckpt`` kept.
 
-Every ``every_updates`` updates (or ``every_minutes`` of training), the policy plays ``episodes``
-full episodes on fixed seeds (episode ``i`` on ``seed + i``; ``episodes`` per task on a multi-task
-Meta-World) with its deterministic action (``deterministic: false`` samples), through the one episode
-player :func:`fastlight.evaluation.play_policy`, the one ``fastlight evaluate`` plays: evaluating the
-checkpoint of that update with the same seed gives the same numbers. Logged (95%):
+Every ``every_updates`` updates (or ``every_minutes`` of training), the policy plays ``episodes`` full
+episodes on fixed seeds (episode ``i`` on ``seed + i``; per task on a multi-task env) through
+:func:`fastlight.evaluation.play_policy`, as ``fastlight evaluate`` does, so evaluating that update's
+checkpoint with the same seed gives the same numbers. Logged: ``eval/return`` (mean, with a 95%
+percentile-bootstrap ``eval/return_ci_low`` / ``_ci_high``), ``eval/length``, and ``eval/success_rate``
+and ``eval/crash_rate`` where the env reports them (on a multi-task env also ``eval/success_rate_<task>``).
 
-- ``eval/return`` (mean; ``eval/return_ci_low`` / ``_ci_high``, percentile bootstrap) and ``eval/length``;
-- ``eval/success_rate`` and ``eval/crash_rate`` where the env reports them on every episode; on a
-  multi-task env ``eval/success_rate`` is the mean over tasks and ``eval/success_rate_<task>`` each one.
-
-``best.ckpt`` (beside this run's ``last.ckpt``; the ``fastlight`` CLI puts it in ``checkpoints/version_N``)
-holds the weights of the best evaluation so far by ``monitor`` (SB3's ``EvalCallback`` best model,
-Tianshou's best evaluation). Rank 0 plays, in the trainer process, between two updates: the samplers
-keep sampling into the prefetch queue meanwhile; the result is broadcast, so every rank logs the same
-numbers and takes part in the save. The training RNG streams are left as they were (exact resume holds),
-and the best score survives a resume.
+``best.ckpt`` (beside this run's ``last.ckpt``) holds the best evaluation so far by ``monitor``. Rank 0
+plays between two updates and broadcasts the result, so every rank logs the same numbers and takes part
+in the save. The training RNG streams are left as they were, and the best score survives a resume.
 """
 
 from __future__ import annotations
@@ -41,8 +35,7 @@ class PeriodicEvaluation(Callback):
     """Evaluation episodes every ``every_updates`` updates or ``every_minutes`` (see the module docstring).
 
     Args:
-        every_updates: updates between two evaluations (``null``: by time only). An evaluation stalls the
-            trainer while it plays (its cost: benchmarks/results/overhead.md).
+        every_updates: updates between two evaluations (``null``: by time only).
         every_minutes: training wall-clock between two evaluations (``null``: by updates only).
         episodes: episodes per evaluation (per task on a multi-task env).
         seed: episode ``i`` is reset with ``seed + i`` (as ``fastlight evaluate --seed``).

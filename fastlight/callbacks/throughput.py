@@ -1,23 +1,12 @@
 """``RolloutThroughput``: logs FAST's throughput family (§Problem Definition) under ``perf/*``.
 
-It reads the sampler counters every :class:`~fastlight.rollout.Rollout` batch carries (``batch.stats``).
-Other batches (a plain Lightning project's) are counted by ``batch_counts_fn``, a function from the
-batch to its :class:`~fastlight.rollout.RolloutStats`, e.g.
-``lambda batch: RolloutStats(raw_steps=len(batch[0]), valid_steps=len(batch[0]))``; a ratio whose
-denominator it leaves at 0 is not logged. Without one, the first such batch warns once.
-
-**Units.** Every count is in env steps (with action chunks, a transition counts the env steps its chunk
-executed), so the figures compare across ``action_chunk`` settings.
-
-**Clock.** ``perf/raw_tps`` and ``perf/effective_tps`` divide by the trainer-side wall clock between
-consecutive Rollout batches (what the job delivers to the learner, sampler waits included), not by the
-samplers' summed ``wall_time``, which would understate a parallel job; ``perf/per_sampler_tps`` is one
-sampler's rate over its busy time. The first Rollout after ``on_train_start`` only starts the clock; it
-still counts in the totals.
-
-**DDP.** Counts are summed over the ranks and clocks take their max
-(:class:`~fastlight.metrics.throughput.ThroughputMetrics`), so every rank logs the job's figures; the
-checkpoint keeps the job's ``totals`` and each rank's own (``per_rank``, :mod:`fastlight.rank_state`).
+It reads the sampler counters every :class:`~fastlight.rollout.Rollout` carries (``batch.stats``); other
+batches are counted by ``batch_counts_fn`` (batch -> :class:`~fastlight.rollout.RolloutStats`), else
+the first one warns once. Every count is in env steps. ``perf/raw_tps`` and ``perf/effective_tps``
+divide by the trainer-side wall clock between consecutive Rollouts (the first one only starts the
+clock); ``perf/per_sampler_tps`` is one sampler's rate over its busy time. Under DDP counts are summed
+over the ranks and clocks take their max; the checkpoint keeps the job's ``totals`` and each rank's own
+(``per_rank``, :mod:`fastlight.rank_state`).
 
 Logged keys: ``perf/raw_tps``, ``perf/effective_tps`` (progress bar), ``perf/sample_efficiency``,
 ``perf/time_efficiency``, ``perf/per_sampler_tps``, ``perf/mean_episode_length``,
@@ -47,9 +36,7 @@ _now = time.perf_counter
 
 _TOTALS = ("raw_steps", "valid_steps", "episodes", "global_resets")
 
-#: Checkpoint key of this callback's state: fixed, so that a subclass or a rename keeps restoring it,
-#: and distinct from every Lightning callback's class-name key (Lightning's FLOPs monitor is keyed
-#: "ThroughputMonitor").
+#: Checkpoint key of this callback's state: fixed, so that a subclass or a rename keeps restoring it.
 STATE_KEY = "fastlight.RolloutThroughput"
 
 
@@ -57,11 +44,9 @@ class RolloutThroughput(Callback):
     """Logs raw/effective throughput, sample and time efficiency, episode length, resets.
 
     Args:
-        window: number of Rollout batches aggregated into each logged value (the metric is
-            reset after every log); larger windows smooth the figures.
+        window: number of Rollout batches aggregated into each logged value.
         prog_bar: show ``perf/effective_tps`` in the progress bar.
-        batch_counts_fn: ``batch -> RolloutStats`` for training batches that are not Rollouts
-            (:data:`fastlight.data.protocols.BatchCountsFn`); ``None``: such batches warn once.
+        batch_counts_fn: ``batch -> RolloutStats`` for training batches that are not Rollouts.
     """
 
     def __init__(
@@ -70,9 +55,7 @@ class RolloutThroughput(Callback):
         super().__init__()
         if window < 1:
             raise ValueError(f"RolloutThroughput window must be >= 1, got {window}")
-        self.window = window
-        self.prog_bar = prog_bar
-        self.batch_counts_fn = batch_counts_fn
+        self.window, self.prog_bar, self.batch_counts_fn = window, prog_bar, batch_counts_fn
         self._batch_counts = BatchCounts("RolloutThroughput", batch_counts_fn, missing="no perf/* is logged")
         self.metric = ThroughputMetrics()
         self.totals: dict[str, int] = dict.fromkeys(_TOTALS, 0)
@@ -83,8 +66,7 @@ class RolloutThroughput(Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.metric = self.metric.to(pl_module.device)  # NCCL gathers need states on the device
         self.metric.reset()
-        self._last = None
-        self._pending = 0
+        self._last, self._pending = None, 0
 
     @override
     def on_train_batch_end(
@@ -107,10 +89,9 @@ class RolloutThroughput(Callback):
             self._log(trainer, pl_module)
 
     def _log(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        values = {f"perf/{k}": float(v) for k, v in self.metric.compute().items()}
+        values = {f"perf/{k}": float(v) for k, v in self.metric.compute().items() if not math.isnan(float(v))}
         self.metric.reset()
         self._pending = 0
-        values = {k: v for k, v in values.items() if not math.isnan(v)}
         totals = self._job_totals(trainer, pl_module.device, ("valid_steps", "raw_steps"))
         values |= {f"perf/{k}_total": float(v) for k, v in totals.items()}
         bar = {k: values.pop(k) for k in ("perf/effective_tps",) if k in values}

@@ -1,15 +1,11 @@
 """``TimedCheckpoint``: a checkpoint every N minutes of training, kept, so a run can be compared over time;
 and :class:`SaveClock`, the one clock (and rank agreement) every timed save of fastlight runs on.
 
-Lightning's ``ModelCheckpoint(train_time_interval=...)`` never fires under manual optimisation
-(Lightning 2.6 checks only ``every_n_train_steps`` there), and every fastlight module optimises
-manually. This callback saves ``<dirpath>/time=<MMMM>min-step=<S>.ckpt`` each time another
-``every_minutes`` of training wall-clock has passed (measured from the start of ``fit``; a resumed
-run goes on counting from the checkpoint's time) and once more when training ends, through
-``trainer.save_checkpoint``, so it works under every strategy.
-:class:`~fastlight.callbacks.preemption.PreemptionCheckpoint`'s ``every_minutes`` refreshes its
-``last.ckpt`` on the same clock. The ranks agree at an update's end (:func:`max_over_ranks`): a save
-one rank's clock calls due is made by all, together.
+Lightning's ``ModelCheckpoint(train_time_interval=...)`` never fires under manual optimisation, which
+every fastlight module uses. This callback saves ``<dirpath>/time=<MMMM>min-step=<S>.ckpt`` each time
+another ``every_minutes`` of training wall-clock has passed (a resumed run goes on counting from the
+checkpoint's time) and once more when training ends. The ranks agree at an update's end
+(:func:`max_over_ranks`): a save one rank's clock calls due is made by all, together.
 """
 
 from __future__ import annotations
@@ -65,8 +61,7 @@ class TimedCheckpoint(Callback):
 
     Args:
         every_minutes: training wall-clock between two checkpoints.
-        dirpath: where to write them (default ``<trainer.default_root_dir>/checkpoints``; the
-            ``fastlight`` CLI puts them in the run's ``checkpoints/version_N``).
+        dirpath: where to write them (default ``<trainer.default_root_dir>/checkpoints``).
     """
 
     def __init__(self, every_minutes: float = 10.0, dirpath: str | None = None) -> None:

@@ -1,24 +1,15 @@
 """``WeightSync``: AcceRL's inference drain, and the ``sync/*`` metrics of every publish.
 
-The DataModule publishes the new weights right before the next batch is taken
-(``RolloutDataModule.publish``); with an inference worker, that publish is a broadcast the worker
-joins between two forward passes. With ``drain: true`` this callback tells the worker *before the
-last optimizer step of the update* to finish its in-flight forward pass, schedule no new one, and wait
-in the broadcast (AcceRL §inference drain), so the trainer finds it ready. ``drain: false`` is the
-baseline: the worker learns of the sync only when the publish starts.
+With ``drain: true`` this callback tells the inference worker *before the last optimizer step of the
+update* to finish its in-flight forward pass, schedule no new one, and wait in the weight broadcast
+(AcceRL §inference drain), so the publish finds it ready; ``drain: false`` is the baseline.
 
-Logged per publish (its :class:`~fastlight.weights.publisher.SyncStats`): ``sync/trainer_wait_ms``
-(how long the publish blocked the trainer), ``sync/latency_ms`` (first byte sent -> weights visible to
-the samplers), ``sync/bytes``, ``sync/collectives``, ``sync/version``, and ``sync/verified``: how many
-receivers (a sampler's policy copy, or the inference worker) were found holding exactly the published
-weights, counted once per receiver and checked version since the fit began
-(:class:`~fastlight.weights.checksum.DeliveryCheck`; only versions divisible by
-``--data.faults.verify_weights_every`` are checked, not logged when it is 0). A receiver holding other
-weights stops the run in one line instead of being counted.
-
-Needs a DataModule implementing :class:`~fastlight.data.protocols.WeightPublishing` and a module
-implementing :class:`~fastlight.data.protocols.TrainsPolicy`; attached to anything else it stops the
-run at ``on_fit_start`` with both classes named.
+Logged per publish (:class:`~fastlight.weights.publisher.SyncStats`): ``sync/trainer_wait_ms``,
+``sync/latency_ms``, ``sync/bytes``, ``sync/collectives``, ``sync/version``, and ``sync/verified``: the
+receivers found holding exactly the published weights since the fit began
+(:class:`~fastlight.weights.checksum.DeliveryCheck`; not logged when ``verify_weights_every`` is 0).
+Needs a :class:`~fastlight.data.protocols.WeightPublishing` DataModule and a
+:class:`~fastlight.data.protocols.TrainsPolicy` module (else it stops the run at ``on_fit_start``).
 """
 
 from __future__ import annotations
@@ -35,8 +26,7 @@ from fastlight.lightning_compat import log_once
 
 
 class WeightSync(Callback):
-    """AcceRL's inference drain before an update's last optimizer step, and the ``sync/*`` metrics of
-    every publish (see the module docstring).
+    """AcceRL's inference drain, and the ``sync/*`` metrics of every publish (see the module docstring).
 
     Args:
         drain: signal the inference worker before the update's last optimizer step.
@@ -44,10 +34,8 @@ class WeightSync(Callback):
 
     def __init__(self, drain: bool = True) -> None:
         super().__init__()
-        self.drain = drain
-        self._steps = 0
-        self._logged = -1
-        self.drains = 0
+        self.drain, self.drains = drain, 0
+        self._steps, self._logged = 0, -1
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
