@@ -1,13 +1,8 @@
 """What an ``RLModule`` records in its hparams, and what it checks when a checkpoint loads.
 
-**Hparams.** ``save_hyperparameters`` of the whole ``__init__`` chain, minus a policy *object*. Built by
-LightningCLI (hparams carry its ``_instantiator``), the hparams hold ``policy`` as the CLI config's
-``class_path`` / ``init_args``, which ``load_from_checkpoint`` rebuilds. A policy passed as a Python
-object is neither copied nor pickled into every checkpoint: only its class path is kept, and loading
-asks for the object again. The objective is held as its config (``{"class_path", "init_args"}``).
-
-**Loading** (``on_load_checkpoint``, before Lightning restores anything): :func:`check_weights_fit`,
-:func:`keep_policy_config` and :func:`use_typed_learning_rates`.
+**Hparams.** ``save_hyperparameters`` of the whole ``__init__`` chain. Built by LightningCLI, they hold
+``policy`` as the CLI config (``class_path`` / ``init_args``); a policy passed as a Python object is
+kept as its class path only (loading asks for the object again). The objective is held as its config.
 """
 
 from __future__ import annotations
@@ -56,14 +51,9 @@ def keep_policy_config(module: L.LightningModule, checkpoint: dict[str, Any]) ->
 
 
 def check_weights_fit(module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
-    """Refuse, in one line, a checkpoint whose weights ``module`` cannot load (resuming with another
-    ``--model.hidden_sizes``, another env): the settings that differ from the checkpoint's and the
-    first tensor that does not fit, where ``load_state_dict`` would list every tensor in a long
-    ``size mismatch`` traceback. Runs before anything is loaded (and before any sampler starts).
-
-    Not checked under a strategy that restores after wrapping the model (FSDP, DeepSpeed): its module
-    holds shards here, and it loads the checkpoint its own way.
-    """
+    """Refuse, in one line, a checkpoint whose weights ``module`` cannot load: the settings that differ
+    from the checkpoint's and the first tensor that does not fit. Not checked under a strategy that
+    restores after wrapping the model (FSDP, DeepSpeed), whose module holds shards here."""
     theirs = checkpoint.get("state_dict")
     trainer = module._trainer
     if not isinstance(theirs, dict) or not theirs or "policy" not in module._modules:
@@ -73,12 +63,10 @@ def check_weights_fit(module: L.LightningModule, checkpoint: dict[str, Any]) -> 
     misfit = first_misfit(module.state_dict(), theirs, strict=module.strict_loading)
     if misfit is None:
         return
-    datamodule = trainer.datamodule if trainer is not None else None
+    data = dict(getattr(trainer.datamodule if trainer is not None else None, "hparams", None) or {})
+    saved = checkpoint.get(module.CHECKPOINT_HYPER_PARAMS_KEY) or {}
     diffs = setting_differences(
-        checkpoint.get(module.CHECKPOINT_HYPER_PARAMS_KEY) or {},
-        dict(module.hparams),
-        checkpoint.get("datamodule_hyper_parameters") or {},
-        dict(getattr(datamodule, "hparams", None) or {}),
+        saved, dict(module.hparams), checkpoint.get("datamodule_hyper_parameters") or {}, data
     )
     path = trainer.ckpt_path if trainer is not None else None
     where = f"--ckpt_path {path}: " if path else ""
@@ -96,10 +84,8 @@ def check_weights_fit(module: L.LightningModule, checkpoint: dict[str, Any]) -> 
 
 
 def use_typed_learning_rates(module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
-    """Resuming with a changed ``lr`` (or ``*_lr``) means the new one: the optimizer state restored
-    from the checkpoint would otherwise bring back the old rates silently. Edits the checkpoint's
-    optimizer param groups, restored after this hook, to ``module``'s rates; a sharded checkpoint's
-    (``--trainer.strategy fsdp2``) are already loaded into the trainer's optimizers: edits those."""
+    """Resuming with a changed ``lr`` (or ``*_lr``) means the new one: edits the checkpoint's optimizer
+    param groups (a sharded checkpoint's: the trainer's optimizers, already loaded) to ``module``'s rates."""
     saved = checkpoint.get(module.CHECKPOINT_HYPER_PARAMS_KEY) or {}
     rates = [k for k in module.hparams if k == "lr" or k.endswith("_lr")]
     changed = [k for k in rates if k in saved and saved[k] != module.hparams[k]]

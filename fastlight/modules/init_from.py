@@ -1,13 +1,9 @@
 """``--model.init_from``: start a run from another run's policy weights (SFT -> RL, RL -> RL).
 
-VLA RL starts from a policy fine-tuned on demonstrations (AcceRL §experiments). Only the policy's
-weights are taken from the checkpoint (``policy.*`` in its ``state_dict``), not its optimizer,
-step counters or policy version: the new run is a new run. ``--ckpt_path`` is the way to *resume*.
-
-Every tensor of this run's policy must be in the checkpoint with the same shape, except the value
-parameters of a policy that keeps them apart (:class:`HasValueParameters`, e.g. ``VLAPolicy``'s
-value head), which are loaded when present and left at their initialisation otherwise (an SFT
-checkpoint trains no critic). A mismatch names the tensor and both shapes.
+VLA RL starts from a policy fine-tuned on demonstrations (AcceRL §experiments). Only the policy's weights
+(``policy.*``) are taken, not the optimizer or counters; ``--ckpt_path`` is the way to *resume*. Every
+tensor of this run's policy must be in the checkpoint with the same shape, except the value parameters
+of a policy that keeps them apart (:class:`HasValueParameters`), left at their initialisation when absent.
 """
 
 from __future__ import annotations
@@ -61,7 +57,7 @@ def load_policy_weights(policy: nn.Module, path: str | Path, *, flag: str = "--m
             f"{flag}: {path} does not fit this policy (vocab, bins, action tokens, hidden size and "
             f"layers must match the run that saved it): " + "; ".join(problems)
         )
-    policy.load_state_dict({k: v for k, v in theirs.items()}, strict=False)
+    policy.load_state_dict(theirs, strict=False)
     return {"tensors": len(theirs), "value_loaded": bool(optional) and optional <= theirs.keys()}
 
 

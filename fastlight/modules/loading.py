@@ -1,10 +1,5 @@
-"""Loading a fastlight LightningModule from a checkpoint, whatever its class.
-
-A checkpoint written by ``fastlight fit`` records the module's class (``_class_path`` in its
-hyperparameters, from LightningCLI), so evaluation tools need not know whether it came from
-``RLModule``, ``VLAModule``, ``VLASFTModule`` or a user's subclass. Reading the file itself (and
-naming it when it is missing or not a checkpoint) is :mod:`fastlight.checkpoints`' job.
-"""
+"""Loading a fastlight LightningModule from a checkpoint, of the class it records (``_class_path`` in its
+hyperparameters, from LightningCLI). Reading the file itself is :mod:`fastlight.checkpoints`' job."""
 
 from __future__ import annotations
 
@@ -46,7 +41,6 @@ def load_module_of(path: str | Path, ckpt: dict[str, Any], *, flag: str = "--ckp
             "run from the directory that holds its package, or add that directory to PYTHONPATH"
         ) from e
     try:
-        # The file's tensors and plain data only (fastlight.safe_files): the caller read it that way already
         with torch.serialization.safe_globals(ALLOWED):
             module = cls.load_from_checkpoint(str(path), map_location="cpu", weights_only=True)
     except (RuntimeError, TypeError, KeyError) as e:

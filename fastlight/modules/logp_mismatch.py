@@ -1,15 +1,9 @@
 """The train/rollout mismatch meter: how far apart the samplers' and the learner's log-likelihoods of
-the same actions are, before the update moves anything.
+the same actions are, before the update moves anything (the ratios start at 1 only when they agree).
 
-On an on-policy batch the importance ratio of every entry starts at exactly 1 only when the learner
-scores the actions as the samplers did. bf16 autocast in the learner (fp32 samplers), an inference
-worker on another device or dtype, or dropout left on (LoRA) break that, and the objective's clip or
-trust weight then spends its range on the mismatch instead of on the update. Each update measures
-``|log π_behaviour − log π_learner|`` per entry on its first minibatch, before its optimizer step, and
-logs the mean and the max as ``rollout/logp_mismatch_mean`` and ``rollout/logp_mismatch_max``. On a
-stale batch (``--data.max_staleness`` > 0) the figure also holds the policy's own change since the
-batch was sampled; the one-line warning (once per run, above :data:`WARN_ABOVE`) fires on batches
-sampled with the current weights only.
+Each update measures ``|log π_behaviour − log π_learner|`` per entry on its first minibatch, before its
+optimizer step, and logs the mean and the max as ``rollout/logp_mismatch_mean`` / ``_max``. The one-line
+warning (once per run, above :data:`WARN_ABOVE`) fires on batches sampled with the current weights only.
 """
 
 from __future__ import annotations
@@ -17,8 +11,7 @@ from __future__ import annotations
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
-#: Mean |Δ log-likelihood| per entry above which the run is warned: fp32 on one device stays below 1e-5;
-#: bf16 logits differ by ~1e-2.
+#: Mean |Δ log-likelihood| per entry above which the run is warned.
 WARN_ABOVE = 1e-3
 
 
@@ -30,9 +23,8 @@ class LogpMismatch:
         self._stats: tuple[Tensor, Tensor, Tensor] | None = None
 
     def measure(self, *, learner: Tensor, behaviour: Tensor, fresh: Tensor) -> None:
-        """``learner`` / ``behaviour``: log-likelihoods of the same actions, same shape ``[N, ...]``;
-        ``fresh``: a bool scalar, whether the batch was sampled with the weights being trained. No
-        host sync (this runs inside the minibatch loop)."""
+        """``learner`` / ``behaviour``: log-likelihoods of the same actions ``[N, ...]``; ``fresh``: a bool
+        scalar, whether the batch was sampled with the weights being trained. No host sync."""
         gap = (learner.detach().float() - behaviour.float()).abs()
         self._stats = (gap.mean(), gap.max(), fresh)
 

@@ -13,14 +13,9 @@ from fastlight.weights.sharded import local
 
 
 class NonfiniteSteps:
-    """Drops a step's gradients when its loss or a gradient is NaN / inf, so that ``opt.step()``
-    leaves the weights and the optimizer state alone (optimizers skip parameters whose grad is None)
-    while Lightning still counts the step. ``limit`` skipped in a row stop the run; ``0`` turns the
-    check off.
-
-    The check costs one host sync per optimizer step (as ``torch.amp.GradScaler``'s skip does):
-    whether to step must be known on the host. On CPU it is free. Under a sharded strategy each rank
-    holds part of the gradients, so the verdict is all-reduced: every rank skips together.
+    """Drops a step's gradients when its loss or a gradient is NaN / inf, so that ``opt.step()`` leaves
+    the weights and the optimizer state alone. ``limit`` skipped in a row stop the run; ``0`` turns the
+    check off. One host sync per optimizer step; the verdict is all-reduced, so every rank skips together.
     """
 
     def __init__(self, limit: int) -> None:
@@ -41,13 +36,11 @@ class NonfiniteSteps:
         update, epoch, minibatch), what the warning and the error name."""
         if not self.limit:
             return
-        # A sharded (DTensor) gradient is checked on this rank's shard; the all-reduce below joins
-        # the ranks' verdicts, so every shard is seen.
+        # A sharded (DTensor) gradient is checked on this rank's shard (the all-reduce joins the verdicts).
         grads = [g for g in (local(p.grad) for p in params if p.grad is not None) if g.numel()]
         bad = [~torch.isfinite(loss).all()]
         if grads:
-            # A gradient's max-abs norm is finite exactly when every element is (it cannot overflow;
-            # NaN propagates): one fused kernel rather than one check per tensor.
+            # A gradient's max-abs norm is finite exactly when every element is: one fused kernel.
             norms = torch._foreach_norm(grads, float("inf"))
             if len({(n.dtype, n.device) for n in norms}) > 1:
                 norms = [n.to(loss.device, torch.float32) for n in norms]
@@ -60,8 +53,7 @@ class NonfiniteSteps:
             self.in_a_row = 0
             return
         opt.zero_grad(set_to_none=True)
-        self.skipped += 1
-        self.in_a_row += 1
+        self.skipped, self.in_a_row = self.skipped + 1, self.in_a_row + 1
         what = "loss" if flags[0] else "gradient"
         where = f"optimizer step {at[0]} (update {at[1]}, epoch {at[2]}, minibatch {at[3]})"
         if self.in_a_row >= self.limit:

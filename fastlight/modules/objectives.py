@@ -1,14 +1,8 @@
 """Policy objectives as typed objects: ``--model.objective GIPO --model.objective.sigma 0.2``.
 
-Each objective is a thin wrapper over a pure loss of :mod:`fastlight.losses` that holds its own
-settings, so that a setting of one objective cannot be given to another (jsonargparse refuses
-``--model.objective.sigma`` with ``PPOClip``) and a new objective needs no edit of ``RLModule``:
-subclass :class:`Objective`, implement :meth:`Objective.loss`, pass it as ``--model.objective
-my_package.MyObjective`` (or ``RLModule(objective=MyObjective(...))``).
-
-The importance-ratio granularity (``token | action | chunk``) is not an objective's setting: it
-describes how the policy's action tokens form one ratio (with ``tokens_per_action``), the same
-for every objective, so ``RLModule`` keeps it (``--model.ratio_granularity``) and passes it in.
+Each objective wraps a pure loss of :mod:`fastlight.losses` and holds its own settings (jsonargparse
+refuses ``--model.objective.sigma`` with ``PPOClip``). A new objective subclasses :class:`Objective` and
+implements :meth:`Objective.loss`; the ratio granularity is ``RLModule``'s, passed in.
 """
 
 from __future__ import annotations
@@ -31,10 +25,9 @@ _FLAG = "--model.objective.init_args"
 class Objective(ABC):
     """A policy objective: ``(policy loss, detached diagnostics)`` of one minibatch.
 
-    Subclasses keep their settings as attributes named like their ``__init__`` parameters (that is
-    what :meth:`init_args` reads, for checkpoints and ``--print_config``), validate them in
-    ``__init__`` naming the flag (:meth:`_positive`), and implement :meth:`loss`. The diagnostics
-    should hold ``approx_kl`` and ``clip_frac`` (PPO-family metric names, logged as ``loss/*``).
+    Subclasses keep their settings as attributes named like their ``__init__`` parameters (what
+    :meth:`init_args` reads) and implement :meth:`loss`, whose diagnostics should hold ``approx_kl`` and
+    ``clip_frac`` (logged as ``loss/*``).
     """
 
     @abstractmethod
@@ -107,8 +100,7 @@ class GIPO(Objective):
     def __init__(self, sigma: float = 0.5, clip_frac_eps: float = 0.2) -> None:
         self._positive("sigma", sigma)
         self._positive("clip_frac_eps", clip_frac_eps)
-        self.sigma = sigma
-        self.clip_frac_eps = clip_frac_eps
+        self.sigma, self.clip_frac_eps = sigma, clip_frac_eps
 
     def loss(self, **inputs: Any) -> tuple[Tensor, dict[str, Tensor]]:
         return gipo_loss(**inputs, sigma=self.sigma, clip_eps=self.clip_frac_eps)
@@ -124,12 +116,9 @@ class SAPO(Objective):
     """
 
     def __init__(self, tau_pos: float = 1.0, tau_neg: float = 1.05, clip_frac_eps: float = 0.2) -> None:
-        self._positive("tau_pos", tau_pos)
-        self._positive("tau_neg", tau_neg)
-        self._positive("clip_frac_eps", clip_frac_eps)
-        self.tau_pos = tau_pos
-        self.tau_neg = tau_neg
-        self.clip_frac_eps = clip_frac_eps
+        for name, value in (("tau_pos", tau_pos), ("tau_neg", tau_neg), ("clip_frac_eps", clip_frac_eps)):
+            self._positive(name, value)
+        self.tau_pos, self.tau_neg, self.clip_frac_eps = tau_pos, tau_neg, clip_frac_eps
 
     def loss(self, **inputs: Any) -> tuple[Tensor, dict[str, Tensor]]:
         return sapo_loss(**inputs, tau_pos=self.tau_pos, tau_neg=self.tau_neg, clip_eps=self.clip_frac_eps)

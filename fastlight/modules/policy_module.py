@@ -1,13 +1,7 @@
-"""``PolicyModule``: the LightningModule side of owning a policy, which ``RLModule`` builds on.
-
-Where the policy comes from (injected, or :meth:`PolicyModule.build_policy` in Lightning's
-``configure_model`` hook), what wraps it (``--model.init_from`` weights, the observation / return
-normalisers), how its sizes are checked against the env, and what a loading checkpoint is checked
-for (:mod:`fastlight.modules.checkpointing`). How the policy learns is
-:class:`~fastlight.modules.rl_module.RLModule`.
-
-It reads the settings ``RLModule`` saves in its hparams: ``obs_dim``, ``continuous``, ``spaces``,
-``normalize_obs``, ``normalize_returns``, ``init_from`` and ``policy``.
+"""``PolicyModule``: the LightningModule side of owning a policy, which ``RLModule`` builds on: where the
+policy comes from, what wraps it (``--model.init_from``, the normalisers), how its sizes are checked
+against the env, and what a loading checkpoint is checked for. It reads ``RLModule``'s hparams
+``obs_dim``, ``continuous``, ``spaces``, ``normalize_obs``, ``normalize_returns``, ``init_from``, ``policy``.
 """
 
 from __future__ import annotations
@@ -54,14 +48,9 @@ class PolicyModule(L.LightningModule):
 
     @override
     def configure_model(self) -> None:
-        """Build the policy with :meth:`build_policy` unless it exists (injected, or built before);
-        load ``--model.init_from``; wrap the policy in the normalisers when they are on; under
-        ``--trainer.strategy fsdp2``, keep the samplers' whole copy and shard the policy
-        (:mod:`fastlight.modules.sharding`).
-
-        Lightning calls this inside the strategy's init context (device, sharding, precision), after
-        ``setup`` and before a checkpoint is restored. Idempotent: it may run more than once.
-        """
+        """Build the policy with :meth:`build_policy` unless it exists; load ``--model.init_from``; wrap it
+        in the normalisers when they are on; under ``fsdp2``, keep the samplers' whole copy and shard it.
+        Runs after ``setup``, before a checkpoint is restored; idempotent."""
         if self._trainer is not None:
             refuse_fsdp1(self.trainer.strategy)
         if "policy" not in self._modules:
@@ -82,15 +71,13 @@ class PolicyModule(L.LightningModule):
             self.policy = wrapped
         mesh = self.device_mesh  # set by --trainer.strategy fsdp2 (ModelParallelStrategy) only
         if mesh is not None and not is_sharded(self.core_policy):
-            # The samplers' copy, made while the policy is whole (sharded, it cannot be copied); kept
-            # out of _modules, so it is no submodule (no state_dict entry, no optimizer parameter).
+            # The samplers' copy, made while the policy is whole; kept out of _modules (no submodule).
             self.__dict__["_unsharded_copy"] = cpu_copy(self.policy)
             shard_policy(self.core_policy, mesh)
 
     def rollout_copy(self) -> nn.Module:
-        """A CPU copy of the policy for the samplers and the inference worker: under ``fsdp2`` the
-        one made before sharding (handed over once, then released), else a copy of it now. Its
-        frozen weights are final; the trainable ones and the buffers arrive with the first publish."""
+        """A CPU copy of the policy for the samplers and the inference worker (under ``fsdp2`` the one made
+        before sharding, handed over once); its trainable weights arrive with the first publish."""
         if not is_sharded(self.core_policy):
             return cpu_copy(self.policy)
         copy = self.__dict__.pop("_unsharded_copy", None)
@@ -102,8 +89,7 @@ class PolicyModule(L.LightningModule):
         return copy
 
     def normalization(self) -> tuple[bool, bool]:
-        """Whether observations and returns are normalised (``None`` settings resolved: on for
-        continuous actions over flat vector observations)."""
+        """Whether observations and returns are normalised (``None`` settings resolved)."""
         h = self.hparams
         return resolve_normalization(
             continuous=bool(h.get("continuous")),
@@ -119,22 +105,19 @@ class PolicyModule(L.LightningModule):
         return policy.policy if isinstance(policy, NormalizedPolicy) else policy
 
     def sum_over_ranks(self, x: Tensor) -> Tensor:
-        """A statistic summed over the DDP ranks (identity on one process): every rank then holds the
-        same normalisation statistics."""
+        """A statistic summed over the DDP ranks (identity on one process)."""
         trainer = self._trainer
         if trainer is None or trainer.world_size <= 1:
             return x
         return trainer.strategy.reduce(x, reduce_op="sum")
 
     def policy_flag(self, name: str) -> str:
-        """The CLI flag that sets the policy's ``name``: ``--model.policy.init_args.<name>`` for an
-        injected policy, else ``--model.<name>`` (the default policy is built from those)."""
+        """The CLI flag that sets the policy's ``name`` (of an injected policy, or of the default one)."""
         injected = self.hparams.get("policy") is not None
         return f"--model.policy.init_args.{name}" if injected else f"--model.{name}"
 
     def check_env_spec(self, spec: Any) -> None:
-        """Refuse a policy whose sizes do not match the env (called by the DataModule before it
-        starts the samplers, after ``configure_model``)."""
+        """Refuse a policy whose sizes do not match the env (before the samplers start)."""
         keys = ("obs_dim", "action_dim", "continuous", "spaces")  # spaces: MultiInputActorCritic's
         mine = {k: getattr(self.core_policy, k, None) for k in keys}
         theirs = {k: getattr(spec, k, None) for k in keys}
@@ -147,8 +130,7 @@ class PolicyModule(L.LightningModule):
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Refuse weights this module cannot load, naming the settings that differ; keep a CLI
-        checkpoint's policy config; resume with the learning rates typed now."""
+        """Refuse weights that cannot load; keep a CLI checkpoint's policy config; use the typed rates."""
         check_weights_fit(self, checkpoint)
         keep_policy_config(self, checkpoint)
         use_typed_learning_rates(self, checkpoint)

@@ -11,22 +11,13 @@ from fastlight.rollout import Rollout
 def rollout_metrics(rollout: Rollout, *, current_version: int) -> dict[str, Tensor]:
     """Means over the episodes the Rollout delivered, plus the policy lag of its valid steps.
 
-    **Units.** ``rollout/return``, ``rollout/episode_length``, ``rollout/crash_rate`` and
-    ``rollout/success_rate`` average the *completed* episodes only (terminated, or ended by the
-    env's own time limit), as Stable-Baselines3's ``ep_rew_mean`` / ``ep_len_mean`` do, so the
-    figures compare across reset modes and libraries. Episodes cut by a DPSA/SGR unified
-    truncation (``EpisodeRecord.cut``) stopped at an arbitrary step and have no outcome; they are
-    reported apart as ``rollout/return_cut`` (their mean return at the cut) and
-    ``rollout/episodes_cut`` (their count). Each mean is present only when such episodes exist.
-    An env that does not report success (crashes) counts as 0 in ``rollout/success_rate``
-    (``rollout/crash_rate``): the record's ``None``, :func:`fastlight.rollout.success_after`.
-
-    ``policy_lag`` = current version - behaviour version (AcceRL §staleness); 0 when on-policy.
-    ``rollout/valid_steps`` counts env steps (episode lengths too); with action chunks the valid
-    transitions, one per chunk, are ``rollout/policy_steps``.
-    ``rollout/cut_in_flight`` counts the rounds the trainer cut for this batch (``--data.rank_rounds``,
-    asynchronous runs). ``perf/termination_threshold`` is the mean DPSA threshold of the
-    Rollout's cycles (what ``--data.termination_threshold auto`` chose; the setting itself otherwise).
+    ``rollout/return``, ``rollout/episode_length``, ``rollout/crash_rate`` and ``rollout/success_rate``
+    average the *completed* episodes only (as Stable-Baselines3's ``ep_rew_mean`` does); episodes cut by
+    a DPSA/SGR unified truncation are reported apart as ``rollout/return_cut`` and ``rollout/episodes_cut``.
+    An env that does not report success (crashes) counts as 0. ``policy_lag`` = current version -
+    behaviour version (AcceRL §staleness). ``rollout/valid_steps`` counts env steps; with action chunks
+    the transitions are ``rollout/policy_steps``. ``perf/termination_threshold`` is the mean DPSA
+    threshold of the Rollout's cycles.
     """
     out: dict[str, Tensor] = {}
     done = [e for e in rollout.stats.episodes if not e.cut]

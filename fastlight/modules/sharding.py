@@ -1,20 +1,10 @@
 """FSDP2 for the policy: ``--trainer.strategy fsdp2``, Lightning's own ``ModelParallelStrategy``.
 
-A policy that outgrows one GPU is sharded with PyTorch's FSDP2 (``fully_shard``): each transformer
-block the policy names (:class:`~fastlight.models.base.ShardsBlocks`: a VLA's, the classes its Hugging
-Face models list in ``_no_split_modules``) is one unit, and the policy itself is the root unit that
-holds the rest (heads, embeddings).
-The policy's own methods (``act``, ``evaluate``, ``value``, and a flow policy's
-``flow_matching_loss``) are registered as FSDP forward methods, so each gathers the root's
-parameters like ``forward`` does. Lightning's ``fsdp`` (FSDP1) is refused (:func:`refuse_fsdp1`): its
-one root unit, whose forward is ``training_step``, refuses the several backward passes of an update.
-
-``ModelParallelStrategy`` builds a 2-D device mesh (``data_parallel`` = nodes, ``tensor_parallel``
-= devices per node by default); :func:`shard_policy` hands it to ``fully_shard`` as it is, which
-shards within a node and replicates across nodes (HSDP), so gradients cross the slow link once
-per step. The name ``fsdp2`` is registered with ``save_distributed_checkpoint=False``: checkpoints
-stay one file (gathered on rank 0), which every fastlight tool reads; the sharded checkpoints a lost
-rank leaves to resume from are :class:`~fastlight.callbacks.lost_rank.LostRankCheckpoint`'s.
+Each transformer block the policy names (:class:`~fastlight.models.base.ShardsBlocks`) is one
+``fully_shard`` unit, and the policy itself the root unit; the policy's own methods (``act``,
+``evaluate``, ``value``, a flow policy's loss) are registered as FSDP forward methods. The strategy's 2-D
+mesh (nodes x devices) shards within a node and replicates across nodes (HSDP). ``fsdp2`` is registered
+with ``save_distributed_checkpoint=False``: checkpoints stay one file, gathered on rank 0.
 """
 
 from __future__ import annotations
@@ -47,12 +37,9 @@ def register_strategy() -> None:
 
 
 def refuse_fsdp1(strategy: object) -> None:
-    """Refuse Lightning's ``fsdp`` (FSDP1) in one line that names ``fsdp2`` (see the module's docstring
-    for why it cannot run an RL update)."""
+    """Refuse Lightning's ``fsdp`` (FSDP1), given as a name or a strategy, in one line naming ``fsdp2``."""
     from lightning.pytorch.strategies import FSDPStrategy, StrategyRegistry
 
-    # A name (the command line's --trainer.strategy, checked before Lightning builds the strategy, which
-    # on a CPU fails first with its own traceback) or the strategy object.
     if isinstance(strategy, str) and strategy in StrategyRegistry:
         strategy = StrategyRegistry[strategy]["strategy"]
     cls = strategy if isinstance(strategy, type) else type(strategy)
@@ -66,8 +53,7 @@ def refuse_fsdp1(strategy: object) -> None:
 
 
 def block_classes(policy: nn.Module) -> set[type[nn.Module]]:
-    """The classes of ``policy``'s transformer blocks, from the policy itself (a VLA's Hugging Face models
-    name them); empty for a policy that does not: the policy is then a single unit."""
+    """The classes of ``policy``'s transformer blocks (empty: the policy is a single unit)."""
     from fastlight.models.base import ShardsBlocks
 
     return policy.block_classes() if isinstance(policy, ShardsBlocks) else set()

@@ -71,9 +71,8 @@ def setting_differences(
 
 def differences(prefix: str, mine: Any, theirs: dict[str, Any], *, skip: Iterable[str] = ()) -> list[str]:
     """``<prefix><key> <yours> (checkpoint: <theirs>)`` for each setting of ``mine`` (a dict or a
-    jsonargparse Namespace) that ``theirs`` holds too and that differs, ``skip`` and ``_private`` keys
-    aside. A nested setting (a policy's ``init_args``) names only its leaves that differ, by their own
-    flag, never two whole dicts."""
+    Namespace) that ``theirs`` holds too and that differs, ``skip`` and ``_private`` keys aside; a nested
+    setting names only its leaves that differ."""
     skipped = set(skip)
     return [
         line
