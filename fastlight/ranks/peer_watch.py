@@ -171,25 +171,23 @@ class PeerWatch:
         stale = MISSED_BEATS * self.interval_s if stale_s is None else stale_s
         self._poll_launched()
         now = time.monotonic()
-        out: dict[int, str] = {}
         with self._lock:
-            for k, code in self._exited.items():
-                out[k] = describe_exit(code)
+            out = {k: describe_exit(code) for k, code in self._exited.items()}
             down = self._store_down_since
             if down is not None and now - down >= stale:
                 host, port = self.address
+                ago = f"{now - down:.0f} s ago ({self._store_error})"
                 out.setdefault(
                     0,
-                    f"is unreachable: the rendezvous store it hosts at {host}:{port} stopped answering "
-                    f"{now - down:.0f} s ago ({self._store_error})",
+                    f"is unreachable: the rendezvous store it hosts at {host}:{port} stopped answering {ago}",
                 )
             elif down is None:
-                for k in self.peers:
-                    if now - self._seen[k] >= stale and k not in out:
-                        out[k] = (
-                            f"stopped sending heartbeats {now - self._seen[k]:.0f} s ago "
-                            "(killed, stopped, or its node is gone)"
-                        )
+                silent = {k: now - self._seen[k] for k in self.peers if k not in out}
+                out |= {
+                    k: f"stopped sending heartbeats {s:.0f} s ago (killed, stopped, or its node is gone)"
+                    for k, s in silent.items()
+                    if s >= stale
+                }
         return dict(sorted(out.items()))
 
     def wait_for_loss(self) -> dict[int, str]:
