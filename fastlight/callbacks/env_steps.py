@@ -70,8 +70,7 @@ class EnvStepBudget(Callback):
         self._base_lrs: list[list[float]] | None = None
         self._set_lrs: list[list[float]] | None = None
         self.tensorboard_keys = list(DEFAULT_TB_KEYS if tensorboard_keys is None else tensorboard_keys)
-        self.env_steps = 0
-        self.batch_counts_fn = batch_counts_fn
+        self.env_steps, self.batch_counts_fn = 0, batch_counts_fn
         missing = "no env_steps are counted, so total_env_steps never stops the run"
         self._batch_counts = BatchCounts("EnvStepBudget", batch_counts_fn, missing=missing)
 
@@ -91,9 +90,7 @@ class EnvStepBudget(Callback):
         ]
 
     @override
-    def on_train_batch_start(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
-    ) -> None:
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *_: Any) -> None:
         if not self.anneal_lr or self._base_lrs is None or self.total_env_steps is None:
             return
         frac = max(0.0, 1.0 - self.env_steps / self.total_env_steps)

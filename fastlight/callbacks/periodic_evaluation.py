@@ -83,10 +83,8 @@ class PeriodicEvaluation(Callback):
         self.monitor, self.mode, self.save_best = monitor, mode, save_best
         self.env_id, self.env_kwargs, self.dirpath = env_id, env_kwargs, dirpath
         self.best: float | None = None  # the best monitored value so far (kept across a resume)
-        self.evaluations = 0
         self.last: dict[str, float] = {}  # the latest evaluation's metrics
-        self._updates = 0
-        self._last_time = time.monotonic()
+        self.evaluations, self._updates, self._last_time = 0, 0, time.monotonic()
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -103,9 +101,7 @@ class PeriodicEvaluation(Callback):
         self._updates, self._last_time = 0, time.monotonic()
 
     @override
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *_: Any) -> None:
         self._updates += 1
         due = (self.every_updates is not None and self._updates % self.every_updates == 0) or (
             self.every_minutes is not None and time.monotonic() - self._last_time >= 60 * self.every_minutes

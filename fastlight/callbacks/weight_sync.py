@@ -18,7 +18,6 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
-from torch.optim import Optimizer
 from typing_extensions import override
 
 from fastlight.data.protocols import ChecksDelivery, TrainsPolicy, WeightPublishing, require
@@ -44,9 +43,7 @@ class WeightSync(Callback):
         require(pl_module, TrainsPolicy, who="WeightSync", what="a LightningModule")
 
     @override
-    def on_train_batch_start(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
-    ) -> None:
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *_: Any) -> None:
         self._steps = 0
         # The DataModule published right before this batch was handed over: log that publish once.
         stats = trainer.datamodule.last_sync
@@ -59,9 +56,7 @@ class WeightSync(Callback):
             log_once(trainer, metrics)
 
     @override
-    def on_before_optimizer_step(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Optimizer
-    ) -> None:
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *_: Any) -> None:
         self._steps += 1
         if self.drain and self._steps == pl_module.optimizer_steps_per_update:
             trainer.datamodule.request_drain()

@@ -36,12 +36,10 @@ def check_settings(args: dict[str, Any], *, default_policy: bool) -> None:
             f"--model.ratio_granularity must be one of {' | '.join(GRANULARITIES)}, "
             f"got {args['ratio_granularity']!r}"
         )
-    for name in ("max_nonfinite_updates", "value_warmup_updates"):
-        if args[name] < 0:
-            raise ValueError(f"--model.{name} must be >= 0, got {args[name]}")
-    for name in ("update_epochs", "num_minibatches"):
-        if args[name] < 1:
-            raise ValueError(f"--model.{name} must be >= 1, got {args[name]}")
+    lows = {"max_nonfinite_updates": 0, "value_warmup_updates": 0, "update_epochs": 1, "num_minibatches": 1}
+    for name, low in lows.items():
+        if args[name] < low:
+            raise ValueError(f"--model.{name} must be >= {low}, got {args[name]}")
     if args["tokens_per_action"] is not None and args["tokens_per_action"] < 1:
         raise ValueError(
             f"--model.tokens_per_action must be >= 1 or null (the tokens of one env action), "
