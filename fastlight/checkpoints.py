@@ -222,8 +222,7 @@ def exception_chain(error: BaseException) -> list[BaseException]:
 
 
 def verify_checksum(path: str | os.PathLike[str], *, flag: str = "--ckpt_path") -> bool:
-    """True when a checkpoint's checksum matches, False when it carries none; a mismatch raises a
-    one-line ``ValueError`` naming ``flag`` and the file."""
+    """True when the checksum matches, False when there is none; a mismatch raises a one-line ValueError."""
     path = os.fspath(path)
     st = os.stat(path)
     key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)

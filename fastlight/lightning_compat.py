@@ -53,8 +53,7 @@ Handler = Callable[[int, FrameType | None], Any]
 
 
 def record_hparams(module: L.LightningModule, values: dict[str, Any]) -> None:
-    """Set hparams ``values`` both where checkpoints read them (``_hparams``) and where loggers do
-    (``_hparams_initial``): ``save_hyperparameters`` has no public way to replace one value."""
+    """Set hparams ``values`` where checkpoints (``_hparams``) and loggers (``_hparams_initial``) look."""
     module._hparams.update(values)
     module._hparams_initial.update(copy.deepcopy(values))
 
@@ -81,8 +80,7 @@ def log_once(trainer: L.Trainer, metrics: dict[str, float]) -> None:
 
 
 def dump_checkpoint(trainer: L.Trainer) -> dict[str, Any]:
-    """The full checkpoint (a resume point) as ``Trainer.save_checkpoint`` would write it, made on this
-    rank only: no gather, no barrier."""
+    """The full checkpoint as ``Trainer.save_checkpoint`` would write it, made on this rank only."""
     return trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
 
 
@@ -140,8 +138,7 @@ def launched_ranks(trainer: L.Trainer) -> list[subprocess.Popen]:
 
 
 def stand_down_child_observer(trainer: L.Trainer) -> None:
-    """Stop Lightning's observer of the launched ranks from SIGKILLing this process when one of them
-    exits non-zero (the caller waits for them instead)."""
+    """Stop Lightning's observer of the launched ranks from SIGKILLing this process (module docstring)."""
     launcher = trainer.strategy.launcher
     if not isinstance(launcher, _SubprocessScriptLauncher) or not launcher.procs:
         return

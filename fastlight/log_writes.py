@@ -88,8 +88,7 @@ def log_write_line(logger: Any, error: OSError) -> str:
 
 
 def _quiet_writer_threads() -> None:
-    """Drop the traceback TensorBoard's writer thread prints for an ``OSError`` (the training loop
-    raises it again); installed once per process."""
+    """Drop TensorBoard's writer-thread traceback for an ``OSError``; installed once per process."""
     previous = threading.excepthook
     if isinstance(previous, _QuietWriterThreads):
         return

@@ -39,8 +39,7 @@ def start_child(parent_pid: int, *, seed: int | None = None, threads: int | None
 
 
 def usable_cores() -> int:
-    """The CPU cores this process may run on: its affinity mask (a container's, ``taskset``'s or
-    SLURM's limit), not the machine's count."""
+    """The CPU cores this process may run on (its affinity mask), not the machine's count."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux

@@ -53,8 +53,7 @@ def gather_per_rank(value: Any) -> list[Any]:
 
 
 def per_rank_entries(state: dict[str, Any], own: dict[str, Any]) -> list[Any]:
-    """The saved ranks' entries of ``state``: its ``per_rank`` list, or ``[own]`` for a checkpoint
-    written before per-rank state was gathered (or at world size 1)."""
+    """The saved ranks' entries of ``state``: its ``per_rank`` list, or ``[own]`` when it has none."""
     entries = state.get(PER_RANK_KEY)
     if entries is None:
         return [own]

@@ -118,8 +118,7 @@ class PreemptionCheckpoint(Callback):
 
     @property
     def run_ckpt_path(self) -> str:
-        """``<dirpath>/version_<version>/<filename>.ckpt``: the file this run writes (``ckpt_path`` itself
-        without ``version`` or on remote storage, which has no links)."""
+        """The file this run writes: ``<dirpath>/version_<version>/<filename>.ckpt``, else ``ckpt_path``."""
         if self.version is None or "://" in self.ckpt_path:
             return self.ckpt_path
         return os.path.join(self.dirpath or "checkpoints", f"version_{self.version}", f"{self.filename}.ckpt")
@@ -198,8 +197,7 @@ class PreemptionCheckpoint(Callback):
             )
 
     def _save(self, trainer: L.Trainer) -> None:
-        """Write the checkpoint (rank 0) with every rank: a write that fails on rank 0 raises a
-        :class:`CheckpointWriteError` on every rank, instead of leaving the others in Lightning's barrier."""
+        """Write the checkpoint with every rank; a failed write raises a CheckpointWriteError on all."""
         error: OSError | None = None
         written = False  # the file is on disk (rank 0) or the state was sent (the others)
         try:

@@ -26,8 +26,7 @@ _CLI = "_instantiator"
 def save_hparams(
     module: L.LightningModule, policy: nn.Module | None, objective: Objective, *, frame: FrameType | None
 ) -> None:
-    """``save_hyperparameters`` of the ``__init__`` chain whose innermost frame is ``frame``, with the
-    policy and the objective as plain data (see the module docstring)."""
+    """``save_hyperparameters`` of the ``__init__`` chain at ``frame``, policy and objective as plain data."""
     module.save_hyperparameters(ignore=["policy"], frame=frame)
     if _CLI in module.hparams:
         module.save_hyperparameters(frame=frame)  # the CLI's config: policy is plain data there
@@ -37,8 +36,7 @@ def save_hparams(
 
 
 def keep_policy_config(module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
-    """Rebuilt from a CLI checkpoint, keep its policy config (not just the class path), and the CLI's
-    class path and instantiator when the checkpoint is of this very class."""
+    """Rebuilt from a CLI checkpoint, keep its policy config (and its class path, if of this class)."""
     saved = checkpoint.get(module.CHECKPOINT_HYPER_PARAMS_KEY) or {}
     config, mine = saved.get("policy"), module.hparams.get("policy")
     mine = mine.get("class_path") if isinstance(mine, dict) else mine  # a CLI run's is its config

@@ -32,8 +32,7 @@ class NonfiniteSteps:
         world_size: int,
         at: tuple[int, int, int, int],
     ) -> None:
-        """Call between ``backward`` (and clipping) and ``opt.step()``; ``at`` is (optimizer step,
-        update, epoch, minibatch), what the warning and the error name."""
+        """Call between ``backward`` and ``opt.step()``; ``at``: (optim. step, update, epoch, minibatch)."""
         if not self.limit:
             return
         # A sharded (DTensor) gradient is checked on this rank's shard (the all-reduce joins the verdicts).

@@ -343,8 +343,7 @@ class RLModule(PolicyModule):
         return self.nonfinite.skipped
 
     def _global_count(self, valid: Tensor) -> Tensor | None:
-        """SMPO denominator under DDP: all-reduced valid count / world size, so that DDP's
-        gradient averaging yields the exact global masked mean. ``None`` in one process."""
+        """SMPO denominator under DDP: the all-reduced valid count / world size; ``None`` in one process."""
         if not (dist.is_available() and dist.is_initialized()) or self.trainer.world_size == 1:
             return None
         n = valid.sum().to(torch.float32)

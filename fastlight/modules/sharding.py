@@ -15,8 +15,7 @@ STRATEGY_NAME = "fsdp2"
 
 
 def forward_methods(policy: nn.Module) -> list[str]:
-    """The policy methods a training step calls instead of ``forward``, each of which must gather the
-    sharded parameters: :class:`~fastlight.models.base.Policy`'s, and a flow policy's loss."""
+    """The policy methods a training step calls instead of ``forward`` (each must gather the shards)."""
     from fastlight.data.protocols import implements
     from fastlight.models.base import FlowPolicy
 
@@ -60,8 +59,7 @@ def block_classes(policy: nn.Module) -> set[type[nn.Module]]:
 
 
 def shard_policy(policy: nn.Module, mesh: object) -> list[str]:
-    """Shard ``policy`` in place with FSDP2 over ``mesh`` (1-D: FSDP; 2-D: HSDP, replicated over the
-    first dimension); returns the names of the block units. Idempotent."""
+    """Shard ``policy`` in place with FSDP2 over ``mesh``; returns the names of the block units."""
     from torch.distributed.fsdp import FSDPModule, fully_shard, register_fsdp_forward_method
 
     if isinstance(policy, FSDPModule):

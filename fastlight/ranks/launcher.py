@@ -33,8 +33,7 @@ def launched_rank(environ: Mapping[str, str] | None = None) -> bool:
 
 
 def stop_with_launcher(environ: Mapping[str, str] | None = None) -> bool:
-    """In a launched rank (:func:`launched_rank`, never one a person started), ask the kernel for SIGTERM
-    when the launcher dies (the coordinated stop); returns whether it did."""
+    """In a launched rank, ask the kernel for SIGTERM when the launcher dies; returns whether it did."""
     if not sys.platform.startswith("linux") or not launched_rank(environ):
         return False
     try:
