@@ -166,21 +166,19 @@ class RLModule(PolicyModule):
         rewards, discounts = rollout.rewards, None
         if rollout.chunked:  # action chunks: semi-MDP steps of h env steps, discounted by gamma^h
             rewards, discounts = chunk_rewards(rollout.step_rewards, rollout.env_steps, h.gamma)
+        ends = {"terminated": rollout.terminated, "truncated": rollout.truncated, "valid": rollout.valid}
         adv, ret = masked_gae(
             rewards=rewards,
             values=values,
             bootstrap_values=rollout.bootstrap_values,
-            terminated=rollout.terminated,
-            truncated=rollout.truncated,
-            valid=rollout.valid,
             gamma=h.gamma,
             lam=h.gae_lambda,
             discounts=discounts,
+            **ends,
         )
         kind = h.get("advantage", "gae")
         if kind != "gae":
             size = self._group_size()
-            ends = {"terminated": rollout.terminated, "truncated": rollout.truncated, "valid": rollout.valid}
             if kind == "grpo":
                 adv = group_relative_advantages(rewards=rollout.rewards, group_size=size, **ends)
             else:
