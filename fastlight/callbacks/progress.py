@@ -108,11 +108,10 @@ class RolloutProgressBar(TQDMProgressBar):
             left = max(trainer.max_steps - trainer.global_step, 0)
             per_batch = pl_module.optimizer_steps_per_update if implements(pl_module, TrainsPolicy) else None
             if isinstance(per_batch, int) and per_batch > 0:
-                bounds.append(done + math.ceil(left / per_batch))
+                left = math.ceil(left / per_batch)
             elif pl_module.automatic_optimization:
-                bounds.append(done + left * trainer.accumulate_grad_batches)
-            else:  # manual optimisation without a count: one step per batch, Lightning's own guess
-                bounds.append(done + left)
+                left *= trainer.accumulate_grad_batches
+            bounds.append(done + left)  # manual optimisation without a count: one step per batch
         per_epoch = trainer.num_training_batches
         if trainer.max_epochs is not None and trainer.max_epochs > 0 and math.isfinite(per_epoch):
             bounds.append(trainer.max_epochs * int(per_epoch))

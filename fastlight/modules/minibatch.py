@@ -32,16 +32,9 @@ class Minibatch:
 
     @staticmethod
     def from_rollout(rollout: Rollout, advantages: Tensor, returns: Tensor, values: Tensor) -> Minibatch:
+        flat = {k: rollout.flat(k) for k in ("obs", "actions", "logprobs", "valid", "step", "task_id")}
         return Minibatch(
-            obs=rollout.flat("obs"),
-            actions=rollout.flat("actions"),
-            logprobs=rollout.flat("logprobs"),
-            values=values.reshape(-1),
-            advantages=advantages.reshape(-1),
-            returns=returns.reshape(-1),
-            valid=rollout.flat("valid"),
-            step=rollout.flat("step"),
-            task_id=rollout.flat("task_id"),
+            **flat, values=values.reshape(-1), advantages=advantages.reshape(-1), returns=returns.reshape(-1)
         )
 
     def select(self, idx: Tensor) -> Minibatch:
@@ -50,12 +43,8 @@ class Minibatch:
 
 @torch.no_grad()
 def recompute_values(policy: nn.Module, rollout: Rollout, *, chunk: int = 4096) -> Tensor:
-    """V(s_t) from the *current* critic for every step, ``[T, E]``, 0 on padding.
-
-    AcceRL §value recomputation: stored values come from the critic that acted, which is stale
-    by the time the update runs; recomputing them before GAE realigns the targets. Bootstrap
-    values of truncated steps keep their sampled value (their successor state is not stored).
-    """
+    """V(s_t) from the *current* critic for every step, ``[T, E]``, 0 on padding (AcceRL §value
+    recomputation). Bootstrap values of truncated steps keep their sampled value."""
     t_len, n_env = rollout.shape
     obs, step = rollout.flat("obs"), rollout.flat("step")
     n = t_len * n_env
