@@ -86,10 +86,8 @@ def die_with_parent(parent: int) -> None:
     kernel's PR_SET_PDEATHSIG on Linux, plus a watchdog thread. A child of the trainer's forkserver also
     watches the forkserver's parent (the forkserver does not exit with the trainer while children live)."""
     if sys.platform.startswith("linux"):
-        try:
+        with contextlib.suppress(OSError):
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except OSError:
-            pass
     direct = os.getppid()
     via_server = direct != parent
     if via_server and parent_pid(direct) != parent:

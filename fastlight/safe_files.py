@@ -80,9 +80,8 @@ def _local_key() -> bytes:
     with os.fdopen(fd, "wb") as f:
         f.write(secrets.token_bytes(_KEY_BYTES))
     try:
-        os.link(tmp, path)  # atomic, and fails when another process made the key first
-    except FileExistsError:
-        pass
+        with contextlib.suppress(FileExistsError):
+            os.link(tmp, path)  # atomic, and fails when another process made the key first
     finally:
         os.remove(tmp)
     return path.read_bytes()
