@@ -4,9 +4,9 @@
 not DPSA's padding, nor the steps of items dropped as stale. With action chunks a transition counts the
 env steps its chunk executed.
 
-**Budget.** With ``total_env_steps`` set, training stops at the first Rollout boundary at or past it,
-saying so in one line. **Logs.** ``env_steps`` (cumulative), also in the progress bar; for TensorBoard
-the ``tensorboard_keys`` metrics are also written as ``env_steps/<key>`` at the env-step count.
+With ``total_env_steps`` set, training stops at the first Rollout boundary at or past it, saying so in
+one line. ``env_steps`` (cumulative) is logged, also in the progress bar; for TensorBoard the
+``tensorboard_keys`` metrics are also written as ``env_steps/<key>`` at the env-step count.
 
 **Learning-rate annealing.** With ``anneal_lr``, every parameter group's learning rate falls linearly
 from its value at the run's start to 0 at ``total_env_steps``, as CleanRL's PPO anneals (Huang et al.,

@@ -1,15 +1,12 @@
 """``LostRankCheckpoint``: a rank that is lost stops the others with one line naming it, and the lowest
 surviving rank writes the checkpoint of the last completed update.
 
-A rank that is killed, stopped, hung, or whose node is gone leaves the others waiting in their next
-collective. On every rank of a multi-rank ``fit`` this callback sets the process-group timeout to
-``peer_timeout_minutes`` and beats a heartbeat (:class:`~fastlight.ranks.peer_watch.PeerWatch`;
-Lightning's child-process observer is stood down). When a collective fails and a rank is named lost,
-the survivors stop without another collective: the samplers end, the lowest surviving rank writes the
-last completed update alone (its own per-rank state only) to
-:class:`~fastlight.callbacks.preemption.PreemptionCheckpoint`'s file (which then stands aside:
-:class:`~fastlight.callbacks.preemption.HandlesStop`), rank 0 ends the ranks it launched, and every
-survivor prints one line. A loss in the middle of an update is set back to the update's start with
+On every rank of a multi-rank ``fit`` this callback sets the process-group timeout to
+``peer_timeout_minutes`` and beats a heartbeat (:class:`~fastlight.ranks.peer_watch.PeerWatch`). When a
+collective fails and a rank is named lost, the survivors stop without another collective: the samplers
+end, the lowest surviving rank writes the last completed update alone (its own per-rank state only) to
+:class:`~fastlight.callbacks.preemption.PreemptionCheckpoint`'s file, rank 0 ends the ranks it launched,
+and every survivor prints one line. A loss mid-update is set back to the update's start with
 ``rollback`` (:class:`~fastlight.ranks.rollback.RollbackPoint`); without it nothing is written.
 
 Under ``--trainer.strategy fsdp2`` no rank holds the whole model, so every ``sharded_every_minutes`` all

@@ -1,4 +1,2 @@
-"""What a multi-rank run needs beyond Lightning, used by the checkpoint callbacks: which rank is lost
-(:mod:`~fastlight.ranks.peer_watch`), the processes that start ranks (:mod:`~fastlight.ranks.launcher`),
-SLURM's requeue (:mod:`~fastlight.ranks.slurm`) and the state at an update's start
-(:mod:`~fastlight.ranks.rollback`)."""
+"""What a multi-rank run needs beyond Lightning: which rank is lost, the launched ranks, SLURM's requeue
+and the state at an update's start."""
