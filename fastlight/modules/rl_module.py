@@ -60,18 +60,16 @@ class RLModule(PolicyModule):
         action_dim: Box dims, Discrete choices or Multi* entries (linked from --data).
         continuous: continuous actions (linked from --data).
         spaces: the env's spaces (linked from --data).
-        policy: the actor-critic, any ``nn.Module`` implementing :class:`fastlight.models.base.Policy`
-            (``--model.policy.class_path`` / ``init_args``). ``None``: :meth:`build_policy` builds
-            :class:`MLPActorCritic` over vectors, else :class:`MultiInputActorCritic`.
+        policy: the actor-critic, any ``nn.Module`` implementing :class:`fastlight.models.base.Policy`;
+            ``None``: :meth:`build_policy` builds one (an MLP over vectors, else ``MultiInputActorCritic``).
         hidden_sizes: MLP widths of the default policy (refused together with ``policy``).
         lr: Adam learning rate.
         gamma: discount factor per env step (an action chunk of ``h`` env steps: ``gamma**h``).
         gae_lambda: GAE lambda (0: one-step TD advantages, 1: Monte-Carlo returns).
         update_epochs: K, the epochs over each rollout (K x M optimizer steps per rollout).
         num_minibatches: M, the minibatches each epoch splits the rollout's valid transitions into.
-        objective: the policy :class:`~fastlight.modules.objectives.Objective` with its own settings
-            (``--model.objective GIPO --model.objective.sigma 0.2``): ``PPOClip`` (``None``), ``GIPO``
-            (AcceRL §GIPO), ``SAPO`` or a subclass of your own.
+        objective: the policy objective (``--model.objective GIPO --model.objective.sigma 0.2``): ``PPOClip``
+            (``None``), ``GIPO`` (AcceRL §GIPO), ``SAPO`` or your own subclass of ``Objective``.
         ratio_granularity: ``token | action | chunk`` importance ratios (:mod:`fastlight.losses.ratios`).
         tokens_per_action: consecutive tokens per ratio for ``action`` granularity. ``None``: the
             tokens of one env action (``K / H`` of ``K`` tokens per call in chunks of ``H`` actions).
@@ -81,16 +79,13 @@ class RLModule(PolicyModule):
         max_grad_norm: gradient clipping by global norm (``None`` disables).
         normalize_advantages: standardise advantages over valid steps (globally under DDP).
         advantage: ``gae``, or a clip's (``grpo``) or step's (``group_steps``) return against its group's.
-        normalize_obs: act on observations normalised by running statistics the policy keeps
-            (:class:`~fastlight.models.normalization.NormalizedPolicy`). ``None``: on for continuous
-            actions over flat vectors (MuJoCo-style control), off otherwise.
+        normalize_obs: act on observations normalised by running statistics the policy keeps; ``None``:
+            on for continuous actions over flat vectors (MuJoCo-style control), off otherwise.
         normalize_returns: the critic predicts values in units of the running mean/std of the value
             targets (Sample Factory's ``normalize_returns``). ``None`` (default): as ``normalize_obs``.
         recompute_values: re-run the current critic before GAE (AcceRL §value recomputation).
-        init_from: a checkpoint whose policy weights this run starts from (e.g. an SFT run's
-            ``last.ckpt``). ``--ckpt_path`` resumes instead.
-        value_warmup_updates: for this many first updates only the critic learns (the policy and
-            entropy terms are off).
+        init_from: a checkpoint whose policy weights this run starts from (``--ckpt_path`` resumes instead).
+        value_warmup_updates: for this many first updates only the critic learns.
         max_nonfinite_updates: this many optimizer steps in a row with a NaN / inf loss or gradient
             (each skipped, counted as ``faults/skipped_updates``) stop the run; ``0`` turns the check off.
     """
