@@ -58,7 +58,8 @@ def load_policy_weights(policy: nn.Module, path: str | Path, *, flag: str = "--m
             f"layers must match the run that saved it): " + "; ".join(problems)
         )
     policy.load_state_dict(theirs, strict=False)
-    return {"tensors": len(theirs), "value_loaded": bool(optional) and optional <= theirs.keys()}
+    # without value parameters of its own (an MLP), every tensor was required, the value head's too
+    return {"tensors": len(theirs), "value_loaded": optional <= theirs.keys()}
 
 
 def init_policy_from(policy: nn.Module, path: str | Path) -> None:

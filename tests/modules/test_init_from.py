@@ -43,6 +43,17 @@ def test_round_trip_is_exact_and_value_head_is_loaded(tmp_path):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=k)
 
 
+def test_a_policy_without_separate_value_parameters_reports_its_value_head_loaded(tmp_path):
+    """An MLP keeps no value parameters apart: every tensor is required, so the value head loaded."""
+    torch.manual_seed(0)
+    src = MLPActorCritic(3, 2, hidden_sizes=(8,))
+    torch.manual_seed(1)
+    dst = MLPActorCritic(3, 2, hidden_sizes=(8,))
+    info = load_policy_weights(dst, save(tmp_path, src))
+    assert info["value_loaded"] and info["tensors"] == len(src.state_dict())
+    torch.testing.assert_close(dst.state_dict(), src.state_dict(), rtol=0, atol=0)
+
+
 def test_checkpoint_without_value_head_leaves_it_at_init(tmp_path):
     torch.manual_seed(0)
     src = vla()
