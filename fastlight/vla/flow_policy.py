@@ -42,9 +42,8 @@ SDE_STEPS = ("one", "all")
 def build_pi0(
     vocab: int, hidden: int, layers: int, chunk: int, action_dim: int, state_dim: int, *, pi05: bool = False
 ) -> nn.Module:
-    """A random ``PI0ForConditionalGeneration``: a tiny PaliGemma (SigLIP 32x32, Gemma) and a Gemma expert
-    of the same depth, heads and head size (the expert attends to the VLM's cached keys layer by layer);
-    ``pi05``: a ``PI05ForConditionalGeneration`` of the same sizes (the state goes in its prompt)."""
+    """A random tiny ``PI0ForConditionalGeneration`` (PaliGemma with SigLIP 32x32, a Gemma expert of the
+    same depth and heads); ``pi05``: a ``PI05ForConditionalGeneration`` of the same sizes."""
     t = import_extra("transformers", extra="vla", what="the flow VLA policy")
     sizes = {"hidden_size": hidden, "intermediate_size": 2 * hidden, "num_attention_heads": 2}
     text = {**sizes, "vocab_size": vocab, "num_hidden_layers": layers, "num_key_value_heads": 1,
@@ -102,17 +101,13 @@ class FlowVLAPolicy(PicklableCapture, PolicyBase):
         num_steps: ``K``, Euler steps of the denoising chain.
         sde_steps: ``"one"`` (one uniformly drawn step per sample is stochastic) or ``"all"``.
         sde_logprob: with ``sde_steps="all"``, the chain's log-likelihood per entry is the ``"sum"`` of its
-            ``K`` steps' log-densities (the joint density; a log-ratio then adds ``K`` steps' log-ratios,
-            so a clip range or GIPO's sigma means about ``1/K`` of it per step) or their ``"mean"``
-            (RLinf's joint mode: the clip range means per step what it means with ``"one"``).
-        train_padding: SFT (``flow_matching_loss``) also trains the chunk steps past ``H`` and the action
-            dims past ``D`` toward their zero action (openpi's way: their velocities feed the executed
-            entries through the expert's attention); ``False`` masks them out.
+            ``K`` steps' log-densities (the joint density) or their ``"mean"`` (RLinf's joint mode).
+        train_padding: SFT also trains the chunk steps past ``H`` and the action dims past ``D`` toward
+            their zero action (openpi's way); ``False`` masks them out.
         noise_level: the flow-SDE's ``a`` in ``sigma_k = a sqrt(t_k / (1 - t_k))`` (> 0).
         proprio_dim: the env's proprio size, pi0's state (``<=`` the model's ``max_state_dim``).
         max_text_len, max_episode_steps, value_mlp_hidden: as :class:`~fastlight.vla.policy.VLAPolicy`.
-        image_size: the env's image side (the folder's image processor resizes from it); ``None``: state
-            and instruction only (the vision tower and projector are frozen, unused).
+        image_size: the env's image side; ``None``: state and instruction only.
         freeze_vision: the vision tower gets no gradients.
         lora: LoRA adapters (:mod:`fastlight.vla.lora`) on the VLM's language model and on the expert.
     """
@@ -155,7 +150,6 @@ class FlowVLAPolicy(PicklableCapture, PolicyBase):
         self.action_dim, self.action_chunk, self.proprio_dim = action_dim, action_chunk, proprio_dim
         self.num_steps, self.sde_steps, self.noise_level = num_steps, sde_steps, float(noise_level)
         self.max_text_len, self.train_padding = max_text_len, bool(train_padding)
-        #: Divides the summed log-densities: K stochastic steps averaged (sde_logprob "mean"), else 1.
         self.logprob_steps = num_steps if sde_steps == "all" and sde_logprob == "mean" else 1
         self.lora = as_lora_settings(lora)
         self.backbone = (
@@ -185,9 +179,8 @@ class FlowVLAPolicy(PicklableCapture, PolicyBase):
         if self.lora is not None:  # the VLM's language model and the expert; heads and projections train
             apply_lora(vlm, self.lora)
             apply_lora(self.backbone.model.dit, self.lora)
-        # Never used, so frozen (DDP stops on trainable parameters without gradients), adapters included:
-        # the expert is fed embeddings, and the prefix is read through its cached keys / values only, so
-        # the VLM's last layer past them (queries, output, MLP) and its final norm feed nothing.
+        # Frozen as they feed nothing (DDP stops on trainable parameters without gradients): the prefix
+        # is read through its cached keys / values only, so the VLM's last layer past them and its norm.
         lm = vlm.get_decoder()
         last = lm.layers[-1]
         attention = last.self_attn
@@ -279,7 +272,7 @@ class FlowVLAPolicy(PicklableCapture, PolicyBase):
         self, obs: dict[str, Tensor], *, step: Tensor | None = None, deterministic: bool = False
     ) -> ActOutput:
         """Run the chain: packed actions ``[N, W]``, logprobs ``[N, H*D]``, values ``[N]``. ``deterministic``:
-        every step is the ODE's (from random noise ``x_0``, as πRL evaluates), no SDE noise."""
+        every step is the ODE's (from random noise ``x_0``, as πRL evaluates)."""
         prefix = self._prefix(obs)
         n, dev = prefix[1].shape[0], prefix[1].device
         every = self.sde_steps == "all"
@@ -304,10 +297,8 @@ class FlowVLAPolicy(PicklableCapture, PolicyBase):
         return ActOutput(packed, self._executed(logp) / self.logprob_steps, values)
 
     def evaluate(self, obs: dict[str, Tensor], actions: Tensor, *, step: Tensor | None = None) -> EvalOutput:
-        """Log-densities ``[N, H*D]`` of the stored chain's stochastic step(s) under the current weights,
-        and values ``[N]``. The "entropy" ``[N, H*D]`` is the Gaussian entropy of the SDE's noise at those
-        steps: a constant of the noise schedule (``noise_level``, ``num_steps``), not of the weights, so
-        an entropy bonus does nothing here (``loss/entropy`` reports the schedule)."""
+        """Log-densities ``[N, H*D]`` of the stored chain's stochastic step(s) and values ``[N]``. The
+        "entropy" ``[N, H*D]`` is the SDE noise's, a constant of the schedule (no use as a bonus)."""
         prefix = self._prefix(obs)
         first, states = self._unpack(actions)
         logp = ent = 0.0
@@ -333,10 +324,9 @@ class FlowVLAPolicy(PicklableCapture, PolicyBase):
     def flow_matching_loss(
         self, obs: dict[str, Tensor], actions: Tensor, valid: Tensor | None = None
     ) -> tuple[Tensor, dict[str, Tensor]]:
-        """pi0's own training forward (``actions=``: a Beta-sampled time, velocity MSE) on continuous
-        actions ``[N, H*D]`` (step-major), mean over the valid executed entries (``valid`` ``[N]`` or
-        ``[N, H*D]``) and, with ``train_padding``, the padded chunk steps and action dims of every sample
-        with a valid entry (their target is a zero action). Returns ``(loss, {})``."""
+        """pi0's own training loss (Beta-sampled time, velocity MSE) on continuous actions ``[N, H*D]``
+        (step-major), mean over the valid entries (``valid`` ``[N]`` or ``[N, H*D]``) and, with
+        ``train_padding``, the padding of every sample with a valid entry. Returns ``(loss, {})``."""
         cache, mask, state = self._prefix(obs)
         n = state.shape[0]
         if actions.shape != (n, self.action_chunk * self.action_dim):

@@ -7,44 +7,21 @@ as its imitation loss.
 The update is the RLModule's (FAST §SMPO masked means, masked GAE, K epochs x M minibatches);
 what changes is the policy and its batch shapes:
 
-- actions are action-token bins ``[T, E, K]`` (long), behaviour log-probs ``[T, E, K]`` and,
-  in the loss, ``[N, K]`` log-probs and entropies against ``[N]`` advantages and ``valid``: the
-  losses broadcast the per-step advantage over the K tokens and average over valid tokens
-  (AcceRL §token-level ratios; ``ratio_granularity`` ``action`` / ``chunk`` for ablations);
+- actions are action-token bins ``[T, E, K]`` (long), behaviour log-probs ``[T, E, K]``; the losses
+  broadcast the per-step advantage over the K tokens and average over valid tokens (AcceRL
+  §token-level ratios; ``ratio_granularity`` ``action`` / ``chunk`` for ablations);
 - the default objective is GIPO (AcceRL §GIPO), PPO and SAPO stay selectable;
-- the value head (AcceRL §value head: attention pooling over *detached* action-token states +
-  step embedding) has its own optimizer param group and learning rate ``value_lr``; the value
-  loss never reaches the backbone;
-- ``recompute_values`` re-runs the latest critic (with the episode ``step``) before GAE (AcceRL
-  §value recomputation);
-- ``sil_steps > 0`` adds self-imitation of the run's own successful episodes (Oh et al., 2018; see
-  :mod:`fastlight.vla.self_imitation`): after each RL update, ``sil_steps`` optimizer steps of
-  token cross-entropy on ``sil_batch_size`` steps drawn from a per-task buffer of successes, with
-  their own AdamW optimizer and learning rate ``sil_lr``, as the SIL paper runs its updates after
-  the on-policy ones. A policy started from few demonstrations thereby keeps (and generalises) what
-  its exploration found. Not in AcceRL; off by default.
-- action chunks (``--model.policy.init_args.action_chunk H``, OpenVLA-OFT's): the policy emits
-  ``K = H x D`` tokens per call (D = ``action_dim``, step-major) and the sampler executes the H env
-  actions open-loop, stopping where the episode ends. One transition per chunk: reward
-  ``sum_{i<h} gamma^i r_i`` over the ``h`` steps executed, bootstrap discounted by ``gamma^h``
-  (:func:`~fastlight.advantages.chunk_rewards`); DPSA, the termination threshold, ``env_steps``
-  and the throughput count env steps. Ratios (``token`` / ``action`` / ``chunk``) are over the K
-  tokens (``action`` groups the D tokens of a chunk step unless ``--model.tokens_per_action``
-  divides K otherwise), and self-imitation leaves out the tokens of chunk steps never executed.
+- the value head (AcceRL §value head) has its own param group and learning rate ``value_lr``; the
+  value loss never reaches the backbone; ``recompute_values``: AcceRL §value recomputation;
+- ``sil_steps > 0`` adds self-imitation of the run's own successes (Oh et al., 2018;
+  :mod:`fastlight.vla.self_imitation`) after each RL update, with its own AdamW and ``sil_lr``.
+  Not in AcceRL; off by default.
+- action chunks (``--model.policy.init_args.action_chunk H``, OpenVLA-OFT's): ``K = H x D`` tokens
+  per call, executed open-loop; one transition per chunk with reward ``sum_{i<h} gamma^i r_i`` and
+  bootstrap ``gamma^h`` (:func:`~fastlight.advantages.chunk_rewards`).
 
-The policy is injected like any RLModule policy, ``--model.policy`` with ``class_path:
-fastlight.vla.policy.VLAPolicy`` and its ``init_args`` (backbone, sizes, decoding, ...), or the
-``class_path`` of a user's own VLA class: any ``nn.Module`` implementing
-:class:`~fastlight.models.base.TokenPolicy` (bins ``[N, K]`` and per-token log-probs, the logits
-for cross-entropy, actor / critic parameters, an action tokenizer); a policy that lacks part of it
-is refused in one line naming what is missing. Without one, ``configure_model`` builds a
-``VLAPolicy`` with its defaults and ``K = --model.action_dim``.
-
-Env sizes linked by ``fastlight fit`` (``obs_dim``, ``action_dim``, ``continuous``): the env's
-continuous action size *is* the number of action tokens ``K`` (one token per dimension,
-``VLAPolicy.env_action`` maps bins back to ``[-1, 1]``), and ``obs_dim`` is 0 for the dict
-observations a VLA reads. :meth:`check_env_spec` refuses discrete envs and mismatched
-observation keys / shapes before any sampler starts.
+``obs_dim`` is 0 for the dict observations a VLA reads; :meth:`check_env_spec` refuses discrete envs
+and mismatched observation keys / shapes before any sampler starts.
 """
 
 from __future__ import annotations
@@ -82,16 +59,12 @@ class VLAModule(RLModule):
             implementing :class:`~fastlight.models.base.TokenPolicy`; ``None`` builds a VLAPolicy
             with its defaults and ``action_dim`` tokens in ``configure_model``.
         value_lr: learning rate of the value head's param group (``None``: ``lr``).
-        objective: an :class:`~fastlight.modules.objectives.Objective`; ``None`` is
-            ``GIPO()`` (AcceRL), e.g. ``--model.objective GIPO --model.objective.sigma 0.2`` or
-            ``--model.objective PPOClip``.
-        obs_dim: the env's flattened observation size, linked from the data module: 0 for dict
-            observations.
+        objective: an :class:`~fastlight.modules.objectives.Objective`; ``None`` is ``GIPO()`` (AcceRL).
+        obs_dim: the env's flattened observation size, linked from the data module (0: dict observations).
         action_dim: ``K``, the env's action dimensions (= action tokens), linked from the data module.
         continuous: continuous actions (required), linked from the data module.
-        sil_steps: self-imitation optimizer steps after each RL update (0 turns it off). They imitate
-            episodes that end ``terminated``, which the VLA envs use for success: not for envs where
-            it means failure.
+        sil_steps: self-imitation optimizer steps after each RL update (0: off); they imitate episodes
+            that end ``terminated`` (success in the VLA envs).
         sil_lr: learning rate of the self-imitation optimizer (``None``: ``lr``).
         sil_batch_size: buffer steps in each self-imitation step.
         sil_capacity: steps of successful episodes the buffer keeps per task (oldest dropped).
@@ -168,12 +141,9 @@ class VLAModule(RLModule):
 
     @override
     def on_fit_start(self) -> None:
-        """Say once that a frozen vision tower stays in eval mode on purpose (``freeze_vision``).
-
-        Lightning warns at the start of training about every module in eval mode, which catches real
-        bugs (a backbone left in eval mode by ``from_pretrained``). When the frozen tower's modules
-        are the only ones in eval mode, that warning is left out for this check alone (the exact
-        count, removed in :meth:`on_train_start`); any other module in eval mode still warns."""
+        """Say once that a frozen vision tower stays in eval mode on purpose (``freeze_vision``); when
+        its modules are the only ones in eval mode, Lightning's eval-mode warning is filtered for this
+        check alone (removed in :meth:`on_train_start`), else it still warns."""
         super().on_fit_start()
         self._eval_mode_filter = _explain_frozen_eval_modules(self, self.core_policy)
 
@@ -192,9 +162,7 @@ class VLAModule(RLModule):
         if isinstance(batch, Rollout):
             self.success_buffer.add_rollout(batch)
         warm = self.policy_version >= h.get("value_warmup_updates", 0)
-        # Each rank keeps its own buffer: the steps run on every rank or on none (Lightning's
-        # all-ranks decision, an all-reduce under DDP), or the ranks' gradient all-reduces would
-        # wait forever for each other.
+        # Per-rank buffers: the steps run on every rank or none, or gradient all-reduces would hang.
         ready = warm and len(self.success_buffer) > 0
         self._sil_ready = self.trainer.strategy.reduce_boolean_decision(ready, all=True)
         super().training_step(batch, batch_idx)  # the RL update first: its ratios need the behaviour policy
@@ -216,8 +184,7 @@ class VLAModule(RLModule):
         for i in range(h.sil_steps):
             obs, actions, valid = self.success_buffer.sample(h.sil_batch_size)
             obs = {k: v.to(self.device) for k, v in obs.items()}
-            # With chunks: the tokens of chunk steps after the episode's end were never executed.
-            valid = None if valid is None else valid.to(self.device)
+            valid = None if valid is None else valid.to(self.device)  # chunk steps never executed: False
             loss, info = self.policy.imitation_loss(obs, actions.to(self.device), valid, own=True)
             opt.zero_grad(set_to_none=True)
             self.manual_backward(loss)
@@ -249,8 +216,8 @@ class VLAModule(RLModule):
             self.success_buffer.load_state_dict(mine)
 
     def check_env_spec(self, spec: Any) -> None:
-        """Continuous actions with ``K`` dims, and (when the spec carries the observation space) a
-        dict observation whose keys and shapes match the policy (after ``configure_model``)."""
+        """Continuous actions with ``K`` dims, and a dict observation (when the spec carries its space)
+        whose keys and shapes match the policy."""
         p = self.policy
         if not spec.continuous:
             raise ValueError(
@@ -272,9 +239,8 @@ class VLAModule(RLModule):
 
 
 def _explain_frozen_eval_modules(module: nn.Module, policy: nn.Module | None) -> Any:
-    """Log (rank zero) how many of ``module``'s eval-mode modules are the VLAPolicy's frozen ones;
-    when they are all of them, add a filter for exactly Lightning's eval-mode warning of that count
-    and return it (for the caller to remove after the check), else ``None``."""
+    """Log how many of ``module``'s eval-mode modules are the VLAPolicy's frozen ones; when they are
+    all of them, add and return a filter for Lightning's eval-mode warning of that count, else ``None``."""
     if not isinstance(policy, VLAPolicy) or not policy.frozen_modules:
         return None
     frozen = {id(m) for name in policy.frozen_modules for m in policy.get_submodule(name).modules()}
@@ -300,8 +266,7 @@ def _explain_frozen_eval_modules(module: nn.Module, policy: nn.Module | None) ->
 
 
 def _validate_vla(policy: Any, value_lr: float | None, action_dim: int, rl_kwargs: dict[str, Any]) -> None:
-    """VLA settings, checked up front with the CLI flag in the message (the policy's own settings are
-    checked by the policy)."""
+    """VLA settings, checked up front with the CLI flag in the message."""
     if policy is not None and not isinstance(policy, (str, FlowPolicy)):
         missing = missing_members(policy, TokenPolicy)
         if type(policy).forward is nn.Module.forward:  # every nn.Module has one that raises

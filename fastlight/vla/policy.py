@@ -9,32 +9,19 @@ The policy reads an observation dict (batch ``N``)::
 
 and builds the input sequence ``[image patches][proprio token][instruction][K action slots]``
 (``K = action_chunk x action_dim``) as ``inputs_embeds`` for the backbone; the attention mask hides padded
-instruction tokens and position ids skip them, so the amount of padding does not matter.
-
-Backbones (:mod:`fastlight.vla.hf_vlm`): a folder holding a vision-language model (Llava,
-PaliGemma, Idefics3, Qwen2.5-VL, Gemma3, ...) puts the image through the image processor saved in the
-folder and the model's own vision tower and projector (the whole batch at once; a model with
-multimodal RoPE places the image tokens at their grid positions), and a folder with a tokenizer
-re-tokenizes the env's instructions with it (the env's rows are mapped through a table bound
-before sampling, :meth:`VLAPolicy.bind_instructions`). ``image_size=None`` is a state-only policy:
-no image encoder. :mod:`benchmarks.tiny_vlm` builds tiny random VLM folders offline.
-
-Decoding (``decoding``, :mod:`fastlight.vla.decoding`): ``"parallel"`` (OpenVLA-OFT: K learned
-placeholder slots, one forward gives all K action-token distributions) or ``"autoregressive"`` (slot
-``k >= 1`` is the embedding of ``a_{k-1}``: ``evaluate`` teacher-forces, ``act`` samples token by token).
+instruction tokens and position ids skip them, so the amount of padding does not matter. Backbones:
+:mod:`fastlight.vla.hf_vlm`; decoding modes: :mod:`fastlight.vla.decoding`.
 
 Logits at the K slots are restricted to the action vocabulary (the last ``n_bins`` ids, see
 :class:`~fastlight.models.action_tokenizer.ActionTokenizer`): with ``prune_head=True`` the
-``lm_head`` is pruned to those rows (AcceRL §lm_head pruning) and its logits are the bins
-directly; otherwise the full-vocabulary logits are sliced to the same rows, so both agree.
-``actions`` are bins ``[N, K]`` long; ``logprobs`` and ``entropy`` are per token ``[N, K]``
-(AcceRL's token-level ratios). :meth:`VLAPolicy.bins_to_env_action` maps bins to ``[-1, 1]``.
+``lm_head`` is pruned to those rows (AcceRL §lm_head pruning); otherwise the full-vocabulary logits
+are sliced to the same rows, so both agree. ``actions`` are bins ``[N, K]`` long; ``logprobs`` and
+``entropy`` are per token ``[N, K]`` (AcceRL's token-level ratios).
 
 Values come from :class:`~fastlight.vla.value_heads.ActionAwareValueHead` on the detached
 last-layer hidden states at the K slots of the *placeholder* sequence, plus the episode step.
-In parallel mode that is the same forward as the policy's; in autoregressive mode the
-teacher-forced slots would leak the chosen action into ``V``, so ``evaluate`` runs one extra
-placeholder forward under ``no_grad`` for the critic (the same one ``act`` starts with).
+In autoregressive mode the teacher-forced slots would leak the chosen action into ``V``, so
+``evaluate`` runs one extra placeholder forward under ``no_grad`` for the critic.
 """
 
 from __future__ import annotations
@@ -63,20 +50,13 @@ class VLAPolicy(PicklableCapture, TokenImitation, PolicyBase):
     """Token-level VLA actor-critic implementing the fastlight policy interface (AcceRL).
 
     Args:
-        backbone: a local model folder (:func:`~fastlight.vla.hf_vlm.load_backbone`): a
-            vision-language model (``AutoModelForImageTextToText``: uint8 images go through the image
-            processor saved in the folder, then its own vision tower and projector), else a causal LM
-            (``AutoModelForCausalLM``; a folder saved after pruning included). When the folder holds a
-            tokenizer, instructions are re-tokenized with it (:meth:`bind_instructions`). ``None``
-            builds a random Llama from the size settings below, which are ignored otherwise.
-        action_dim: the env's action dimensions, one action token each (``K = action_chunk x
-            action_dim`` tokens per call).
+        backbone: a local model folder (:func:`~fastlight.vla.hf_vlm.load_backbone`): a vision-language
+            model or a causal LM; its tokenizer, if any, re-tokenizes instructions.
+            ``None`` builds a random Llama from the size settings below, which are ignored otherwise.
+        action_dim: the env's action dimensions, one action token each.
         n_bins: bins per action dimension = action vocabulary size.
-        image_size, patch_size: square image side and patch side of the patch encoder; with a
-            vision-language backbone ``image_size`` is the env's image side (the image processor
-            resizes from it) and ``patch_size`` is unused. ``None``: no images (a state-only env):
-            no patch encoder is built (a VLM's tower and projector are frozen and unused), and an
-            observation with ``'image'`` is refused.
+        image_size, patch_size: square image side and patch side of the patch encoder (with a VLM
+            backbone: the env's image side; ``patch_size`` unused). ``None``: a state-only policy.
         proprio_dim: proprioceptive state size (0: no proprio token).
         max_text_len: longest instruction ``L`` accepted.
         max_episode_steps: size of the value head's step embedding (longer steps are clamped).
@@ -85,29 +65,17 @@ class VLAPolicy(PicklableCapture, TokenImitation, PolicyBase):
         vocab_size, hidden_size, num_hidden_layers, num_attention_heads, intermediate_size,
             tie_word_embeddings: the Llama built when ``backbone is None``.
         value_mlp_hidden: hidden width of the value head's MLP.
-        temperature: sampling temperature of the acting policy: ``act`` samples from, and
-            ``act`` / ``evaluate`` score actions under, ``softmax(logits / temperature)``, so the
-            behaviour log-probs and the RL ratios are of the same tempered policy (as LLM RL
-            frameworks apply their rollout temperature in the learner too). ``forward`` (SFT and
-            self-imitation cross-entropy) and argmax actions do not depend on it. Below 1 the policy
-            explores closer to its greedy actions, which is what the evaluation plays.
-        action_chunk: env actions per policy call (OpenVLA-OFT's chunks): the policy emits
-            ``K = action_chunk x action_dim`` tokens, step-major (chunk step 0's ``action_dim`` tokens
-            first), and its action mapping (:class:`~fastlight.models.action_mapping.ChunkActions`)
-            turns them into env actions ``[N, action_chunk, action_dim]``, which the sampler executes
-            open-loop. 1: one env action ``[N, action_dim]`` per call.
+        temperature: ``act`` samples from, and ``act`` / ``evaluate`` score actions under,
+            ``softmax(logits / temperature)`` (behaviour log-probs and ratios of one tempered policy);
+            ``forward`` (SFT cross-entropy) and argmax actions do not depend on it.
+        action_chunk: env actions per call (OpenVLA-OFT's chunks): ``K = action_chunk x action_dim``
+            tokens, step-major, mapped to env actions ``[N, action_chunk, action_dim]``.
         lora: LoRA adapters on the backbone's language model (:class:`~fastlight.vla.lora.LoRASettings`
-            or a mapping of ``r``, ``alpha``, ``target_modules``, ``dropout``), applied through peft
-            after loading; its other weights are frozen, the ``lm_head``, proprio projection, action
-            queries and value head stay trainable (:mod:`fastlight.vla.lora`). ``None``: full
-            fine-tuning.
-        freeze_vision: a vision-language backbone's vision tower is frozen (no gradients) and kept
-            in eval mode when the policy trains; its projector and the rest train.
-        action_token_ids: ``[first, last)``, the half-open id range of the action tokens, with
-            ``last - first == n_bins`` (``None``: the last ``n_bins`` ids of the vocabulary, OpenVLA's
-            convention). The ``lm_head`` is pruned to these rows.
-        trust_remote_code: let a backbone folder that ships its own code (``auto_map`` in its
-            ``config.json``, as OpenVLA's does) run it; ``False`` refuses such a folder in one line.
+            or a mapping of its fields; :mod:`fastlight.vla.lora`). ``None``: full fine-tuning.
+        freeze_vision: a VLM backbone's vision tower gets no gradients and stays in eval mode.
+        action_token_ids: ``[first, last)`` of the action tokens, ``last - first == n_bins`` (``None``: the
+            last ``n_bins`` ids of the vocabulary, OpenVLA's convention).
+        trust_remote_code: let a backbone folder that ships its own code (``auto_map``) run it.
     """
 
     def __init__(
@@ -180,23 +148,21 @@ class VLAPolicy(PicklableCapture, TokenImitation, PolicyBase):
         if path is None:
             return build_llama(*llama_sizes), False
         model, is_vlm = load_backbone(path, self.trust_remote_code)
-        # Trainable weights in fp32 whatever dtype the folder was saved in (transformers loads a bf16
-        # folder as bf16, and Adam's small steps on bf16 master weights round away); the compute
-        # precision is Lightning's --trainer.precision. The upcast of saved bf16 values is exact.
+        # fp32 weights whatever the folder's dtype (Adam's small steps round away on bf16 master
+        # weights); the compute precision is --trainer.precision.
         return model.float(), is_vlm
 
     def _setup_vision(
         self, path: str | None, image_size: int | None, patch_size: int, hidden: int, freeze: bool
     ) -> None:
-        """The image encoder (:func:`~fastlight.vla.image_encoder.image_encoder`). Frozen submodules
-        are listed in ``_frozen_modules`` (kept in eval mode by :meth:`train`)."""
+        """The image encoder (:func:`~fastlight.vla.image_encoder.image_encoder`); frozen submodules go
+        to ``_frozen_modules`` (kept in eval mode by :meth:`train`)."""
         encoder = image_encoder(
             self.backbone, path, self.is_vlm, image_size, patch_size, hidden, freeze, self.trust_remote_code
         )
         self.image_size, self.freeze_vision = image_size, bool(freeze)
         self.vision: PatchEncoder | None = encoder.vision
-        #: The backbone folder's image processor (a VLM's; ``None`` otherwise).
-        self.image_processor = encoder.processor
+        self.image_processor = encoder.processor  # a VLM folder's; None otherwise
         for module in encoder.frozen:
             module.requires_grad_(False)
         names = {id(m): n for n, m in self.named_modules()}
@@ -211,39 +177,28 @@ class VLAPolicy(PicklableCapture, TokenImitation, PolicyBase):
 
     @property
     def frozen_modules(self) -> tuple[str, ...]:
-        """Names of the frozen submodules that :meth:`train` keeps in eval mode: a vision-language
-        backbone's vision tower with ``freeze_vision`` (and its projector too with ``image_size=None``,
-        where neither is used); empty otherwise."""
+        """Names of the frozen submodules :meth:`train` keeps in eval mode (a VLM's vision tower with
+        ``freeze_vision``; tower and projector with ``image_size=None``)."""
         return self._frozen_modules
 
     # ------------------------------------------------------------------ instructions
     def check_obs_space(self, space: object) -> None:
-        """Refuse an env whose observations do not fit, naming the flag
-        (:func:`fastlight.vla.inputs.check_obs_space`)."""
+        """Refuse an env whose observations do not fit (:func:`fastlight.vla.inputs.check_obs_space`)."""
         check_obs_space(space, self)
 
-    @property
-    def retokenizes(self) -> bool:
-        """True when instructions are re-tokenized with the backbone folder's own tokenizer."""
-        return self.retokenizer.active
-
     def bind_instructions(self, sentences: Sequence[str], ids: Tensor, mask: Tensor) -> bool:
-        """Learn the env's instructions: its distinct rows ``ids`` / ``mask`` ``[T, L]`` (its own
-        vocabulary) and their ``sentences`` (T). With a tokenizer in the backbone folder the sentences
-        are tokenized with it once, and :meth:`_prefix` maps every env row to those tokens by lookup;
-        without one (``backbone=None`` or a folder with no tokenizer) nothing changes: the env's ids
-        are the model's. Returns whether a table was bound."""
+        """Learn the env's instructions: its distinct rows ``ids`` / ``mask`` ``[T, L]`` and their
+        ``sentences`` (T), tokenized once with the backbone folder's tokenizer (without one the env's ids
+        are the model's). Returns whether a table was bound."""
         rows = self.backbone.get_input_embeddings().weight.shape[0]
         return self.retokenizer.bind(sentences, ids, mask, vocab_rows=rows, device=self.action_queries.device)
 
     # ------------------------------------------------------------------ parameter groups
     def policy_parameters(self) -> list[nn.Parameter]:
-        """Every parameter except the value head's (backbone, vision, proprio, placeholders), frozen
-        ones included (a LoRA run's base weights, a frozen vision tower): the optimizers skip those."""
+        """Every parameter except the value head's, frozen ones included (the optimizers skip those)."""
         return [p for n, p in self.named_parameters() if not n.startswith("value_head.")]
 
     def value_parameters(self) -> list[nn.Parameter]:
-        """The value head's parameters (their own optimizer param group / learning rate)."""
         return list(self.value_head.parameters())
 
     # ------------------------------------------------------------------ sequence building
@@ -299,7 +254,6 @@ class VLAPolicy(PicklableCapture, TokenImitation, PolicyBase):
         # Slot j follows the prefix's last position (in every multimodal-RoPE section) at + 1 + j.
         after = pos.amax(dim=-1, keepdim=True) + torch.arange(1, k + 1, device=pos.device)
         position_ids = torch.cat([pos, after], dim=-1)
-        # The language model itself (a VLM's decoder; a causal LM's base model), fed embeddings.
         out = self.backbone.get_decoder()(inputs_embeds=emb, attention_mask=mask, position_ids=position_ids)
         return out.last_hidden_state[:, -slots.shape[1] :]
 
@@ -315,11 +269,8 @@ class VLAPolicy(PicklableCapture, TokenImitation, PolicyBase):
         return logits if self.temperature == 1.0 else logits / self.temperature
 
     def forward(self, obs: dict[str, Tensor], actions: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """Action logits ``[N, K, n_bins]`` and slot hidden states ``[N, K, H]``.
-
-        Parallel decoding ignores ``actions``; autoregressive decoding teacher-forces the bins
-        ``actions [N, K]`` (``None``: all-placeholder slots, only slot 0's logits are then a policy).
-        """
+        """Action logits ``[N, K, n_bins]`` and slot hidden states ``[N, K, H]``; autoregressive decoding
+        teacher-forces the bins ``actions [N, K]`` (``None``: placeholders), parallel ignores them."""
         prefix = self._prefix(obs)
         n = prefix[0].shape[0]
         use = actions if self.decoding == "autoregressive" else None
@@ -369,11 +320,8 @@ class VLAPolicy(PicklableCapture, TokenImitation, PolicyBase):
         return EvalOutput(token_logprobs(logits, actions), entropy, self.value_head(value_hidden, step))
 
     def value(self, obs: dict[str, Tensor], *, step: Tensor | None = None) -> Tensor:
-        """Critic only: values ``[N]`` from the placeholder slots' detached hidden states and ``step``.
-
-        The backbone runs under ``no_grad`` (its states are detached anyway); the value head keeps
-        its gradients, for value recomputation / critic updates with the latest weights (AcceRL).
-        """
+        """Critic only: values ``[N]``; the backbone runs under ``no_grad``, the value head keeps its
+        gradients (AcceRL value recomputation)."""
         with torch.no_grad():
             prefix = self._prefix(obs)
             n = prefix[0].shape[0]
@@ -387,7 +335,6 @@ class VLAPolicy(PicklableCapture, TokenImitation, PolicyBase):
         return self.action_mapping()(bins)
 
     def action_mapping(self) -> ActionMapping:
-        """Bins -> bin centres in ``[-1, 1]``, without the backbone (for inference-served samplers);
-        with ``action_chunk > 1`` a :class:`~fastlight.models.action_mapping.ChunkActions` of it."""
+        """Bins -> bin centres in ``[-1, 1]``, without the backbone (chunked with ``action_chunk > 1``)."""
         bins = BinsToActions(self.action_tokenizer)
         return bins if self.action_chunk == 1 else ChunkActions(bins, self.action_chunk)
