@@ -2,30 +2,20 @@
 
 VLA RL starts from a policy fine-tuned on demonstrations (AcceRL §experiments, SimpleVLA-RL,
 RLinf): :class:`DemoDataModule` plays Meta-World's scripted expert of each task
-(``metaworld.policies.ENV_POLICY_MAP``) in the *same* env the RL run samples from (same
-``env_id`` / ``env_kwargs``, so the observation - instruction ids, proprio, image - is exactly
-the one the policy sees later), and serves the (observation, expert action) pairs.
+(``metaworld.policies.ENV_POLICY_MAP``, reading the full state ``env.unwrapped.state``) in the *same*
+env the RL run samples from (same ``env_id`` / ``env_kwargs``, so the observation is the one the
+policy sees later), and serves the (observation, expert action) pairs.
 
 - Demo ``j`` of task ``k`` is an episode reset with ``options={"task_id": k}`` and a seed drawn
-  from ``SeedSequence([seed, k, attempt])``; with ``successful_only`` (default) failed expert
-  episodes are dropped and retried, at most ``max_attempts_per_demo`` times per demo wanted.
-  The experts read Meta-World's full state (``env.unwrapped.state``), not the observation.
-- Generation runs in ``num_workers`` spawned processes (one task at a time each; 0 = in this
-  process), which die with the trainer like the samplers do.
+  from ``SeedSequence([seed, k, attempt])``; with ``successful_only`` failed expert episodes are
+  dropped and retried, at most ``max_attempts_per_demo`` times per demo wanted.
 - The result is cached under ``cache_dir`` keyed by every setting that changes it; a cache file
-  whose recorded settings differ from the requested ones is never used (the key is a hash, the
-  check is on the settings themselves).
+  whose recorded settings differ from the requested ones is refused.
 
 Batches are dicts: ``obs`` (the env's observation keys, ``[B, ...]``), ``actions [B, A]`` float
-(the expert's action clipped to the action space), ``step [B]`` (step in the episode) and
-``task_id [B]``. Token policies tokenise ``actions`` themselves (``ActionTokenizer``), so one
-cache serves any number of bins.
-
-**Action chunks.** For a policy that acts in chunks of ``H`` env actions (``action_chunk``, by
-default the trained module's policy's), a sample is the observation at step ``t`` with the expert's
-``H`` actions of steps ``t .. t+H-1``: ``actions [B, H, A]`` and ``valid [B, H]`` bool, False (and
-the action 0) for the steps past the episode's end, which the SFT loss leaves out. One cache serves
-every ``H``: the chunks are gathered per batch.
+(clipped to the action space), ``step [B]`` and ``task_id [B]``. With action chunks of ``H``
+(``action_chunk``), ``actions [B, H, A]`` are the expert's actions of steps ``t .. t+H-1`` and
+``valid [B, H]`` is False (action 0) past the episode's end; one cache serves every ``H``.
 """
 
 from __future__ import annotations
@@ -34,7 +24,6 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from multiprocessing import get_context
@@ -101,9 +90,8 @@ class Demos:
         return int(self.episode.max()) + 1 if len(self) else 0
 
     def summary(self) -> str:
-        attempts = sum(v["attempts"] for v in self.expert.values())
-        successes = sum(v["successes"] for v in self.expert.values())
-        kept = sum(v["kept"] for v in self.expert.values())
+        e = self.expert.values()
+        attempts, successes, kept = (sum(v[k] for v in e) for k in ("attempts", "successes", "kept"))
         per_task = ", ".join(
             f"{t.removesuffix('-v3')} {v['successes']}/{v['attempts']}" for t, v in self.expert.items()
         )
@@ -133,8 +121,8 @@ def episode_seed(seed: int, task_id: int, attempt: int) -> int:
 def play_expert(
     env: Any, task_id: int, seed: int
 ) -> tuple[list[dict[str, np.ndarray]], list[np.ndarray], list[float], bool]:
-    """One expert episode of task ``task_id``: observations (before each action), actions, rewards,
-    and whether it succeeded. ``env`` is a (wrapped) :class:`~fastlight.envs.metaworld.MetaWorldEnv`."""
+    """One expert episode of task ``task_id`` in a (wrapped) :class:`~fastlight.envs.metaworld.MetaWorldEnv`:
+    observations (before each action), actions, rewards, and whether it succeeded."""
     base = env.unwrapped
     expert = expert_for(base.task_names[task_id])
     low, high = env.action_space.low, env.action_space.high
@@ -204,17 +192,13 @@ def _init_worker(parent: int) -> None:
 
 
 def generate(settings: DemoSettings, task_names: tuple[str, ...], num_workers: int) -> Demos:
-    """Every task's demonstrations, ``num_workers`` processes (0: in this process)."""
+    """Every task's demonstrations, ``num_workers`` spawned processes (0: in this process)."""
     ids = range(len(task_names))
     if num_workers == 0:
         parts = [generate_task(settings, k) for k in ids]
     else:
-        with ProcessPoolExecutor(
-            max_workers=min(num_workers, len(task_names)),
-            mp_context=get_context("spawn"),
-            initializer=_init_worker,
-            initargs=(os.getpid(),),
-        ) as pool:
+        workers, spawn = min(num_workers, len(task_names)), get_context("spawn")
+        with ProcessPoolExecutor(workers, spawn, initializer=_init_worker, initargs=(os.getpid(),)) as pool:
             parts = list(pool.map(generate_task, [settings] * len(task_names), ids))
     return _concat(parts, task_names)
 
@@ -278,8 +262,8 @@ def load_demos(path: Path, settings: DemoSettings) -> Demos:
 
 # ---------------------------------------------------------------------- Lightning
 class DemoDataset(Dataset):
-    """Index with a list of transition indices -> one batch dict (no per-item collation);
-    ``chunk``: ``H`` consecutive expert actions per sample (``None``: one, ``actions [B, A]``)."""
+    """Index with a list of transition indices -> one batch dict; ``chunk``: ``H`` consecutive expert
+    actions per sample (``None``: one, ``actions [B, A]``)."""
 
     def __init__(self, demos: Demos, chunk: int | None = None) -> None:
         if chunk is not None and chunk < 1:
@@ -304,9 +288,8 @@ class DemoDataset(Dataset):
         return batch
 
     def _chunks(self, i: Tensor) -> tuple[Tensor, Tensor]:
-        """``(actions [B, H, A], valid [B, H])``: the expert's next ``H`` actions from each sample's
-        step; past its episode's end ``valid`` is False and the action 0. Transitions are stored
-        episode after episode, step after step, so step ``t + k`` of an episode sits at ``i + k``."""
+        """``(actions [B, H, A], valid [B, H])`` from each sample's step. Transitions are stored episode
+        after episode, step after step, so step ``t + k`` of an episode sits at ``i + k``."""
         d, offsets = self.demos, torch.arange(self.chunk)
         j = i[:, None] + offsets  # [B, H]
         inside = j < len(d)
@@ -331,9 +314,7 @@ class DemoDataModule(EnvSizes, L.LightningDataModule):
         num_workers: generating processes (0 = in the trainer process).
         batch_size: transitions per SFT batch.
         cache_dir: where generated demonstrations are kept, keyed by the settings above.
-        action_chunk: expert actions per sample (see the module docstring); ``None`` (default): the
-            action chunk of the trained module's policy (its action mapping's ``action_chunk``, one
-            action ``[B, A]`` for a policy without chunks).
+        action_chunk: expert actions per sample; ``None``: the trained module's policy's action chunk.
     """
 
     def __init__(
@@ -360,12 +341,7 @@ class DemoDataModule(EnvSizes, L.LightningDataModule):
             raise ValueError(f"--data.action_chunk must be >= 1 or null (the policy's), got {action_chunk}")
         self.save_hyperparameters()
         self.settings = DemoSettings(
-            env_id=env_id,
-            env_kwargs=dict(env_kwargs or {}),
-            demos_per_task=demos_per_task,
-            seed=seed,
-            successful_only=successful_only,
-            max_attempts_per_demo=max_attempts_per_demo,
+            env_id, dict(env_kwargs or {}), demos_per_task, seed, successful_only, max_attempts_per_demo
         )
         probe = _demo_env(self.settings)  # refuses unknown tasks and non-Meta-World envs now
         self.env_spec = EnvSpec.from_env(probe)
@@ -390,9 +366,8 @@ class DemoDataModule(EnvSizes, L.LightningDataModule):
         t0 = time.perf_counter()
         demos = generate(self.settings, self.task_names, self.hparams.num_workers)
         save_demos(path, demos, self.settings)
-        rank_zero_info(
-            f"fastlight: generated {demos.summary()} in {time.perf_counter() - t0:.0f} s -> {path}"
-        )
+        dt = time.perf_counter() - t0
+        rank_zero_info(f"fastlight: generated {demos.summary()} in {dt:.0f} s -> {path}")
 
     @override
     def setup(self, stage: str) -> None:
@@ -408,8 +383,7 @@ class DemoDataModule(EnvSizes, L.LightningDataModule):
         return self.demos
 
     def action_chunk(self) -> int | None:
-        """``--data.action_chunk``, else the trained module's policy's chunk (``None``: no chunks, or
-        no trainer to ask)."""
+        """``--data.action_chunk``, else the trained module's policy's (``None``: no chunks or no trainer)."""
         if self.hparams.get("action_chunk") is not None:
             return int(self.hparams.action_chunk)
         module = self.trainer.lightning_module if self.trainer is not None else None
@@ -424,6 +398,3 @@ class DemoDataModule(EnvSizes, L.LightningDataModule):
         ds = DemoDataset(self.demos, self.action_chunk())
         sampler = BatchSampler(RandomSampler(ds), self.hparams.batch_size, drop_last=False)
         return DataLoader(ds, sampler=sampler, batch_size=None, num_workers=0)
-
-    def iter_batches(self) -> Iterator[dict[str, Any]]:
-        return iter(self.train_dataloader())

@@ -1,21 +1,6 @@
-"""Hugging Face models from a local folder as :class:`~fastlight.vla.policy.VLAPolicy` backbones: loading,
-the vision tower and projector, the folder's tokenizer and image processor, and a random Llama.
-
-Loading (:func:`load_backbone`). A folder whose config maps in ``AutoModelForImageTextToText`` (Llava,
-PaliGemma, Idefics3, Qwen2.5-VL, Gemma3, ...) loads as a vision-language model (VLM), one whose config
-maps in ``AutoModelForCausalLM`` as a language model (pruned folders through
-:func:`~fastlight.vla.pruning.load_pruned_model`); anything else is refused in one line naming the
-folder and its config class. A folder that ships its own code (``auto_map`` in its ``config.json``, as
-OpenVLA does) loads only with ``trust_remote_code``, through the auto class its ``auto_map`` names. A
-VLM's decoder is made causal (PaliGemma's text config asks for bidirectional attention over its prefix;
-the policy's action slots must not see later slots). Without a folder, :func:`build_llama` builds a
-random ``LlamaForCausalLM``.
-
-Images (:func:`image_features`): the folder's own image processor prepares the batch and the model's own
-``get_image_features`` (vision tower + projector) turns it into ``[N, P, hidden]``; a model with
-multimodal RoPE (Qwen2-VL) places those tokens with its own ``get_rope_index`` (:func:`position_ids`).
-Instructions: :mod:`fastlight.vla.retokenize` re-tokenizes the env's with the folder's tokenizer
-(:func:`load_tokenizer`).
+"""Hugging Face models from a local folder as :class:`~fastlight.vla.policy.VLAPolicy` backbones: loading
+(:func:`load_backbone`), the vision tower and projector (:func:`image_features`, :func:`position_ids`), the
+folder's tokenizer and image processor, and a random Llama (:func:`build_llama`).
 """
 
 from __future__ import annotations
@@ -61,14 +46,12 @@ def build_llama(
 ) -> nn.Module:
     """A randomly initialised ``LlamaForCausalLM`` from a ``LlamaConfig`` (nothing downloaded)."""
     transformers = _transformers()
-    LlamaConfig, LlamaForCausalLM = transformers.LlamaConfig, transformers.LlamaForCausalLM
-
     if hidden_size % num_attention_heads:
         raise ValueError(
             "hidden_size must be divisible by num_attention_heads, "
             f"got {hidden_size} and {num_attention_heads}"
         )
-    cfg = LlamaConfig(
+    cfg = transformers.LlamaConfig(
         vocab_size=vocab_size,
         hidden_size=hidden_size,
         num_hidden_layers=num_hidden_layers,
@@ -77,7 +60,7 @@ def build_llama(
         intermediate_size=intermediate_size,
         tie_word_embeddings=tie_word_embeddings,
     )
-    return LlamaForCausalLM(cfg)
+    return transformers.LlamaForCausalLM(cfg)
 
 
 def is_vision_language(config: Any) -> bool:
@@ -89,9 +72,9 @@ def load_backbone(path: str, trust_remote_code: bool = False) -> tuple[nn.Module
     """``(model, is_vlm)`` of the local folder ``path``: a VLM through ``AutoModelForImageTextToText``,
     else a causal LM through ``AutoModelForCausalLM`` (pruned folders included); a folder with its own
     code (``auto_map``) as the class of the first of :data:`REMOTE_AUTO_CLASSES` it maps, only with
-    ``trust_remote_code`` (transformers copies the code to its module cache; the folder is not written).
-    Raises a one-line ``ValueError`` naming ``path`` for a missing folder, custom code not trusted (never
-    transformers' interactive prompt: a run without a terminal must not hang) or a config that is neither."""
+    ``trust_remote_code``. Raises a one-line ``ValueError`` naming ``path`` for a missing folder, custom
+    code not trusted (never transformers' interactive prompt: a run without a terminal must not hang) or
+    a config that is neither. A VLM's decoder is made causal (action slots must not see later slots)."""
     transformers = _transformers()
     folder = Path(path)
     if not (folder / "config.json").is_file():
@@ -109,8 +92,7 @@ def load_backbone(path: str, trust_remote_code: bool = False) -> tuple[nn.Module
             "--model.policy.class_path fastlight.vla.flow_policy.FlowVLAPolicy, not VLAPolicy"
         )
     text = config.get_text_config()
-    if getattr(text, "use_bidirectional_attention", False):
-        # Action slot k must not attend to slot k + 1 (autoregressive decoding feeds a_k there).
+    if getattr(text, "use_bidirectional_attention", False):  # PaliGemma's prefix attention
         text.use_bidirectional_attention = False
     remote = next((n for n in REMOTE_AUTO_CLASSES if n in auto_map), None)
     if remote is not None:  # the class itself: the auto class of its entry may be gone from transformers
@@ -141,32 +123,23 @@ def vision_tower(model: nn.Module) -> nn.Module:
 def projector(model: nn.Module) -> nn.Module | None:
     """The VLM's projector from the tower to the language model (see :data:`PROJECTOR_NAMES`), or
     ``None`` where the architecture keeps it inside the tower (Qwen2-VL's merger)."""
-    inner = _inner(model)
-    return next(
-        (getattr(inner, n) for n in PROJECTOR_NAMES if isinstance(getattr(inner, n, None), nn.Module)), None
-    )
+    return _child(model, PROJECTOR_NAMES, None)
 
 
-def _child(model: nn.Module, names: Sequence[str], what: str) -> nn.Module:
+def _child(model: nn.Module, names: Sequence[str], what: str | None) -> nn.Module | None:
+    """The first of ``names`` that is a submodule of the VLM's inner model; none: ``ValueError`` naming
+    ``what`` (``None``: return ``None``)."""
     inner = _inner(model)
-    for name in names:
-        child = getattr(inner, name, None)
-        if isinstance(child, nn.Module):
-            return child
-    raise ValueError(f"{type(model).__name__} has no {what} (looked for {', '.join(names)})")
+    child = next((getattr(inner, n) for n in names if isinstance(getattr(inner, n, None), nn.Module)), None)
+    if child is None and what is not None:
+        raise ValueError(f"{type(model).__name__} has no {what} (looked for {', '.join(names)})")
+    return child
 
 
 def image_features(model: nn.Module, processor: Any, images: Tensor) -> tuple[Tensor, Any]:
     """The VLM's image tokens ``[N, P, hidden]`` of ``images`` uint8 ``[N, H, W, 3]``, and the image
-    processor's output they came from.
-
-    ``processor`` (the folder's, :func:`load_image_processor`) prepares the whole batch, one image per
-    sample: on the images' device with its torchvision backend, on the CPU with its PIL one. A splitting
-    processor (Idefics3, SmolVLM) may cut each image into tiles, a grid-based one (Qwen2-VL) gives
-    patches and their ``image_grid_thw``: every tensor of its output that the model's own
-    ``get_image_features`` names is passed to it, floating ones in the tower's dtype. Per-sample outputs
-    (a list of ``[tokens, hidden]``) are stacked; all images have the env's size, so ``P`` is the same.
-    """
+    processor's output they came from (the folder's processor, then the model's own ``get_image_features``
+    with every tensor of that output it names; per-sample outputs are stacked)."""
     if getattr(processor, "backend", None) != "torchvision":
         images = images.cpu()  # the PIL backend works on numpy arrays
     inputs = processor(images=[[im] for im in images], return_tensors="pt", input_data_format="channels_last")
@@ -204,14 +177,11 @@ def position_ids(model: nn.Module, mask: Tensor, image_tokens: int, image_grid_t
 
 
 class PicklableCapture(nn.Module):
-    """Base of a module that holds transformers models and travels to other processes (a sampler's
-    copy, the inference worker's, a Ray actor's): pickled or copied at any time, also after it ran,
-    without transformers' capture hooks (:mod:`fastlight.vla.transformers_compat`), and capturing again
-    once loaded."""
+    """Base of a module that holds transformers models and travels to other processes: pickled or copied
+    at any time without transformers' capture hooks (:mod:`fastlight.vla.transformers_compat`)."""
 
     def block_classes(self) -> set[type[nn.Module]]:
-        """FSDP2's units (:class:`~fastlight.models.base.ShardsBlocks`): the classes its Hugging Face
-        models list in ``_no_split_modules``, as accelerate wraps them."""
+        """FSDP2's units (:class:`~fastlight.models.base.ShardsBlocks`): its ``_no_split_modules`` classes."""
         return no_split_classes(self)
 
     def __getstate__(self) -> dict:
