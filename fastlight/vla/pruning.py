@@ -1,21 +1,13 @@
 """Prune a causal LM's ``lm_head`` to the action-token rows (AcceRL §lm_head pruning).
 
-AcceRL replaces the ``[N_vocab, d_model]`` output layer of the VLA (≈32k rows for Llama-2) by a
-``[N_actions, d_model]`` layer holding only the action-token rows: it locates the action id
-range, clones those rows of ``lm_head.weight`` by slicing, builds a new ``Linear`` with
-``N_actions`` outputs and overwrites the original head in place. Gradients and optimizer state
-of the head shrink by ``N_vocab / N_actions`` and no probability mass leaks to text tokens.
-
-Logit ``j`` of the pruned head equals logit ``first_id + j`` of the original head (same rows,
-same fp arithmetic per row).
+AcceRL replaces the ``[N_vocab, d_model]`` output layer of the VLA by a ``[N_actions, d_model]`` layer
+holding only the action-token rows: gradients and optimizer state of the head shrink by
+``N_vocab / N_actions`` and no probability mass leaks to text tokens. Logit ``j`` of the pruned head
+equals logit ``first_id + j`` of the original head.
 
 Save / load. :func:`prune_lm_head` records ``config.action_token_range = [first_id, last_id]``
-and ``config.tie_word_embeddings = False``; ``config.vocab_size`` is left alone because it
-also sizes the (still full) input embeddings. ``save_pretrained`` then writes the pruned head
-as is. A plain ``AutoModelForCausalLM.from_pretrained`` of that folder fails on the head's
-size mismatch (``[N_actions, d]`` saved vs ``[vocab_size, d]`` expected);
-:func:`load_pruned_causal_lm` loads it: every other weight through ``from_pretrained``, then
-prunes the freshly built head to the recorded range and copies the saved head rows in.
+(``config.vocab_size`` still sizes the full input embeddings). A plain ``from_pretrained`` of a saved
+pruned folder fails on the head's size; :func:`load_pruned_model` loads it.
 """
 
 from __future__ import annotations
@@ -45,11 +37,6 @@ def _configs(model: nn.Module) -> list:
     return out
 
 
-def is_pruned(model: nn.Module) -> bool:
-    """True when ``model.config`` records a pruned ``lm_head`` range."""
-    return pruned_range(model) is not None
-
-
 def _untie(model: nn.Module) -> None:
     """Stop tying the output head to the input embeddings (config flag + HF's tie mapping)."""
     for cfg in _configs(model):
@@ -62,17 +49,9 @@ def prune_lm_head(model: nn.Module, first_id: int, last_id: int) -> nn.Linear:
     """Replace ``model``'s output head by its rows ``[first_id, last_id)``, in place (AcceRL).
 
     Shapes: the head goes from ``weight [V, d_model]`` (``bias [V]``) to ``weight [N, d_model]``
-    (``bias [N]``), ``N = last_id - first_id``; logits go from ``[..., V]`` to ``[..., N]``.
-    The new weights are clones (they share no storage with the old head) on the old head's
-    device and dtype.
-
-    Tied embeddings: when the head shares its weight with the input embeddings
-    (``tie_word_embeddings=True``), the model is untied first: ``config.tie_word_embeddings`` is
-    set to ``False`` (so no later ``tie_weights()`` re-ties it) and the input embedding keeps its
-    full ``[V, d_model]`` weight, untouched and still usable; only the new head is pruned.
-
-    The config records ``action_token_range = [first_id, last_id]`` (see the module docstring
-    for ``save_pretrained`` / :func:`load_pruned_causal_lm`).
+    (``bias [N]``), ``N = last_id - first_id``; the new weights are clones on the old head's device and
+    dtype. A head tied to the input embeddings is untied first (``config.tie_word_embeddings = False``);
+    the input embedding keeps its full ``[V, d_model]`` weight.
 
     Raises ``ValueError`` for a model without a ``Linear`` output head, a model already pruned,
     or ids outside ``0 <= first_id < last_id <= V``.
@@ -80,7 +59,7 @@ def prune_lm_head(model: nn.Module, first_id: int, last_id: int) -> nn.Linear:
     head = model.get_output_embeddings()
     if not isinstance(head, nn.Linear):
         raise ValueError(f"prune_lm_head needs an nn.Linear output head, got {type(head).__name__}")
-    if is_pruned(model):
+    if pruned_range(model) is not None:
         raise ValueError(f"model is already pruned to {PRUNED_RANGE_ATTR}={pruned_range(model)}")
     vocab = head.out_features
     if not (0 <= first_id < last_id <= vocab):
@@ -125,13 +104,9 @@ def _param_name(model: nn.Module, param: nn.Parameter) -> str:
 
 
 def _read_tensor(folder: Path, key: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
-    """Read one tensor from a (possibly sharded) safetensors checkpoint folder.
-
-    ``key`` is the model's parameter name. Some models save under another name (transformers writes
-    e.g. Llava's ``lm_head.weight`` as ``language_model.lm_head.weight``, its original layout): then
-    the one tensor whose name ends with the same module and parameter name and that has ``shape``
-    is read.
-    """
+    """Read the parameter ``key`` from a (possibly sharded) safetensors checkpoint folder, or (saved under
+    another name, e.g. Llava's ``language_model.lm_head.weight``) the one tensor whose name ends with the
+    same module and parameter name and that has ``shape``."""
     safe_open = import_extra("safetensors", extra="vla", what="loading a pruned VLA checkpoint").safe_open
 
     index = folder / "model.safetensors.index.json"
@@ -157,10 +132,7 @@ def _read_tensor(folder: Path, key: str, shape: tuple[int, ...] | None = None) -
 
 
 def load_pruned_causal_lm(path: str, **kwargs) -> nn.Module:
-    """Load a causal LM saved after :func:`prune_lm_head` (or an unpruned one) from a local folder.
-
-    :func:`load_pruned_model` with ``AutoModelForCausalLM``; ``kwargs`` go to ``from_pretrained``.
-    """
+    """:func:`load_pruned_model` with ``AutoModelForCausalLM``; ``kwargs`` go to ``from_pretrained``."""
     transformers = import_extra("transformers", extra="vla", what="loading a pretrained causal LM")
     return load_pruned_model(path, transformers.AutoModelForCausalLM, **kwargs)
 
@@ -169,12 +141,10 @@ def load_pruned_model(path: str | Path, auto_class: Any, config: Any = None, **k
     """Load a model saved after :func:`prune_lm_head` (or an unpruned one) from a local folder with
     ``auto_class`` (``AutoModelForCausalLM``, ``AutoModelForImageTextToText``, ...).
 
-    Unpruned folders go straight through ``auto_class.from_pretrained``. Pruned ones (config has
-    ``action_token_range``) are loaded with ``ignore_mismatched_sizes=True`` (the full-size head is
-    re-initialised, transformers logs the mismatch), pruned to the recorded range, and the saved
-    ``[N, d_model]`` head weight (and bias) is copied in. Only safetensors checkpoints are supported
-    for pruned folders. ``config``: the folder's config, possibly edited (``None``: read from the
-    folder); ``kwargs`` go to ``from_pretrained``.
+    Pruned folders (config has ``action_token_range``) load with ``ignore_mismatched_sizes=True``, are
+    pruned to the recorded range, and the saved head weight (and bias) is copied in (safetensors only).
+    ``config``: the folder's config, possibly edited (``None``: read from the folder); ``kwargs`` go to
+    ``from_pretrained``.
     """
     transformers = import_extra("transformers", extra="vla", what="loading a pretrained model")
     folder = Path(path)

@@ -2,24 +2,14 @@
 
 Self-Imitation Learning (Oh et al., 2018, "Self-Imitation Learning", ICML) adds to an on-policy
 actor-critic a term that imitates the agent's own past decisions that led to good outcomes, kept in
-a replay buffer. Here the good outcome is success, read off the Rollout: the VLA envs end an episode
-at success (``fastlight/MetaWorld-v0``'s ``terminate_on_success``), so an episode whose last step is
-``terminated`` succeeded and one that is ``truncated`` did not. This is the success-filtered form
-(imitate the episodes with return 1 under the binary outcome); filtering by outcome is also what
-ReST / RAFT-style self-training of sequence policies does.
-
-Why it matters for a VLA started from few demonstrations: the sampled policy already succeeds
-on some episodes of most tasks (other object and goal positions than the demonstration's), and
-each success is one more demonstration of that task. A replay buffer keeps them across updates,
-which the on-policy objective cannot: its gradient sees each success once.
+a replay buffer. Here the good outcome is success: the VLA envs end an episode at success
+(``terminate_on_success``), so an episode whose last step is ``terminated`` succeeded and one that is
+``truncated`` did not (the success-filtered form, as ReST / RAFT-style self-training).
 
 The buffer is per task (``task_id``), so frequent easy tasks cannot crowd out the rare successes of
-a hard one, and sampling is uniform over the tasks that have any, then over their steps.
-
-With action chunks (``Rollout.chunked``) a step is one chunk of ``H x D`` tokens, and the chunk in
-which an episode ended holds bins for the chunk steps that were never executed (``h >=
-env_steps``): the buffer keeps a per-token validity mask with each chunk, so that imitation leaves
-those tokens out, as SFT does for the chunk steps past a demonstration's end.
+a hard one, and sampling is uniform over the tasks that have any, then over their steps. With action
+chunks it keeps a per-token validity mask: the chunk steps never executed (``h >= env_steps``) are
+left out of imitation, as SFT leaves out the chunk steps past a demonstration's end.
 """
 
 from __future__ import annotations
@@ -37,8 +27,7 @@ def successful_steps(*, terminated: Tensor, truncated: Tensor, valid: Tensor) ->
 
     Shapes: ``[T, E]`` bool each; returns ``[T, E]`` bool. A step belongs to the episode whose end
     is the first done (terminated or truncated) step at or after it in its env column; steps after
-    a column's last done step (padding, DPSA dummy steps) are never selected. One reverse scan over
-    time, ``O(T)`` vector operations.
+    a column's last done step (padding, DPSA dummy steps) are never selected.
     """
     if not (terminated.shape == truncated.shape == valid.shape) or terminated.dim() != 2:
         raise ValueError(
@@ -61,8 +50,7 @@ class SuccessBuffer:
     Args:
         capacity: steps kept per task; the oldest go first.
 
-    Steps are stored on the CPU. :meth:`state_dict` / :meth:`load_state_dict` carry the buffer in a
-    checkpoint, so a resumed run imitates what the interrupted one had found.
+    Steps are stored on the CPU; :meth:`state_dict` / :meth:`load_state_dict` carry it in a checkpoint.
     """
 
     def __init__(self, capacity: int) -> None:
@@ -103,9 +91,8 @@ class SuccessBuffer:
 
     @staticmethod
     def _token_valid(rollout: Rollout, idx: Tensor) -> Tensor:
-        """``[n, K]`` bool: the tokens of the chunk steps the env executed (``h < env_steps``), for
-        the flat transitions ``idx`` of a chunked rollout (step-major: step ``h`` is tokens
-        ``h*D .. h*D+D-1``; ``K`` read off the per-token log-probs: a flow policy's actions are its chain)."""
+        """``[n, K]`` bool: the tokens of the chunk steps the env executed (``h < env_steps``), for the flat
+        transitions ``idx`` (step-major; ``K`` from the log-probs: a flow policy's actions are a chain)."""
         k, h = rollout.logprobs.shape[-1], rollout.step_rewards.shape[2]
         if rollout.logprobs.dim() != 3 or k % h:
             raise ValueError(
@@ -134,10 +121,9 @@ class SuccessBuffer:
     ) -> tuple[Obs, Tensor, Tensor | None]:
         """``n`` steps: a task uniformly among those with any, then a step of it uniformly.
 
-        Returns ``(obs, actions, valid)`` with ``obs`` a dict ``[n, ...]`` per key (or a tensor),
-        ``actions [n, ...]``, and ``valid`` the ``[n, K]`` bool mask of the executed chunk steps'
-        tokens for a buffer of action chunks (``None`` without chunks: every token counts). Raises
-        ``ValueError`` on an empty buffer.
+        Returns ``(obs, actions, valid)``: ``obs`` a dict ``[n, ...]`` per key (or a tensor), ``actions
+        [n, ...]``, ``valid`` ``[n, K]`` bool with action chunks (``None`` without). Raises ``ValueError``
+        on an empty buffer.
         """
         if not self._tasks:
             raise ValueError("SuccessBuffer.sample: the buffer is empty")
@@ -162,9 +148,9 @@ class SuccessBuffer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.episodes_added = int(state["episodes_added"])
-        self._tasks = {}
-        for task, fields in state["tasks"].items():
-            self._tasks[int(task)] = {k: v[-self.capacity :] for k, v in fields.items()}
+        self._tasks = {
+            int(t): {k: v[-self.capacity :] for k, v in f.items()} for t, f in state["tasks"].items()
+        }
 
 
 def buffers_for_world_size(
@@ -200,13 +186,8 @@ def buffers_for_world_size(
     for r in range(world_size):
         tasks = {t: {k: v[r::world_size] for k, v in f.items()} for t, f in pooled.items()}
         episodes = sum(int(s["episodes_added"]) for j, s in enumerate(states) if j % world_size == r)
-        out.append(
-            {
-                "capacity": capacity,
-                "episodes_added": episodes,
-                "tasks": {t: f for t, f in tasks.items() if len(f["actions"])},
-            }
-        )
+        kept_tasks = {t: f for t, f in tasks.items() if len(f["actions"])}
+        out.append({"capacity": capacity, "episodes_added": episodes, "tasks": kept_tasks})
     return out
 
 
