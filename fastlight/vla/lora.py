@@ -2,25 +2,14 @@
 
 LoRA (Hu et al., 2022, "LoRA: Low-Rank Adaptation of Large Language Models") freezes a pretrained
 weight ``W`` and trains a rank-``r`` update ``(alpha / r) * B A`` beside it. ``VLAPolicy(lora=...)``
-(CLI: ``--model.policy.init_args.lora.r 16`` ...) injects such adapters into the ``target_modules``
-linear layers of the backbone's **language model** (``backbone.get_decoder()``: a causal LM's
-decoder stack, or a vision-language model's language model) with peft's
-``inject_adapter_in_model``, which freezes every other weight of that language model. The model's
-class, its ``base_model`` and embedding accessors stay what they were (no ``PeftModel`` wrapper),
-so the policy's forward passes do not change.
+injects such adapters into the ``target_modules`` linear layers of the backbone's **language model**
+(``backbone.get_decoder()``) with peft's ``inject_adapter_in_model`` (no ``PeftModel`` wrapper, so the
+policy's forward passes do not change), which freezes every other weight of that language model.
 
-What stays fully trainable is everything outside the language model: the (pruned) ``lm_head``,
-whose rows are the action bins, and, in the policy, the proprio projection, the action queries,
-the value head and fastlight's own patch encoder; a VLM's projector keeps its ``requires_grad``
-and its vision tower stays as ``freeze_vision`` left it. With an unpruned head tied to the input
-embeddings, the embeddings train with the head (one tensor).
-
-Frozen weights never change, so the weight sync publishes trainable tensors only
-(:func:`fastlight.weights.buckets.sync_entries`): the base weights reach the samplers and the
-inference worker once, with their policy copy at start, and every sync after that carries the
-adapters, the head and the small modules. A checkpoint holds the adapted layers as
-``<layer>.base_layer.weight`` and ``<layer>.lora_A.default.weight`` / ``lora_B``: it loads into a
-policy built with the same ``lora`` settings.
+Everything outside the language model stays trainable: the (pruned) ``lm_head`` and the policy's own
+modules; a VLM's projector keeps its ``requires_grad`` and its vision tower stays as ``freeze_vision``
+left it. A checkpoint holds ``<layer>.base_layer.weight`` and ``<layer>.lora_A.default.weight`` /
+``lora_B``: it loads into a policy built with the same ``lora`` settings.
 """
 
 from __future__ import annotations
@@ -46,8 +35,7 @@ class LoRASettings:
     Args:
         r: rank of each adapter (``>= 1``).
         alpha: scale numerator: the update is ``(alpha / r) * B A`` (``> 0``).
-        target_modules: names of the linear layers to adapt, matched as peft does (a module whose
-            name is, or ends with ``.`` + , one of them), inside the language model only.
+        target_modules: names of the linear layers to adapt inside the language model (peft's suffix match).
         dropout: dropout on the adapters' input, in ``[0, 1)``.
     """
 
@@ -98,12 +86,9 @@ def apply_lora(backbone: nn.Module, settings: LoRASettings) -> int:
     peft = import_extra("peft", extra="vla", what=f"LoRA ({FLAG})")
     get_decoder = getattr(backbone, "get_decoder", None)
     lm = get_decoder() if callable(get_decoder) else backbone
+    s = settings
     config = peft.LoraConfig(
-        r=settings.r,
-        lora_alpha=settings.alpha,
-        target_modules=list(settings.target_modules),
-        lora_dropout=settings.dropout,
-        bias="none",
+        r=s.r, lora_alpha=s.alpha, target_modules=list(s.target_modules), lora_dropout=s.dropout, bias="none"
     )
     try:
         peft.inject_adapter_in_model(config, lm)

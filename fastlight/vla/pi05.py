@@ -2,16 +2,10 @@
 
 transformers' ``PI05ForConditionalGeneration`` (LeRobot's π0.5 checkpoints) keeps π0's flow-matching
 expert but (a) reads the robot state as text, discretised into 256 bins in the prompt
-(``<bos>Task: {instruction}, State: {b_1 b_2 ...};\\nAction: ``, as its ``PI05Processor`` writes it), and
-(b) feeds the denoising time through adaptive RMS norms (adaRMS) instead of a state token in the
-expert's input. So per call the prompt is built from the instruction and the state and tokenized with
-the folder's tokenizer; the expert's input is the chunk alone, its time the ``timestep_embeds``; and the
-critic, having no state token, reads the VLM's hidden state at the prompt's last token (it has seen
-the instruction and the state). The flow-SDE core (:mod:`fastlight.vla.flow_sde`), the packed chains,
-act / evaluate / SFT / RL / LoRA are :class:`FlowVLAPolicy`'s.
-
-The state is clipped to ``[-1, 1]`` before binning (the processor maps it there with its dataset
-statistics; fastlight's Meta-World state is already of that order). Image mode is not supported yet.
+(``<bos>Task: {instruction}, State: {b_1 b_2 ...};\nAction: ``, as its ``PI05Processor`` writes it), and
+(b) feeds the denoising time through adaptive RMS norms (adaRMS) instead of a state token. So the critic,
+having no state token, reads the VLM's hidden state at the prompt's last token. The state is clipped to
+``[-1, 1]`` before binning. Image mode is not supported yet.
 """
 
 from __future__ import annotations

@@ -1,21 +1,14 @@
 """``VLASFTModule``: supervised fine-tuning of a VLA token policy on demonstrations (the stage before RL).
 
 AcceRL, SimpleVLA-RL and RLinf start RL from a VLA fine-tuned on demonstrations. This module trains
-the *same* policy as the RL config (same ``--model.policy`` block: a :class:`~fastlight.vla.policy.VLAPolicy`
-or any :class:`~fastlight.models.base.TokenPolicy`) with cross-entropy on its action tokens: the
-expert's continuous action is tokenised by the policy's own ``action_tokenizer`` (one bin per action
-dimension), the logits of its ``forward`` at the ``K`` action slots are scored against those bins
-(teacher-forced in autoregressive decoding), and the loss is the mean over valid tokens, as SMPO
-reduces RL losses (FAST §SMPO): a padded or masked token counts neither in the sum nor in the count.
-A :class:`~fastlight.models.base.FlowPolicy` (pi0) imitates with its flow matching (``sft/loss`` only).
+the *same* policy as the RL config (same ``--model.policy`` block) with its ``imitation_loss``: a
+token policy's cross-entropy on the expert's actions tokenised by its own ``action_tokenizer``, mean
+over valid tokens as SMPO reduces RL losses (FAST §SMPO); a FlowPolicy's flow matching.
 
-It is a subclass of :class:`~fastlight.vla.module.VLAModule` so that its checkpoints are
-VLA checkpoints (``--model.init_from`` of an RL run reads its ``policy.*`` weights, the evaluation
-tools load it like any VLA run); the RL settings it inherits (objective, clipping, GAE) are unused.
-Data: :class:`~fastlight.vla.demos.DemoDataModule` batches (``obs``, ``actions``, ``step``).
-
-Logged: ``sft/loss``, ``sft/token_accuracy`` (argmax bin = expert bin), ``sft/bin_error`` (mean
-absolute distance in bins), ``sft/lr``.
+It subclasses :class:`~fastlight.vla.module.VLAModule` so that its checkpoints are VLA checkpoints
+(``--model.init_from`` of an RL run reads its ``policy.*`` weights); the inherited RL settings are
+unused. Data: :class:`~fastlight.vla.demos.DemoDataModule` batches. Logged: ``sft/loss``,
+``sft/token_accuracy``, ``sft/bin_error``, ``sft/lr``.
 """
 
 from __future__ import annotations
@@ -42,9 +35,7 @@ class VLASFTModule(VLAModule):
 
     Args:
         label_smoothing: spread this much of each token's target mass over the other bins.
-        bin_sigma: a Gaussian target of this width in bins around each demonstrated bin instead of a
-            one-hot one (0: one-hot): the policy then samples actions near the demonstrated ones,
-            the exploration an RL stage needs (256 bins over [-1, 1]: 4 bins are 0.03).
+        bin_sigma: a Gaussian target of this width in bins around each demonstrated bin (0: one-hot).
         warmup_steps: linear learning-rate warm-up over this many optimizer steps.
         **kwargs: :class:`~fastlight.vla.module.VLAModule`'s settings (``policy``, ``lr``,
             ``value_lr``, ``max_grad_norm``, ...).
@@ -68,9 +59,7 @@ class VLASFTModule(VLAModule):
 
     @override
     def on_fit_start(self) -> None:
-        # The same checks the RL run makes before its samplers start, and the same binding: a
-        # vision-language backbone re-tokenizes the env's instructions with its own tokenizer, so SFT
-        # and RL feed it the same ids.
+        # The RL run's checks and instruction binding, so SFT and RL feed the backbone the same ids.
         super().on_fit_start()
         data = self.trainer.datamodule
         if isinstance(data, DescribesEnv):
@@ -84,14 +73,9 @@ class VLASFTModule(VLAModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     def token_loss(self, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
-        """The policy's ``imitation_loss`` (a token policy: masked cross-entropy of the action tokens, a
-        FlowPolicy: its flow-matching loss); ``batch`` as DemoDataModule yields it.
-
-        ``batch["actions"]`` is ``[B, A]``, or ``[B, H, A]`` for a policy acting in chunks of ``H``
-        (its ``K = H x A`` tokens, step-major). ``batch["valid"]`` (optional, default all valid)
-        masks padded entries: ``[B]``, ``[B, K]``, or with chunks ``[B, H]`` (the chunk steps past
-        the episode's end: their ``A`` tokens count neither in the sum nor in the count).
-        """
+        """The policy's ``imitation_loss`` of a DemoDataModule batch: ``actions`` ``[B, A]``, or ``[B, H, A]``
+        for a policy acting in chunks of ``H`` (``K = H x A`` tokens, step-major); optional ``valid``
+        ``[B]``, ``[B, K]`` or with chunks ``[B, H]`` (the chunk steps past the episode's end)."""
         policy = self.policy
         actions, valid = batch["actions"], batch.get("valid")
         chunk = action_chunk(policy.action_mapping())
@@ -120,10 +104,8 @@ class VLASFTModule(VLAModule):
         opt = self.optimizers()
         opt.zero_grad(set_to_none=True)
         self.manual_backward(loss)
-        if self.hparams.max_grad_norm is not None:
-            self.clip_gradients(
-                opt, gradient_clip_val=self.hparams.max_grad_norm, gradient_clip_algorithm="norm"
-            )
+        if (clip := self.hparams.max_grad_norm) is not None:
+            self.clip_gradients(opt, gradient_clip_val=clip, gradient_clip_algorithm="norm")
         opt.step()
         self.lr_schedulers().step()
         n = int(batch["actions"].shape[0])

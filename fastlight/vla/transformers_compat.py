@@ -25,14 +25,9 @@ _CAPTURE = "transformers.utils.output_capturing"
 
 def reset_output_capture(module: nn.Module) -> None:
     """Make the transformers models inside ``module`` (a copy or an unpickled one) capture hidden
-    states again, and picklable.
-
-    transformers collects a model's hidden states (Llava's ``vision_feature_layer``) through forward
-    hooks it installs on first use, and finds what a model class records in a process-wide registry
-    filled when a model is constructed. An unpickled model (a spawned sampler's) was never constructed
-    in its process: without re-registering, it silently records nothing. A copied one carries the
-    hooks, local closures that pickle refuses: they are dropped here, and re-installed on next use.
-    """
+    states again, and picklable: the capture hooks (closures pickle refuses) are dropped, re-installed
+    on next use, and each model is re-registered in the process-wide registry (an unpickled model was
+    never constructed in its process and would silently record nothing)."""
     try:
         from transformers.modeling_utils import PreTrainedModel
         from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY

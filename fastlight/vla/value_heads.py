@@ -3,13 +3,12 @@
 :class:`ActionAwareValueHead` is AcceRL's *Action-Aware Attention Pooling* critic:
 
 1. take the last-layer hidden states at the ``K`` action-token positions, ``h [N, K, H]``, and
-   **detach** them, so value gradients never reach (or disturb) the policy backbone;
-2. score each token, ``s = h W_s`` ``[N, K]``; ``alpha = softmax_K(s)``. The score has no bias: a
-   bias adds the same constant to every token's score, and softmax is shift-invariant, so it could
-   never change ``alpha`` and its gradient is zero by mathematics (nonzero only by rounding);
+   **detach** them, so value gradients never reach the policy backbone;
+2. score each token, ``s = h W_s`` ``[N, K]`` (no bias: softmax is shift-invariant);
+   ``alpha = softmax_K(s)``;
 3. pool, ``p = sum_k alpha_k h_k`` ``[N, H]``;
 4. add a learned embedding of the episode step ``t`` (clamped into ``[0, max_episode_steps)``):
-   the value depends on the remaining horizon, since returns vanish near the time limit;
+   the value depends on the remaining horizon;
 5. ``V = MLP(p + E[t])`` ``[N]``.
 """
 
@@ -43,18 +42,12 @@ class ActionAwareValueHead(nn.Module):
         self.max_episode_steps = max_episode_steps
         self.score = nn.Linear(hidden_size, 1, bias=False)  # no bias: softmax is shift-invariant
         self.step_embedding = nn.Embedding(max_episode_steps, hidden_size)
-        self.mlp = nn.Sequential(
-            nn.Linear(hidden_size, mlp_hidden),
-            nn.GELU(),
-            nn.Linear(mlp_hidden, mlp_hidden),
-            nn.GELU(),
-            nn.Linear(mlp_hidden, 1),
-        )
+        h, m = hidden_size, mlp_hidden
+        self.mlp = nn.Sequential(nn.Linear(h, m), nn.GELU(), nn.Linear(m, m), nn.GELU(), nn.Linear(m, 1))
         nn.init.normal_(self.step_embedding.weight, std=0.02)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
-        # Checkpoints written before the score lost its bias hold ``score.bias``; it never changed a
-        # value (softmax is shift-invariant), so dropping it loads them unchanged.
+        # An older checkpoint's ``score.bias`` never changed a value (softmax is shift-invariant): dropped.
         state_dict.pop(prefix + "score.bias", None)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 

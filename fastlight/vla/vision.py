@@ -1,16 +1,9 @@
 """A small patch encoder that turns camera images into prefix tokens for the VLA's language model.
 
-A stand-in for a VLA's vision tower (AcceRL fine-tunes OpenVLA-OFT, whose image tokens come
-from a pretrained ViT and a projector): a strided convolution cuts the image into
+A stand-in for a VLA's vision tower (AcceRL fine-tunes OpenVLA-OFT, whose image tokens come from a
+pretrained ViT and a projector): a strided convolution cuts the image into
 ``P = (image_size / patch_size)^2`` patches, adds a learned position embedding, and a linear
 projector maps the patch tokens to the language model's hidden size.
-
-Input conventions (normalised by :meth:`PatchEncoder.normalise`):
-
-- ``uint8 [N, H, W, C]`` (channels last, as environments render): scaled to ``[0, 1]``;
-- floating ``[N, C, H, W]`` (channels first): taken as already in ``[0, 1]``.
-
-Both are then mapped to ``[-1, 1]``.
 """
 
 from __future__ import annotations
@@ -46,19 +39,15 @@ class PatchEncoder(nn.Module):
             )
         if channels < 1 or dim < 1:
             raise ValueError(f"channels and dim must be >= 1, got channels={channels}, dim={dim}")
-        self.image_size = image_size
-        self.patch_size = patch_size
-        self.channels = channels
+        self.image_size, self.patch_size, self.channels = image_size, patch_size, channels
         self.num_patches = (image_size // patch_size) ** 2
         self.patchify = nn.Conv2d(channels, dim, kernel_size=patch_size, stride=patch_size)
         self.pos_embedding = nn.Parameter(torch.randn(1, self.num_patches, dim) * 0.02)
         self.projector = nn.Linear(dim, out_dim if out_dim is not None else dim)
 
     def normalise(self, images: Tensor) -> Tensor:
-        """Images -> float ``[N, C, H, W]`` in ``[-1, 1]``.
-
-        Accepts ``uint8 [N, H, W, C]`` (0..255) or floating ``[N, C, H, W]`` in ``[0, 1]``.
-        """
+        """``uint8 [N, H, W, C]`` (0..255) or floating ``[N, C, H, W]`` in ``[0, 1]`` -> float
+        ``[N, C, H, W]`` in ``[-1, 1]``."""
         s, c = self.image_size, self.channels
         if images.dtype == torch.uint8:
             if images.dim() != 4 or tuple(images.shape[1:]) != (s, s, c):
