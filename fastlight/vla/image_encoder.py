@@ -1,9 +1,6 @@
-"""The image encoder of a :class:`~fastlight.vla.policy.VLAPolicy`, chosen by its backbone.
-
-A vision-language backbone encodes images with the image processor saved in its folder and its own
-vision tower and projector (:func:`~fastlight.vla.hf_vlm.image_features`); a causal LM gets a
-:class:`~fastlight.vla.vision.PatchEncoder`; ``image_size=None`` (a state-only env) gets none, and a VLM's
-unused tower and projector are frozen so that DDP finds no unused trainable parameters.
+"""The image encoder of a :class:`~fastlight.vla.policy.VLAPolicy`, chosen by its backbone: a VLM's own
+processor, tower and projector (:func:`~fastlight.vla.hf_vlm.image_features`), a
+:class:`~fastlight.vla.vision.PatchEncoder` for a causal LM, or none (``image_size=None``).
 """
 
 from __future__ import annotations
@@ -47,10 +44,10 @@ def image_encoder(
             return ImageEncoder(None, None, [tower] + ([proj] if proj is not None else []))
         processor = load_image_processor(str(path), trust_remote_code)
         return ImageEncoder(None, processor, [tower] if freeze else [])
-    if image_size is not None:
-        patches = PatchEncoder(image_size, patch_size, channels=3, dim=hidden, out_dim=hidden)
-        return ImageEncoder(patches, None, [])
-    return ImageEncoder(None, None, [])
+    patches = (
+        None if image_size is None else PatchEncoder(image_size, patch_size, 3, dim=hidden, out_dim=hidden)
+    )
+    return ImageEncoder(patches, None, [])
 
 
 def image_tokens(

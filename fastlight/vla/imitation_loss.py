@@ -1,8 +1,6 @@
-"""Token cross-entropy for imitation: SFT on demonstrations and self-imitation of successes.
-
-Both train a token policy to put its probability on given action bins. The mean runs over valid
-tokens only, as FAST §SMPO reduces the RL losses: a padded or masked token counts neither in the
-sum nor in the count. :class:`TokenImitation`, mixed into a token policy, is its ``imitation_loss``.
+"""Token cross-entropy for imitation (SFT on demonstrations, self-imitation of successes), a masked
+mean over valid tokens as FAST §SMPO reduces the RL losses. :class:`TokenImitation`, mixed into a token
+policy, is its ``imitation_loss``.
 """
 
 from __future__ import annotations
@@ -30,10 +28,8 @@ def token_cross_entropy(
     (argmax bin = target) and ``bin_error`` (mean absolute distance in bins), both detached.
 
     ``bin_sigma > 0`` replaces each one-hot target by a Gaussian over the neighbouring bins of that
-    width (in bins; the HL-Gauss targets of Imani & White, 2018, Farebrother et al., 2024): the bins
-    are ordered, and a policy trained on one-hot targets spreads what it does not put on the target
-    over far bins, so sampling it explores either nothing or nonsense. With the Gaussian, sampling
-    explores actions near the demonstrated one, which an RL stage can then reinforce.
+    width (in bins; the HL-Gauss targets of Imani & White, 2018, Farebrother et al., 2024), so that
+    sampling explores actions near the demonstrated one.
     """
     if logits.shape[:-1] != bins.shape:
         raise ValueError(f"logits {tuple(logits.shape)} must be bins {tuple(bins.shape)} + [n_bins]")
@@ -44,9 +40,8 @@ def token_cross_entropy(
     if bin_sigma > 0:
         grid = torch.arange(logits.shape[-1], device=bins.device, dtype=torch.float32)
         target = torch.softmax(-0.5 * ((grid - target[:, None].float()) / bin_sigma) ** 2, dim=-1)
-    ce = F.cross_entropy(
-        logits.flatten(0, 1), target, reduction="none", label_smoothing=label_smoothing
-    ).view_as(bins)
+    ce = F.cross_entropy(logits.flatten(0, 1), target, reduction="none", label_smoothing=label_smoothing)
+    ce = ce.view_as(bins)
     loss = masked_mean(ce, valid)
     with torch.no_grad():
         pred = logits.argmax(-1)

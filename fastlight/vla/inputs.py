@@ -1,8 +1,5 @@
-"""The inputs a :class:`~fastlight.vla.policy.VLAPolicy` accepts, checked before any forward.
-
-The observation dict (its keys and shapes: :mod:`fastlight.vla.policy`), the episode step and the action
-bins each get a one-line ``ValueError`` naming the key, the shape expected and the shape given, so a
-mismatched env fails at its first batch with what to change rather than deep inside the backbone.
+"""The inputs a :class:`~fastlight.vla.policy.VLAPolicy` accepts, checked before any forward: each gets a
+one-line ``ValueError`` naming the key, the shape expected and the shape given.
 """
 
 from __future__ import annotations
@@ -31,8 +28,7 @@ def instruction_inputs(obs: dict[str, Tensor], max_text_len: int) -> tuple[Tenso
 
 
 def proprio_input(obs: dict[str, Tensor], n: int, proprio_dim: int) -> Tensor | None:
-    """``obs['proprio']`` ``[N, proprio_dim]``, or ``None`` with ``proprio_dim == 0`` (the key is then
-    refused)."""
+    """``obs['proprio']`` ``[N, proprio_dim]``, or ``None`` with ``proprio_dim == 0`` (the key refused)."""
     if proprio_dim == 0:
         if "proprio" in obs:
             raise ValueError(f"obs has 'proprio' {tuple(obs['proprio'].shape)} but proprio_dim=0")
@@ -66,8 +62,7 @@ def action_bins(actions: Tensor, n: int, action_chunk: int, action_dim: int) -> 
 
 def check_obs_space(space: gym.Space, p: nn.Module) -> None:
     """Raise ``ValueError`` naming the flag if the env's observation does not fit the policy ``p`` (a
-    ``VLAPolicy`` or ``FlowVLAPolicy``: their ``check_obs_space``, which ``VLAModule`` calls before any
-    sampler starts)."""
+    ``VLAPolicy`` or ``FlowVLAPolicy``)."""
     if not isinstance(space, gym.spaces.Dict) or "instruction_ids" not in space.spaces:
         raise ValueError(
             f"VLAModule needs a dict observation with 'instruction_ids' (e.g. --data.env_id "
