@@ -51,10 +51,8 @@ class ActionTokenizer:
                 f"lie in the vocabulary [0, {vocab_size})"
             )
         self._first_id = int(vocab_size - n_bins if first_id is None else first_id)
-        self.vocab_size = int(vocab_size)
-        self.n_bins = int(n_bins)
-        self.low = float(low)
-        self.high = float(high)
+        self.vocab_size, self.n_bins = int(vocab_size), int(n_bins)
+        self.low, self.high = float(low), float(high)
 
     # ------------------------------------------------------------------ id range
     @property
@@ -75,9 +73,7 @@ class ActionTokenizer:
     # ------------------------------------------------------------------ actions <-> bins
     def encode(self, actions: Tensor) -> Tensor:
         """Float actions ``[...]`` -> long bins ``[...]`` in ``[0, n_bins)``; out-of-range is clipped.
-
-        Raises ``ValueError`` on NaN actions (they have no bin).
-        """
+        Raises ``ValueError`` on NaN actions (they have no bin)."""
         actions = torch.as_tensor(actions)
         if not actions.is_floating_point():
             actions = actions.float()

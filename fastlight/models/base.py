@@ -14,12 +14,8 @@ A policy is an ``nn.Module`` with three methods over a flat batch ``[N, ...]`` o
 - ``env_action(actions) -> Tensor``: that mapping applied (what ``env.step`` receives).
 
 ``logprobs`` and ``entropy`` are ``[N]`` for single-distribution policies and ``[N, K]`` for
-token policies (one entry per action token), which is what token-level ratios need.
-
-The VLA kinds :class:`~fastlight.vla.module.VLAModule` trains (:class:`VLAKind`: actor and critic
-parameters, an imitation loss) are *token* policies (:class:`TokenPolicy`: ``VLAPolicy``, or a user's own
-VLA class; ``K`` integer bins per call, cross-entropy on demonstrations' bins) and *flow* policies
-(:class:`FlowPolicy`: pi0 through flow-SDE; float actions holding the denoising chain, flow matching).
+token policies (one entry per action token), which is what token-level ratios need. The VLA kinds
+(:class:`VLAKind`) are :class:`TokenPolicy` and :class:`FlowPolicy`.
 """
 
 from __future__ import annotations
@@ -68,11 +64,9 @@ class Policy(Protocol):
 class PolicyBase(nn.Module, ABC):
     """The base class of a user's own policy: an ``nn.Module`` that implements :class:`Policy`.
 
-    Subclasses implement ``act``, ``evaluate``, ``value`` and ``action_mapping``; ``env_action``
-    applies the mapping, so it cannot disagree with what an inference-served sampler applies.
-    A subclass that forgets one of the four cannot be instantiated (``TypeError`` naming it).
-    Any object that has the five methods still works (:class:`Policy` is a Protocol); this base
-    only saves writing ``env_action``.
+    Subclasses implement ``act``, ``evaluate``, ``value`` and ``action_mapping`` (a subclass that forgets
+    one cannot be instantiated); ``env_action`` applies the mapping, so it cannot disagree with what an
+    inference-served sampler applies.
     """
 
     @abstractmethod
@@ -112,11 +106,8 @@ POLICY_METHODS = ("act", "evaluate", "value", "action_mapping", "env_action")
 
 
 def check_policy(policy: object) -> None:
-    """Raise ``TypeError`` naming what ``policy`` lacks of the :class:`Policy` interface.
-
-    A policy without ``action_mapping`` would otherwise reach ``env.step`` unmapped (e.g. a VLA's
-    bins 0..255 clipped to ±1 by the env), silently.
-    """
+    """Raise ``TypeError`` naming what ``policy`` lacks of the :class:`Policy` interface (without
+    ``action_mapping`` a VLA's bins would reach ``env.step`` unmapped, silently)."""
     missing = [m for m in POLICY_METHODS if not callable(getattr(type(policy), m, None))]
     if missing:
         raise TypeError(
@@ -166,9 +157,8 @@ class TokenPolicy(VLAKind, Protocol):
     - ``act`` / ``evaluate``: ``actions`` are bins ``[N, K]`` (long) and ``logprobs`` / ``entropy``
       per token ``[N, K]``; ``values`` ``[N]``;
     - ``forward(obs, actions=None) -> (logits [N, K, n_bins], hidden)``: the untempered action-bin
-      logits, with gradients, for cross-entropy (SFT, self-imitation); ``actions`` are the target
-      bins ``[N, K]``, for a policy that teacher-forces them (autoregressive decoding); ``hidden``
-      is whatever the policy likes (``VLAPolicy``: the slots' hidden states);
+      logits, with gradients, for cross-entropy; ``actions``: the target bins ``[N, K]`` for a policy
+      that teacher-forces them; ``hidden`` is whatever the policy likes;
     - ``action_tokenizer``: :class:`ActionBins`, the demonstrations' continuous actions -> bins.
 
     A policy that acts in chunks of ``H`` env actions (``K = H x action_dim`` tokens) says so with

@@ -25,10 +25,6 @@ def channels_first(shape: tuple[int, ...]) -> bool:
     return shape[0] == min(shape) and shape[0] in IMAGE_CHANNELS
 
 
-def image_channels(shape: tuple[int, ...]) -> int:
-    return shape[0] if channels_first(shape) else shape[-1]
-
-
 def _layer(layer: nn.Conv2d | nn.Linear) -> nn.Module:
     # Orthogonal init with gain sqrt(2) before ReLU: cleanrl's layer_init for this network.
     nn.init.orthogonal_(layer.weight, gain=math.sqrt(2))

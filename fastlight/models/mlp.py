@@ -58,10 +58,8 @@ class MLPActorCritic(PolicyBase):
             raise ValueError(
                 f"MLPActorCritic needs obs_dim >= 1 and action_dim >= 1, got {obs_dim}, {action_dim}"
             )
-        self.obs_dim = obs_dim
-        self.action_dim = action_dim
-        self.continuous = continuous
-        self.action_bound = action_bound
+        self.obs_dim, self.action_dim = obs_dim, action_dim
+        self.continuous, self.action_bound = continuous, action_bound
         sizes = [obs_dim, *hidden_sizes]
         self.actor = mlp([*sizes, action_dim], out_gain=0.01)
         self.critic = mlp([*sizes, 1], out_gain=1.0)
@@ -89,25 +87,22 @@ class MLPActorCritic(PolicyBase):
     def act(self, obs: Tensor, *, step: Tensor | None = None, deterministic: bool = False) -> ActOutput:
         x = self._flat(obs)
         dist = self._dist(x)
-        if deterministic:
-            actions = dist.mean if self.continuous else dist.probs.argmax(-1)
-        else:
-            actions = dist.sample()
+        actions = (
+            (dist.mean if self.continuous else dist.probs.argmax(-1)) if deterministic else dist.sample()
+        )
         return ActOutput(actions, self._logprob(dist, actions), self._value(x))
 
     def evaluate(self, obs: Tensor, actions: Tensor, *, step: Tensor | None = None) -> EvalOutput:
         x = self._flat(obs)
         dist = self._dist(x)
-        ent = dist.entropy()
-        ent = ent.sum(-1) if self.continuous else ent
+        ent = dist.entropy().sum(-1) if self.continuous else dist.entropy()
         return EvalOutput(self._logprob(dist, actions), ent, self._value(x))
 
     def value(self, obs: Tensor, *, step: Tensor | None = None) -> Tensor:
         return self._value(self._flat(obs))
 
     def _value(self, x: Tensor) -> Tensor:
-        # A tensor of its own, not a view: under fsdp2 a view returned by a method FSDP2 hooks warns
-        # (an in-place op on it would skip the pre-backward all-gather). A copy of one float per row.
+        # A tensor of its own, not a view: FSDP2 warns about a view returned by a method it hooks.
         return self.critic(x).squeeze(-1).clone()
 
     def action_mapping(self) -> ActionMapping:

@@ -3,22 +3,18 @@
 PPO on continuous control learns far worse without them (SB3's ``VecNormalize``, cleanrl's
 ``NormalizeObservation`` / ``NormalizeReward``, Sample Factory's ``normalize_input`` /
 ``normalize_returns``). Here the running statistics are *buffers of the policy*
-(:class:`NormalizedPolicy`), not wrappers around each sampler's envs: the trainer updates them
-from the valid steps of each Rollout, and they travel with the weights, so every sampler, the
-inference worker, ``fastlight evaluate`` and every checkpoint use the same numbers. Wrapping the
-env per sampler would give each sampler statistics of its own, unseen by all the others.
+(:class:`NormalizedPolicy`), updated by the trainer from the valid steps of each Rollout, so every
+sampler, the inference worker, ``fastlight evaluate`` and every checkpoint use the same numbers.
 
 - **Observations**: ``(obs - mean) / sqrt(var + eps)``, clipped to ``[-clip, clip]``, with the
-  running moments of every valid observation the trainer has seen (``mean``/``var`` over
-  features, float64). Padding (``valid=False``: DPSA's dummy steps) never enters them.
-- **Returns** (Sample Factory's ``normalize_returns``): the critic predicts values in units of
-  the running mean/std of the value targets; :class:`NormalizedPolicy` hands out values in
-  return units (``v * std + mean``), so GAE and bootstrapping need no change, and the module
-  divides the value error by ``std`` (:attr:`NormalizedPolicy.value_scale`), so the value loss has
-  unit scale whatever the reward scale.
+  running moments (float64) of every valid observation seen; padding never enters them.
+- **Returns** (Sample Factory's ``normalize_returns``): the critic predicts values in units of the
+  running mean/std of the value targets; :class:`NormalizedPolicy` hands out values in return units
+  (``v * std + mean``), and the module divides the value error by ``std``
+  (:attr:`NormalizedPolicy.value_scale`).
 
-Both statistics merge batch moments with Chan et al.'s parallel update; under DDP the batch
-moments are the all-reduced ones (``reduce``), so every rank holds the same numbers.
+Both merge batch moments with Chan et al.'s parallel update; under DDP the batch moments are the
+all-reduced ones (``reduce``), so every rank holds the same numbers.
 """
 
 from __future__ import annotations
@@ -49,20 +45,15 @@ class RunningMeanStd(nn.Module):
 
     def __init__(self, shape: tuple[int, ...] = (), *, eps: float = 1e-8, clip: float | None = 10.0) -> None:
         super().__init__()
-        self.shape = tuple(shape)
-        self.eps = eps
-        self.clip = clip
+        self.shape, self.eps, self.clip = tuple(shape), eps, clip
         self.register_buffer("mean", torch.zeros(self.shape, dtype=torch.float64))
         self.register_buffer("var", torch.ones(self.shape, dtype=torch.float64))
         self.register_buffer("count", torch.zeros((), dtype=torch.float64))
 
     @torch.no_grad()
     def update(self, x: Tensor, valid: Tensor | None = None, *, reduce: Reduce = _no_reduce) -> None:
-        """Add the rows of ``x`` (``[..., *shape]``) where ``valid`` (``x``'s leading shape) holds.
-
-        The batch's count, sum and sum of squared deviations are reduced with ``reduce`` (a sum over
-        DDP ranks) before they are merged, so all ranks end with identical statistics.
-        """
+        """Add the rows of ``x`` (``[..., *shape]``) where ``valid`` (``x``'s leading shape) holds; the
+        batch's count, sum and squared deviations are summed over ranks with ``reduce`` first."""
         lead = x.shape[: x.dim() - len(self.shape)]
         rows = x.reshape(-1, *self.shape).to(torch.float64)
         if valid is not None:
@@ -74,8 +65,7 @@ class RunningMeanStd(nn.Module):
         n = reduce(torch.tensor(float(rows.shape[0]), dtype=torch.float64, device=rows.device))
         if float(n) == 0:
             return
-        total = reduce(rows.sum(0))
-        mean = total / n
+        mean = reduce(rows.sum(0)) / n
         m2 = reduce((rows - mean).square().sum(0))  # deviations from the *global* batch mean
         self._merge(n, mean, m2 / n)
 
@@ -104,13 +94,10 @@ class RunningMeanStd(nn.Module):
 def resolve_normalization(
     *, continuous: bool, obs_dim: int, normalize_obs: bool | None, normalize_returns: bool | None
 ) -> tuple[bool, bool]:
-    """Whether observations and returns are normalised, ``None`` settings resolved: on for
-    continuous actions over flat vector observations (``obs_dim`` above 0), where PPO users expect
-    them (continuous control); off for discrete actions and dict observations."""
+    """Whether observations and returns are normalised, ``None`` settings resolved: on for continuous
+    actions over flat vector observations (``obs_dim`` above 0), off otherwise."""
     auto = bool(continuous) and int(obs_dim or 0) > 0
-    obs = auto if normalize_obs is None else bool(normalize_obs)
-    ret = auto if normalize_returns is None else bool(normalize_returns)
-    return obs, ret
+    return tuple(auto if s is None else bool(s) for s in (normalize_obs, normalize_returns))
 
 
 class NormalizedPolicy(PolicyBase):
@@ -150,9 +137,8 @@ class NormalizedPolicy(PolicyBase):
         return self.obs_rms.normalize(flat).reshape(obs.shape)
 
     def _values(self, v: Tensor) -> Tensor:
-        if self.ret_rms is None:
-            return v
-        return (v.to(torch.float64) * self.ret_rms.std + self.ret_rms.mean).to(v.dtype)
+        r = self.ret_rms
+        return v if r is None else (v.to(torch.float64) * r.std + r.mean).to(v.dtype)
 
     @property
     def value_scale(self) -> Tensor:
