@@ -1,17 +1,12 @@
 """Action mappings: a policy's raw actions -> what ``env.step`` receives.
 
 A mapping is a small, picklable callable that holds no weights, so a sampler can apply it to
-actions served by the inference worker without a copy of the policy (AcceRL §architecture: the
-policy lives in one process, samplers only step envs). Every policy returns its own from
-``action_mapping()`` (:class:`~fastlight.models.base.Policy`); ``env_action`` applies it.
-
-Shapes: ``actions [N, ...]`` -> ``[N, ...]``; a mapping never changes the batch dimension.
+actions served by the inference worker without a copy of the policy (AcceRL §architecture). Shapes:
+``actions [N, ...]`` -> ``[N, ...]``; a mapping never changes the batch dimension.
 
 **Action chunks.** A policy that emits ``H`` env actions per call (OpenVLA-OFT, pi0, SmolVLA)
-returns a :class:`ChunkedActionMapping`: its env actions are ``[N, H, ...]``, step ``h`` of the
-chunk being ``[:, h]``, and its ``action_chunk`` says ``H``. The sampler and the evaluation read
-it (:func:`action_chunk`) and execute the chunk open-loop, at most ``H`` env steps per call.
-:class:`ChunkActions` makes one from a per-step mapping.
+returns a :class:`ChunkedActionMapping` (env actions ``[N, H, ...]``); the sampler and the evaluation
+read ``H`` (:func:`action_chunk`) and execute the chunk open-loop.
 """
 
 from __future__ import annotations
@@ -83,13 +78,8 @@ class BinsToActions:
 
 @dataclass(frozen=True)
 class ChunkActions:
-    """A per-step mapping applied to a chunk: actions ``[N, H * D]`` (step-major: chunk step 0's
-    ``D`` entries first) -> ``mapping`` -> env actions ``[N, H, D]`` (leading dims other than ``N``,
-    e.g. a Rollout's ``[T, E]``, are kept).
-
-    ``mapping`` must keep the shape (element-wise, as :class:`BinsToActions`, :class:`ClampActions`
-    and :class:`IdentityActions` do).
-    """
+    """A per-step, shape-keeping ``mapping`` applied to a chunk: actions ``[N, H * D]`` (step-major) ->
+    env actions ``[N, H, D]`` (leading dims other than ``N``, e.g. a Rollout's ``[T, E]``, are kept)."""
 
     mapping: ActionMapping
     action_chunk: int
@@ -99,8 +89,7 @@ class ChunkActions:
             raise ValueError(f"ChunkActions action_chunk must be an int >= 1, got {self.action_chunk!r}")
 
     def __call__(self, actions: Tensor) -> Tensor:
-        out = self.mapping(actions)
-        h = self.action_chunk
+        out, h = self.mapping(actions), self.action_chunk
         if out.dim() < 2 or out.shape[-1] % h:
             raise ValueError(f"ChunkActions: actions must map to [N, H*D] with H={h}, got {tuple(out.shape)}")
         return out.reshape(*out.shape[:-1], h, out.shape[-1] // h)  # leading dims ([T, E]) kept

@@ -1,14 +1,10 @@
 """Discretise continuous actions into bins and map bins onto the last vocabulary ids.
 
-OpenVLA-style action tokenisation, as used by AcceRL (§lm_head pruning): every action
-dimension in ``[low, high]`` is cut into ``n_bins`` equal-width bins, and bin ``b`` is spoken
-by one token of the language model. The action tokens are the **last** ``n_bins`` ids of the
-vocabulary, ``[first_id, last_id)`` with ``first_id = vocab_size - n_bins`` (inclusive) and
-``last_id = vocab_size`` (exclusive).
-
-Bin ``b`` maps to token ``first_id + b`` (ascending), so row ``b`` of an ``lm_head`` pruned to
-``[first_id, last_id)`` is the logit of bin ``b``. (OpenVLA itself counts down from the end of
-the vocabulary, ``vocab_size - 1 - b``; flip the pruned rows to load such weights.)
+OpenVLA-style action tokenisation, as used by AcceRL (§lm_head pruning): every action dimension in
+``[low, high]`` is cut into ``n_bins`` equal-width bins, and bin ``b`` is token ``first_id + b`` of the
+**last** ``n_bins`` ids ``[first_id, last_id)`` of the vocabulary, so row ``b`` of an ``lm_head`` pruned
+to them is the logit of bin ``b``. (OpenVLA itself counts down from the end of the vocabulary,
+``vocab_size - 1 - b``; flip the pruned rows to load such weights.)
 
 Shapes: every method is element-wise and keeps the input shape, e.g. ``[N, K]``.
 """

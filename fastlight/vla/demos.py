@@ -211,19 +211,15 @@ def _concat(parts: list[dict[str, Any]], task_names: tuple[str, ...]) -> Demos:
             f"the scripted expert kept no demonstration of {empty}: raise --data.max_attempts_per_demo "
             f"or set --data.successful_only false"
         )
-    offset, episodes = 0, []
-    for p in parts:
-        episodes.append(torch.from_numpy(p["episode"] + offset))
-        offset += p["expert"]["kept"]
-    cat = lambda key: torch.from_numpy(np.concatenate([p[key] for p in parts]))  # noqa: E731
-    keys = parts[0]["obs"].keys()
+    offsets = np.cumsum([0] + [p["expert"]["kept"] for p in parts[:-1]])  # episode numbers run on
+    cat = lambda arrays: torch.from_numpy(np.concatenate(list(arrays)))  # noqa: E731
     return Demos(
-        obs={k: torch.from_numpy(np.concatenate([p["obs"][k] for p in parts])) for k in keys},
-        actions=cat("actions"),
-        rewards=cat("rewards"),
-        step=cat("step"),
-        task_id=torch.cat([torch.full((len(p["actions"]),), p["task_id"], dtype=torch.long) for p in parts]),
-        episode=torch.cat(episodes),
+        obs={k: cat(p["obs"][k] for p in parts) for k in parts[0]["obs"]},
+        actions=cat(p["actions"] for p in parts),
+        rewards=cat(p["rewards"] for p in parts),
+        step=cat(p["step"] for p in parts),
+        task_id=cat(np.full(len(p["actions"]), p["task_id"], dtype=np.int64) for p in parts),
+        episode=cat(p["episode"] + o for p, o in zip(parts, offsets, strict=True)),
         task_names=task_names,
         expert={task_names[p["task_id"]]: p["expert"] for p in parts},
     )
