@@ -13,11 +13,9 @@ Descriptors are ``"<kind> <dims joined by x>"``:
 - ``discrete N``: a Discrete part, one-hot; ``multidiscrete AxB``: one one-hot per entry;
 - ``refused <line>``: an image smaller than the Nature-CNN takes, refused with ``<line>`` only when the
   default policy is built (:func:`refusal`);
-- actions: ``discrete N``, ``box D``, ``multidiscrete AxB`` (factorised Categoricals) and
-  ``multibinary N`` (independent Bernoullis).
+- actions: ``discrete N``, ``box D``, ``multidiscrete AxB`` and ``multibinary N``.
 
-``None`` (no description): a vector observation with Discrete or Box actions, what
-:class:`~fastlight.models.mlp.MLPActorCritic` takes as before.
+``None`` (no description): a vector observation with Discrete or Box actions (``MLPActorCritic``'s).
 """
 
 from __future__ import annotations
@@ -62,9 +60,7 @@ def _obs_part(name: str, space: gym.Space, keep: list[str | int] | None) -> str:
     where = f"the observation part {name!r}" if nested else "the observation"
     if is_image(space):
         side = min(s for i, s in enumerate(space.shape) if i != (0 if channels_first(space.shape) else 2))
-        if side < MIN_IMAGE_SIDE:
-            # Refused only when the default policy is built (refusal()): an injected policy (a VLA over
-            # small camera images) may take it.
+        if side < MIN_IMAGE_SIDE:  # refused only by the default policy (refusal()): a VLA may take it
             return (
                 f"refused --data.env_id: {where} is a {_dims(space.shape)} image, smaller than the "
                 f"Nature-CNN's {MIN_IMAGE_SIDE}x{MIN_IMAGE_SIDE}: enlarge it with --data.env_wrappers "

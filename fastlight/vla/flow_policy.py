@@ -74,7 +74,7 @@ def load_pi0(path: str) -> nn.Module:
             "PI05Config: FlowVLAPolicy loads pi0 and pi0.5 folders; use --model.policy.class_path "
             "fastlight.vla.policy.VLAPolicy for this one"
         )
-    # fp32 weights whatever the folder's dtype (see VLAPolicy._load_backbone): --trainer.precision computes
+    # fp32 weights whatever the folder's dtype (as VLAPolicy's): --trainer.precision computes
     return getattr(t, classes[type(config).__name__]).from_pretrained(path).float()
 
 

@@ -125,10 +125,12 @@ class VLAPolicy(PicklableCapture, TokenImitation, PolicyBase):
         #: env actions per call, and ``K = action_chunk x action_dim`` action tokens per call.
         self.action_chunk, self.num_action_tokens = action_chunk, action_chunk * action_dim
         self.trust_remote_code = bool(trust_remote_code)
-        self.backbone, self.is_vlm = self._load_backbone(
-            backbone, vocab_size, hidden_size, num_hidden_layers, num_attention_heads, intermediate_size,
-            tie_word_embeddings,
-        )  # fmt: skip
+        if backbone is None:
+            sizes = (vocab_size, hidden_size, num_hidden_layers, num_attention_heads, intermediate_size)
+            self.backbone, self.is_vlm = build_llama(*sizes, tie_word_embeddings), False
+        else:  # fp32 weights whatever the folder's dtype (Adam's small steps round away on bf16 weights)
+            model, self.is_vlm = load_backbone(backbone, self.trust_remote_code)
+            self.backbone = model.float()
         text_cfg = self.backbone.config.get_text_config()
         hidden = int(text_cfg.hidden_size)
         self.action_tokenizer = action_tokenizer(int(text_cfg.vocab_size), n_bins, action_token_ids)
@@ -144,14 +146,6 @@ class VLAPolicy(PicklableCapture, TokenImitation, PolicyBase):
         self.value_head = ActionAwareValueHead(hidden, max_episode_steps, value_mlp_hidden)
 
     # ------------------------------------------------------------------ construction
-    def _load_backbone(self, path: str | None, *llama_sizes) -> tuple[nn.Module, bool]:
-        if path is None:
-            return build_llama(*llama_sizes), False
-        model, is_vlm = load_backbone(path, self.trust_remote_code)
-        # fp32 weights whatever the folder's dtype (Adam's small steps round away on bf16 master
-        # weights); the compute precision is --trainer.precision.
-        return model.float(), is_vlm
-
     def _setup_vision(
         self, path: str | None, image_size: int | None, patch_size: int, hidden: int, freeze: bool
     ) -> None:

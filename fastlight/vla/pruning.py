@@ -111,19 +111,13 @@ def _read_tensor(folder: Path, key: str, shape: tuple[int, ...] | None = None) -
 
     index = folder / "model.safetensors.index.json"
     shards = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else None
+    suffix, found = "." + ".".join(key.split(".")[-2:]), []
     for shard in shards or ["model.safetensors"]:
         with safe_open(str(folder / shard), framework="pt") as f:
             if key in f.keys():
                 return f.get_tensor(key)
-    suffix = "." + ".".join(key.split(".")[-2:])
-    found = []
-    for shard in shards or ["model.safetensors"]:
-        with safe_open(str(folder / shard), framework="pt") as f:
-            for k in f.keys():
-                if ("." + k).endswith(suffix) and (
-                    shape is None or tuple(f.get_slice(k).get_shape()) == shape
-                ):
-                    found.append(f.get_tensor(k))
+            fits = lambda k: shape is None or tuple(f.get_slice(k).get_shape()) == shape  # noqa: E731
+            found += [f.get_tensor(k) for k in f.keys() if ("." + k).endswith(suffix) and fits(k)]
     if len(found) != 1:
         raise ValueError(
             f"checkpoint {folder} has no tensor {key!r} (nor one ending {suffix[1:]!r} of {shape})"

@@ -1,10 +1,8 @@
 """Every use of a private transformers API in fastlight, in one module.
 
-A name with a leading underscore can change in any transformers release. Each one here is used because
-no public API does the job; :data:`CHECKED` is the release range they were checked against, and
-tests/test_compat.py fails, naming this module, once the installed transformers leaves it. After an
-upgrade, re-read this list and run tests/vla/test_vla_hf.py (pickled and copied VLMs capture hidden
-states; FSDP2 units). Checked against transformers 5.25.0:
+Each name here is used because no public API does the job; :data:`CHECKED` is the release range they
+were checked against, and tests/test_compat.py fails, naming this module, once the installed
+transformers leaves it (then re-read this list and run tests/vla/test_vla_hf.py):
 
 - ``transformers.utils.output_capturing._CAN_RECORD_REGISTRY`` and a ``PreTrainedModel``'s
   ``_can_record_outputs`` / ``_output_capturing_hooks_installed``, with ``nn.Module``'s hook dicts:
