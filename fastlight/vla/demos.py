@@ -62,8 +62,7 @@ class DemoSettings:
     format: int = CACHE_FORMAT
 
     def key(self) -> str:
-        blob = json.dumps(asdict(self), sort_keys=True, default=str)
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def as_json(self) -> dict[str, Any]:
         return json.loads(json.dumps(asdict(self), sort_keys=True, default=str))
@@ -300,9 +299,8 @@ class DemoDataModule(EnvSizes, L.LightningDataModule):
     """Scripted-expert demonstrations of the configured Meta-World tasks (see the module docstring).
 
     Args:
-        env_id: the Meta-World env id, exactly as the RL run's ``--data.env_id`` has it.
-        env_kwargs: the env's keyword arguments (tasks, image, ...), exactly as the RL run's
-            ``--data.env_kwargs`` has them.
+        env_id: the Meta-World env id, as the RL run's ``--data.env_id``.
+        env_kwargs: the env's keyword arguments (tasks, image, ...), as the RL run's ``--data.env_kwargs``.
         demos_per_task: demonstrations kept per task.
         seed: base seed of the demo episodes.
         successful_only: keep only the episodes where the expert succeeded.

@@ -94,8 +94,7 @@ class FlowVLAPolicy(PicklableCapture, PolicyBase):
     """pi0 actor-critic over flow-SDE chains (πRL), implementing :class:`~fastlight.models.base.FlowPolicy`.
 
     Args:
-        backbone: a local ``PI0ForConditionalGeneration`` folder; ``None``: :func:`build_pi0` with
-            ``vocab_size`` / ``hidden_size`` / ``num_hidden_layers`` (ignored otherwise).
+        backbone: a local pi0 / pi0.5 folder; ``None``: :func:`build_pi0` with the size settings below.
         action_dim: ``D``, the env's action size (``<=`` the model's ``max_action_dim``).
         action_chunk: ``H``, env steps executed per call (``<=`` the model's ``chunk_size``).
         num_steps: ``K``, Euler steps of the denoising chain.

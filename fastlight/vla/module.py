@@ -54,10 +54,8 @@ class VLAModule(RLModule):
     """PPO / GIPO / SAPO fine-tuning of a VLA token policy.
 
     Args:
-        policy: a :class:`~fastlight.vla.policy.VLAPolicy` (CLI: ``--model.policy.class_path
-            fastlight.vla.policy.VLAPolicy`` + ``--model.policy.init_args.*``) or any ``nn.Module``
-            implementing :class:`~fastlight.models.base.TokenPolicy`; ``None`` builds a VLAPolicy
-            with its defaults and ``action_dim`` tokens in ``configure_model``.
+        policy: a :class:`~fastlight.vla.policy.VLAPolicy`, a FlowPolicy or any ``nn.Module`` implementing
+            :class:`~fastlight.models.base.TokenPolicy`; ``None``: a default VLAPolicy, ``action_dim`` tokens.
         value_lr: learning rate of the value head's param group (``None``: ``lr``).
         objective: an :class:`~fastlight.modules.objectives.Objective`; ``None`` is ``GIPO()`` (AcceRL).
         obs_dim: the env's flattened observation size, linked from the data module (0: dict observations).
