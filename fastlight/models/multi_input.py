@@ -1,11 +1,9 @@
 """``MultiInputActorCritic``: the default policy for image, Dict / Tuple and Discrete observations and
 for MultiDiscrete / MultiBinary actions (Stable-Baselines3's ``CnnPolicy`` and ``MultiInputPolicy``).
 
-Each observation part is encoded on its own (:mod:`fastlight.models.spaces` describes them): an image
-by a Nature-CNN (uint8 scaled to ``[0, 1]``), a Box flattened, a Discrete one-hot; the features are
-concatenated and shared by the actor and the critic, each an MLP of ``hidden_sizes`` (none over a lone
-image: the CNN's 512 features go straight to the heads, as cleanrl's and SB3's Atari networks), then
-the action head of the action space (:class:`~fastlight.models.action_heads.ActionHead`).
+Each observation part is encoded on its own: an image by a Nature-CNN, a Box flattened, a Discrete
+one-hot; the features are concatenated and shared by the actor and the critic, each an MLP of
+``hidden_sizes`` (none over a lone image, as cleanrl's and SB3's Atari networks), then the action head.
 """
 
 from __future__ import annotations
@@ -82,8 +80,9 @@ class MultiInputActorCritic(PolicyBase):
     def evaluate(self, obs: Obs, actions: Tensor, *, step: Tensor | None = None) -> EvalOutput:
         x = self.features(obs)
         out = self.actor(x)
-        values = self.critic(x).squeeze(-1)
-        return EvalOutput(self.head.log_prob(out, actions), self.head.entropy(out), values)
+        return EvalOutput(
+            self.head.log_prob(out, actions), self.head.entropy(out), self.critic(x).squeeze(-1)
+        )
 
     def value(self, obs: Obs, *, step: Tensor | None = None) -> Tensor:
         return self.critic(self.features(obs)).squeeze(-1)

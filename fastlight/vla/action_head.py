@@ -1,9 +1,6 @@
-"""The action vocabulary of a VLA's language model: which ids are action tokens, and its head fitted to them.
-
-The action tokens are ``n_bins`` consecutive ids ``[first, last)``: the last ``n_bins`` of the vocabulary
-(OpenVLA's convention, :class:`~fastlight.models.action_tokenizer.ActionTokenizer`) unless
-``action_token_ids`` names the range. With ``prune_head`` the ``lm_head`` is pruned to those rows
-(AcceRL §lm_head pruning, :mod:`fastlight.vla.pruning`); a backbone saved after pruning must match them.
+"""The action vocabulary of a VLA's language model: which ids are action tokens (``[first, last)``, the
+last ``n_bins`` of the vocabulary unless ``action_token_ids`` names the range), and its head fitted to
+them (AcceRL §lm_head pruning, :mod:`fastlight.vla.pruning`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """An env's instructions in a backbone's own vocabulary: a table bound once, looked up by tensors.
 
-An env emits its instructions as rows of its own vocabulary (fastlight's Meta-World: a WordLevel
-vocabulary). Before any sampler starts, the env's distinct rows and their sentences are handed to the
-policy (:meth:`Retokenizer.bind`), which tokenizes the sentences with the model folder's tokenizer once:
-a table ``env row [T, L] -> own ids / mask [T, L']``. At run time the rows of a batch are found in that
-table by tensor comparison (:func:`match_rows`), no Python per env.
+Before any sampler starts, the env's distinct instruction rows (its own vocabulary) and their sentences
+are handed to the policy (:meth:`Retokenizer.bind`), which tokenizes the sentences with the model
+folder's tokenizer once; at run time a batch's rows are found in that table by tensor comparison
+(:func:`match_rows`).
 """
 
 from __future__ import annotations
