@@ -151,11 +151,8 @@ class FlowVLAPolicy(PicklableCapture, PolicyBase):
         self.max_text_len, self.train_padding = max_text_len, bool(train_padding)
         self.logprob_steps = num_steps if sde_steps == "all" and sde_logprob == "mean" else 1
         self.lora = as_lora_settings(lora)
-        self.backbone = (
-            build_pi0(vocab_size, hidden_size, num_hidden_layers, action_chunk, action_dim, proprio_dim)
-            if backbone is None
-            else load_pi0(backbone)
-        )
+        sizes = (vocab_size, hidden_size, num_hidden_layers, action_chunk, action_dim, proprio_dim)
+        self.backbone = build_pi0(*sizes) if backbone is None else load_pi0(backbone)
         cfg = self.backbone.config
         self.pi05 = is_pi05(cfg)  # what differs: fastlight.vla.pi05
         if self.pi05 and image_size is not None:

@@ -137,7 +137,15 @@ class VLAPolicy(PicklableCapture, TokenImitation, PolicyBase):
         fit_head(self.backbone, self.action_tokenizer, prune_head)
         if self.lora is not None:  # after the head is pruned: the adapters never touch it
             apply_lora(self.backbone, self.lora)
-        self._setup_vision(backbone, image_size, patch_size, hidden, freeze_vision)
+        args = (backbone, self.is_vlm, image_size, patch_size, hidden, freeze_vision, trust_remote_code)
+        encoder = image_encoder(self.backbone, *args)
+        self.image_size, self.freeze_vision = image_size, bool(freeze_vision)
+        self.vision: PatchEncoder | None = encoder.vision
+        self.image_processor = encoder.processor  # a VLM folder's; None otherwise
+        for module in encoder.frozen:
+            module.requires_grad_(False)
+        names = {id(m): n for n, m in self.named_modules()}  # frozen ones stay in eval mode (train())
+        self._frozen_modules: tuple[str, ...] = tuple(names[id(m)] for m in encoder.frozen)
         self.proprio_proj = nn.Linear(proprio_dim, hidden) if proprio_dim > 0 else None
         #: Instruction re-tokenization with the folder's tokenizer (a table bound by bind_instructions).
         self.retokenizer = Retokenizer(backbone)
@@ -146,22 +154,6 @@ class VLAPolicy(PicklableCapture, TokenImitation, PolicyBase):
         self.value_head = ActionAwareValueHead(hidden, max_episode_steps, value_mlp_hidden)
 
     # ------------------------------------------------------------------ construction
-    def _setup_vision(
-        self, path: str | None, image_size: int | None, patch_size: int, hidden: int, freeze: bool
-    ) -> None:
-        """The image encoder (:func:`~fastlight.vla.image_encoder.image_encoder`); frozen submodules go
-        to ``_frozen_modules`` (kept in eval mode by :meth:`train`)."""
-        encoder = image_encoder(
-            self.backbone, path, self.is_vlm, image_size, patch_size, hidden, freeze, self.trust_remote_code
-        )
-        self.image_size, self.freeze_vision = image_size, bool(freeze)
-        self.vision: PatchEncoder | None = encoder.vision
-        self.image_processor = encoder.processor  # a VLM folder's; None otherwise
-        for module in encoder.frozen:
-            module.requires_grad_(False)
-        names = {id(m): n for n, m in self.named_modules()}
-        self._frozen_modules: tuple[str, ...] = tuple(names[id(m)] for m in encoder.frozen)
-
     def train(self, mode: bool = True) -> VLAPolicy:
         """Train / eval mode of every submodule, except that frozen ones (``freeze_vision``) stay in eval."""
         super().train(mode)
