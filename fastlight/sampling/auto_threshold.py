@@ -28,11 +28,8 @@ known) runs at threshold 1.0, which cuts only at the horizon, so the tail stays 
 policy changes episode lengths. Mass beyond the longest observed length is put past ``H``
 (the pessimistic guess: such an episode runs to the cap).
 
-**Why a cap of 0.2 on the cut share.** Throughput alone favours low thresholds on cheap resets,
-and they cut most long episodes: with half the episodes 3 steps long and half 200, any threshold
-up to 0.5 cuts every long one at step 3, and a policy never sees its long-horizon returns except
-through the critic. Capping the cut episodes at one in five bounds that bias, and leaves
-room for the paper's setting: on highway-fast-v0 the default threshold 0.5 cuts fewer than that.
+The cap on the cut share bounds the short-time bias: throughput alone favours low thresholds on
+cheap resets, which cut most long episodes, whose returns the policy then sees only through the critic.
 """
 
 from __future__ import annotations
@@ -81,9 +78,8 @@ class ThresholdChooser:
 
     def __init__(self, num_envs: int, max_horizon: int, *, window: int | None = None, seed: int = 0) -> None:
         if num_envs < 1 or max_horizon < 1:
-            raise ValueError(
-                f"ThresholdChooser needs num_envs, max_horizon >= 1, got {num_envs}, {max_horizon}"
-            )
+            msg = f"ThresholdChooser needs num_envs, max_horizon >= 1, got {num_envs}, {max_horizon}"
+            raise ValueError(msg)
         self.num_envs = num_envs
         self.max_horizon = max_horizon
         self.lengths: deque[tuple[int, bool]] = deque(maxlen=window or max(64, 8 * num_envs))
@@ -95,13 +91,13 @@ class ThresholdChooser:
 
     def threshold(self) -> float:
         """The threshold of the next cycle: 1.0 while exploring, else the current choice."""
-        if self._exploring():
-            return 1.0
-        return self.chosen
+        return 1.0 if self._exploring() else self.chosen
+
+    def _known(self) -> int:
+        return sum(1 for _, ended in self.lengths if ended)
 
     def _exploring(self) -> bool:
-        known = sum(1 for _, ended in self.lengths if ended)
-        return known < MIN_EPISODES or not self.costs or self.cycles % EXPLORE_EVERY == 0
+        return self._known() < MIN_EPISODES or not self.costs or self.cycles % EXPLORE_EVERY == 0
 
     def observe(self, episodes: list[tuple[int, bool]], costs: CycleCosts) -> None:
         """Record one finished cycle: ``(length, ended)`` per env (``ended`` False when the cut or
@@ -110,10 +106,9 @@ class ThresholdChooser:
         self.lengths.extend(episodes)
         if costs.rounds > 0:
             self.costs.append(costs)
-        if sum(1 for _, ended in self.lengths if ended) >= MIN_EPISODES and self.costs:
+        if self._known() >= MIN_EPISODES and self.costs:
             self.chosen, self.predicted = self._choose()
 
-    # ------------------------------------------------------------------ the model
     def _cost_model(self) -> tuple[float, float, float]:
         """(reset per cycle, overhead per round, one env step), averaged over recent cycles."""
         n = len(self.costs)
@@ -125,8 +120,7 @@ class ThresholdChooser:
         return reset, other, step
 
     def _draw(self, shape: tuple[int, int]) -> np.ndarray:
-        """Episode lengths from the Kaplan-Meier estimate of the window (lengths > H stand for
-        'runs past the horizon')."""
+        """Episode lengths from the Kaplan-Meier estimate of the window (> H: runs past the horizon)."""
         times, mass = kaplan_meier(list(self.lengths), beyond=self.max_horizon + 1)
         return self.rng.choice(times, size=shape, p=mass)
 

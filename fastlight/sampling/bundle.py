@@ -1,10 +1,5 @@
 """What a sampler is given: its :class:`SamplerConfig` (plain, picklable settings) and the handles it
-shares with the trainer, in one :class:`SamplerBundle`.
-
-A sampler feature lives in four places: its setting (``RolloutDataModule``), one ``SamplerConfig``
-field (a setting of the same name is copied by :func:`~fastlight.data.sampler_plan.sampler_configs`),
-one handle here (made once per rank by :class:`RankHandles`, one view per sampler) and the Collector
-that acts on it.
+shares with the trainer (made once per rank by :class:`RankHandles`), in one :class:`SamplerBundle`.
 """
 
 from __future__ import annotations
@@ -97,8 +92,7 @@ class SamplerBundle:
     rounds: RoundView | None = None
 
     def __post_init__(self) -> None:
-        together = self.config.rank_rounds == "together"
-        if together != (self.rounds is not None):
+        if (self.config.rank_rounds == "together") != (self.rounds is not None):
             raise ValueError(
                 f"sampler {self.index}: rank_rounds {self.config.rank_rounds!r} "
                 f"{'takes no' if self.rounds is not None else 'needs a'} round signal"
@@ -135,13 +129,5 @@ class RankHandles:
         stop: StopSignal,
     ) -> SamplerBundle:
         """Sampler ``index``'s bundle: its own ``policy``, ``weights`` and ``beat``, the rank's handles."""
-        return SamplerBundle(
-            index=index,
-            config=config,
-            policy=policy,
-            weights=weights,
-            beat=beat,
-            stop=stop,
-            task_weights=self.task_weights,
-            rounds=self.rounds.view(index) if self.rounds is not None else None,
-        )
+        rounds = self.rounds.view(index) if self.rounds is not None else None
+        return SamplerBundle(index, config, policy, weights, beat, stop, self.task_weights, rounds)

@@ -108,9 +108,7 @@ class Collector(EnvSteps):
         self.mode = mode
         self.traits = RESET_MODES[mode]
         self.termination_threshold = termination_threshold
-        # `auto`: one chooser per Collector, from this sampler's own costs (only where the mode's cut
-        # waits for the threshold).
-        auto = termination_threshold == AUTO and self.traits.threshold
+        auto = termination_threshold == AUTO and self.traits.threshold  # one chooser per Collector
         self.chooser = ThresholdChooser(len(self.envs), max_horizon, seed=seed) if auto else None
         self.max_horizon = max_horizon
         self.rollout_steps = rollout_steps
@@ -130,9 +128,7 @@ class Collector(EnvSteps):
         self._eps: list[Episode] = []
         self._served = False
         self._chunk: int | None = None
-        # Running mean of one env.reset() in seconds; None until the first reset was timed (the
-        # first global reset uses the pool: a scenario load may be slow).
-        self.reset_cost: float | None = None
+        self.reset_cost: float | None = None  # running mean of one env.reset() in seconds, once timed
         # The next cycle's global reset, done ahead by reset_ahead(): its counters and wall seconds.
         self._ahead: tuple[RolloutStats, float] | None = None
 
@@ -235,9 +231,7 @@ class Collector(EnvSteps):
         assert self.rounds is not None
         if self.rounds.rank_cut(key, n_ended, lambda fraction: self._reached(fraction, threshold)):
             return True
-        # Every clip of this sampler has ended: nothing left here to truncate (the others go on).
-        # max_horizon counts this sampler's own env steps, so it ends this cycle here only: marked
-        # rank-wide it would cut a slower sampler's clips wherever they are, short of the horizon.
+        # max_horizon counts this sampler's own env steps, so it ends this sampler's cycle only.
         return n_ended == self.num_envs or t >= self.max_horizon
 
     def _cut_asked(self) -> bool:
@@ -273,14 +267,11 @@ class Collector(EnvSteps):
             cut = self._should_truncate(self.num_envs - sum(alive), t, threshold, key)
             requested = not cut and any(alive) and self._cut_asked()
             cut = cut or requested
-            if cut:
-                # Unified truncation: every env still running is cut here and bootstrapped.
-                for i in range(self.num_envs):
-                    if alive[i]:
-                        row.set_truncated(i)
-                        rows.episodes.append(
-                            record(self._eps[i], terminated=False, truncated=True, info={}, cut=True)
-                        )
+            if cut:  # unified truncation: every env still running is cut here and bootstrapped
+                for i in [i for i, a in enumerate(alive) if a]:
+                    row.set_truncated(i)
+                    ep = record(self._eps[i], terminated=False, truncated=True, info={}, cut=True)
+                    rows.episodes.append(ep)
             self._bootstrap(policy, row)
             if cut:
                 stats.cut_in_flight += requested
@@ -297,8 +288,7 @@ class Collector(EnvSteps):
         assert self.chooser is not None
         reset_s, step_s = stats.reset_time - before[0], stats.step_time - before[1]
         other_s = time.perf_counter() - start - reset_s - step_s
-        # rounds in env-step time: the chooser models a cycle's overhead per env step of its length
-        # (with chunks, one policy call per chunk is spread over its steps).
+        # rounds in env-step time: with chunks, one policy call's overhead is spread over its steps.
         costs = CycleCosts(reset_s, step_s, max(other_s, 0.0), rounds=t, env_steps=env_steps)
         # (length, ended) per env: an env still alive at the cut is censored at its length.
         self.chooser.observe([(self._eps[i].step, not alive[i]) for i in range(self.num_envs)], costs)

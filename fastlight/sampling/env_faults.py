@@ -33,9 +33,7 @@ def is_finite(value: Any) -> bool:
     if isinstance(value, np.floating):
         return bool(np.isfinite(value))
     arr = np.asarray(value) if not isinstance(value, torch.Tensor) else value.numpy()
-    if arr.dtype.kind not in "fc":
-        return True
-    return bool(np.isfinite(arr).all())
+    return arr.dtype.kind not in "fc" or bool(np.isfinite(arr).all())
 
 
 def preview(value: Any) -> str:

@@ -35,9 +35,7 @@ class ChunkResult(NamedTuple):
     dropped: bool
 
 
-def record(
-    ep: Episode, *, terminated: bool, truncated: bool, info: dict, cut: bool = False
-) -> EpisodeRecord:
+def record(ep: Episode, *, terminated: bool, truncated: bool, info: dict, cut: bool = False) -> EpisodeRecord:
     numeric = {k: float(v) for k, v in info.items() if isinstance(v, (int, float, np.floating, np.integer))}
     return EpisodeRecord(
         length=ep.step,

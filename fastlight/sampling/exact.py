@@ -88,15 +88,20 @@ def _mujoco_state(base: gym.Env) -> tuple[Any, Any, Any] | None:
     return model, data, mujoco.mjtState.mjSTATE_INTEGRATION
 
 
+def _unwrap(env: gym.Env) -> tuple[list[gym.Wrapper], gym.Env]:
+    """``(wrappers outermost first, base env)``."""
+    wrappers = []
+    while isinstance(env, gym.Wrapper):
+        wrappers.append(env)
+        env = env.env
+    return wrappers, env
+
+
 def env_state(env: gym.Env) -> bytes | None:
     """The env's state as bytes (see the module docstring), or None where it cannot be saved: an env
     that pickles by its constructor's arguments (gymnasium's ``EzPickle``) and is not MuJoCo."""
-    layers = []
-    e = env
-    while isinstance(e, gym.Wrapper):
-        layers.append(_plain(e))
-        e = e.env
-    base = e
+    wrappers, base = _unwrap(env)
+    layers = [_plain(w) for w in wrappers]
     if isinstance(base, EzPickle):  # its pickle rebuilds a fresh env: save the simulator instead
         sim = _mujoco_state(base)
         if sim is None:
@@ -119,11 +124,7 @@ def restore_env(env: gym.Env, state: bytes) -> gym.Env:
     """Put ``state`` (from :func:`env_state` of an env built the same way) into ``env``; returns the
     env to use (a pickled base env replaces the built one inside its wrappers)."""
     layers, body = pickle.loads(state)
-    wrappers = []
-    e = env
-    while isinstance(e, gym.Wrapper):
-        wrappers.append(e)
-        e = e.env
+    wrappers, e = _unwrap(env)
     if len(wrappers) != len(layers):
         raise ValueError(f"saved env state has {len(layers)} wrappers, this env {len(wrappers)}")
     for w, values in zip(wrappers, layers, strict=True):

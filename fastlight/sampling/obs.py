@@ -27,8 +27,7 @@ def stack_obs(obs: Sequence[Any]) -> np.ndarray | dict[str, np.ndarray]:
     tuple's parts are keyed ``"0"``, ``"1"``, ... (:mod:`fastlight.models.spaces` names them so).
 
     Observations that differ in shape raise :class:`ObservationShapeError` naming the odd one
-    (numpy alone says only "all input arrays must have the same shape"); it is looked for only
-    once stacking has failed, so stacking costs what it did.
+    (looked for only once stacking has failed).
     """
     if isinstance(obs[0], tuple):  # a Tuple space's observation: keyed "0", "1", ... as its parts
         obs = [{str(i): part for i, part in enumerate(o)} for o in obs]
@@ -107,6 +106,4 @@ def action_to_env(policy: Policy, actions: Tensor) -> list[Any]:
     """Per-env actions for ``env.step``, through the policy's own mapping (e.g. VLA token bins to
     ``[-1, 1]``, a Gaussian policy's clip): :meth:`Policy.env_action`."""
     arr = policy.env_action(actions).detach().cpu().numpy()
-    if arr.ndim == 1:
-        return [a.item() for a in arr]
-    return list(arr)
+    return [a.item() for a in arr] if arr.ndim == 1 else list(arr)

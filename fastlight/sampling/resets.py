@@ -1,10 +1,8 @@
 """The reset side of a :class:`~fastlight.sampling.collector.Collector`: global and partial resets of
 its envs, the reset done ahead of a cycle, and the names a failing env is reported by.
 
-Resets of several envs at one moment run on a thread pool when they are slow: scenario loading is
-I/O bound (HD maps, traffic logs), so the resets of one sampler overlap (see ``ScenarioLoadCost``).
-Cheap resets run inline: a thread hand-off costs more than the reset itself, and CPU-bound resets
-cannot overlap under the GIL anyway.
+Slow resets of several envs run on a thread pool, so I/O-bound scenario loads overlap
+(``ScenarioLoadCost``); cheap ones run inline, where a thread hand-off would cost more.
 """
 
 from __future__ import annotations
@@ -26,8 +24,7 @@ from fastlight.sampling.obs import ObservationShapeError, odd_observation
 #: Resets in a row of one env that may return a non-finite observation under ``nonfinite="drop"``
 #: before the run stops anyway: an env that never resets cleanly cannot produce data.
 RESET_RETRIES = 3
-#: Resets slower than this (running mean of one env's reset, seconds) go to the thread pool when
-#: several envs reset at once; faster ones run inline, where a pool hand-off would cost more.
+#: Resets slower than this (running mean of one env's reset, seconds) go to the thread pool.
 POOL_RESET_S = 2e-3
 
 
@@ -53,13 +50,11 @@ class EnvResets:
         return len(self.envs)
 
     def reset_ahead(self) -> None:
-        """Do the next ``dpsa``/``sgr`` cycle's global reset now, while the sampler has nothing else
-        to do (a strictly on-policy sampler waiting for the trainer's next weights).
+        """Do the next ``dpsa``/``sgr`` cycle's global reset now, while the sampler waits for weights.
 
-        The reset does not depend on the policy, so the cycle that follows is the same as with the
-        reset at its start (same seeds, same observations); its time still counts in that cycle's
-        ``reset_time`` and ``wall_time``. A second call before that cycle is a no-op; in
-        ``autoreset`` mode, which has no global reset between rounds, it does nothing.
+        The cycle that follows is the same as with the reset at its start (same seeds, same
+        observations); its time still counts in that cycle's ``reset_time`` and ``wall_time``. A
+        second call before that cycle, or one in ``autoreset`` mode, does nothing.
         """
         if not self.traits.cycles or self._ahead is not None:
             return
@@ -86,15 +81,14 @@ class EnvResets:
         return seconds
 
     def _reset(self, indices: Sequence[int], stats: RolloutStats) -> None:
-        """Reset the given envs concurrently (I/O-bound scenario loads overlap)."""
+        """Reset the given envs (concurrently while resets are slow)."""
         if self._obs is None:
             self._obs = [None] * self.num_envs
             self._eps = [Episode() for _ in self.envs]
 
         def one(i: int) -> tuple[int, Any, dict, int, float]:
-            # A global reset seeds every env from the count (a resumed sampler redoes the same one);
-            # an env resetting alone (autoreset) goes on with its own RNG, saved with it.
-            # Envs of one group (group_size consecutive ones) start from the same seed: GRPO's group.
+            # A global reset seeds every env from the count, a group's envs alike (GRPO); an env
+            # resetting alone (autoreset) goes on with its own RNG, saved with it.
             seed = reset_seed(self.seed, self.resets, i // self.group_size) if every else None
             dropped = 0
             t = time.perf_counter()
@@ -102,8 +96,7 @@ class EnvResets:
                 obs, info = self.envs[i].reset(seed=seed)
                 cost = time.perf_counter() - t
                 self.heartbeat()
-                # Under "drop", a reset with NaN / inf has no episode yet: drop it and reset again (the
-                # env's RNG has moved on, so the next start differs).
+                # Under "drop", a reset with NaN / inf has no episode yet: reset again (a new start).
                 while self.nonfinite == "drop" and not is_finite(obs) and dropped < RESET_RETRIES:
                     dropped += 1
                     obs, info = self.envs[i].reset()
@@ -114,8 +107,6 @@ class EnvResets:
 
         every = len(indices) == self.num_envs
         t0 = time.perf_counter()
-        # One env alone resets inline: there is nothing to overlap it with. Several go to the pool
-        # only while resets are slow (see POOL_RESET_S); autoreset mode resets envs every few steps.
         pooled = len(indices) > 1 and (self.reset_cost is None or self.reset_cost >= POOL_RESET_S)
         results = self._pool.map(one, indices) if pooled else map(one, indices)
         for i, obs, info, dropped, cost in results:
@@ -131,11 +122,7 @@ class EnvResets:
             self.resets += 1
 
     def _check_finite(self, i: int, what: str, value: Any) -> None:
-        """Stop at the env that produced a NaN / inf, before it reaches a loss or the weights.
-
-        Checked where values enter (every step, every reset): later, a NaN shows up only as a
-        torch error in an update, naming neither the env nor the step.
-        """
+        """Stop at the env that produced a NaN / inf, before it reaches a loss or the weights."""
         if is_finite(value):
             return
         raise NonFiniteError(
@@ -150,8 +137,7 @@ class EnvResets:
         return f"env {name} (index {i} of this sampler, seed {seed})"
 
     def _env_error(self, i: int, error: Exception, *, reset: bool = False) -> EnvError:
-        """Env ``i``'s own exception, named: which env of which seed, and where in its episode (a
-        bare traceback from inside an env says neither)."""
+        """Env ``i``'s own exception, named: which env of which seed, and where in its episode."""
         when = "in reset" if reset else f"at episode step {self._eps[i].step + 1}"
         return EnvError(f"{self._where(i)} raised {type(error).__name__} {when}: {error}")
 
@@ -162,10 +148,8 @@ class EnvResets:
         odd = odd_observation([self._obs[i] for i in indices], spaces)
         j, shape, others = odd if odd is not None else (error.index, error.shape, error.others)
         i = indices[j]
-        return ObservationShapeError(
+        message = (
             f"{self._where(i)} returned an observation of shape {shape} at episode step {self._eps[i].step}; "
-            f"the others have shape {others} (its observation_space: {self.envs[i].observation_space})",
-            i,
-            shape,
-            others,
+            f"the others have shape {others} (its observation_space: {self.envs[i].observation_space})"
         )
+        return ObservationShapeError(message, i, shape, others)

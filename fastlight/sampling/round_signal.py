@@ -6,12 +6,9 @@ on when a round ends; ``--data.max_staleness`` picks which event sets it (the tw
 once):
 
 - **Strictly on-policy** (``max_staleness 0``): DPSA's termination rate over every clip of the
-  rank. FAST §DPSA computes, at each timestep, "the proportion of terminated clips among all clips"
-  and truncates every clip once it passes the threshold; each sampler counting only its own clips
-  would end its cycles apart, and the trainer would wait for the slowest. With the shared rate all
-  of them truncate within one step of each other; the cut then depends on how fast the processes
-  run relative to each other, so two runs with the same seeds no longer give the same cycles
-  (``apart`` does).
+  rank (FAST §DPSA: "the proportion of terminated clips among all clips"), so all samplers truncate
+  within one step of each other. The cut then depends on how fast the processes run relative to each
+  other, so two runs with the same seeds do not give the same cycles (``apart`` does).
 - **Asynchronous** (``max_staleness`` above 0): the cut in flight. A sampler starts a new round as
   soon as it has sent one, so when a training step's super-batch completes the other samplers are
   part-way into their next round, whose steps would reach the trainer one version old in the batch
@@ -161,10 +158,7 @@ class RoundView:
         """Record ``ended`` clips of this sampler in cycle ``key``; the fraction of the rank's clips
         ended in that cycle (samplers not on ``key`` yet count their clips as running)."""
         self.slots[self.index] = (key << _ENDED_BITS) | ended
-        n = 0
-        for value in self.slots[:]:
-            if value >= 0 and value >> _ENDED_BITS == key:
-                n += value & _ENDED_MASK
+        n = sum(v & _ENDED_MASK for v in self.slots[:] if v >= 0 and v >> _ENDED_BITS == key)
         return n / self.total
 
     def was_cut(self, key: int) -> bool:

@@ -122,18 +122,15 @@ class RowBuffer:
             return torch.from_numpy(np.stack([getattr(r, name) for r in rows]))
 
         chunked = self.chunk is not None
+        # Per-row version where a remote policy reports one (it may change mid-round).
+        versions = [[r.version if r.version >= 0 else policy_version] * self.num_envs for r in rows]
         return Rollout(
             obs=obs_to_tensor(obs),
             actions=torch.stack([r.actions for r in rows]),
             logprobs=torch.stack([r.logprobs for r in rows]),
             values=torch.stack([r.values for r in rows]).float(),
             **{name: stack(name) for name in _NUMPY_FIELDS},
-            # Per-row version when the policy reports one (a remote policy whose weights may
-            # change mid-round), else the version the round was started with.
-            policy_version=torch.tensor(
-                [[r.version if r.version >= 0 else policy_version] * self.num_envs for r in rows],
-                dtype=torch.long,
-            ),
+            policy_version=torch.tensor(versions, dtype=torch.long),
             stats=stats,
             step_rewards=stack("step_rewards") if chunked else None,
             env_steps=stack("env_steps") if chunked else None,

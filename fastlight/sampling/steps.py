@@ -1,15 +1,11 @@
 """One policy step of a :class:`~fastlight.sampling.collector.Collector` over its active envs, with
 action chunks, and how each env's step is recorded into the Rollout's row.
 
-**Action chunks.** With a policy whose action mapping is chunked
-(:class:`~fastlight.models.action_mapping.ChunkedActionMapping`, ``H`` env actions per call), each
-policy step executes every active env's chunk open-loop, up to ``H`` env steps, and records one
-transition per chunk (``step_rewards``, ``env_steps``: see :mod:`fastlight.rollout`). An env whose
-episode ends inside its chunk stops there and the rest of the chunk is dropped (in ``autoreset`` it
-resets and starts a fresh chunk at the next policy step). Every budget counts env steps, not
-chunks: ``max_horizon`` (the last chunk of a cycle is cut to what is left of it), ``rollout_steps``
-(``ceil(rollout_steps / H)`` policy steps), the episode lengths, the ``step`` index, the DPSA
-threshold's model and the stats' ``raw_steps`` / ``valid_steps``.
+**Action chunks** (:mod:`fastlight.rollout`): each policy step executes every active env's chunk
+open-loop, up to ``H`` env steps; an env whose episode ends inside its chunk drops the rest of it.
+Every budget counts env steps, not chunks: ``max_horizon`` (the last chunk of a cycle is cut to what
+is left of it), ``rollout_steps``, the episode lengths, the ``step`` index, the DPSA threshold's
+model and the stats' ``raw_steps`` / ``valid_steps``.
 """
 
 from __future__ import annotations
@@ -44,11 +40,10 @@ class EnvSteps(EnvResets):
             all_obs = stack_obs(self._obs)
         except ObservationShapeError as e:
             raise self._shape_error(range(self.num_envs), e) from e.__cause__  # numpy's error
+        sel = all_obs
         if len(active) < self.num_envs:
             idx = np.asarray(active)
             sel = {k: v[idx] for k, v in all_obs.items()} if isinstance(all_obs, dict) else all_obs[idx]
-        else:
-            sel = all_obs
         step = torch.tensor([self._eps[i].step for i in active], dtype=torch.long)
         out = policy.act(obs_to_tensor(sel), step=step)
         env_actions = action_to_env(policy, out.actions)
@@ -75,8 +70,7 @@ class EnvSteps(EnvResets):
         ep, env = self._eps[i], self.envs[i]
         rewards: list[float] = []
         info: dict = {}
-        for k in range(min(len(chunk), span)):
-            action = chunk[k]
+        for k, action in enumerate(chunk[:span]):
             t0 = time.perf_counter()
             try:
                 nobs, reward, term, trunc, info = env.step(action.item() if np.ndim(action) == 0 else action)

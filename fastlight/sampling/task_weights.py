@@ -4,9 +4,8 @@ A fixed-capacity shared-memory vector plus a version counter: the trainer writes
 after each update, samplers apply them to their envs (``env.unwrapped.set_task_weights``)
 before their next round. Version 0 means "never set" (envs keep their uniform default).
 
-A Ray sampler actor runs its sampler in a thread of its own process: its copy is in-process
-(``ctx=None``), with no shared memory and no process-shared lock, whose named POSIX semaphore
-(``/dev/shm/sem.mp-*``) a Ray actor ended by ``ray.kill`` would leave behind.
+A Ray sampler actor's copy is in-process (``ctx=None``): a process-shared lock's named POSIX
+semaphore (``/dev/shm/sem.mp-*``) would outlive an actor ended by ``ray.kill``.
 """
 
 from __future__ import annotations

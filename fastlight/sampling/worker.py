@@ -8,17 +8,10 @@ weights, so no round starts on weights older than the current version. While it 
 the next cycle's global reset (:meth:`Collector.reset_ahead`: a reset needs no policy), so in
 ``dpsa``/``sgr`` mode the reset overlaps the trainer's update instead of following it.
 
-What a sampler is given (its config, policy, weight source, heartbeat, stop flag, task weights and
-round signal) comes in one :class:`~fastlight.sampling.bundle.SamplerBundle`; a Ray actor runs the
-same :func:`run_sampler` on its own bundle.
-
-Errors never hang the trainer: a Python exception is sent back with its traceback, and a
-hard crash (segfault, kill) is seen by the trainer through the process's exit code. A sampler
-whose trainer dies exits too (``PR_SET_PDEATHSIG`` plus a parent-pid watchdog).
-
-Each sampler has its own one-writer pipe to the trainer (a sampler killed in the middle of a send
-corrupts nothing the others use) and bumps a shared heartbeat counter on every env step, every
-reset and while it waits: the trainer restarts one whose counter stops (see ``SamplerPool``).
+A Ray actor runs the same :func:`run_sampler` on its own bundle. Errors never hang the trainer: a
+Python exception is sent back with its traceback, a hard crash is seen through the exit code, and a
+sampler whose trainer dies exits too. Each sampler has its own one-writer pipe to the trainer (a
+sampler killed mid-send corrupts nothing the others use).
 """
 
 from __future__ import annotations
@@ -134,10 +127,8 @@ def _loop(bundle: SamplerBundle, collector: Collector, outbox: Handoff) -> None:
     version = -1
     task_version = 0
     resume = cfg.resume
-    # What this sampler acts with, reported with each item for the trainer's DeliveryCheck: a served
-    # policy's weights are the inference worker's (its answers carry their checksum); a copy's checksum
-    # (a strided slice per tensor, small next to a round) is taken after each load, so the trainer alone
-    # chooses the versions it checks.
+    # The weights this sampler acts with, for the trainer's DeliveryCheck: a served policy's are the
+    # inference worker's (its answers carry their checksum); a copy's is taken after each load.
     served, held = isinstance(policy, ServedPolicy), math.nan
     while not stop.is_set():
         latest = weights.version
@@ -168,7 +159,6 @@ def _loop(bundle: SamplerBundle, collector: Collector, outbox: Handoff) -> None:
             if parts[-1].stats.cut_in_flight:
                 break
         valid = sum(p.stats.valid_steps for p in parts)
-        # the valid-step budget of one step
         while valid < cfg.min_valid_steps and not stop.is_set() and not parts[-1].stats.cut_in_flight:
             parts.append(collector.collect(policy, policy_version=version))
             valid += parts[-1].stats.valid_steps
@@ -178,7 +168,6 @@ def _loop(bundle: SamplerBundle, collector: Collector, outbox: Handoff) -> None:
         served_by = ("the inference worker", policy.last_version, policy.last_checksum) if served else None
         item.stats.weights_held = [served_by or (f"sampler {bundle.index}", version, held)]
         outbox.put(("rollout", version, item), stop, beat)
-        # An env's per-episode objects in reference cycles (a highway-env road and its vehicles, made at
-        # every reset) reach the oldest generation, which Python collects only once the objects promoted
-        # there reach a quarter of those it holds: left to it, the dead roads pile up and grow the sampler.
+        # Per-episode reference cycles (a highway-env road) reach the oldest generation, which Python
+        # collects too rarely: left to it, they pile up and grow the sampler.
         gc.collect()
