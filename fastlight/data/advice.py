@@ -1,20 +1,11 @@
 """Advice, once, when the sampling settings waste a run of uneven episodes (FAST §DPSA).
 
-Two ways DPSA's settings go wrong, both visible in the throughput metrics
-(:mod:`fastlight.metrics.throughput`) but easy to miss in a busy log:
-
-- **Cut episodes.** A unified truncation cuts the envs still running. When episode lengths are
-  very uneven (3 and 200 steps), a threshold of 0.5 cuts every long episode as soon as half of
-  the envs were short: ``perf/truncated_episode_share`` reads 0.4-0.5, and the policy sees
-  long-horizon returns only through the critic's bootstrap. (Episodes the env's own time limit
-  ended are not cut: no DPSA setting changes them, ``perf/time_limit_share`` counts them.)
-- **Reset-bound sampling.** Every DPSA/SGR cycle starts with a reset of all its envs. With a slow
-  reset (a scenario load) and short cycles, the samplers spend their time resetting:
-  ``perf/time_efficiency`` near 0.
-
-:class:`SamplingAdvice` sums the counters of the Rollouts a trainer receives and, once enough
-of them are in (:data:`MIN_ROLLOUTS` Rollouts and two episodes per env), warns once for each
-case it sees, naming the setting to change.
+Two ways DPSA's settings go wrong, both visible in the throughput metrics but easy to miss in a log:
+**cut episodes** (a unified truncation cuts the long episodes as soon as the short ones end, so
+their returns are only bootstrapped: ``perf/truncated_episode_share``) and **reset-bound sampling**
+(slow resets and short cycles: ``perf/time_efficiency`` near 0). :class:`SamplingAdvice` sums the
+counters of the Rollouts a trainer receives and, once :data:`MIN_ROLLOUTS` Rollouts and two episodes
+per env are in, warns once for each case it sees, naming the setting to change.
 """
 
 from __future__ import annotations
@@ -61,13 +52,10 @@ class SamplingAdvice:
         if not self.traits.cycles:
             return []  # without cycles nothing is cut and envs reset one at a time
         self.rollouts += 1
-        for e in stats.episodes:
-            self.episodes += 1
-            if e.cut:
-                if e.length >= self.max_horizon:
-                    self.cut_by_horizon += 1
-                else:
-                    self.cut_by_threshold += 1
+        self.episodes += len(stats.episodes)
+        at_horizon = [e.length >= self.max_horizon for e in stats.episodes if e.cut]
+        self.cut_by_horizon += sum(at_horizon)
+        self.cut_by_threshold += len(at_horizon) - sum(at_horizon)
         self.reset_time += stats.reset_time
         self.wall_time += stats.wall_time
         self.step_time += stats.step_time

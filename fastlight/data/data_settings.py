@@ -140,9 +140,7 @@ def threads_line(settings: Mapping[str, Any], threads: int, inference: Inference
     """The line that says how many torch threads the trainer computes on (set by :func:`thread_plan`)."""
     served = inference is not None and inference.threads is not None
     worker = f", the inference worker on {inference.threads}" if served else ""
-    why = (
-        "--data.trainer_threads"
-        if settings["trainer_threads"] is not None
-        else f"the cores its {settings['num_workers']} samplers leave (--data.trainer_threads sets it)"
-    )
+    why = f"the cores its {settings['num_workers']} samplers leave (--data.trainer_threads sets it)"
+    if settings["trainer_threads"] is not None:
+        why = "--data.trainer_threads"
     return f"fastlight: the trainer computes on {threads} torch thread(s){worker}: {why}"

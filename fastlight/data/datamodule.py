@@ -1,13 +1,10 @@
 """``RolloutDataModule``: streams Rollouts from background sampler processes.
 
-``train_dataloader()`` starts ``num_workers`` sampler processes (seeds offset by DDP rank and
-worker index), each stepping its share of the ``num_envs`` clips with a CPU copy of
-the policy. It runs after the module's ``configure_model`` and after a checkpoint is restored,
-so the policy exists and holds its resumed weights by then. Weights reach the samplers through
-the pool's one :class:`~fastlight.weights.publisher.WeightPublisher`, tagged with the module's
-``policy_version``; :meth:`RolloutDataModule.publish` is the one place that calls it.
-``teardown`` and ``on_exception`` stop them, so no child outlives a fit. Why the dataset yields
-step tickets, not Rollouts: :mod:`fastlight.data.tickets`.
+``train_dataloader()`` starts ``num_workers`` sampler processes, each stepping its share of the
+``num_envs`` clips with a CPU copy of the policy; it runs after ``configure_model`` and the checkpoint
+restore, so the policy holds its resumed weights by then. :meth:`RolloutDataModule.publish` is the one
+place weights are published to the samplers. ``teardown`` and ``on_exception`` stop them, so no child
+outlives a fit. Why the dataset yields step tickets, not Rollouts: :mod:`fastlight.data.tickets`.
 """
 
 from __future__ import annotations
@@ -69,62 +66,44 @@ class RolloutDataModule(EnvSizes, L.LightningDataModule):
         env_id: gymnasium id (highway-env ids import ``highway_env`` on demand).
         env_kwargs: keyword arguments for ``gym.make`` (e.g. ``{config: {...}}`` for highway-env).
         env_wrappers: :class:`~fastlight.envs.EnvWrapper` settings or gymnasium wrapper classes applied,
-            in order, around every env the samplers build and the probe env that sizes the policy, e.g.
-            ``gymnasium.wrappers.FlattenObservation`` (a Dict observation for the MLP policy) or the
-            emulated scenario-load latency ``fastlight.envs.ScenarioLoadCost`` (FAST §background).
+            in order, around every env (e.g. ``gymnasium.wrappers.FlattenObservation``, or the emulated
+            scenario-load latency ``fastlight.envs.ScenarioLoadCost``, FAST §background).
         num_envs: environment clips in total per trainer rank, spread over the samplers.
         num_workers: sampler processes per trainer rank.
         reset_mode: how the envs reset (FAST §DPSA;
             :data:`~fastlight.sampling.collector_settings.RESET_MODES` says what each mode is).
         termination_threshold: DPSA unified truncation when this fraction of clips has ended, or
-            ``auto``: each sampler chooses it every cycle for the most valid steps per second with
-            at most 20 % of the episodes cut (:mod:`fastlight.sampling.auto_threshold`;
-            ``perf/termination_threshold`` logs the choice).
+            ``auto``: chosen every cycle (:mod:`fastlight.sampling.auto_threshold`).
         max_horizon: cycle cap in steps (then truncate and bootstrap) in the modes whose rounds are cycles.
         rollout_steps: steps per round in the other modes.
         cycles_per_step: sampling cycles each sampler contributes to one training step.
-        group_size: this many consecutive envs of a sampler start every cycle from the same seed (the
-            same initial state and task), the groups of GRPO (``--model.advantage grpo``). It must
-            divide each sampler's envs (``num_envs / num_workers``); ``dpsa`` / ``sgr`` modes only.
+        group_size: this many consecutive envs of a sampler start every cycle from the same seed, the
+            groups of GRPO; it must divide each sampler's envs; ``dpsa`` / ``sgr`` modes only.
         valid_steps_per_step: if set, every training step's Rollout holds at least this many valid
-            transitions (each sampler collects whole cycles until it has its share), so reset modes
-            compare at equal data per update (FAST §Experiments).
+            transitions, so reset modes compare at equal data per update (FAST §Experiments).
         max_staleness: 0 = strictly on-policy; k = accept data up to k versions old (older data is
             dropped and counted as ``rollout/dropped_stale``).
-        rank_rounds: whether the rank's samplers end their rounds together
-            (:mod:`fastlight.sampling.round_signal`): ``together`` (local fleet only, not reproducible
-            bit for bit): with ``max_staleness: 0`` on DPSA's termination rate over every clip of the
-            rank (FAST §DPSA), above 0 by cutting the other samplers' rounds in flight once a batch is
-            complete (``rollout/cut_in_flight``); ``apart``: each on its own (the same seeds give the
-            same cycles); ``auto`` (default): ``together`` where it can work.
+        rank_rounds: whether the rank's samplers end their rounds ``together`` (local fleet only, not
+            reproducible bit for bit; :mod:`fastlight.sampling.round_signal`) or ``apart``; ``auto``
+            (default): ``together`` where it can work.
         prefetch: super-batches the background prefetcher keeps ready (AcceRL §prefetch).
         trainer_threads: torch intra-op threads of the trainer once its samplers start. ``None``
-            (default): the cores its local samplers leave (:meth:`thread_plan`), at least 1;
-            unchanged when ``OMP_NUM_THREADS`` is set or the fleet is remote (torch's own default,
-            one thread per core, competes with the busy samplers).
-        inference: :class:`~fastlight.inference.InferenceSettings`: one inference worker process
-            holds the policy and serves every sampler (AcceRL §inference); ``None`` (default): each
-            sampler acts with its own CPU copy of the policy.
+            (default): the cores its local samplers leave (:meth:`thread_plan`).
+        inference: :class:`~fastlight.inference.InferenceSettings`: one inference worker serves every
+            sampler (AcceRL §inference); ``None`` (default): each sampler acts with its own policy copy.
         faults: :class:`~fastlight.fleet.faults.FaultSettings`: the rollout timeout, the heartbeat
             and the restart budget of the samplers (and of a CPU inference worker).
         steps_per_epoch: training steps per Lightning epoch (the stream itself never ends).
         seed: base seed of the envs; rank ``r`` worker ``w`` uses ``seed + 10_000 r + 1_000 w``.
             ``None`` (default): the global seed (``--seed_everything``), else 0 (:attr:`env_seed`).
-        nonfinite: a NaN / inf observation or reward: ``raise`` stops the run naming the env, its
-            seed, episode step and field; ``drop`` pads that episode out and counts it as
-            ``rollout/dropped_nonfinite``.
-        start_method: ``spawn``, or ``forkserver`` (forked from a server that has already imported
-            torch, gymnasium and the env package). ``None`` (default): ``forkserver`` when the
-            ``fastlight`` command warmed one (it does for ``fit``), else ``spawn``
-            (:mod:`fastlight.fleet.start`).
+        nonfinite: a NaN / inf observation or reward: ``raise`` stops the run naming the env;
+            ``drop`` pads that episode out and counts it as ``rollout/dropped_nonfinite``.
+        start_method: ``spawn`` or ``forkserver``; ``None`` (default): ``forkserver`` when the
+            ``fastlight`` command warmed one, else ``spawn`` (:mod:`fastlight.fleet.start`).
         fleet: where the samplers run: local processes (:class:`~fastlight.fleet.pool.LocalFleet`,
-            the default) or Ray actors on any node of a cluster
-            (:class:`~fastlight.fleet.ray.fleet.RayFleet`); sampling, staleness, seeds and the restart
-            budget are the same with either.
+            the default) or Ray actors (:class:`~fastlight.fleet.ray.fleet.RayFleet`).
         exact_resume: ``autoreset``: samplers save their envs after every round, so a resume
-            continues their episodes; the rest of an exact resume is always saved
-            (:mod:`fastlight.data.exact_resume`: when "N updates, stop, resume, M more" equals
-            "N + M straight"; a resume says in one line whether it is exact).
+            continues their episodes (:mod:`fastlight.data.exact_resume`).
     """
 
     def __init__(
@@ -230,10 +209,8 @@ class RolloutDataModule(EnvSizes, L.LightningDataModule):
     ) -> tuple[int | None, InferenceSettings | None]:
         """The trainer's torch threads (None: leave them) and the inference settings to start the
         worker with (:func:`~fastlight.data.data_settings.thread_plan`)."""
-        return thread_plan(
-            self.hparams, self.inference, shared_memory=self.fleet.shared_memory, ranks_here=ranks_here,
-            device=device,
-        )
+        kw = dict(shared_memory=self.fleet.shared_memory, ranks_here=ranks_here, device=device)
+        return thread_plan(self.hparams, self.inference, **kw)
 
     @property
     def env_seed(self) -> int:
@@ -327,12 +304,8 @@ class RolloutDataModule(EnvSizes, L.LightningDataModule):
         return rollout
 
     def _check_version_advanced(self, module: RolloutPolicyModule) -> None:
-        """A training step ran on the last Rollout; its update must have advanced the version.
-
-        Samplers load new weights only when ``policy_version`` changes, and with ``max_staleness 0``
-        they start no round until it does: a module that never bumps it would wait
-        ``faults.worker_timeout_s`` for a Rollout that cannot come. Refused here, after the first step.
-        """
+        """A training step ran on the last Rollout; its update must have advanced the version (with
+        ``max_staleness 0`` the samplers start no round until it does)."""
         version = int(module.policy_version)
         if self._handed is None or version != self._handed:
             return
@@ -350,12 +323,9 @@ class RolloutDataModule(EnvSizes, L.LightningDataModule):
             rank_zero_warn(f"{what}: the samplers keep acting with these weights; {todo}")
 
     def publish(self, module: RolloutPolicyModule) -> SyncStats | None:
-        """Make ``module.policy``'s weights current for the samplers, once per version.
-
-        The one place a publish is triggered: right before each batch is taken, i.e. after the
-        previous update's last optimizer step. Returns the publish's :class:`SyncStats` (also kept
-        as :attr:`last_sync`), or None when this version is already out.
-        """
+        """Make ``module.policy``'s weights current for the samplers, once per version (right before
+        each batch is taken). Returns the publish's :class:`SyncStats` (also kept as :attr:`last_sync`),
+        or None when this version is already out."""
         version = int(module.policy_version)
         if self.pool is None or version == self._published:
             return None

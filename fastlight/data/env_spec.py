@@ -53,12 +53,11 @@ class EnvSpec:
         base = env.unwrapped
         table = base.instruction_table if isinstance(base, InstructedEnv) else None
         spaces = describe_spaces(obs_space, act_space)
-        if isinstance(act_space, gym.spaces.Discrete):
-            return EnvSpec(obs_dim, int(act_space.n), False, obs_space, table, spaces)
-        if isinstance(act_space, gym.spaces.Box):
-            return EnvSpec(obs_dim, int(math.prod(act_space.shape)), True, obs_space, table, spaces)
-        # MultiDiscrete / MultiBinary (describe_spaces refused the others): the entries of one action.
-        return EnvSpec(obs_dim, int(math.prod(act_space.shape)), False, obs_space, table, spaces)
+        # Box, MultiDiscrete, MultiBinary (describe_spaces refused the others): the entries of one action.
+        discrete = isinstance(act_space, gym.spaces.Discrete)
+        action_dim = int(act_space.n) if discrete else int(math.prod(act_space.shape))
+        continuous = isinstance(act_space, gym.spaces.Box)
+        return EnvSpec(obs_dim, action_dim, continuous, obs_space, table, spaces)
 
 
 class EnvSizes:
@@ -114,6 +113,4 @@ def env_spec_of(
 def task_names_of(env: gym.Env) -> tuple[str, ...] | None:
     """The task names of a multi-task env (one that takes task weights), else None."""
     base = env.unwrapped
-    if not isinstance(base, MultiTaskEnv):
-        return None
-    return tuple(str(n) for n in base.task_names)
+    return tuple(str(n) for n in base.task_names) if isinstance(base, MultiTaskEnv) else None

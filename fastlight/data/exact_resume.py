@@ -135,16 +135,8 @@ def restore_exact(
     if mine is not None:
         set_rng_states(mine["rng"])
         states, unsigned = states_from_plain(mine["samplers"])
-    saved_ranks = len(saved) if isinstance(saved, list) else None
-    why = not_exact(
-        hparams,
-        states,
-        saved_ranks=saved_ranks,
-        ranks=size,
-        rank_rounds=rank_rounds,
-        local=local,
-        unsigned=unsigned,
-    )
+    kw = dict(ranks=size, rank_rounds=rank_rounds, local=local, unsigned=unsigned)
+    why = not_exact(hparams, states, saved_ranks=len(saved) if isinstance(saved, list) else None, **kw)
     rank_zero_info(
         "fastlight: resumed as an exact continuation (the trainer's RNG, each sampler's seeds and envs)"
         if not why

@@ -1,17 +1,10 @@
 """Background prefetcher: super-batches are assembled off the training step's critical path.
 
-AcceRL §prefetch: a producer thread inside the trainer pulls sampler items, tensorises them and
-stacks ``rollouts_per_step`` of them into a super-batch, keeping up to ``depth`` ready. The
-training step only takes a ready batch; the time it waits is reported as
-``perf/data_wait_ms`` and should be near zero when sampling keeps up.
-
-With ``cut_in_flight`` (an asynchronous run whose ``--data.rank_rounds`` are together) a completed
-batch also takes the rounds the other samplers were sampling, cut at their next step, for at most
-``CUT_WAIT_S`` (:mod:`fastlight.sampling.round_signal`).
-
-Staleness is checked twice: items older than the bound are dropped when they arrive, and a
-ready batch that went stale while it waited (the trainer updated meanwhile) is dropped when
-it is taken. Both are counted.
+AcceRL §prefetch: a producer thread inside the trainer stacks ``rollouts_per_step`` sampler items
+into a super-batch, keeping up to ``depth`` ready; the training step's wait is ``perf/data_wait_ms``.
+With ``cut_in_flight`` a completed batch also takes the other samplers' rounds, cut at their next
+step (:mod:`fastlight.sampling.round_signal`). Staleness is checked twice, both drops counted: when
+an item arrives, and when a ready batch is taken (the trainer may have updated meanwhile).
 """
 
 from __future__ import annotations
@@ -42,8 +35,7 @@ class Prefetcher:
         max_staleness: drop data more than this many versions old.
         depth: ready super-batches kept (``prefetch``).
         cut_in_flight: called once a batch has its ``items_per_batch`` items; what it returns
-            (the other samplers' rounds, cut) joins the batch. ``None``: batches of
-            ``items_per_batch`` items.
+            (the other samplers' rounds, cut) joins the batch.
     """
 
     def __init__(

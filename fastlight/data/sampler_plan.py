@@ -26,12 +26,8 @@ def resolve_rank_rounds(settings: Mapping[str, Any], fleet: Fleet) -> Literal["t
     :mod:`fastlight.sampling.round_signal`) and ``apart`` elsewhere; a ``together`` that cannot work is
     refused, naming the setting in the way."""
     value = settings["rank_rounds"]
-    blockers = together_blockers(
-        reset_mode=settings["reset_mode"],
-        max_staleness=settings["max_staleness"],
-        termination_threshold=settings["termination_threshold"],
-        cycles_per_step=settings["cycles_per_step"],
-    )
+    names = ("reset_mode", "max_staleness", "termination_threshold", "cycles_per_step")
+    blockers = together_blockers(**{k: settings[k] for k in names})
     if value == "apart" or (value == "auto" and (blockers or not fleet.shared_memory)):
         return "apart"
     if not fleet.shared_memory:
