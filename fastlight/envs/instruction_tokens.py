@@ -1,17 +1,11 @@
 """A local word-level tokenizer for task instructions, and fixed-length encoding of instructions.
 
-VLA policies (AcceRL fine-tunes OpenVLA-OFT) read a natural-language instruction next to the
-image. Without network access we cannot fetch a pretrained tokenizer, so
 :func:`build_word_tokenizer` builds a ``tokenizers`` WordLevel vocabulary over the instruction set
 (lower-cased, whitespace/punctuation split) with special tokens ``[PAD]=0``, ``[UNK]=1``,
-``[BOS]=2``; every encoding starts with ``[BOS]``.
-
-:func:`encode_words` turns sentences into right-padded ``ids [N, L]`` and ``mask [N, L]`` (1 = real
-token), the ``instruction_ids`` / ``instruction_mask`` observation keys of
-:class:`fastlight.vla.policy.VLAPolicy`: the ids a ``transformers`` ``PreTrainedTokenizerFast`` over
-the same tokenizer gives, without importing ``transformers`` (nor the PIL and Hugging Face hub
-modules it pulls in) into a sampler that only steps envs. ``tokenizer.decode(ids,
-skip_special_tokens=True)`` reads them back.
+``[BOS]=2``; every encoding starts with ``[BOS]``. :func:`encode_words` turns sentences into the
+``instruction_ids`` / ``instruction_mask`` observation keys of :class:`fastlight.vla.policy.VLAPolicy`,
+the ids a ``transformers`` ``PreTrainedTokenizerFast`` would give, without importing ``transformers``
+into a sampler that only steps envs.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """The language instruction of each Meta-World task, and the one vocabulary that encodes them.
 
 AcceRL's VLA reads a natural-language instruction next to the camera frame (§experiments, MT10).
-:data:`INSTRUCTIONS` holds one sentence per MT10 task; other task names get their name as the
-sentence (:func:`instruction_for`). :func:`instruction_words` builds the local WordLevel
-tokenizer of :mod:`fastlight.envs.instruction_tokens` (which owns tokenisation and encoding) over every known
-sentence, once per process, so ids agree across envs and processes whatever tasks they run; it needs
-``tokenizers`` only (a sampler stays free of ``transformers``).
+:data:`INSTRUCTIONS` holds one sentence per MT10 task (:func:`instruction_for` for the others);
+:func:`instruction_words` builds the tokenizer over every known sentence, once per process, so ids
+agree across envs and processes whatever tasks they run.
 
 An env that emits its instructions as token ids declares them with an ``instruction_table``
 attribute (:class:`InstructionTable`: every row it can emit and its sentence), so that a policy

@@ -18,36 +18,23 @@ Meta-World tasks behind a single gymnasium env:
       instruction_ids   int64 [L]           the task's sentence, tokenized (``[BOS]`` first),
       instruction_mask  int64 [L]           right-padded to ``L = max_text_len``; 1 = real token
 
-  The sentences (:data:`INSTRUCTIONS`, one per MT10 task; other task names get their name as
-  the sentence) are tokenized by the local WordLevel tokenizer of
-  :mod:`fastlight.envs.instruction_tokens`, built in memory over every known sentence, so ids agree across
-  envs and processes whatever ``tasks`` they run. The env encodes with the ``tokenizers`` package
-  alone, so a sampler that only steps envs never imports ``transformers``;
-  ``env.unwrapped.instruction_table`` holds every sentence with its ids;
+  The sentences (:data:`INSTRUCTIONS`; other task names are their own sentence) are tokenized by
+  the WordLevel tokenizer of :mod:`fastlight.envs.instruction_tokens`, built over every known
+  sentence, so ids agree across envs and processes; ``env.unwrapped.instruction_table`` holds every
+  sentence with its ids;
 - actions ``Box(-1, 1, (4,))``: hand xyz displacement and gripper effort;
 - the episode *terminates* on ``info["success"]`` (``terminate_on_success``) and is
-  *truncated* after ``max_path_length`` steps (default 200, not Meta-World's 500, to keep CPU
-  runs short; reach usually succeeds well within 200 steps when it succeeds at all);
+  *truncated* after ``max_path_length`` steps (default 200, not Meta-World's 500);
 - ``info`` carries ``success`` (bool) and ``task_id`` (index into ``env.unwrapped.task_names``)
   at reset and at every step, plus Meta-World's own step metrics.
 
-**One model per task and process.** The Meta-World object of each task (its MuJoCo model and its
-renderer) is built once per process, on first use, and shared by every env of the process that
-plays the task; each env keeps its own state of the task it plays (simulation data, the object's
-attributes, the model arrays a reset rewrites) and swaps it in around each ``reset`` / ``step`` /
-``render`` (:mod:`fastlight.envs.metaworld_sims`). An MT10 sampler of 8 envs so holds 10 models,
-not 80, and each env plays exactly the episodes an object of its own per task would (the same
-seeds give the same observations, rewards and endings, bitwise). Envs may be reset and stepped
-from any threads: a task's state swaps happen under that task's lock. With a free camera
-(``camera_name=None``) the view centres on the scene of the first frame the process draws of the
-task.
+**One model per task and process** (:mod:`fastlight.envs.metaworld_sims`): every env of a process
+that plays a task shares its Meta-World object and swaps its own state in around each ``reset`` /
+``step`` / ``render``, playing bitwise the episodes an object of its own would. With a free camera
+(``camera_name=None``) the view centres on the scene of the first frame the process draws of the task.
 
-Rendering is offscreen MuJoCo (:mod:`fastlight.envs.rendering`). The backend is ``MUJOCO_GL``,
-which this library never sets: the ``fastlight`` command, the Makefile and the tests set ``egl``
-(on a CPU-only machine EGL runs on Mesa's llvmpipe); an env with ``image=True`` refuses to start
-while it is unset. ``fast_render`` turns off shadows and multisampling, which on llvmpipe cost
-~95% of a 64x64 frame (about 180 ms -> 10 ms). Meta-World's cameras render upside down;
-``flip_image`` turns the frame upright.
+Rendering is offscreen MuJoCo (:mod:`fastlight.envs.rendering`) on the ``MUJOCO_GL`` backend, which
+this library never sets; an env with ``image=True`` refuses to start while it is unset.
 
 Task names and goals live in :mod:`fastlight.envs.metaworld_tasks`, the instructions and their
 vocabulary in :mod:`fastlight.envs.instructions`, the gymnasium ids in
@@ -64,19 +51,9 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from fastlight.envs.instructions import (
-    INSTRUCTIONS,
-    InstructionTable,
-    instruction_for,
-    instruction_words,
-)
+from fastlight.envs.instructions import INSTRUCTIONS, InstructionTable, instruction_for, instruction_words
 from fastlight.envs.metaworld_sims import SimKey, SimState, TaskSim, acquire, release
-from fastlight.envs.metaworld_tasks import (
-    MT10_TASKS,
-    STATE_DIM,
-    goal_variations,
-    parse_tasks,
-)
+from fastlight.envs.metaworld_tasks import MT10_TASKS, STATE_DIM, goal_variations, parse_tasks
 from fastlight.envs.registry import register_envs
 from fastlight.envs.rendering import render_offscreen, require_gl_backend
 
@@ -106,22 +83,19 @@ class MetaWorldEnv(gym.Env):
         max_text_len: instruction length ``L`` (must fit the longest sentence plus ``[BOS]``).
         max_path_length: steps before truncation.
         terminate_on_success: end the episode (``terminated``) at the first success.
-        reward: ``"dense"``: Meta-World's shaped reward (0..10 per step) x ``reward_scale``;
-            ``"success"``: ``reward_scale`` at the step that first succeeds, else 0 (the outcome
-            reward VLA RL uses; with ``terminate_on_success`` the dense reward would pay a policy
-            for lingering near the goal instead of finishing);
-            ``"dense_success"``: the shaped reward, plus, at a success that ends the episode, the
-            most the remaining steps could have paid (``10 x steps left``), so that finishing
-            early is never worth less than hovering next to the goal; all x ``reward_scale``.
+        reward: ``"dense"``: Meta-World's shaped reward (0..10 per step); ``"success"``: 1 at the
+            step that first succeeds, else 0 (the outcome reward of VLA RL); ``"dense_success"``:
+            the shaped reward plus, at a success that ends the episode, ``10 x steps left``, so
+            finishing early is never worth less than hovering next to the goal.
         reward_scale: multiplies the reward.
         goal_seed: seed of the 50 goal variations per task (shared by every env and worker).
-        fast_render: no shadows / multisampling (about 18x faster on a CPU renderer).
+        fast_render: no shadows / multisampling (much faster on a CPU renderer).
         flip_image: turn Meta-World's upside-down frames upright.
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 80}
     #: Share each task's Meta-World object with the process's other envs; ``False`` builds one per
-    #: env and task (the behaviour before sharing: the tests' reference).
+    #: env and task (the tests' reference).
     _share_models = True
 
     def __init__(
@@ -166,9 +140,8 @@ class MetaWorldEnv(gym.Env):
         self.task_weights = np.full(len(self.task_names), 1.0 / len(self.task_names))
         self.observation_space = self._observation_space()
         self.action_space = gym.spaces.Box(-1.0, 1.0, (4,), dtype=np.float32)
-        # The simulations of the tasks this env has met, taken on first use (probe envs never
-        # start MuJoCo), and its state of the task it plays (of each task it met, with
-        # _share_models off); given back at close() or when the env is collected.
+        # The simulations of the tasks this env has met, taken on first use (probe envs never start
+        # MuJoCo), and its states of them; given back at close() or when the env is collected.
         self._sims: dict[str, TaskSim] = {}
         self._states: dict[str, SimState] = {}
         weakref.finalize(self, _release, self._sims, self._states).atexit = False
@@ -176,7 +149,6 @@ class MetaWorldEnv(gym.Env):
         self._state: np.ndarray | None = None
         self._succeeded = False
 
-    # ------------------------------------------------------------------ construction
     def _encode(self, max_text_len: int) -> tuple[np.ndarray, np.ndarray]:
         from fastlight.envs.instruction_tokens import encode_words
 
@@ -207,13 +179,8 @@ class MetaWorldEnv(gym.Env):
         if state is None:
             sim = self._sims.get(name)
             if sim is None:
-                key = SimKey(
-                    name,
-                    "rgb_array" if self.image else None,
-                    self.camera_name,
-                    self.image_size,
-                    self.fast_render,
-                )
+                mode = "rgb_array" if self.image else None
+                key = SimKey(name, mode, self.camera_name, self.image_size, self.fast_render)
                 sim = self._sims[name] = acquire(key, share=self._share_models)
             if self._share_models:
                 _drop_states(self._states)
@@ -221,7 +188,6 @@ class MetaWorldEnv(gym.Env):
             state.attrs["max_path_length"] = self.max_path_length  # its own step guard must not fire first
         return state.sim.use(state)
 
-    # ------------------------------------------------------------------ task sampling (DWR)
     def set_task_weights(self, weights: Sequence[float]) -> None:
         """Sampling weights of the tasks (normalised here); AcceRL's DWR sets them from failure rates."""
         w = np.asarray(weights, dtype=np.float64)
@@ -253,7 +219,6 @@ class MetaWorldEnv(gym.Env):
         """Every instruction row this env emits (one per task) and its sentence."""
         return InstructionTable(self.instructions, self._ids.copy(), self._mask.copy())
 
-    # ------------------------------------------------------------------ gymnasium API
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
         forced = (options or {}).get("task_id")

@@ -1,10 +1,9 @@
 """One Meta-World simulation per task and process, shared by every :class:`MetaWorldEnv` there.
 
-A Meta-World env object owns a compiled MuJoCo model of about 21 MB (meshes, their BVH trees,
-textures); an MT10 sampler with 8 envs that each built their own per task held 80 of them (about
-2 GB). Here a process builds one :class:`TaskSim` per task (and render settings), on first use, and
-keeps it while an env that has played the task is open. Each env keeps only its own *state* of the
-task it plays (a :class:`SimState`, about 0.6 MB):
+A Meta-World env object owns a compiled MuJoCo model (meshes, their BVH trees, textures). Here a
+process builds one :class:`TaskSim` per task (and render settings), on first use, and keeps it while
+an env that has played the task is open. Each env keeps only its own *state* of the task it plays
+(a :class:`SimState`):
 
 - its own ``MjData`` (a bitwise copy of the freshly built one: the whole simulation state);
 - its own Python attributes of the Meta-World object (goal, initial positions, step counter,
@@ -23,12 +22,11 @@ same MuJoCo calls), with one model per task.
 
 An env that switches task (always at a reset) drops its state of the old task and starts the new
 one from a fresh state. That equals resuming an object that played the task before because a
-Meta-World v3 reset sets everything a later step reads: it resets the ``MjData``
-(``mj_resetData``), then re-places the objects and goal from the task's data, and re-sets every
-attribute it reads; the tests check it, bitwise, for every MT10 task, against one object per env
-and task kept across episodes (``MetaWorldEnv._share_models = False``, the behaviour before).
+Meta-World v3 reset sets everything a later step reads (``mj_resetData``, then the objects, the goal
+and every attribute it reads); the tests check it, bitwise, for every MT10 task, against one object
+per env and task (``MetaWorldEnv._share_models = False``).
 
-A state-only simulation (no rendering) compiles its model without textures (15 MB instead of 21).
+A state-only simulation (no rendering) compiles its model without textures.
 
 What this relies on, and checks: a state is only read or changed inside ``use`` (the
 :class:`MetaWorldEnv` never hands the Meta-World object out), under the task's lock, so envs may
@@ -88,8 +86,7 @@ class TaskSim:
     """One Meta-World env object (one MuJoCo model, one renderer) and the states that use it.
 
     ``private=True`` is one env's own object with one state, the object's own attributes and data
-    (nothing copied): one object per env and task, the behaviour before sharing, kept as the
-    reference the tests compare against.
+    (nothing copied): one object per env and task, the reference the tests compare against.
     """
 
     def __init__(self, key: SimKey, *, private: bool = False) -> None:
@@ -100,9 +97,8 @@ class TaskSim:
         if key.render_mode is None and not private:
             cls = _textureless(cls)
         with GL_LOCK:  # MuJoCo model compilation, kept out of concurrent renders
-            env = cls(
-                render_mode=key.render_mode, camera_name=key.camera_name, width=key.size, height=key.size
-            )
+            size = key.size
+            env = cls(render_mode=key.render_mode, camera_name=key.camera_name, width=size, height=size)
         if key.fast_render:  # before the first render creates the GL context
             env.model.vis.quality.shadowsize = 0
             env.model.vis.quality.offsamples = 0
@@ -125,7 +121,6 @@ class TaskSim:
         }
         env.__dict__ = dict(env.__dict__)  # the object's own dict from here on is a throwaway
 
-    # ------------------------------------------------------------------ states
     def new_state(self) -> SimState:
         """A state as a newly built Meta-World object has it (the private sim's: the object's own)."""
         fields = {name: value.copy() for name, value in self._fresh_fields.items()}
@@ -209,10 +204,9 @@ _TEXTURELESS: dict[type, type] = {}
 def _textureless(cls: type) -> type:
     """The Meta-World class ``cls`` compiling its model without textures, for state-only envs.
 
-    Textures are 6 of a Sawyer model's 21 MB and only rendering reads them (through materials):
-    every other model array is the same (``tests/envs/test_metaworld.py`` compares them, and the
-    episodes, with the full model's). A subclass, so Meta-World's ``isinstance`` check of its task
-    data still holds; it keeps the class's name, which Meta-World reports as ``task_name``.
+    Only rendering reads textures (through materials): every other model array is the same
+    (``tests/envs/test_metaworld.py`` compares them). A subclass, so Meta-World's ``isinstance``
+    check of its task data still holds; it keeps the class's name (Meta-World's ``task_name``).
     """
     sub = _TEXTURELESS.get(cls)
     if sub is None:

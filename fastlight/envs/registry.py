@@ -20,18 +20,8 @@ from fastlight.envs.metaworld_tasks import MT10_TASKS
 from fastlight.extras import MissingExtraError
 
 #: Packages that register gymnasium ids when imported, keyed by id prefix.
-_REGISTERING_PACKAGES = {
-    "highway": "highway_env",
-    "merge": "highway_env",
-    "roundabout": "highway_env",
-    "intersection": "highway_env",
-    "racetrack": "highway_env",
-    "parking": "highway_env",
-    "exit": "highway_env",
-    "two-way": "highway_env",
-    "lane-keeping": "highway_env",
-    "u-turn": "highway_env",
-}
+_HIGHWAY_PREFIXES = "highway merge roundabout intersection racetrack parking exit two-way lane-keeping u-turn"
+_REGISTERING_PACKAGES = dict.fromkeys(_HIGHWAY_PREFIXES.split(), "highway_env")
 
 
 def register_envs() -> None:
@@ -65,9 +55,7 @@ def check_env_id(env_id: str, *, flag: str = "--data.env_id") -> None:
         return
     close = difflib.get_close_matches(env_id, list(gym.registry.keys()), n=5, cutoff=0.5)
     hint = f"; did you mean one of {close}?" if close else ""
-    if "/" in env_id:
-        # A namespaced id of the user's own package is registered when that package is imported:
-        # gymnasium's module syntax imports it first.
+    if "/" in env_id:  # a user's package registers its namespaced ids when imported
         package = env_id.split("/", 1)[0]
         own = f"; an env your package registers on import is named as {package}:{env_id} (module:id)"
         hint = own + hint

@@ -1,14 +1,8 @@
 """Offscreen MuJoCo rendering that is safe with several envs and threads in one process.
 
-AcceRL's VLA sees a camera frame every step (§experiments, MT10), and fastlight's Collector
-resets envs on a thread pool, so every frame of every env must be drawn with its own OpenGL
-context, whichever thread asks. :func:`render_offscreen` does that under :data:`GL_LOCK`.
-
-The OpenGL backend is MuJoCo's ``MUJOCO_GL`` environment variable, read when the first frame's
-context is created. The library never sets it: the ``fastlight`` command, the Makefile and the
-test suite set ``egl`` (on a CPU-only machine EGL runs on Mesa's llvmpipe). Left unset, MuJoCo
-tries GLFW first, which needs a display: on a headless machine the GLFW errors are only warnings
-and the frame fails later with "an OpenGL platform library has not been loaded".
+The OpenGL backend is MuJoCo's ``MUJOCO_GL`` environment variable, which the library never sets
+(the ``fastlight`` command, the Makefile and the test suite set ``egl``). Left unset, MuJoCo tries
+GLFW, whose failure on a headless machine surfaces only at the first frame:
 :func:`require_gl_backend` turns that into an early error that names the variable.
 """
 

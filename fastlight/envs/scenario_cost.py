@@ -1,10 +1,8 @@
 """``ScenarioLoadCost``: an emulated scenario-load latency on ``reset()``, as an env wrapper.
 
-highway-env resets in about 5 ms; the driving simulators FAST targets reload HD maps and
-rebuild traffic on every reset, which takes seconds (FAST §background). This wrapper adds a
-clearly labelled, configurable wall-clock sleep to ``reset()`` so that the cost structure of
-that setting can be reproduced. A sleep models I/O-bound loading: it uses no CPU, and resets
-of several envs in one sampler overlap (the Collector resets them on a thread pool).
+The driving simulators FAST targets reload HD maps and rebuild traffic on every reset, which takes
+seconds (FAST §background). This wrapper adds a configurable wall-clock sleep to ``reset()`` to
+reproduce that cost; a sleep models I/O-bound loading (no CPU; resets of one sampler overlap).
 
 It is part of the env spec: ``--data.env_wrappers [{class_path: fastlight.envs.ScenarioLoadCost,
 init_args: {seconds: 0.2}}]``; benchmarks wrap their own envs with ``ScenarioLoadCost(seconds=s).wrap(env)``.

@@ -2,11 +2,10 @@
 
 ``--data.env_wrappers`` lists them (``class_path`` + ``init_args``), e.g.
 ``[{class_path: fastlight.envs.ScenarioLoadCost, init_args: {seconds: 0.2}}]``. An ``EnvWrapper``
-is the wrapper's *settings*: a small picklable object that the samplers receive and apply, in
-order, to each env they make (first in the list = innermost), and so does the DataModule's probe
-env, so the sizes linked to the policy are those of the wrapped env. A gymnasium wrapper class is
-one too (``{class_path: gymnasium.wrappers.FlattenObservation}``, its other arguments in
-``init_args``): jsonargparse makes it a ``functools.partial`` awaiting the env.
+is the wrapper's picklable *settings*, applied in order (first in the list = innermost) to each env
+the samplers make and to the DataModule's probe env. A gymnasium wrapper class is one too
+(``{class_path: gymnasium.wrappers.FlattenObservation}``): jsonargparse makes it a
+``functools.partial`` awaiting the env.
 """
 
 from __future__ import annotations
