@@ -44,14 +44,7 @@ def gipo_loss(
     """
     if not sigma > 0:
         raise ValueError(f"sigma must be > 0, got {sigma}")
-    log_r, adv = policy_terms(
-        logprobs=logprobs,
-        old_logprobs=old_logprobs,
-        advantages=advantages,
-        valid=valid,
-        granularity=granularity,
-        tokens_per_action=tokens_per_action,
-    )
+    log_r, adv = policy_terms(logprobs, old_logprobs, advantages, valid, granularity, tokens_per_action)
     weight = (-0.5 * (log_r.detach() / sigma).square()).exp()
     loss = masked_mean(-weight * log_r.exp() * adv, valid, count=count)
     info = ratio_diagnostics(log_r=log_r.detach(), valid=valid, clip_eps=clip_eps, count=count)

@@ -7,10 +7,6 @@ number of *valid* transitions,
 
 so DPSA dummy steps and padding have exactly zero effect on the value *and* the gradient.
 
-``RLModule`` keeps only the valid transitions before it builds its minibatches (on that path the
-selection *is* the SMPO normalisation); the mask matters where padding is still present (GAE, advantage
-normalisation, explained variance over ``[T, E]``, a caller passing padded tensors to a loss).
-
 Shape contract shared by every function here: ``mask`` is a ``bool`` tensor whose shape equals
 ``x.shape`` or a prefix of it (``mask [N]`` with ``x [N, K]`` masks whole rows and broadcasts
 over ``K``). A wrong shape or dtype raises ``ValueError`` naming both shapes.
@@ -27,14 +23,7 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = [
-    "check_mask",
-    "expand_mask",
-    "masked_mean",
-    "masked_sum",
-    "masked_var",
-    "zero_invalid",
-]
+__all__ = ["check_mask", "expand_mask", "masked_mean", "masked_sum", "masked_var", "zero_invalid"]
 
 
 def check_mask(x: Tensor, mask: Tensor, *, x_name: str = "x", mask_name: str = "mask") -> None:
@@ -50,13 +39,7 @@ def check_mask(x: Tensor, mask: Tensor, *, x_name: str = "x", mask_name: str = "
 
 def expand_mask(mask: Tensor, x: Tensor) -> Tensor:
     """View of ``mask`` broadcast to ``x.shape`` (trailing singleton axes added); no copy."""
-    view = mask.reshape(*mask.shape, *([1] * (x.ndim - mask.ndim)))
-    return view.expand_as(x)
-
-
-def _elements_per_entry(x: Tensor, mask: Tensor) -> int:
-    # Each mask entry covers this many elements of x (1 when the shapes are equal).
-    return math.prod(x.shape[mask.ndim :])
+    return mask.reshape(*mask.shape, *([1] * (x.ndim - mask.ndim))).expand_as(x)
 
 
 def zero_invalid(x: Tensor, mask: Tensor) -> Tensor:
@@ -91,10 +74,9 @@ def masked_mean(x: Tensor, mask: Tensor, *, count: Tensor | float | None = None)
     as 1 (the numerator is then 0 too).
     """
     total = masked_sum(x, mask)
-    per_entry = _elements_per_entry(x, mask)
+    per_entry = math.prod(x.shape[mask.ndim :])  # elements of x per mask entry
     if count is None:
-        denom = (mask.sum() * per_entry).clamp_min(1).to(total.dtype)
-        return total / denom
+        return total / (mask.sum() * per_entry).clamp_min(1).to(total.dtype)
     count_t = torch.as_tensor(count, dtype=total.dtype, device=total.device)
     # Fractional counts are legitimate here (global_count / W), so only a zero is guarded.
     count_t = torch.where(count_t > 0, count_t, torch.ones_like(count_t))

@@ -42,14 +42,7 @@ def ppo_clip_loss(
     """
     if clip_eps <= 0:
         raise ValueError(f"clip_eps must be > 0, got {clip_eps}")
-    log_r, adv = policy_terms(
-        logprobs=logprobs,
-        old_logprobs=old_logprobs,
-        advantages=advantages,
-        valid=valid,
-        granularity=granularity,
-        tokens_per_action=tokens_per_action,
-    )
+    log_r, adv = policy_terms(logprobs, old_logprobs, advantages, valid, granularity, tokens_per_action)
     ratio = log_r.exp()
     surrogate = torch.minimum(ratio * adv, ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps) * adv)
     loss = masked_mean(-surrogate, valid, count=count)

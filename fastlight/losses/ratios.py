@@ -33,12 +33,15 @@ Granularity = Literal["token", "action", "chunk"]
 GRANULARITIES: tuple[str, ...] = get_args(Granularity)
 
 
+def _check_pair(logprobs: Tensor, old_logprobs: Tensor) -> None:
+    if logprobs.shape != old_logprobs.shape:
+        raise ValueError(
+            f"logprobs shape {tuple(logprobs.shape)} != old_logprobs shape {tuple(old_logprobs.shape)}"
+        )
+
+
 def log_ratio(
-    *,
-    logprobs: Tensor,
-    old_logprobs: Tensor,
-    granularity: str = "token",
-    tokens_per_action: int = 1,
+    *, logprobs: Tensor, old_logprobs: Tensor, granularity: str = "token", tokens_per_action: int = 1
 ) -> Tensor:
     """``log r`` at the requested granularity (AcceRL §token-level ratios).
 
@@ -50,10 +53,7 @@ def log_ratio(
         raise ValueError(f"granularity must be one of token | action | chunk, got {granularity!r}")
     if tokens_per_action < 1:
         raise ValueError(f"tokens_per_action must be >= 1, got {tokens_per_action}")
-    if logprobs.shape != old_logprobs.shape:
-        raise ValueError(
-            f"logprobs shape {tuple(logprobs.shape)} != old_logprobs shape {tuple(old_logprobs.shape)}"
-        )
+    _check_pair(logprobs, old_logprobs)
     if logprobs.ndim not in (1, 2):
         raise ValueError(f"logprobs must be [N] or [N, K], got shape {tuple(logprobs.shape)}")
     diff = logprobs - old_logprobs
@@ -73,7 +73,6 @@ def log_ratio(
 
 
 def policy_terms(
-    *,
     logprobs: Tensor,
     old_logprobs: Tensor,
     advantages: Tensor,
@@ -91,10 +90,7 @@ def policy_terms(
     Inputs are zeroed in padded slots *before* any arithmetic, so NaN/inf garbage there never
     reaches the value or the gradient (a row mask cannot save ``0·NaN`` after the fact).
     """
-    if logprobs.shape != old_logprobs.shape:
-        raise ValueError(
-            f"logprobs shape {tuple(logprobs.shape)} != old_logprobs shape {tuple(old_logprobs.shape)}"
-        )
+    _check_pair(logprobs, old_logprobs)
     check_mask(logprobs, valid, x_name="logprobs", mask_name="valid")
     # Both log-probs are 0 in padded slots, so log r is exactly 0 there at every granularity.
     lp = zero_invalid(logprobs, valid)

@@ -45,16 +45,8 @@ def sapo_loss(
         raise ValueError(f"tau_pos must be > 0, got {tau_pos}")
     if not tau_neg > 0:
         raise ValueError(f"tau_neg must be > 0, got {tau_neg}")
-    log_r, adv = policy_terms(
-        logprobs=logprobs,
-        old_logprobs=old_logprobs,
-        advantages=advantages,
-        valid=valid,
-        granularity=granularity,
-        tokens_per_action=tokens_per_action,
-    )
-    # Build τ in the inputs' dtype: torch.where on Python floats gives float32, which would turn
-    # τ_neg = 1.05 into 1.0499999523 for float64 inputs.
+    log_r, adv = policy_terms(logprobs, old_logprobs, advantages, valid, granularity, tokens_per_action)
+    # τ in the inputs' dtype: torch.where on Python floats gives float32 (1.05 -> 1.0499999523).
     pos = torch.tensor(tau_pos, dtype=log_r.dtype, device=log_r.device)
     neg = torch.tensor(tau_neg, dtype=log_r.dtype, device=log_r.device)
     tau = torch.where(adv > 0, pos, neg)
