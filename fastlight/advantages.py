@@ -122,16 +122,8 @@ def masked_gae(
     of a possibly-garbage slot goes through ``torch.where``. Vectorised over ``E``; the loop runs
     over ``T`` only. Raises ``ValueError`` on a shape/dtype mismatch or a broken episode structure.
     """
-    fields = {
-        "rewards": rewards,
-        "values": values,
-        "bootstrap_values": bootstrap_values,
-        "terminated": terminated,
-        "truncated": truncated,
-        "valid": valid,
-    }
-    if discounts is not None:
-        fields["discounts"] = discounts
+    # The tensor arguments, by name in signature order (discounts only when given).
+    fields = {name: t for name, t in locals().items() if isinstance(t, Tensor)}
     _check_gae_inputs(fields, gamma, lam)
     _check_episode_structure(terminated, truncated, valid)
     done = terminated | truncated
@@ -206,10 +198,8 @@ def group_relative_advantages(
     """GRPO's advantages (Shao et al., 2024, §4.1.2 outcome supervision; SimpleVLA-RL and RLinf's VLA RL):
     each clip's return (its valid rewards, undiscounted) minus the mean over its group, over the
     group's standard deviation, on every valid step of the clip, scaled by ``mean clip length / its
-    length``. GRPO's objective averages over each output's tokens, then over the outputs; the SMPO mean
-    over all valid steps (FAST §SMPO) equals that with this scale. Without it, a long clip weighs more:
-    where an episode ends at success, the failures that run to the time limit outweigh the successes
-    of their group, and the update pushes down what both did alike.
+    length``: GRPO's objective averages over each output's tokens, then over the outputs, which the
+    SMPO mean over all valid steps (FAST §SMPO) equals with this scale.
 
     Shapes: ``[T, E]`` each. A column holds one clip per sampling cycle (each ends with a done step,
     as ``Rollout.validate`` asks), and a group is ``group_size`` consecutive columns whose clips of one
@@ -250,12 +240,9 @@ def group_step_advantages(
     of the other clips of its group at the same step of theirs (RLOO's leave-one-out baseline, Kool et
     al., 2019, taken per step as GiGPO's step-level groups, Feng et al., 2025, §3.2).
 
-    The clips of a group start from one seed (``--data.group_size``), and where the policy's samples
-    move its clips apart only a little, the others at step ``t`` stand where this clip stood: their
-    mean reward-to-go is a state-value baseline that needs no critic. Unlike
-    :func:`group_relative_advantages`, a step is credited with what followed it only, so a dense
-    reward says which part of a clip did better. Steps with no other valid clip of the group at that
-    step get 0.
+    The clips of a group start from one seed (``--data.group_size``), so the others' mean
+    reward-to-go at step ``t`` is a state-value baseline that needs no critic. Steps with no other
+    valid clip of the group at that step get 0.
 
     Shapes: ``[T, E]`` each; a group is ``group_size`` consecutive columns whose clips start at the
     same rows (cycle-based resets). Returns ``[T, E]``, 0 where invalid.

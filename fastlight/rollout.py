@@ -69,11 +69,9 @@ def success_after(success: bool | None, info: Mapping[str, Any]) -> bool | None:
     """The episode's success verdict after one more step: fastlight's one rule for success.
 
     An episode succeeded if *any* of its steps reported success under either of
-    :data:`SUCCESS_KEYS` (Meta-World reports ``success`` at every step and the Meta-World / AcceRL
-    evaluations count an episode that reached success at any step; gymnasium-robotics reports
-    ``is_success``). ``success`` is the verdict so far (``None`` before the first step); a step
-    whose info has neither key leaves it as it is, so ``None`` at the end means the env never
-    reports success. Fold it over the steps: ``v = None; for info in infos: v = success_after(v, info)``.
+    :data:`SUCCESS_KEYS` (as the Meta-World / AcceRL evaluations count it). ``success`` is the
+    verdict so far (``None`` before the first step); a step whose info has neither key leaves it as
+    it is, so ``None`` at the end means the env never reports success.
     """
     for key in SUCCESS_KEYS:
         if key in info:
@@ -91,15 +89,10 @@ class EpisodeRecord:
     """One finished (or truncated) episode: the learner's and the evaluation's one record.
 
     ``length`` is the number of valid steps the trajectory contributed; a trajectory cut by a
-    unified truncation counts at its cut length (FAST §short-time bias). ``cut`` marks exactly
-    those: the episode did not end by itself (neither terminated nor hit the env's own time
-    limit), so its outcome is not known (``success`` says only whether it had succeeded by the
-    cut). ``success`` follows :func:`success_after` and ``crashed`` :func:`crashed_at_end`;
-    ``None`` where the env does not report it. ``info`` keeps the numeric entries of the last
-    step's info (training side).
-
-    The evaluation player (:func:`fastlight.evaluation.play_episodes`) also fills in the reset
-    ``seed``, the ``task`` name of a multi-task env and, when asked, the camera ``frames``.
+    unified truncation counts at its cut length (FAST §short-time bias) and is marked ``cut``: its
+    outcome is not known. ``success`` follows :func:`success_after` and ``crashed``
+    :func:`crashed_at_end` (``None``: not reported). ``info`` keeps the numeric entries of the last
+    step's info. The evaluation player also fills in ``seed``, ``task`` and, when asked, ``frames``.
     """
 
     length: int
@@ -206,7 +199,6 @@ class Rollout:
     step_rewards: Tensor | None = None
     env_steps: Tensor | None = None
 
-    # ------------------------------------------------------------------ shape helpers
     @property
     def shape(self) -> tuple[int, int]:
         """``(T, E)``."""
@@ -269,7 +261,6 @@ class Rollout:
         if bool((~valid & (steps != 0)).any()):
             raise ValueError("Rollout.env_steps must be 0 on padding")
 
-    # ------------------------------------------------------------------ transforms
     def map(self, fn) -> Rollout:
         """Apply ``fn`` to every per-step tensor (obs dicts included); stats are kept."""
         kw = {name: fn(getattr(self, name)) for name in self._fields()[1:]}
@@ -282,12 +273,7 @@ class Rollout:
             raise ValueError(f"pad_to: horizon {horizon} < current T {t_len}")
         if horizon == t_len:
             return self
-
-        def pad(t: Tensor) -> Tensor:
-            extra = t.new_zeros((horizon - t_len, *t.shape[1:]))
-            return torch.cat([t, extra], dim=0)
-
-        return self.map(pad)
+        return self.map(lambda t: torch.cat([t, t.new_zeros((horizon - t_len, *t.shape[1:]))], dim=0))
 
     @staticmethod
     def cat(rollouts: list[Rollout], dim: int = 1) -> Rollout:

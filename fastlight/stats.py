@@ -28,8 +28,7 @@ def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float,
     denom = 1.0 + z2 / n
     centre = (p + z2 / (2 * n)) / denom
     half = z * np.sqrt(p * (1.0 - p) / n + z2 / (4 * n * n)) / denom
-    # At 0 (or n) successes the closed form's low (high) end is exactly 0 (1); set it, rather than
-    # leave float round-off such as 0.9999999999999999. Clipping removes round-off elsewhere.
+    # At 0 (or n) successes the low (high) end is exactly 0 (1): set, not left to float round-off.
     low = 0.0 if successes == 0 else max(0.0, centre - half)
     high = 1.0 if successes == n else min(1.0, centre + half)
     return float(low), float(high)
@@ -52,11 +51,7 @@ def percentiles(samples: np.ndarray, confidence: float) -> tuple[float, float]:
 
 
 def stratified_mean_ci(
-    per_stratum: dict[str, np.ndarray],
-    *,
-    n_boot: int = 10_000,
-    seed: int = 0,
-    confidence: float = 0.95,
+    per_stratum: dict[str, np.ndarray], *, n_boot: int = 10_000, seed: int = 0, confidence: float = 0.95
 ) -> tuple[float, float, float]:
     """Mean over strata of the per-stratum means, with a stratified percentile-bootstrap CI.
 

@@ -148,8 +148,7 @@ class RolloutDataModule(EnvSizes, L.LightningDataModule):
         # init_args), as the object jsonargparse makes of one holds the CLI itself.
         wrappers = zip(self.env_wrappers, self.hparams.env_wrappers or (), strict=True)
         self.env_wrappers = tuple(w if isinstance(w, EnvWrapper) else wrapper_of(s) for w, s in wrappers)
-        probe = make_env(env_id, env_kwargs=env_kwargs)
-        probe = wrap_env(probe, self.env_wrappers)  # the policy's sizes are the wrapped env's
+        probe = wrap_env(make_env(env_id, env_kwargs=env_kwargs), self.env_wrappers)  # sizes the policy
         self.env_spec = EnvSpec.from_env(probe)
         # One observation, for the inference worker's shared-memory layout.
         self.example_obs = obs_to_tensor(stack_obs([probe.reset(seed=seed or 0)[0]]))
@@ -172,8 +171,7 @@ class RolloutDataModule(EnvSizes, L.LightningDataModule):
         self._sampler_states: dict[int, SamplerState] = {}
         self._resume_states: dict[int, SamplerState] = {}
         # Fault counters of earlier pools (a resumed run's, restored from the checkpoint).
-        self._restarts_before = 0
-        self._dropped_rollouts_before = 0
+        self._restarts_before = self._dropped_rollouts_before = 0
 
     def _plain_settings(self) -> None:
         """hparams (what loggers and checkpoints record) hold the settings objects as plain data,

@@ -127,9 +127,8 @@ class ChecksEnvSpec(Protocol):
 @runtime_checkable
 class RolloutPolicyModule(Protocol):
     """What ``RolloutDataModule`` needs of any LightningModule: the ``policy`` the samplers copy (an
-    ``nn.Module`` implementing :class:`fastlight.models.base.Policy`: ``act``, ``evaluate``,
-    ``value``, ``action_mapping``) and ``policy_version``, the count of updates so far, which the
-    module increases by 1 after each update: new weights reach the samplers only when it changes.
+    ``nn.Module`` implementing :class:`fastlight.models.base.Policy`) and ``policy_version``, which
+    the module increases by 1 after each update: new weights reach the samplers only when it changes.
     """
 
     policy: nn.Module

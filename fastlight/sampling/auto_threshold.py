@@ -1,11 +1,9 @@
 """``termination_threshold: auto``: DPSA's threshold chosen from what a sampler measures.
 
 DPSA (FAST §method) cuts a sampling cycle once a fraction ``termination_threshold`` of its E envs
-has ended. The best fraction depends on three things a user rarely knows in advance: the cost of
-one env step, the cost of the global reset that starts every cycle, and the distribution of
-episode lengths. A low threshold resets often (costly when a reset loads a scenario) and cuts the
-long episodes short (their returns are bootstrapped: FAST's short-time bias); a high one waits for
-the slowest env while the ended ones emit padding.
+has ended. A low threshold resets often and cuts the long episodes short (FAST's short-time bias);
+a high one waits for the slowest env while the ended ones emit padding. The best one depends on the
+cost of an env step, of the global reset, and on the distribution of episode lengths.
 
 :class:`ThresholdChooser` measures the three and picks, for every cycle, the threshold ``k / E``
 (``k`` = ended envs that trigger the cut, ``1 <= k <= E``) with the highest expected effective

@@ -51,26 +51,20 @@ class Collector(EnvSteps):
         envs: the E environments (``len(envs) == 1`` for ``sequential``).
         mode: the reset mode (:data:`~fastlight.sampling.collector_settings.RESET_MODES`).
         termination_threshold: DPSA's unified-truncation threshold on the fraction of ended envs,
-            or ``"auto"``: chosen every cycle from the measured step cost, reset cost and episode
-            lengths (:class:`~fastlight.sampling.auto_threshold.ThresholdChooser`).
+            or ``"auto"`` (:class:`~fastlight.sampling.auto_threshold.ThresholdChooser`).
         max_horizon: cycle length cap in env steps; reaching it truncates and bootstraps.
         rollout_steps: env steps per env per ``collect()`` in the modes without cycles
             (with action chunks of ``H``: ``ceil(rollout_steps / H)`` policy steps).
-        seed: the sampler's base seed: env ``i``'s seed in global reset ``n`` and the action noise of
-            round ``n`` are functions of it (:mod:`fastlight.sampling.exact`); an env resetting alone
-            (``autoreset``) continues its RNG.
-        nonfinite: what a NaN / inf observation or reward from an env does: ``raise`` stops the
-            run (:class:`NonFiniteError` naming env, index, seed, step, field); ``drop`` turns the
-            episode's steps in this Rollout into padding (``valid=False``), ends it there and counts
-            it in ``stats.dropped_nonfinite``. A reset that returns a non-finite observation is
-            dropped the same way and the env reset again, up to ``RESET_RETRIES`` times in a row.
-        heartbeat: called after every env step and reset (a sampler's progress signal, which the
-            trainer watches to restart a sampler stuck in an env).
-        save_envs: ``autoreset``: save the envs with :meth:`state` after every round (episodes run on
-            across rounds; ``--data.exact_resume``).
+        seed: the sampler's base seed, of its global resets and its rounds' action noise
+            (:mod:`fastlight.sampling.exact`).
+        nonfinite: a NaN / inf observation or reward: ``raise`` stops the run
+            (:class:`NonFiniteError`); ``drop`` turns the episode's steps in this Rollout into padding,
+            ends it there and counts it in ``stats.dropped_nonfinite`` (a reset is retried, up to
+            ``RESET_RETRIES`` times in a row).
+        heartbeat: called after every env step and reset (the trainer's watch of a stuck sampler).
+        save_envs: ``autoreset``: save the envs with :meth:`state` after every round.
         rounds: this sampler's view of its rank's
-            :class:`~fastlight.sampling.round_signal.RoundSignal` (``--data.rank_rounds``): a
-            ``collect`` given a ``cycle`` ends with the rank's samplers (see :meth:`collect`).
+            :class:`~fastlight.sampling.round_signal.RoundSignal` (see :meth:`collect`).
     """
 
     def __init__(
@@ -185,12 +179,9 @@ class Collector(EnvSteps):
 
         ``cycle``: with a round signal (``rounds``), which of the training step's cycles this is on
         ``policy_version`` (0 begins the step's round). Strictly on-policy, the cycle is truncated on
-        the termination rate over the whole rank's clips (its key:
-        :func:`~fastlight.sampling.round_signal.cycle_key`). Asynchronous, once the trainer asks
-        for the round (after its cycle 0 began), the cycle ends after the step under way (every clip
-        still running truncated and bootstrapped; in ``autoreset`` the segment ends there and its
-        episodes go on) and ``stats.cut_in_flight`` is 1. ``None``: a cycle of this sampler's own
-        (the valid-step budget's): its own rate, still cut on request within a round begun.
+        the termination rate over the whole rank's clips; asynchronous, once the trainer asks for the
+        round, it ends after the step under way and ``stats.cut_in_flight`` is 1. ``None``: a cycle
+        of this sampler's own (the valid-step budget's), still cut on request within a round begun.
         """
         if cycle == 0 and self.rounds is not None:
             self.rounds.start_round()

@@ -1,18 +1,13 @@
 """What a sampler carries across a checkpoint, so that "N updates, stop, resume, M more" samples what
 "N + M straight" samples.
 
-A sampler's randomness comes from two places, and both are made a function of what the checkpoint
-holds instead of the process's history:
-
-- **its action noise** (the policy samples from torch's global generator): every round reseeds
-  torch, numpy and ``random`` from the sampler's seed and its round count (:func:`seed_round`);
-- **its envs**: every global reset seeds env ``i`` from the sampler's seed, its count of global
-  resets and ``i`` (:func:`reset_seed`), so a resumed sampler redoes the reset the straight run did
-  while it waited. In ``autoreset`` mode episodes run on across rounds, so the envs themselves are
-  saved after every round (:func:`env_state`): a MuJoCo env's integration state
-  (``mj_getState``) and its RNG, any other env pickled whole, and every wrapper's plain attributes
-  (a ``TimeLimit``'s step count). An env whose state cannot be saved makes the resume not exact,
-  and the resume line says so.
+A sampler's randomness is made a function of what the checkpoint holds: its **action noise**
+(every round reseeds torch, numpy and ``random`` from the sampler's seed and round count:
+:func:`seed_round`) and its **envs** (every global reset seeds env ``i`` from the sampler's seed, its
+count of global resets and ``i``: :func:`reset_seed`). In ``autoreset`` mode episodes run on across
+rounds, so the envs themselves are saved after every round (:func:`env_state`: a MuJoCo env's
+integration state and RNG, any other env pickled whole, and every wrapper's plain attributes); an
+env whose state cannot be saved makes the resume not exact.
 
 Each Rollout a sampler sends carries its :class:`SamplerState` after that round; the DataModule
 keeps the newest per sampler in its checkpoint and gives it back to the sampler of the same index.

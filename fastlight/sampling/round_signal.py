@@ -19,14 +19,10 @@ once):
   ``CUT_MIN_SHARE`` of its sampler's usual round) is left to finish.
 
 Shared memory, no messages. For the rate: two 64-bit slots per sampler hold ``cycle key << 16 | ended
-clips`` of its current cycle and of the one before (one aligned store each, so a reader never sees a
-key with another cycle's count), and one counter holds the highest cycle key that any sampler has cut.
-The previous cycle's slot matters when a sampler moves on before the others cut: all its clips ended
-(it has nothing left to truncate), and they still count in the rate of the cycle the others are
-finishing. A cycle's key is ``version * CYCLES + k`` for its ``k``-th cycle on policy ``version``, the
-same in every sampler of a strictly on-policy rank; once one sampler cuts a cycle, every sampler on
-that key cuts at its next step. For the cut in flight: one request counter per sampler; the trainer
-increments it to ask, the sampler reads it when its round begins and cuts once it has moved.
+clips`` of its current cycle and of the one before (a sampler whose clips all ended moves on, and
+they still count in the rate of the cycle the others are finishing), and one counter holds the
+highest cycle key that any sampler has cut: every sampler on that key cuts at its next step. For the
+cut in flight: one request counter per sampler, which the trainer increments to ask.
 """
 
 from __future__ import annotations
