@@ -228,13 +228,7 @@ def group_relative_advantages(
 
 
 def group_step_advantages(
-    *,
-    rewards: Tensor,
-    terminated: Tensor,
-    truncated: Tensor,
-    valid: Tensor,
-    group_size: int,
-    gamma: float,
+    *, rewards: Tensor, terminated: Tensor, truncated: Tensor, valid: Tensor, group_size: int, gamma: float
 ) -> Tensor:
     """Per-step group advantages: each step's discounted reward-to-go within its clip minus the mean
     of the other clips of its group at the same step of theirs (RLOO's leave-one-out baseline, Kool et

@@ -6,36 +6,22 @@ an env that has played the task is open. Each env keeps only its own *state* of 
 (a :class:`SimState`):
 
 - its own ``MjData`` (a bitwise copy of the freshly built one: the whole simulation state);
-- its own Python attributes of the Meta-World object (goal, initial positions, step counter,
-  previous observation, RNG...): a deep copy of the freshly built object's, so no two states
-  share a mutable object; attributes that are views into the ``MjData`` are re-made as the same
-  views into the state's own ``MjData``;
-- its own values of the model arrays Meta-World rewrites at each reset (:data:`STATE_MODEL_FIELDS`:
-  the object and goal placements, the mocap welds).
+- a deep copy of the freshly built object's Python attributes (goal, step counter, RNG...), its
+  views into the ``MjData`` re-made as views into the state's own;
+- its own values of the model arrays Meta-World rewrites at each reset (:data:`STATE_MODEL_FIELDS`).
 
-Using a state (:meth:`TaskSim.use`) swaps it into the shared object when another state was in:
-the object's ``__dict__`` becomes the state's (nothing is copied: the state's attributes *are*
-that dict while it is in), the renderer is pointed at the state's ``MjData``, and the rewritten
-model arrays are saved from the state going out and loaded from the one coming in. A state so
-evolves exactly as a Meta-World object of its own would (bitwise: the same arrays go through the
-same MuJoCo calls), with one model per task.
+Using a state (:meth:`TaskSim.use`) swaps it into the shared object: the object's ``__dict__``
+becomes the state's, the renderer is pointed at the state's ``MjData``, and the rewritten model
+arrays are saved from the state going out and loaded from the one coming in, so a state evolves
+bitwise as a Meta-World object of its own would. An env that switches task (always at a reset)
+starts the new one from a fresh state, which equals resuming an object that played it before
+because a Meta-World v3 reset sets everything a later step reads (the tests check both, bitwise,
+for every MT10 task, against ``MetaWorldEnv._share_models = False``).
 
-An env that switches task (always at a reset) drops its state of the old task and starts the new
-one from a fresh state. That equals resuming an object that played the task before because a
-Meta-World v3 reset sets everything a later step reads (``mj_resetData``, then the objects, the goal
-and every attribute it reads); the tests check it, bitwise, for every MT10 task, against one object
-per env and task (``MetaWorldEnv._share_models = False``).
-
-A state-only simulation (no rendering) compiles its model without textures.
-
-What this relies on, and checks: a state is only read or changed inside ``use`` (the
-:class:`MetaWorldEnv` never hands the Meta-World object out), under the task's lock, so envs may
-be reset and stepped from any threads (the Collector resets on a thread pool); a dropped state
-used again raises. The model arrays Meta-World writes are those of :data:`STATE_MODEL_FIELDS`
-(checked for every MT10 task by the tests). A Meta-World attribute that views memory other than
-the ``MjData``'s or the model's stops the state's creation with an error rather than being shared.
-
-A forked child forgets the parent's simulations (their OpenGL contexts do not survive a fork).
+A state is only read or changed inside ``use``, under the task's lock, so envs may be reset and
+stepped from any threads; a dropped state used again raises, and an attribute that views memory
+other than the ``MjData``'s or the model's stops the state's creation. A forked child forgets the
+parent's simulations (their OpenGL contexts do not survive a fork).
 """
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ from fastlight.weights.publisher import WeightSource
 
 @dataclass
 class SamplerConfig:
-    """Everything a sampler needs to build its envs and Collector (picklable)."""
+    """Everything a sampler needs to build its envs and Collector (picklable); a field named like a
+    ``--data`` setting holds that setting."""
 
     env_id: str
     num_envs: int
@@ -32,19 +33,15 @@ class SamplerConfig:
     #: Keep collecting whole cycles past ``cycles_per_step`` until this many valid transitions (0 = off).
     min_valid_steps: int = 0
     max_staleness: int = 0
-    #: Applied around every env, in order (``--data.env_wrappers``, e.g. ``ScenarioLoadCost``).
     env_wrappers: tuple[AnyEnvWrapper, ...] = ()
     seed: int = 0
-    #: ``--data.group_size``: consecutive envs of a sampler that start each cycle from one seed.
     group_size: int = 1
     nonfinite: str = "raise"
-    #: ``--data.rank_rounds`` resolved: ``together``: the rank's samplers end their rounds together
-    #: through a :class:`~fastlight.sampling.round_signal.RoundSignal` (the bundle's ``rounds``).
+    #: ``--data.rank_rounds`` resolved (``together``: the bundle's ``rounds`` signal).
     rank_rounds: Literal["together", "apart"] = "apart"
     #: Where the sampler of this index stood in the checkpoint resumed from (applied once, when the
     #: first weights it loads are the version after it: not on a later restart).
     resume: SamplerState | None = None
-    #: ``autoreset``: save the envs after every round, so a resume continues their episodes.
     exact_resume: bool = False
 
     def build_envs(self) -> list:
@@ -75,8 +72,7 @@ class SamplerBundle:
         config: its settings.
         policy: its policy copy (or a remote policy served by the inference worker).
         weights: where newer published weights come from.
-        beat: called on every env step, reset and wait (the trainer's watch of this sampler: a
-            :class:`~fastlight.procs.Liveness`'s ``beat``, or a Ray actor's beat count).
+        beat: called on every env step, reset and wait (the trainer's watch of this sampler).
         stop: the fleet's stop request.
         task_weights: DWR's task-sampling weights, applied before each round (``None``: none).
         rounds: its view of the rank's round signal, with ``config.rank_rounds`` ``together``.

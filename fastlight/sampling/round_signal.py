@@ -93,9 +93,6 @@ def rounds_to_cut(
 class RoundSignal:
     """The shared words of one rank's samplers (the trainer's side); :meth:`view` is one sampler's.
 
-    Created by the trainer before the samplers start and passed to each in its
-    :class:`~fastlight.sampling.bundle.SamplerBundle`.
-
     Args:
         ctx: the multiprocessing context the samplers start with.
         num_envs: clips of each sampler, by index.
@@ -133,8 +130,7 @@ class RoundView:
 
     # ------------------------------------------------------------------ asynchronous: cut in flight
     def start_round(self) -> None:
-        """A training step's round begins: a request from here on ends it (one before it was for the
-        round already sent)."""
+        """A training step's round begins: a request from here on ends it."""
         self._since = int(self._requests[self.index])
 
     def cut_asked(self) -> bool:

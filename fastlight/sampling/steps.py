@@ -46,47 +46,50 @@ class EnvSteps(EnvResets):
             sel = {k: v[idx] for k, v in all_obs.items()} if isinstance(all_obs, dict) else all_obs[idx]
         step = torch.tensor([self._eps[i].step for i in active], dtype=torch.long)
         out = policy.act(obs_to_tensor(sel), step=step)
-        env_actions = action_to_env(policy, out.actions)
-        results: list[tuple] = []
-        for j, i in enumerate(active):
-            if self._chunk is not None:
-                results.append(self._run_chunk(i, env_actions[j], span, stats))
-                continue
-            t0 = time.perf_counter()
-            try:
-                results.append(self.envs[i].step(env_actions[j]))
-            except Exception as e:
-                raise self._env_error(i, e) from e
-            stats.step_time += time.perf_counter() - t0
-            self.heartbeat()
+        acts, chunked = action_to_env(policy, out.actions), self._chunk is not None
+        results: list[tuple] = [
+            self._run_chunk(i, acts[j], span, stats) if chunked else self._env_step(i, acts[j], stats)
+            for j, i in enumerate(active)
+        ]
         # A remote policy reports the version of the weights that answered (may change mid-round).
         version = policy.last_version if self._served else -1
         return Step(all_obs, step, out, version, results)
+
+    def _env_step(self, i: int, action: Any, stats: RolloutStats) -> tuple:
+        """``envs[i].step(action)``, timed, with a heartbeat; an exception is named (:meth:`_env_error`)."""
+        t0 = time.perf_counter()
+        try:
+            result = self.envs[i].step(action)
+        except Exception as e:
+            raise self._env_error(i, e) from e
+        stats.step_time += time.perf_counter() - t0
+        self.heartbeat()
+        return result
+
+    def _accept(self, i: int, reward: Any, nobs: Any, info: dict) -> None:
+        """Check a step's values (a NaN / inf stops the run) and add the step to env ``i``'s episode."""
+        self._check_finite(i, "reward", reward)
+        self._check_finite(i, "observation", nobs)
+        ep = self._eps[i]
+        ep.ret += float(reward)
+        ep.success = success_after(ep.success, info)
+        self._obs[i] = nobs
 
     def _run_chunk(self, i: int, chunk: Any, span: int, stats: RolloutStats) -> ChunkResult:
         """Env ``i`` executes its action chunk ``[H, ...]`` open-loop for at most ``span`` env steps,
         stopping where its episode ends (the rest of the chunk is dropped). Each step is checked and
         counted as an unchunked step is, so a failure names its episode step."""
-        ep, env = self._eps[i], self.envs[i]
+        ep = self._eps[i]
         rewards: list[float] = []
         info: dict = {}
         for k, action in enumerate(chunk[:span]):
-            t0 = time.perf_counter()
-            try:
-                nobs, reward, term, trunc, info = env.step(action.item() if np.ndim(action) == 0 else action)
-            except Exception as e:
-                raise self._env_error(i, e) from e
-            stats.step_time += time.perf_counter() - t0
-            self.heartbeat()
+            act = action.item() if np.ndim(action) == 0 else action
+            nobs, reward, term, trunc, info = self._env_step(i, act, stats)
             ep.step += 1
             if self.nonfinite == "drop" and not (is_finite(reward) and is_finite(nobs)):
                 return ChunkResult(k + 1, rewards, False, False, info, dropped=True)
-            self._check_finite(i, "reward", reward)
-            self._check_finite(i, "observation", nobs)
+            self._accept(i, reward, nobs, info)
             rewards.append(float(reward))
-            ep.ret += float(reward)
-            ep.success = success_after(ep.success, info)
-            self._obs[i] = nobs
             if term or trunc:
                 return ChunkResult(k + 1, rewards, bool(term), bool(trunc), info, dropped=False)
         return ChunkResult(len(rewards), rewards, False, False, info, dropped=False)
@@ -105,12 +108,8 @@ class EnvSteps(EnvResets):
             ep.step += 1  # the env's step count: the failing step is named by it (0 = the reset)
             dropped = self.nonfinite == "drop" and not (is_finite(reward) and is_finite(nobs))
             if not dropped:
-                self._check_finite(i, "reward", reward)
-                self._check_finite(i, "observation", nobs)
+                self._accept(i, reward, nobs, info)
                 row.set_step(i, float(reward), bool(term), bool(trunc))
-                ep.ret += float(reward)
-                ep.success = success_after(ep.success, info)
-                self._obs[i] = nobs
         if dropped:
             self._drop_episode(i, rows, stats)
             return True

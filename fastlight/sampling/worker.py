@@ -94,8 +94,7 @@ def sampler_main(bundle: SamplerBundle, conn: Any, parent_pid: int) -> None:
     bundle.beat()  # started: from here on the trainer holds it to --data.faults.heartbeat_s
     outbox = Outbox(conn)
     failed = run_sampler(bundle, outbox)
-    # Leave without the interpreter's teardown: freeing torch and the envs there takes seconds on
-    # a loaded machine, time a preempted trainer waits for. Only an error report must go out first.
+    # Leave without the interpreter's slow teardown (a preempted trainer waits for it).
     outbox.close(timeout=5.0 if failed else 0.5)
     os._exit(1 if failed else 0)
 
@@ -107,8 +106,7 @@ def run_sampler(bundle: SamplerBundle, outbox: Handoff) -> bool:
     try:
         collector = Collector.for_sampler(bundle)
         bundle.policy.eval()
-        # What the sampler holds from its start (torch, the envs, the policy) never becomes garbage:
-        # frozen, a full collection skips it, and _loop makes one after every round cheaply.
+        # What the sampler holds from its start never becomes garbage: frozen, collections skip it.
         gc.collect()
         gc.freeze()
         _loop(bundle, collector, outbox)
@@ -124,9 +122,7 @@ def run_sampler(bundle: SamplerBundle, outbox: Handoff) -> bool:
 def _loop(bundle: SamplerBundle, collector: Collector, outbox: Handoff) -> None:
     cfg, policy, weights, task_weights = bundle.config, bundle.policy, bundle.weights, bundle.task_weights
     beat, stop = bundle.beat, bundle.stop
-    version = -1
-    task_version = 0
-    resume = cfg.resume
+    version, task_version, resume = -1, 0, cfg.resume
     # The weights this sampler acts with, for the trainer's DeliveryCheck: a served policy's are the
     # inference worker's (its answers carry their checksum); a copy's is taken after each load.
     served, held = isinstance(policy, ServedPolicy), math.nan
