@@ -153,11 +153,9 @@ def global_advantage_moments(
 ) -> tuple[Tensor, Tensor]:
     """Mean and std of the valid advantages over *all* ranks (AcceRL §global normalisation).
 
-    One ``all_reduce`` (SUM) of the stacked ``[Σ valid·A, Σ valid·A², Σ valid]`` when
-    ``torch.distributed`` is initialised with world size > 1 (in ``group``); otherwise no
-    collective is issued. Then ``mean = s/n``, ``var = max(s2/n - mean², 1e-12)``, ``std = √var``
-    (``n`` floored at 1). The sums are taken in float64 because ``s2/n - mean²`` cancels
-    catastrophically in float32; results are cast back to ``advantages.dtype``. Detached.
+    One ``all_reduce`` (SUM) of ``[Σ valid·A, Σ valid·A², Σ valid]`` when ``torch.distributed`` has
+    world size > 1 (in ``group``); then ``mean = s/n``, ``std = √max(s2/n - mean², 1e-12)`` (``n``
+    floored at 1), summed in float64 (``s2/n - mean²`` cancels in float32), cast back. Detached.
 
     Shapes: ``advantages [*B, *R]`` (e.g. ``[T, E]``), ``valid [*B]`` bool; returns two ``[]``.
     """

@@ -212,10 +212,8 @@ class RolloutDataModule(EnvSizes, L.LightningDataModule):
 
     @property
     def env_seed(self) -> int:
-        """The base env seed: ``--data.seed`` if set, else the global seed Lightning's
-        ``seed_everything`` exported (``PL_GLOBAL_SEED``), else 0. Read when the samplers start, so a
-        script may seed after building the DataModule; ``seed_everything`` also reaches DDP ranks
-        through that variable."""
+        """The base env seed: ``--data.seed`` if set, else the global seed ``seed_everything``
+        exported (``PL_GLOBAL_SEED``, read when the samplers start), else 0."""
         if self.hparams.seed is not None:
             return int(self.hparams.seed)
         return int(os.environ.get("PL_GLOBAL_SEED", 0))
@@ -256,8 +254,7 @@ class RolloutDataModule(EnvSizes, L.LightningDataModule):
             torch.set_num_threads(threads)
             rank_zero_info(threads_line(self.hparams, threads, inference))
         self.pool.start()
-        # A completed batch cuts the other samplers' rounds in flight where rounds end together in an
-        # asynchronous run.
+        # Where rounds end together in an asynchronous run, a completed batch cuts the others in flight.
         cuts = self.rank_rounds == "together" and self.hparams.max_staleness > 0
         self.prefetcher = Prefetcher(
             self.pool.next_item,

@@ -66,12 +66,9 @@ def masked_mean(x: Tensor, mask: Tensor, *, count: Tensor | float | None = None)
     Shapes: ``x [*B, *R]``, ``mask [*B]`` bool; returns ``[]``. With a row mask the denominator
     counts elements, ``Σ mask · prod(R)``, so a token-level loss is the mean over valid tokens.
 
-    ``count`` replaces ``Σ mask`` (it is in units of mask entries; the ``prod(R)`` factor is
-    still applied). Under DDP the module passes the *all-reduced* valid count divided by the world
-    size: each rank then returns ``local_sum / (global_count / W)`` and DDP's gradient averaging
-    (a mean over ``W`` ranks) yields exactly ``global_sum / global_count``, the global SMPO mean,
-    however unevenly the valid transitions are spread across ranks. A ``count`` of 0 is treated
-    as 1 (the numerator is then 0 too).
+    ``count`` replaces ``Σ mask`` (in mask entries; ``prod(R)`` still applies; 0 is treated as 1).
+    Under DDP the module passes ``global_count / W``, so DDP's gradient averaging over ``W`` ranks
+    yields exactly the global SMPO mean ``global_sum / global_count``.
     """
     total = masked_sum(x, mask)
     per_entry = math.prod(x.shape[mask.ndim :])  # elements of x per mask entry

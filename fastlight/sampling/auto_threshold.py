@@ -141,16 +141,10 @@ class ThresholdChooser:
 
 
 def kaplan_meier(samples: list[tuple[int, bool]], *, beyond: int) -> tuple[np.ndarray, np.ndarray]:
-    """The Kaplan-Meier estimate of a length distribution from right-censored samples.
-
-    Args:
-        samples: ``(length, ended)``; ``ended`` False means the length is a lower bound.
-        beyond: where the mass past the last observed end goes (e.g. ``max_horizon + 1``).
-
-    Returns:
-        ``(times, mass)``: the distinct ended lengths (plus ``beyond`` when mass is left) and the
-        probability of each, summing to 1.
-    """
+    """The Kaplan-Meier estimate of a length distribution from right-censored ``samples``
+    ``(length, ended)`` (``ended`` False: the length is a lower bound). Returns ``(times, mass)``:
+    the distinct ended lengths (plus ``beyond`` when mass is left past the last observed end) and
+    the probability of each, summing to 1."""
     if not samples:
         return np.array([beyond]), np.array([1.0])
     lengths = np.array([s[0] for s in samples])

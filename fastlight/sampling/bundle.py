@@ -64,8 +64,7 @@ class StopSignal(Protocol):
 class SamplerBundle:
     """Everything sampler ``index`` starts with: its config and the handles it shares with the trainer.
 
-    Built by the fleet and passed whole to the sampler (pickled into a process with its start-up
-    arguments: shared-memory handles travel by inheritance, as ``multiprocessing`` requires).
+    Built by the fleet and passed whole to the sampler (shared-memory handles travel by inheritance).
 
     Args:
         index: the sampler's index in its rank.
