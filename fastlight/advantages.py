@@ -144,10 +144,6 @@ def masked_gae(
     return advantages, returns
 
 
-def _is_distributed(group: dist.ProcessGroup | None) -> bool:
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
-
-
 def global_advantage_moments(
     advantages: Tensor, valid: Tensor, *, group: dist.ProcessGroup | None = None
 ) -> tuple[Tensor, Tensor]:
@@ -163,7 +159,7 @@ def global_advantage_moments(
     adv = zero_invalid(advantages.detach(), valid).double()
     per_entry = adv.numel() // max(valid.numel(), 1)
     stats = torch.stack([adv.sum(), adv.square().sum(), valid.sum().double() * per_entry])
-    if _is_distributed(group):
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1:
         dist.all_reduce(stats, op=dist.ReduceOp.SUM, group=group)
     total, total_sq, count = stats.unbind()
     count = count.clamp_min(1.0)

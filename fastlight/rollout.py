@@ -162,21 +162,10 @@ class RolloutStats:
         )
 
 
-def _map_obs(obs: Obs, fn) -> Obs:
-    if isinstance(obs, dict):
-        return {k: fn(v) for k, v in obs.items()}
-    return fn(obs)
-
-
 def _cat(parts: list[Obs], dim: int) -> Obs:
     if isinstance(parts[0], dict):
         return {k: torch.cat([p[k] for p in parts], dim=dim) for k in parts[0]}
     return torch.cat(parts, dim=dim)
-
-
-def _obs_leading(obs: Obs) -> tuple[int, ...]:
-    t = next(iter(obs.values())) if isinstance(obs, dict) else obs
-    return tuple(t.shape[:2])
 
 
 @dataclass
@@ -227,8 +216,9 @@ class Rollout:
         te = self.shape
         if len(te) != 2:
             raise ValueError(f"Rollout.valid must be [T, E], got shape {tuple(self.valid.shape)}")
-        if _obs_leading(self.obs) != te:
-            raise ValueError(f"Rollout.obs leading shape {_obs_leading(self.obs)} != valid shape {te}")
+        first = next(iter(self.obs.values())) if isinstance(self.obs, dict) else self.obs
+        if tuple(first.shape[:2]) != te:
+            raise ValueError(f"Rollout.obs leading shape {tuple(first.shape[:2])} != valid shape {te}")
         if (self.step_rewards is None) != (self.env_steps is None):
             raise ValueError("Rollout: step_rewards and env_steps come together (action chunks) or not")
         for name in self._fields()[1:]:
@@ -264,7 +254,8 @@ class Rollout:
     def map(self, fn) -> Rollout:
         """Apply ``fn`` to every per-step tensor (obs dicts included); stats are kept."""
         kw = {name: fn(getattr(self, name)) for name in self._fields()[1:]}
-        return replace(self, obs=_map_obs(self.obs, fn), **kw)
+        obs = {k: fn(v) for k, v in self.obs.items()} if isinstance(self.obs, dict) else fn(self.obs)
+        return replace(self, obs=obs, **kw)
 
     def pad_to(self, horizon: int) -> Rollout:
         """Append ``horizon - T`` padding rows (``valid=False``, zeros) at the end of time."""

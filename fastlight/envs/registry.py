@@ -36,12 +36,6 @@ def register_envs() -> None:
             gym.register(env_id, entry_point=entry, kwargs={"tasks": name})
 
 
-def _import_registering_package(env_id: str) -> None:
-    for prefix, module in _REGISTERING_PACKAGES.items():
-        if env_id.startswith(prefix):
-            importlib.import_module(module)
-
-
 def check_env_id(env_id: str, *, flag: str = "--data.env_id") -> None:
     """Raise ``ValueError`` naming ``flag`` if ``env_id`` is not a registered gymnasium id."""
     if ":" in env_id:
@@ -50,7 +44,9 @@ def check_env_id(env_id: str, *, flag: str = "--data.env_id") -> None:
             importlib.import_module(module)
         except ModuleNotFoundError as e:
             raise ValueError(f"{flag}: cannot import module {module!r} named before ':' ({e})") from e
-    _import_registering_package(env_id)
+    for prefix, package in _REGISTERING_PACKAGES.items():
+        if env_id.startswith(prefix):
+            importlib.import_module(package)
     if env_id in gym.registry:
         return
     close = difflib.get_close_matches(env_id, list(gym.registry.keys()), n=5, cutoff=0.5)

@@ -89,13 +89,11 @@ class ThresholdChooser:
 
     def threshold(self) -> float:
         """The threshold of the next cycle: 1.0 while exploring, else the current choice."""
-        return 1.0 if self._exploring() else self.chosen
+        exploring = self._known() < MIN_EPISODES or not self.costs or self.cycles % EXPLORE_EVERY == 0
+        return 1.0 if exploring else self.chosen
 
     def _known(self) -> int:
         return sum(1 for _, ended in self.lengths if ended)
-
-    def _exploring(self) -> bool:
-        return self._known() < MIN_EPISODES or not self.costs or self.cycles % EXPLORE_EVERY == 0
 
     def observe(self, episodes: list[tuple[int, bool]], costs: CycleCosts) -> None:
         """Record one finished cycle: ``(length, ended)`` per env (``ended`` False when the cut or
