@@ -144,8 +144,7 @@ class RolloutDataModule(EnvSizes, L.LightningDataModule):
         self.rank_rounds = resolve_rank_rounds(locals(), fleet)
         self.save_hyperparameters()
         self._plain_settings()
-        # Samplers receive them pickled: a gymnasium wrapper is rebuilt from its settings (class_path +
-        # init_args), as the object jsonargparse makes of one holds the CLI itself.
+        # Pickled for the samplers: a gymnasium wrapper from jsonargparse holds the CLI, so rebuild it.
         wrappers = zip(self.env_wrappers, self.hparams.env_wrappers or (), strict=True)
         self.env_wrappers = tuple(w if isinstance(w, EnvWrapper) else wrapper_of(s) for w, s in wrappers)
         probe = wrap_env(make_env(env_id, env_kwargs=env_kwargs), self.env_wrappers)  # sizes the policy
@@ -278,8 +277,7 @@ class RolloutDataModule(EnvSizes, L.LightningDataModule):
         # Lightning calls this after configure_model and the checkpoint restore: the policy exists.
         if self.trainer is not None:
             self.start()
-        # Its own generator: an iterator drawing its base seed from torch's global one would shift the
-        # minibatch shuffles of a resumed run, which makes an iterator the straight run did not.
+        # Its own generator: drawing from torch's global one would shift a resumed run's minibatch shuffles.
         tickets = StepTickets(self.hparams.steps_per_epoch)
         return DataLoader(tickets, batch_size=None, num_workers=0, generator=torch.Generator())
 

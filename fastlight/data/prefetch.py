@@ -83,8 +83,7 @@ class Prefetcher:
                     continue
                 if self.cut_in_flight is not None:
                     items += self._fresh(self.cut_in_flight(CUT_WAIT_S))
-                # By sampler, not by arrival: the same rounds make the same batch (an exact resume,
-                # two runs of one seed), whichever sampler finished first.
+                # By sampler, not by arrival: the same rounds make the same batch (exact resume).
                 batch = Rollout.cat(sorted(items, key=lambda r: r.stats.sampler))
                 items = []
                 while not self._stop.is_set():

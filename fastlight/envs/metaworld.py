@@ -140,8 +140,7 @@ class MetaWorldEnv(gym.Env):
         self.task_weights = np.full(len(self.task_names), 1.0 / len(self.task_names))
         self.observation_space = self._observation_space()
         self.action_space = gym.spaces.Box(-1.0, 1.0, (4,), dtype=np.float32)
-        # The simulations of the tasks this env has met, taken on first use (probe envs never start
-        # MuJoCo), and its states of them; given back at close() or when the env is collected.
+        # The simulations of the tasks met, taken on first use, and its states of them; freed at close.
         self._sims: dict[str, TaskSim] = {}
         self._states: dict[str, SimState] = {}
         weakref.finalize(self, _release, self._sims, self._states).atexit = False

@@ -93,13 +93,11 @@ class TaskSim:
         self.owner: SimState | None = None
         self.users = 0  # envs holding this simulation (acquire / release)
         self.states = 0  # states made of it
-        # The freshly built object's attributes, data and model arrays: every shared state starts
-        # from a copy of them (this dict is never swapped in).
+        # The freshly built object's: every shared state starts from a copy (never swapped in).
         self._fresh_attrs = env.__dict__
         self._fresh_data = env.data
         self._fresh_fields = {name: getattr(env.model, name).copy() for name in STATE_MODEL_FIELDS}
-        # Its attributes that view MuJoCo memory (Meta-World's init_left_pad is data.body(...).xpos):
-        # where in the MjData (None: in the shared model), so each state's copy views its own.
+        # Where its attributes that view MuJoCo memory lie (None: in the shared model), for the copies.
         self._views = {
             name: self._locate(name, value)
             for name, value in self._fresh_attrs.items()
@@ -239,7 +237,6 @@ def _arrays(obj: Any) -> Iterator[tuple[str, np.ndarray]]:
             yield name, value
 
 
-# ---------------------------------------------------------------------- the process's simulations
 _SIMS: dict[SimKey, TaskSim] = {}
 _LOCK = threading.Lock()
 _BUILT = [0]  # TaskSims (MuJoCo models) built by this process, shared or private

@@ -87,8 +87,7 @@ class EnvResets:
             self._eps = [Episode() for _ in self.envs]
 
         def one(i: int) -> tuple[int, Any, dict, int, float]:
-            # A global reset seeds every env from the count, a group's envs alike (GRPO); an env
-            # resetting alone (autoreset) goes on with its own RNG, saved with it.
+            # A global reset seeds every env from the count (a GRPO group alike); alone, its own RNG.
             seed = reset_seed(self.seed, self.resets, i // self.group_size) if every else None
             dropped = 0
             t = time.perf_counter()

@@ -128,7 +128,6 @@ class RoundView:
         self._prev = len(signal.requests) + index
         self._since: int | None = None  # the request count when this sampler's round began
 
-    # ------------------------------------------------------------------ asynchronous: cut in flight
     def start_round(self) -> None:
         """A training step's round begins: a request from here on ends it."""
         self._since = int(self._requests[self.index])
@@ -137,7 +136,6 @@ class RoundView:
         """Whether the trainer asked, since this round began, for the round under way."""
         return self._since is not None and self._requests[self.index] > self._since
 
-    # ------------------------------------------------------------------ on-policy: the rank's rate
     def begin(self, key: int) -> None:
         """This sampler starts cycle ``key`` with no clip ended; its last cycle's count stays readable."""
         last = self.slots[self.index]

@@ -123,8 +123,7 @@ def _loop(bundle: SamplerBundle, collector: Collector, outbox: Handoff) -> None:
     cfg, policy, weights, task_weights = bundle.config, bundle.policy, bundle.weights, bundle.task_weights
     beat, stop = bundle.beat, bundle.stop
     version, task_version, resume = -1, 0, cfg.resume
-    # The weights this sampler acts with, for the trainer's DeliveryCheck: a served policy's are the
-    # inference worker's (its answers carry their checksum); a copy's is taken after each load.
+    # For the DeliveryCheck: a served policy's answers carry their checksum; a copy's is taken per load.
     served, held = isinstance(policy, ServedPolicy), math.nan
     while not stop.is_set():
         latest = weights.version
@@ -147,8 +146,7 @@ def _loop(bundle: SamplerBundle, collector: Collector, outbox: Handoff) -> None:
             if applied != task_version:  # a reset done ahead drew its tasks from older weights
                 collector.discard_ahead()
             task_version = applied
-        # The step's own cycles end with the rank's samplers (its cycle 0 begins the round a cut in
-        # flight ends); extra cycles for the valid-step budget are this sampler's alone.
+        # The step's own cycles end with the rank's samplers; extra ones (valid-step budget) are its own.
         parts: list[Rollout] = []
         for k in range(cfg.cycles_per_step):
             parts.append(collector.collect(policy, policy_version=version, cycle=k))
@@ -164,6 +162,5 @@ def _loop(bundle: SamplerBundle, collector: Collector, outbox: Handoff) -> None:
         served_by = ("the inference worker", policy.last_version, policy.last_checksum) if served else None
         item.stats.weights_held = [served_by or (f"sampler {bundle.index}", version, held)]
         outbox.put(("rollout", version, item), stop, beat)
-        # Per-episode reference cycles (a highway-env road) reach the oldest generation, which Python
-        # collects too rarely: left to it, they pile up and grow the sampler.
+        # Per-episode reference cycles (a highway-env road) would otherwise pile up in the oldest generation.
         gc.collect()
