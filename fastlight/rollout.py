@@ -27,12 +27,10 @@ env_steps          [T, E] long or None action chunks only: env steps executed at
 
 **Action chunks.** A policy whose action mapping is chunked
 (:class:`~fastlight.models.action_mapping.ChunkedActionMapping`, ``H`` env actions per call) makes
-one transition per chunk: step t executes up to ``H`` env steps open-loop and stops early where
-the episode ends (or the cycle's env-step budget does). Then ``rewards[t]`` is the chunk's
-undiscounted reward sum, ``step`` the episode's env step at the chunk's start, ``bootstrap_values[t]``
-V of the state after the last executed step; the learner discounts with ``step_rewards`` and
-``env_steps`` (:func:`fastlight.advantages.chunk_rewards`), since the sampler does not know gamma.
-Without chunks both fields are ``None``.
+one transition per chunk: step t executes up to ``H`` env steps open-loop, stopping early where the
+episode (or the cycle's env-step budget) ends. Then ``rewards[t]`` is the chunk's undiscounted
+reward sum, ``step`` the episode's env step at the chunk's start, ``bootstrap_values[t]`` V of the
+state after the last executed step; the learner discounts (:func:`fastlight.advantages.chunk_rewards`).
 
 Invariant (checked by :meth:`Rollout.validate`): inside one env column a valid step that is
 not the end of its episode is followed by a valid step of the same episode, so the last valid

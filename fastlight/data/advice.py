@@ -25,14 +25,8 @@ RESET_SHARE_WARN = 0.5
 
 
 class SamplingAdvice:
-    """Warns once per case when cut episodes or resets dominate (see the module docstring).
-
-    Args:
-        reset_mode: ``--data.reset_mode``.
-        termination_threshold: ``--data.termination_threshold`` (a fraction, or ``"auto"``).
-        max_horizon: ``--data.max_horizon``.
-        num_envs: ``--data.num_envs`` (of this rank).
-    """
+    """Warns once per case when cut episodes or resets dominate (see the module docstring); the
+    arguments are the rank's ``--data`` settings of the same names."""
 
     def __init__(
         self, *, reset_mode: str, termination_threshold: float | str, max_horizon: int, num_envs: int

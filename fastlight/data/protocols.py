@@ -88,8 +88,7 @@ class WeightPublishing(Protocol):
 
 @runtime_checkable
 class ChecksDelivery(Protocol):
-    """A DataModule that checks its receivers hold the weights it published (``RolloutDataModule``;
-    ``WeightSync`` logs ``delivery.verified`` as ``sync/verified`` where the DataModule has one)."""
+    """A DataModule that checks its receivers hold the weights it published (``sync/verified``)."""
 
     delivery: DeliveryCheck
 

@@ -94,19 +94,13 @@ class Collector(EnvSteps):
             for flag, (value, allowed) in wrong.items():
                 raise ValueError(f"the rank's termination rate (--data.rank_rounds together) needs {flag} "
                                  f"{allowed}, got {value!r}")  # fmt: skip
-        self.nonfinite = nonfinite
-        self.save_envs = save_envs
-        self.rounds = rounds
+        self.nonfinite, self.save_envs, self.rounds = nonfinite, save_envs, rounds
         self.heartbeat = heartbeat if heartbeat is not None else lambda: None
-        self.envs = list(envs)
-        self.mode = mode
-        self.traits = RESET_MODES[mode]
+        self.envs, self.mode, self.traits = list(envs), mode, RESET_MODES[mode]
         self.termination_threshold = termination_threshold
         auto = termination_threshold == AUTO and self.traits.threshold  # one chooser per Collector
         self.chooser = ThresholdChooser(len(self.envs), max_horizon, seed=seed) if auto else None
-        self.max_horizon = max_horizon
-        self.rollout_steps = rollout_steps
-        self.seed = seed
+        self.max_horizon, self.rollout_steps, self.seed = max_horizon, rollout_steps, seed
         if group_size < 1 or len(self.envs) % group_size or (group_size > 1 and not self.traits.cycles):
             cycled = " or ".join(m for m, traits in RESET_MODES.items() if traits.cycles)
             raise ValueError(
@@ -116,8 +110,7 @@ class Collector(EnvSteps):
         self.group_size = group_size
         self._pool = ThreadPoolExecutor(max_workers=len(self.envs), thread_name_prefix="fastlight-reset")
         #: Global resets and rounds done: the next ones' seeds (:mod:`fastlight.sampling.exact`).
-        self.resets = 0
-        self.rounds_done = 0
+        self.resets = self.rounds_done = 0
         self._obs: list[Any] | None = None  # current observation of each env (autoreset carry-over)
         self._eps: list[Episode] = []
         self._served = False
