@@ -126,8 +126,7 @@ class RolloutStats:
     wall_time: float = 0.0
     global_resets: int = 0
     episodes: list[EpisodeRecord] = field(default_factory=list)
-    #: Trainer side: how long the training step waited for this batch, and how many stale
-    #: sampler items were dropped while it was assembled (set by the DataModule).
+    #: Trainer side (set by the DataModule): the step's wait for this batch, stale items dropped.
     data_wait_s: float = 0.0
     dropped_stale: int = 0
     #: Episodes dropped because the env returned a NaN / inf (``--data.nonfinite drop``).
@@ -135,17 +134,14 @@ class RolloutStats:
     #: Sum of the DPSA termination thresholds of the cycles (one per ``global_resets`` in dpsa
     #: mode): their mean is what ``termination_threshold: auto`` chose.
     threshold_sum: float = 0.0
-    #: Rounds the trainer cut at their next step for the batch they would have missed
-    #: (``--data.rank_rounds`` in an asynchronous run, :mod:`fastlight.sampling.round_signal`).
+    #: Rounds the trainer cut in flight (:mod:`fastlight.sampling.round_signal`).
     cut_in_flight: int = 0
     #: The sampler (its index in the rank) that sent this Rollout, -1 for a batch of several.
     sampler: int = -1
-    #: Each sending sampler's position after its round (a
-    #: :class:`~fastlight.sampling.exact.SamplerState`), kept by the checkpoint for an exact resume.
+    #: Each sending sampler's :class:`~fastlight.sampling.exact.SamplerState` after its round.
     sampler_states: dict[int, Any] = field(default_factory=dict)
-    #: ``(receiver, version, checksum)`` of the weights that sampled it, one per sampler item: the
-    #: sampler's policy copy (``"sampler i"``) or the inference worker that answered it; the trainer
-    #: compares them with what it published (:class:`~fastlight.weights.checksum.DeliveryCheck`).
+    #: ``(receiver, version, checksum)`` of the weights that sampled it, one per sampler item, for
+    #: the trainer's :class:`~fastlight.weights.checksum.DeliveryCheck`.
     weights_held: list[tuple[str, int, float]] = field(default_factory=list)
 
     def merge(self, other: RolloutStats) -> RolloutStats:

@@ -1,9 +1,8 @@
 """What a training batch holds in env steps: a Rollout's own stats, or a user's ``batch_counts_fn``.
 
 Shared by :class:`~fastlight.callbacks.throughput.RolloutThroughput` and
-:class:`~fastlight.callbacks.env_steps.EnvStepBudget`, which also attach to plain Lightning
-projects whose batches are not Rollouts. There, without a ``batch_counts_fn``, the first such
-batch warns once, naming what is missing, instead of the callback doing nothing silently.
+:class:`~fastlight.callbacks.env_steps.EnvStepBudget`; on a plain Lightning project without a
+``batch_counts_fn`` the first batch that is not a Rollout warns once, naming what is missing.
 """
 
 from __future__ import annotations

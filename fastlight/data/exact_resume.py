@@ -1,10 +1,9 @@
 """The trainer's half of an exact resume: its RNG states in the checkpoint, and the one line that says
 whether a resumed run continues the run it resumes bit for bit, and if not, why.
 
-The samplers' half (their seeds per round and global reset, their envs in ``autoreset`` mode) is
-:mod:`fastlight.sampling.exact`; the batch order by sampler index is the Prefetcher's. Together,
-with ``--data.max_staleness 0`` and ``--data.rank_rounds apart`` on local samplers, "N updates, stop,
-resume, M more" equals "N + M straight" on the same kernels (``tests/data/test_exact_resume.py``).
+The samplers' half is :mod:`fastlight.sampling.exact`. Together, with ``--data.max_staleness 0`` and
+``--data.rank_rounds apart`` on local samplers, "N updates, stop, resume, M more" equals "N + M
+straight" on the same kernels.
 """
 
 from __future__ import annotations

@@ -18,16 +18,11 @@ The model of one cycle, for lengths ``L_1..L_E`` drawn from the measured distrib
   overhead (policy inference, stacking, bootstrap), ``c_step`` one env's ``step()``;
 - cut episodes ``#{i : L_i > T_k}`` beyond those the horizon cuts anyway (``L_i > H``).
 
-Expectations are Monte Carlo over :data:`SIMULATED_CYCLES` cycles of i.i.d. lengths. Lengths are
-right-censored (an episode cut at ``T`` only says ``L > T``), so the distribution is the
-Kaplan-Meier estimate over a sliding window of recent episodes, and every
-:data:`EXPLORE_EVERY`-th cycle (and the first cycles, until :data:`MIN_EPISODES` episodes are
-known) runs at threshold 1.0, which cuts only at the horizon, so the tail stays observed as the
-policy changes episode lengths. Mass beyond the longest observed length is put past ``H``
-(the pessimistic guess: such an episode runs to the cap).
-
-The cap on the cut share bounds the short-time bias: throughput alone favours low thresholds on
-cheap resets, which cut most long episodes, whose returns the policy then sees only through the critic.
+Expectations are Monte Carlo over :data:`SIMULATED_CYCLES` cycles of i.i.d. lengths drawn from the
+Kaplan-Meier estimate (lengths are right-censored) over a sliding window of recent episodes; mass
+beyond the longest observed length is put past ``H``. Every :data:`EXPLORE_EVERY`-th cycle (and the
+first, until :data:`MIN_EPISODES` episodes are known) runs at threshold 1.0, so the tail stays observed.
+The cap on the cut share bounds the short-time bias that throughput alone would favour.
 """
 
 from __future__ import annotations

@@ -11,12 +11,9 @@
   ``collect()`` is ``rollout_steps`` steps and episodes carry over between calls.
 - ``sequential``: ``autoreset`` over exactly one env, the baseline of FAST's speed-up table.
 
-With a round signal (:mod:`fastlight.sampling.round_signal`) a rank's samplers end their rounds
-together: on one termination rate over all their clips, or when the trainer cuts the rounds in flight.
-
-One policy step and action chunks: :mod:`fastlight.sampling.steps`; resets (overlapped on a thread pool
-while they are slow) and the naming of a failing env: :mod:`fastlight.sampling.resets`; the checks of
-what an env returns: :mod:`fastlight.sampling.env_faults`.
+A rank's samplers can end their rounds together (:mod:`fastlight.sampling.round_signal`). One policy
+step and action chunks: :mod:`fastlight.sampling.steps`; resets and the naming of a failing env:
+:mod:`fastlight.sampling.resets`.
 """
 
 from __future__ import annotations

@@ -1,22 +1,19 @@
 """A rank's samplers end their rounds together (``--data.rank_rounds``).
 
-One sampler per process ends its rounds on its own schedule, and the trainer, which needs one item
-from each for a training step, pays for the spread. :class:`RoundSignal` is the rank's shared word
-on when a round ends; ``--data.max_staleness`` picks which event sets it (the two never apply at
-once):
+The trainer needs one item from each sampler for a training step, so it pays for the spread of
+their rounds. :class:`RoundSignal` is the rank's shared word on when a round ends;
+``--data.max_staleness`` picks which event sets it:
 
 - **Strictly on-policy** (``max_staleness 0``): DPSA's termination rate over every clip of the
   rank (FAST §DPSA: "the proportion of terminated clips among all clips"), so all samplers truncate
   within one step of each other. The cut then depends on how fast the processes run relative to each
   other, so two runs with the same seeds do not give the same cycles (``apart`` does).
-- **Asynchronous** (``max_staleness`` above 0): the cut in flight. A sampler starts a new round as
-  soon as it has sent one, so when a training step's super-batch completes the other samplers are
-  part-way into their next round, whose steps would reach the trainer one version old in the batch
-  after. The trainer asks every sampler but the one whose item completed the batch to end its round
-  at its next step (FAST §DPSA's unified truncation: each clip still running is truncated and
-  bootstrapped with V(s_{t+1}); in ``autoreset`` mode the segment ends there, the episodes go on)
-  and the batch takes those rounds. A round that began only just before (less than
-  ``CUT_MIN_SHARE`` of its sampler's usual round) is left to finish.
+- **Asynchronous** (``max_staleness`` above 0): the cut in flight. When a training step's
+  super-batch completes, the other samplers are part-way into their next round, whose steps would
+  arrive one version old. The trainer asks every sampler but the one whose item completed the batch
+  to end its round at its next step (FAST §DPSA's unified truncation; in ``autoreset`` the episodes
+  go on) and the batch takes those rounds; one that began less than ``CUT_MIN_SHARE`` of its usual
+  round ago is left to finish.
 
 Shared memory, no messages. For the rate: two 64-bit slots per sampler hold ``cycle key << 16 | ended
 clips`` of its current cycle and of the one before (a sampler whose clips all ended moves on, and
