@@ -43,11 +43,8 @@ def expand_mask(mask: Tensor, x: Tensor) -> Tensor:
 
 
 def zero_invalid(x: Tensor, mask: Tensor) -> Tensor:
-    """``where(mask, x, 0)``: exact zeros in padded slots, whatever garbage (NaN, inf) they hold.
-
-    Losses apply this to their *inputs* first: a NaN advantage in a padded slot would otherwise
-    turn the zero upstream gradient into ``0·NaN = NaN`` on its way back to the log-probs.
-    """
+    """``where(mask, x, 0)``: exact zeros in padded slots, whatever garbage (NaN, inf) they hold;
+    losses apply it to their *inputs* first (see the module docstring)."""
     check_mask(x, mask)
     return torch.where(expand_mask(mask, x), x, torch.zeros((), dtype=x.dtype, device=x.device))
 

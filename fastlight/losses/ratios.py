@@ -85,10 +85,8 @@ def policy_terms(
     Shapes: ``logprobs``/``old_logprobs`` ``[N]`` or ``[N, K]``; ``valid`` bool, a prefix of both
     the log-prob shape and the ratio shape (``[N]``, or ``[N, K]`` with ``token`` granularity);
     ``advantages`` a prefix of the ratio shape (``[N]`` usually, per-token ``[N, K]`` allowed).
-    Returns two tensors of the ratio shape (see :func:`log_ratio`), exactly 0 where invalid.
-
-    Inputs are zeroed in padded slots *before* any arithmetic, so NaN/inf garbage there never
-    reaches the value or the gradient (a row mask cannot save ``0·NaN`` after the fact).
+    Returns two tensors of the ratio shape (see :func:`log_ratio`), exactly 0 where invalid: inputs
+    are zeroed in padded slots *before* any arithmetic (:func:`~fastlight.losses.masked.zero_invalid`).
     """
     _check_pair(logprobs, old_logprobs)
     check_mask(logprobs, valid, x_name="logprobs", mask_name="valid")
