@@ -92,9 +92,7 @@ def _show(layout: Any) -> str:
 
 def obs_to_tensor(obs: np.ndarray | dict[str, np.ndarray]) -> Tensor | dict[str, Tensor]:
     """numpy -> torch without copying where possible; float64 becomes float32."""
-    if isinstance(obs, dict):
-        return {k: _to_tensor(v) for k, v in obs.items()}
-    return _to_tensor(obs)
+    return {k: _to_tensor(v) for k, v in obs.items()} if isinstance(obs, dict) else _to_tensor(obs)
 
 
 def _to_tensor(x: np.ndarray) -> Tensor:
