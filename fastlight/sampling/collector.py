@@ -110,6 +110,7 @@ class Collector(EnvSteps):
         self.resets = self.rounds_done = 0
         self._obs: list[Any] | None = None  # current observation of each env (autoreset carry-over)
         self._eps: list[Episode] = []
+        self._seeds: list[int | None] = [None] * len(self.envs)  # each env's last reset seed, for its errors
         self._served = False
         self._chunk: int | None = None
         self.reset_cost: float | None = None  # running mean of one env.reset() in seconds, once timed

@@ -43,6 +43,7 @@ class EnvResets:
     resets: int
     _obs: list[Any] | None
     _eps: list[Episode]
+    _seeds: list[int | None]
     _ahead: tuple[RolloutStats, float] | None
 
     @property
@@ -89,6 +90,8 @@ class EnvResets:
         def one(i: int) -> tuple[int, Any, dict, int, float]:
             # A global reset seeds every env from the count (a GRPO group alike); alone, its own RNG.
             seed = reset_seed(self.seed, self.resets, i // self.group_size) if every else None
+            if seed is not None:
+                self._seeds[i] = seed
             dropped = 0
             t = time.perf_counter()
             try:
@@ -132,7 +135,9 @@ class EnvResets:
     def _where(self, i: int) -> str:
         env = self.envs[i]
         name = env.spec.id if env.spec is not None else type(env.unwrapped).__name__
-        seed = reset_seed(self.seed, max(self.resets - 1, 0), i)  # the seed of its last global reset
+        seed = self._seeds[i]  # the seed of its last global reset (its group's, with group_size > 1)
+        if seed is None:  # none since a restored state: the one before it
+            seed = reset_seed(self.seed, max(self.resets - 1, 0), i // self.group_size)
         return f"env {name} (index {i} of this sampler, seed {seed})"
 
     def _env_error(self, i: int, error: Exception, *, reset: bool = False) -> EnvError:

@@ -7,6 +7,8 @@ whose first line names the env, not only the sampler).
 
 from __future__ import annotations
 
+import gymnasium as gym
+import numpy as np
 import pytest
 
 import fastlight.sampling.obs as obs_module
@@ -17,6 +19,8 @@ from fastlight.fleet.pool import SamplerError, SamplerPool
 from fastlight.models.mlp import MLPActorCritic
 from fastlight.sampling.bundle import SamplerConfig
 from fastlight.sampling.collector import Collector
+from fastlight.sampling.env_faults import EnvError
+from fastlight.sampling.exact import reset_seed
 from fastlight.sampling.obs import ObservationShapeError, stack_obs
 from tests.lightning_helpers import wait_no_children
 from tests.sampling import error_envs
@@ -128,3 +132,36 @@ def test_an_env_that_raises_once_is_restarted_and_the_run_goes_on(tmp_path, caps
     assert "crashed: EnvError: env Flaky-v0 (index 1 of this sampler, seed 1001) raised RuntimeError" in err
     assert "restarting it (1 of 3 restarts in 600 s)" in err
     wait_no_children()
+
+
+class ResetRaisesEnv(gym.Env):
+    """Ends every episode at its first step; its reset number ``raise_at`` (1-based) raises."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, raise_at: int = 0) -> None:
+        self.calls, self.raise_at = 0, raise_at
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.calls += 1
+        if self.calls == self.raise_at:
+            raise RuntimeError("scenario failed to load")
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(3, np.float32), 0.0, True, False, {}
+
+
+def test_an_error_in_a_later_grouped_reset_names_the_seed_that_reset_used():
+    # Env 1 fails in global reset 1 (the second), in groups of 2: it was reset with its group's seed
+    # (group 0), not its own index's, and with this reset's count, not the previous one's.
+    envs = [ResetRaisesEnv(), ResetRaisesEnv(raise_at=2)]
+    collector = Collector(envs, mode="dpsa", max_horizon=4, seed=50, group_size=2)
+    with pytest.raises(EnvError) as e:
+        for _ in range(4):
+            collector.collect(MLPActorCritic(3, 2))
+    seed = reset_seed(50, 1, 0)
+    assert f"(index 1 of this sampler, seed {seed}) raised RuntimeError in reset" in str(e.value)
+    assert seed not in (reset_seed(50, 0, 1), reset_seed(50, 1, 1))  # what the message used to name
