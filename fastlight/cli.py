@@ -35,7 +35,13 @@ from fastlight.callbacks.preemption import Preempted, PreemptionCheckpoint, stop
 from fastlight.checkpoints import AtomicCheckpointIO, check_writable_dir
 from fastlight.class_paths import same_class
 from fastlight.cli_defaults import complete_run_config, forget_run_folders, resume_last, root_dir
-from fastlight.cli_output import SettingError, debug_enabled, one_line_errors, quiet_third_party
+from fastlight.cli_output import (
+    SettingError,
+    debug_enabled,
+    one_line_errors,
+    quiet_third_party,
+    setting_error_line,
+)
 from fastlight.cli_parser import (
     FastlightArgumentParser,
     check_command_line,
@@ -136,6 +142,7 @@ class FastlightCLI(LightningCLI):
         for cb in trainer.callbacks:
             if isinstance(cb, PreemptionCheckpoint):
                 cb.resume_hint = "--ckpt_path {path}"  # this command's way to resume
+                cb.refusal = setting_error_line  # a refused setting: its `fastlight: error:` line alone
         # Lightning stops at the first batch boundary at or past max_steps, and a batch (a rollout) is
         # several optimizer steps: said here, since Lightning's stop line names only max_steps.
         per = self.model.optimizer_steps_per_update if isinstance(self.model, RLModule) else 1

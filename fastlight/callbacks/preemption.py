@@ -30,6 +30,7 @@ import signal
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from types import FrameType
 from typing import Any, Protocol, runtime_checkable
 
@@ -100,6 +101,9 @@ class PreemptionCheckpoint(Callback):
         self.saved_step: int | None = None  # the global step of this fit's last checkpoint
         #: How the stop line says to resume ``{path}``; the ``fastlight`` command sets its ``--ckpt_path``.
         self.resume_hint = "trainer.fit(..., ckpt_path={path!r})"
+        #: The command's own line for a refused setting (``None``: not one); a refusal found before
+        #: training started, with nothing written, is then left to that one line. The command sets it.
+        self.refusal: Callable[[BaseException], str | None] | None = None
         self.ignored_signals = 0  # stop signals that came after the first one of this fit
         self._active, self._trained = False, False  # a fit is running (setup .. teardown); it trained
         self._in_update = False
@@ -257,6 +261,8 @@ class PreemptionCheckpoint(Callback):
             lightning_compat.stand_down_child_observer(trainer)
         if isinstance(trainer.datamodule, StopsSampling):
             trainer.datamodule.stop()  # no sampler is restarted (nor samples) while this one stops
+        if not self._trained and self.refusal is not None and self.refusal(exception) is not None:
+            return
         what = signal.Signals(exception.signum).name if isinstance(exception, Preempted) else None
         what, at = what or type(exception).__name__, f"at global step {trainer.global_step}"
         # A signal, a full disk or a failed log write says all in its line; any other error's first line

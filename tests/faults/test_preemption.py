@@ -349,3 +349,22 @@ def test_a_callback_that_handles_the_stop_takes_it_over(tmp_path, kind, capsys):
         ]
         assert "RuntimeError: a collective failed" in (tmp_path / "checkpoints" / "traceback.txt").read_text()
         assert saved_step(tmp_path / "checkpoints" / "last.ckpt") == 4
+
+
+class RefusedInSetup(SignalInUpdate):
+    def setup(self, stage: str) -> None:
+        raise ValueError("--model.x must be > 0, got 0")
+
+
+@pytest.mark.parametrize("command", [False, True])
+def test_a_refusal_before_training_is_one_stop_line_unless_the_command_says_it(tmp_path, capsys, command):
+    """In a Lightning project of its own, a refusal found as the fit starts gets the stop line; under the
+    ``fastlight`` command (which sets ``refusal``), its own ``fastlight: error:`` line is the one line."""
+    cb = PreemptionCheckpoint(dirpath=str(tmp_path / "checkpoints"))
+    cb.refusal = (lambda e: str(e)) if command else None
+    with pytest.raises(ValueError, match="--model.x must be > 0"):
+        trainer(tmp_path, cb, max_steps=4).fit(RefusedInSetup(), DataLoader(Rollouts(2), batch_size=None))
+    said = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("fastlight: ")]
+    stop = "fastlight: stopped by ValueError before training started: --model.x must be > 0, got 0; no "
+    assert [ln[: len(stop)] for ln in said] == ([] if command else [stop])
+    assert not list(tmp_path.rglob("*.ckpt"))
