@@ -4,10 +4,9 @@
     fastlight fit --config configs/highway_dpsa.yaml --trainer.max_steps 3
     fastlight fit --config configs/highway_dpsa.yaml --print_config
 
-Constructor signatures are the schema. The env's observation and action sizes are linked from
-the DataModule to the model after the DataModule is built, so a config never repeats them (the
-default policy is built from them; a policy injected with ``--model.policy`` class_path/init_args
-carries its own sizes, checked against the env before any sampler starts).
+Constructor signatures are the schema. The env's observation and action sizes are linked from the
+DataModule to the model, so a config never repeats them (an injected ``--model.policy`` carries its
+own, checked against the env before any sampler starts).
 """
 
 from __future__ import annotations
@@ -24,9 +23,8 @@ from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.plugins.io import CheckpointIO
 
-# fastlight's modules and data modules are imported so that their short names resolve on the command
-# line (--model.help VLAModule, --data.help RolloutDataModule, --data DemoDataModule): jsonargparse
-# resolves a bare class name among the subclasses already imported.
+# Imported so that their short names resolve on the command line (--model.help VLAModule, --data
+# DemoDataModule): jsonargparse resolves a bare class name among the subclasses already imported.
 import fastlight.data.datamodule  # noqa: F401
 import fastlight.vla.demos  # noqa: F401
 import fastlight.vla.module  # noqa: F401
@@ -98,8 +96,7 @@ class FastlightCLI(LightningCLI):
             self.config[self.subcommand] = complete_run_config(cfg)
         else:
             self.config = complete_run_config(cfg)
-        # Each run writes its own version folder, a resumed one too: ModelCheckpoint's note that the
-        # checkpoint's folder is not this run's (so the old run's top-k files are not tracked) is moot.
+        # Each run writes its own version folder, a resumed one too: ModelCheckpoint's note is moot.
         warnings.filterwarnings("ignore", message="The dirpath has changed from .* won't be reloaded")
 
     def after_instantiate_classes(self) -> None:
@@ -115,9 +112,8 @@ class FastlightCLI(LightningCLI):
             print(f"fastlight: policy {policy_notice(model.hparams.get('spaces'), model.hparams.obs_dim)}")
 
     def parse_arguments(self, parser, args) -> None:  # noqa: ANN001 - jsonargparse parser and args
-        """LightningCLI's parsing, every refusal one line (:mod:`fastlight.cli_parser`): an optimizer
-        flag, a missing or malformed ``--config`` file are named before jsonargparse reads them; a
-        missing ``--model.init_from`` file is refused here, before the data module and the Trainer start."""
+        """LightningCLI's parsing, every refusal one line (:mod:`fastlight.cli_parser`), a missing
+        ``--model.init_from`` file before the data module and the Trainer start."""
         argv = sys.argv[1:] if args is None else args
         if isinstance(argv, list | tuple):
             check_command_line(argv)
@@ -147,12 +143,10 @@ class FastlightCLI(LightningCLI):
         # several optimizer steps: said here, since Lightning's stop line names only max_steps.
         per = self.model.optimizer_steps_per_update if isinstance(self.model, RLModule) else 1
         if trainer.max_steps > 0 and trainer.max_steps % per and trainer.global_rank == 0:
-            print(
-                f"fastlight: --trainer.max_steps {trainer.max_steps} counts optimizer steps, {per} per "
+            _note(
+                f"--trainer.max_steps {trainer.max_steps} counts optimizer steps, {per} per "
                 "rollout (--model.update_epochs x --model.num_minibatches): training stops after the rollout "
-                f"that reaches it, at step {-(-trainer.max_steps // per) * per}",
-                file=sys.stderr,
-                flush=True,
+                f"that reaches it, at step {-(-trainer.max_steps // per) * per}"
             )
         return trainer
 
@@ -172,14 +166,10 @@ class FastlightCLI(LightningCLI):
         return super()._instantiate_trainer(config, callbacks)
 
     def _parse_ckpt_path(self) -> None:
-        """``--ckpt_path`` resumes with the settings the user typed (config + command line).
-
-        LightningCLI would overwrite the parsed model settings with the checkpoint's, silently
-        undoing e.g. ``--model.lr 0.01``. Here the typed settings are kept and one line lists
-        those that differ from the checkpoint's; the module applies a changed learning rate to
-        the restored optimizer too (:meth:`RLModule.on_load_checkpoint`). A missing, truncated or
-        non-checkpoint file is refused naming the path. ``--model.init_from`` is not read when
-        resuming (the checkpoint holds the weights), so a moved SFT checkpoint does not stop it.
+        """``--ckpt_path`` resumes with the settings the user typed (config + command line), where
+        LightningCLI would overwrite them with the checkpoint's; one line lists those that differ. A
+        missing, truncated or non-checkpoint file is refused naming the path. ``--model.init_from`` is
+        not read when resuming (the checkpoint holds the weights).
         """
         sub = self.config.get("subcommand")
         ckpt_path = self.config[sub].get("ckpt_path") if sub else None
@@ -191,8 +181,6 @@ class FastlightCLI(LightningCLI):
 
         checkpoint = read_checkpoint(ckpt_path, flag="--ckpt_path", sharded=True)
         saved = dict(checkpoint.get("hyper_parameters") or {})
-        # The data settings too (Lightning saves the DataModule's hparams): another env is the usual
-        # reason a checkpoint's weights do not fit, which the module then refuses in one line.
         saved_data = dict(checkpoint.get("datamodule_hyper_parameters") or {})
         check_same_env(ckpt_path, saved_data.get("env_id"), self.config[sub].get("data"))
         model = self.config[sub].get("model")
@@ -200,24 +188,20 @@ class FastlightCLI(LightningCLI):
             return super()._parse_ckpt_path()  # nothing typed: rebuild the checkpoint's model
         init_args = model.get("init_args")
         init_from = init_args.get("init_from") if init_args is not None else None
-        if init_from:
-            # The checkpoint restores the weights after configure_model: loading init_from first
-            # would be moot, and would fail on a file moved or deleted since the run started.
+        if init_from:  # moot (the checkpoint restores the weights), and fails on a file moved since
             init_args["init_from"] = None
-            print(
-                f"fastlight: resuming {ckpt_path}: --model.init_from {init_from} is not read "
-                "(the checkpoint holds the weights)",
-                file=sys.stderr,
-                flush=True,
-            )
+            note = "is not read (the checkpoint holds the weights)"
+            _note(f"resuming {ckpt_path}: --model.init_from {init_from} {note}")
         diffs = _differences(saved, model, saved_data, self.config[sub].get("data"))
         if diffs:
-            print(
-                f"fastlight: resuming {ckpt_path} with settings that differ from the checkpoint's "
-                f"(yours apply): {'; '.join(diffs)}",
-                file=sys.stderr,
-                flush=True,
+            _note(
+                f"resuming {ckpt_path} with settings that differ from the checkpoint's "
+                f"(yours apply): {'; '.join(diffs)}"
             )
+
+
+def _note(line: str) -> None:
+    print(f"fastlight: {line}", file=sys.stderr, flush=True)
 
 
 def _listed(value: Any) -> list[Any]:
@@ -241,9 +225,8 @@ def joined_negative_values(argv: Sequence[str]) -> list[str]:
 
 
 def check_same_env(ckpt_path: str, theirs: str | None, data: Namespace | None) -> None:
-    """A run resumes on the env its checkpoint was trained on: another env's weights (or the same sizes
-    on another task) would be trained on as if nothing changed. ``--ckpt_path last`` in a root shared
-    by runs of two envs is the usual way to ask for it unawares."""
+    """A run resumes on the env its checkpoint was trained on (``--ckpt_path last`` in a root shared by
+    runs of two envs is the usual way to ask otherwise unawares)."""
     init_args = data.get("init_args") if isinstance(data, Namespace) else None
     mine = init_args.get("env_id") if isinstance(init_args, Namespace) else None
     if not (isinstance(mine, str) and isinstance(theirs, str)):
@@ -279,13 +262,11 @@ def cli_main(args: list[str] | None = None, *, run: bool = True) -> FastlightCLI
     # Rendering backends for MuJoCo (Meta-World) without a display.
     os.environ.setdefault("MUJOCO_GL", "egl")
     quiet_third_party()  # Lightning's tips and known-harmless warnings
-    # Like `python -m`, resolve class paths of the project being run (e.g. examples.*, a
-    # user's own module) from the working directory; console scripts do not add it.
-    # Appended: a user's env package there still imports, and a fastlight/ there never shadows this one.
+    # Like `python -m`, resolve class paths of the project being run from the working directory;
+    # appended, so a fastlight/ there never shadows this one.
     if os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())
-    # The step-ticket stream has a length on purpose (epochs for checkpointing); it is read in
-    # the main process only, so Lightning's multi-worker caveat does not apply.
+    # The step-ticket stream has a length on purpose, read in the main process only.
     warnings.filterwarnings("ignore", message=".*`IterableDataset` has `__len__` defined.*")
     return FastlightCLI(
         RLModule,
@@ -295,9 +276,8 @@ def cli_main(args: list[str] | None = None, *, run: bool = True) -> FastlightCLI
         parser_class=FastlightArgumentParser,  # a refused command line: one line
         parser_kwargs={"parser_mode": "omegaconf", "fit": {"usage": FIT_USAGE, "description": FIT_HELP}},
         save_config_kwargs={"overwrite": True},
-        # No --optimizer / --lr_scheduler: the module makes its optimizer (Adam at --model.lr over its
-        # param_groups()). LightningCLI's would be made before configure_model builds the policy, over
-        # no parameters at all ("optimizer got an empty parameter list").
+        # No --optimizer / --lr_scheduler: the module makes its optimizer; LightningCLI's would be made
+        # before configure_model builds the policy, over no parameters at all.
         auto_configure_optimizers=False,
         args=args,
         run=run,
@@ -324,8 +304,8 @@ Each command takes --help."""
 
 
 def main() -> None:
-    # fastlight's own subcommands, dispatched before LightningCLI parses (``fit`` is unchanged);
-    # imported here so that ``fit`` does not load them.
+    # fastlight's own subcommands, dispatched before LightningCLI parses; imported here so that
+    # ``fit`` does not load them.
     sub = sys.argv[1] if len(sys.argv) > 1 else None
     if sub in (None, "-h", "--help"):
         print(TOP_HELP, file=sys.stdout if sub else sys.stderr)
@@ -349,13 +329,11 @@ def main() -> None:
             try:
                 cli_main()  # LightningCLI reads sys.argv itself
             except Preempted:
-                # The process exits with 128 + signum: Lightning gave the process's handlers back as the
-                # fit ended, and a second SIGTERM now (a scheduler's duplicate) would kill it by signal.
+                # The process exits with 128 + signum: a second SIGTERM now would kill it by signal.
                 ignore_stop_signals()
                 raise
     except Exception as e:
-        # A fault stop whose one line PreemptionCheckpoint printed, or a collective that failed because
-        # a rank was lost (its line names it): no traceback after the line.
+        # A fault stop or a lost rank whose one line was printed: no traceback after it.
         lost = isinstance(e, RuntimeError) and peer_watch.reported_loss() is not None
         reported = stop_reported(e) or lost
         if reported and not debug_enabled():

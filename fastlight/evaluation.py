@@ -1,28 +1,13 @@
-"""Evaluation: one episode player, one episode record, one rule for success.
+"""Evaluation: a policy (or a uniform-random baseline) plays full episodes to their natural end.
 
-A trained policy (or a uniform-random baseline) plays full episodes, each to its natural end
-(termination or the env's own time limit; :data:`MAX_EPISODE_STEPS` where the env sets none), with
-no DPSA unified truncation and no emulated scenario-load cost, so returns compare across policies
-and with the literature.
-
-- **The player**, :func:`play_episodes`: :class:`EpisodeSpec` s (reset seed, task, whether to keep
-  frames) played on one or more envs, consecutive episodes of one task in lockstep (one batched policy
-  call per step). Two seed schemes build the specs: :func:`seeded_specs` (episode ``i`` on
-  ``seed + i``) and :func:`task_specs` (every task of fastlight's multi-task Meta-World on
-  :func:`eval_seed`). Two policies evaluated with one seed face the same episodes.
-- **The record**, :class:`fastlight.rollout.EpisodeRecord`, the one the training side logs too, here
-  also with the reset ``seed``, the ``task`` name and, when asked, the camera ``frames``.
-- **Success**: an episode succeeded if *any* of its steps reports ``info["success"]`` (Meta-World) or
-  ``info["is_success"]`` (gymnasium-robotics) true; ``None`` where no step reports either key. The rule
-  is one function, :func:`fastlight.rollout.success_after`, which the training side folds over the
-  steps too. A crash is highway-env's ``info["crashed"]`` at the last step
-  (:func:`fastlight.rollout.crashed_at_end`), ``None`` where not reported.
-- **Action chunks**: a policy acting in chunks of ``H`` env actions
-  (:func:`fastlight.models.action_mapping.action_chunk`) plays each chunk open-loop, then is called
-  again; an episode that ends inside a chunk stops there. Lengths, returns and the step index count env
-  steps.
-- **Per-task summary** of a multi-task evaluation (:func:`per_task_summary`): success per task with
-  Wilson intervals and the stratified-bootstrap mean over tasks (:mod:`fastlight.stats`).
+Termination or the env's own time limit (:data:`MAX_EPISODE_STEPS` where it sets none); no DPSA
+unified truncation and no emulated scenario-load cost, so returns compare across policies and with the
+literature. Two policies evaluated with one seed face the same episodes. Each episode is a
+:class:`fastlight.rollout.EpisodeRecord` (with its reset ``seed``, ``task`` and, when asked, ``frames``).
+Success: *any* step reports ``info["success"]`` or ``info["is_success"]`` true, ``None`` where no step
+reports either (:func:`fastlight.rollout.success_after`); a crash is highway-env's ``info["crashed"]``
+at the last step. A policy acting in chunks of ``H`` env actions plays each chunk open-loop; lengths,
+returns and the step index count env steps.
 """
 
 from __future__ import annotations
@@ -44,8 +29,7 @@ ActFn = Callable[[Any, int], Any]
 #: ``(observation batch, step batch [B]) -> env actions [B, ...]`` (``[B, H, ...]`` for a policy
 #: acting in chunks of ``H``): what :func:`play_episodes` calls.
 BatchActFn = Callable[[Any, np.ndarray], Any]
-#: Longest episode played when the env sets no time limit of its own (nothing runs forever); it
-#: ends ``truncated``, as a time limit does.
+#: Longest episode played when the env sets no time limit of its own; it ends ``truncated``.
 MAX_EPISODE_STEPS = 10_000
 
 
@@ -107,11 +91,8 @@ def one_at_a_time(act: ActFn) -> BatchActFn:
 
 @dataclass(frozen=True)
 class EpisodeSpec:
-    """One episode to play: its reset ``seed``, the task of a multi-task env, whether to keep frames.
-
-    ``task_id`` resets with ``options={"task_id": task_id}`` (fastlight's Meta-World); ``None``
-    resets without options and the record takes the reset info's ``task_id`` (0 if absent).
-    """
+    """One episode to play. ``task_id`` resets with ``options={"task_id": task_id}``; ``None`` resets
+    without options and the record takes the reset info's ``task_id`` (0 if absent)."""
 
     seed: int
     task_id: int | None = None
@@ -161,14 +142,10 @@ def play_episodes(
 ) -> list[EpisodeRecord]:
     """Play every spec to its natural end, in order; one :class:`EpisodeRecord` per spec.
 
-    Consecutive specs of one task run ``len(envs)`` at a time in lockstep, spec ``j`` of a group
-    on ``envs[j]``, with one ``act`` call per step for the episodes still running. A kept frame is
-    the observation's ``image`` (image mode) or ``env.render()``, after the reset and after every
-    step. The envs stay open (the caller owns them).
-
-    ``action_chunk``: ``act`` returns ``H`` env actions per episode (``[B, H, ...]``), played
-    open-loop for up to ``H`` env steps before the next call (``None``: one action per call).
-    ``progress(done, total)`` is called after each lockstep group.
+    Consecutive specs of one task run ``len(envs)`` at a time in lockstep (one ``act`` call per step
+    for the episodes still running). A kept frame is the observation's ``image`` or ``env.render()``.
+    The envs stay open. ``action_chunk``: ``act`` returns ``H`` env actions per episode
+    (``[B, H, ...]``), played open-loop. ``progress(done, total)`` is called after each group.
     """
     if not envs:
         raise ValueError("play_episodes needs at least one env")
@@ -212,7 +189,6 @@ def _play_group(
         actions = act(stack_obs([obs[i] for i in live]), step)
         still = []
         for j, i in enumerate(live):
-            # One env action, or the chunk's actions open-loop until the episode ends.
             chunk = [actions[j]] if action_chunk is None else actions[j][:action_chunk]
             for action in chunk:
                 ep = eps[i]
@@ -299,13 +275,9 @@ def play_tasks(
     progress: Callable[[int, int], None] | None = None,
     observer: EpisodeObserver | None = None,
 ) -> list[EpisodeRecord]:
-    """Play ``episodes_per_task`` episodes of every task of a multi-task env (fastlight's Meta-World).
-
-    :func:`task_specs` on ``min(batch, episodes_per_task)`` envs: episode ``i`` of task ``k`` is
-    reset with ``options={"task_id": k}`` and :func:`eval_seed`, so two policies evaluated with the
-    same ``seed`` face the same goals. The first ``record`` episodes of each task keep their
-    camera frames (image mode). ``action_chunk`` and ``observer`` as in :func:`play_episodes`.
-    """
+    """Play ``episodes_per_task`` episodes of every task of a multi-task env (fastlight's Meta-World):
+    :func:`task_specs` on ``min(batch, episodes_per_task)`` envs; the first ``record`` of each task keep
+    their camera frames."""
     if episodes_per_task < 1 or batch < 1:
         raise ValueError(f"episodes_per_task and batch must be >= 1, got {episodes_per_task} and {batch}")
     envs = [make_env(env_id, env_kwargs=env_kwargs) for _ in range(min(batch, episodes_per_task))]
@@ -336,12 +308,9 @@ def play_policy(
 ) -> tuple[list[EpisodeRecord], tuple[str, ...], float]:
     """``(episodes, task names, the env's render fps)``: what ``fastlight evaluate`` and
     :class:`~fastlight.callbacks.periodic_evaluation.PeriodicEvaluation` play. On fastlight's
-    multi-task Meta-World, ``episodes`` per task (:func:`play_tasks`, ``batch`` in lockstep); on any
-    other env, episode ``i`` on seed ``seed + i`` inside the run's gymnasium ``wrappers`` (what the
-    policy saw, e.g. a flattened Dict; fastlight's own :class:`EnvWrapper` settings, an emulated
-    scenario-load cost, are left out). ``record``: keep frames (``env.render()``, or the camera).
-    ``task_names``: :func:`probe_env`'s, where the caller probed already (``None``: probed here).
-    ``progress(done, total)`` and ``observer``: as in :func:`play_episodes`."""
+    multi-task Meta-World, ``episodes`` per task (:func:`play_tasks`); on any other env, episode ``i``
+    on seed ``seed + i`` inside the run's gymnasium ``wrappers`` (fastlight's own :class:`EnvWrapper`
+    settings left out). ``task_names``: :func:`probe_env`'s (``None``: probed here)."""
     from fastlight.envs.wrappers import EnvWrapper, wrap_env, wrapper_of
     from fastlight.models.action_mapping import action_chunk
 
@@ -394,10 +363,8 @@ def summarise(episodes: list[EpisodeRecord], *, seed: int, n_boot: int = 10_000)
 
 
 def probe_env(env_id: str, env_kwargs: dict[str, Any]) -> tuple[tuple[str, ...], bool]:
-    """``(task names, image mode)`` of the env, without stepping it (Meta-World builds lazily).
-
-    Task names are those of fastlight's multi-task Meta-World; ``()`` for any other env.
-    """
+    """``(task names, image mode)`` of the env, without stepping it; task names ``()`` for any env but
+    fastlight's multi-task Meta-World."""
     from fastlight.envs.metaworld import MetaWorldEnv
 
     env = make_env(env_id, env_kwargs=env_kwargs)

@@ -1,31 +1,18 @@
 """``SamplerPool``: the trainer-side handle on a rank's sampler processes.
 
-It spawns them, publishes weights, hands out their Rollouts one item at a time (the
-DataModule's prefetcher assembles super-batches), and stops them. A sampler that raises sends
-its traceback, which is re-raised here naming the worker. Nothing waits forever: ``next_item``
-gives up after ``timeout_s`` without data.
+It spawns them, publishes weights, hands out their Rollouts one item at a time, and stops them.
+Restarts (Sample Factory's habit): a sampler that dies without a word (a signal, the OOM killer) or
+makes no progress for ``heartbeat_s`` is killed and started again on the current weights; its round
+is dropped and counted. A Python exception in a sampler is not restarted: it would recur. The
+budget, watch cadence and stop are every fleet's (:class:`~fastlight.fleet.base.SamplerFleet`).
 
-Restarts (Sample Factory's habit): a sampler that dies without a word (a signal, a segfault, the
-OOM killer) or that makes no progress for ``heartbeat_s`` (SIGSTOP, an env hanging in ``step``) is
-killed and started again with the same config, on the current weights; the round it was sampling
-is lost and counted (``dropped_rollouts``). Past the restart budget the run stops with a
-:class:`SamplerError` naming the sampler, its pid, its exit code and the env id. A Python exception
-in a sampler is not restarted: it carries its own message (a non-finite value, a bug in an env) and
-would recur. The watch cadence, the budget and its counters, the no-rollout timeout and the stop
-(nothing restarts once it has begun) are every fleet's (:class:`~fastlight.fleet.base.SamplerFleet`);
-a dead forkserver stops the run (:mod:`fastlight.fleet.local_watch`).
+With ``--data.inference``, the worker and the rank's samplers fail together (a dead worker's samplers
+lose their pipe; a dead sampler's EOF ends the worker's serving loop), so any of them dead or silent
+restarts the group, for one restart of the budget: the worker starts again on fresh pipes, attached
+to the same shared-memory weights. Only a worker on the double buffer is restarted.
 
-With ``--data.inference``, the worker and the rank's samplers fail together (a dead worker's
-samplers lose their pipe; a dead sampler's EOF ends the worker's serving loop), so any of them dead
-or silent (the worker has a heartbeat too) restarts the group: the samplers are killed, the worker
-is reaped and started again on fresh pipes, attached to the same shared-memory weights (the
-current version, taken before it serves), and the samplers are spawned on the new pipes. It costs
-one restart of the budget; every sampler's round in flight is dropped and counted. Only a worker on
-the double buffer is restarted; a worker on another GPU stops the run, named.
-
-Each sampler writes to its own pipe, read by its own thread here, so a sampler killed in the
-middle of a send leaves nothing broken for the others; the locks samplers share with the trainer
-(weights, task weights) are freed if the killed sampler held them.
+Each sampler writes to its own pipe, read by its own thread here, so a sampler killed mid-send breaks
+nothing for the others; the locks it shared with the trainer are freed.
 """
 
 from __future__ import annotations
@@ -59,15 +46,13 @@ STOP_WAIT_S = 5.0
 
 @dataclass
 class _Sampler:
-    """One running sampler process and what the pool watches of it
-    (a :class:`~fastlight.fleet.local_watch.Watched`)."""
+    """One running sampler process (a :class:`~fastlight.fleet.local_watch.Watched`)."""
 
     index: int
     proc: Any
     liveness: Liveness  # the heartbeat the sampler beats on progress
     reader: threading.Thread
-    #: Its resident memory at the last watch: what an OOM-killed sampler held (its exit code is all
-    #: the kernel leaves, and a dead process's /proc entry is gone).
+    #: Its resident memory at the last watch: what an OOM-killed sampler held.
     memory: MemorySample | None = None
 
 
@@ -96,12 +81,10 @@ class SamplerPool(SamplerFleet):
         self.handles = RankHandles(self.ctx, configs)
         self.task_weights = self.handles.task_weights
         self._last_sender: int | None = None  # the sampler whose item next_item handed out last
-        # When each sampler's last item arrived (its next round began then) and its usual round
-        # length (a running mean of the gaps), for cut_in_flight.
+        # When each sampler's last item arrived and its usual round length, for cut_in_flight.
         self._arrived: dict[int, float] = {}
         self._round_s: dict[int, float] = {}
-        # Every sampler's reader thread feeds this one queue, (kind, sampler index, payload);
-        # bounded, so samplers cannot run ahead.
+        # (kind, sampler index, payload) from every reader thread; bounded, so samplers cannot run ahead.
         self.items: queue.Queue[tuple[str, int, Any]] = queue.Queue(maxsize=2 * len(configs))
         self.stop_event = StopFlag(self.ctx)
         self.samplers: list[_Sampler] = []
@@ -120,8 +103,7 @@ class SamplerPool(SamplerFleet):
             self._forkserver = forkserver_pid()  # started by the first child's start, if not warmed
 
     def _spawn_all(self) -> None:
-        """Every sampler, and the inference worker that serves them (at the start and on a restart of
-        the group)."""
+        """Every sampler, and the inference worker that serves them."""
         with children_ignore_stop_signals():  # stop signals are the trainer's to handle
             self.samplers = [self._spawn(i) for i in range(len(self.configs))]
             if self.client is not None:
@@ -140,8 +122,7 @@ class SamplerPool(SamplerFleet):
             target=sampler_main, args=(bundle, send, os.getpid()), name=f"fastlight-sampler-{i}", daemon=True
         )
         p.start()
-        # Only the sampler holds the write end now: when it dies, the reader sees EOF, even in
-        # the middle of a message.
+        # Only the sampler holds the write end now: when it dies, the reader sees EOF.
         send.close()
         reader = threading.Thread(
             target=self._read, args=(i, receive), daemon=True, name=f"fastlight-sampler-{i}-reader"
@@ -179,11 +160,8 @@ class SamplerPool(SamplerFleet):
         self._arrived[index] = now
 
     def publish(self, policy: nn.Module, version: int) -> SyncStats:
-        """New weights for the samplers through the pool's one publisher.
-
-        With an inference worker, a worker that dies or stops making progress during the publish
-        is restarted (within the budget) and the publish is made again, to the new worker.
-        """
+        """New weights for the samplers; an inference worker that fails during the publish is restarted
+        (within the budget) and the publish made again."""
         if self.client is None:
             return self.publisher.publish(policy, version)
         with self._lock:
@@ -219,19 +197,14 @@ class SamplerPool(SamplerFleet):
         return f"alive: {[p.is_alive() for p in self.procs]}"
 
     def cut_in_flight(self, timeout: float) -> list[Rollout]:
-        """Ask every sampler but the last item's sender to end its round at its next step and take
-        one item from each of them (or what arrives within ``timeout`` seconds; a round that comes
-        later goes into the next batch). Which samplers: :func:`rounds_to_cut`; see
-        :mod:`fastlight.sampling.round_signal`."""
+        """Ask the samplers :func:`rounds_to_cut` names to end their round at their next step and take
+        one item from each (what arrives within ``timeout`` seconds; later ones go into the next batch)."""
         rounds = self.handles.rounds
         if rounds is None or rounds.shared_rate:
             return []
+        indices, now = [s.index for s in self.samplers], time.monotonic()
         asked = rounds_to_cut(
-            [s.index for s in self.samplers],
-            last_sender=self._last_sender,
-            arrived=self._arrived,
-            round_s=self._round_s,
-            now=time.monotonic(),
+            indices, last_sender=self._last_sender, arrived=self._arrived, round_s=self._round_s, now=now
         )
         rounds.request(asked)
         waiting = set(asked)
@@ -249,9 +222,8 @@ class SamplerPool(SamplerFleet):
         return out
 
     def _watch(self, now: float) -> None:
-        """Every sampler's traceback, exit code and heartbeat, and the inference worker's. A dead or
-        silent sampler is restarted alone; with an inference worker, any of the group restarts the
-        group (they fail together, see the module docstring). A dead forkserver stops the run."""
+        """A dead or silent sampler is restarted alone; with an inference worker, any of the group
+        restarts the group. A dead forkserver stops the run."""
         self._check_forkserver()
         self._raise_reported()
         if self.client is not None:
@@ -275,8 +247,7 @@ class SamplerPool(SamplerFleet):
                 self._restart_sampler(s, *found)
 
     def _raise_reported(self) -> None:
-        """Stop on a sampler's own exception: it carries its message (a non-finite value, a bug in an
-        env) and would recur. A pipe to the inference worker broken by a dead peer is a consequence,
+        """Stop on a sampler's own exception; a pipe to the inference worker broken by a dead peer is
         left to the group's restart."""
         for i, payload in sorted(self.errors.items()):
             if env_raised(payload) is None and (self.client is None or not broken_pipe(payload)):
@@ -294,8 +265,7 @@ class SamplerPool(SamplerFleet):
         return process_fault(s, now)
 
     def _worker_fault(self, now: float) -> tuple[str, str | None] | None:
-        """What is wrong with the inference worker, named, and what its exit code means; None while it
-        serves (watched as a sampler is, :func:`process_fault`)."""
+        """What is wrong with the inference worker, named (:func:`process_fault`); None while it serves."""
         assert self.client is not None
         self._check_forkserver(self.client.proc.exitcode)
         found = process_fault(self.client, now)
@@ -307,8 +277,8 @@ class SamplerPool(SamplerFleet):
         return f"inference worker ({self.client.proc.name}, pid {self.client.proc.pid}, env {envs})"
 
     def _check_forkserver(self, exitcode: int | None = None) -> None:
-        """A dead forkserver stops the run (:func:`check_forkserver`); after a child's exit code 255,
-        what every child of a dead forkserver reads, it gets a moment to read as dead."""
+        """A dead forkserver stops the run; after a child's exit code 255 (what every child of a dead
+        forkserver reads) it gets a moment to read as dead."""
         wait_s = FORKSERVER_EXIT_S if exitcode == 255 else 0.0
         worker = None if self.client is None else self.client.proc
         check_forkserver(self._forkserver, [s.proc for s in self.samplers], worker, wait_s)
@@ -317,8 +287,7 @@ class SamplerPool(SamplerFleet):
         return f"sampler {s.index} ({s.proc.name}, pid {s.proc.pid}, env {self.configs[s.index].env_id})"
 
     def _restart_sampler(self, s: _Sampler, what: str, note: str | None) -> None:
-        """Restart sampler ``s`` (dead or silent) within the budget, else stop naming it (``note``:
-        what its exit code means). Call under the lock."""
+        """Restart sampler ``s`` within the budget, else stop naming it. Call under the lock."""
         name = self._sampler_name(s)
         self._kill(s)
         killed = "" if what.startswith(("died", "crashed")) else f"; killed it (exit code {s.proc.exitcode})"
@@ -328,8 +297,7 @@ class SamplerPool(SamplerFleet):
 
     def _restart_group(self, what: str, note: str | None = None) -> bool:
         """Restart the inference worker and the rank's samplers within the budget, else stop naming
-        the process that failed (``what``; ``note``: what its exit code means). False, restarting
-        nothing, once the pool is stopping. Call under the lock."""
+        ``what``. False, restarting nothing, once the pool is stopping. Call under the lock."""
         client = self.client
         assert client is not None
         for s in self.samplers:  # first, so none of them reports the worker's death as its own
@@ -375,12 +343,10 @@ class SamplerPool(SamplerFleet):
                 self._drain()
                 s.proc.join(timeout=0.05)
         for s in self.samplers:
-            if s.proc.is_alive():
-                s.proc.terminate()
-                s.proc.join(timeout=2.0)
-            if s.proc.is_alive():
-                s.proc.kill()
-                s.proc.join(timeout=2.0)
+            for end in (s.proc.terminate, s.proc.kill):
+                if s.proc.is_alive():
+                    end()
+                    s.proc.join(timeout=2.0)
         for s in self.samplers:
             s.reader.join(timeout=1.0)
         self.samplers = []
@@ -398,8 +364,7 @@ class SamplerPool(SamplerFleet):
 
 @dataclass(frozen=True)
 class LocalFleet(Fleet):
-    """The default ``--data.fleet``: each rank's samplers are processes on the trainer's machine
-    (a :class:`SamplerPool`)."""
+    """The default ``--data.fleet``: each rank's samplers are processes on the trainer's machine."""
 
     shared_memory = True
 

@@ -1,8 +1,5 @@
-"""The Ray cluster under one rank's :class:`~fastlight.fleet.ray.fleet.RayFleet`: the Ray instance (one
-started for the run, or one joined), the rank's placement group (one bundle per sampler), and the
-reaper of an instance the run started. Ray is imported here, when the fleet starts
-(``pip install 'fastlight[ray]'``).
-"""
+"""The Ray cluster under one rank's :class:`~fastlight.fleet.ray.fleet.RayFleet`: the Ray instance, the
+rank's placement group (one bundle per sampler), and the reaper of an instance the run started."""
 
 from __future__ import annotations
 
@@ -58,10 +55,9 @@ TOKEN_NEEDED = (
 
 
 def check_auth(address: str, *, allow_unauthenticated: bool) -> None:
-    """Refuse in one line a cluster the trainer cannot authenticate to (``ray.init`` would retry it for
-    20 s and more, logging a warning a second), and one with authentication disabled unless
-    ``allow_unauthenticated``: its GCS is asked once without a token, then once with the trainer's.
-    Ray Client addresses (``ray://``) and what Ray cannot resolve are Ray's to check."""
+    """Refuse in one line a cluster the trainer cannot authenticate to (``ray.init`` would retry it), and
+    one with authentication disabled unless ``allow_unauthenticated``: its GCS is asked once without a
+    token, then once with the trainer's. ``ray://`` and what Ray cannot resolve are Ray's to check."""
     import grpc
     from ray._private.services import canonicalize_bootstrap_address
     from ray._raylet import AuthenticationTokenLoader
@@ -129,8 +125,7 @@ class PlacementSettings(Protocol):
 
 class RayCluster:
     """Ray for one trainer rank: :meth:`connect` joins (or starts) it and places the rank's bundles,
-    :meth:`close` gives them back and shuts down an instance it started (one it joined keeps running).
-    """
+    :meth:`close` gives them back and shuts down an instance it started."""
 
     def __init__(self, settings: PlacementSettings, *, rank: int, samplers: int) -> None:
         self.settings, self.rank, self.samplers = settings, rank, samplers
@@ -163,8 +158,7 @@ class RayCluster:
         address = self.settings.address
         kwargs: dict[str, Any] = {"logging_level": logging.WARNING}
         if address is None:
-            # A new instance for this run, sized for the samplers as the local fleet is (processes
-            # beyond the cores just share them), not attached to another instance on this machine.
+            # A new instance for this run, sized for the samplers (beyond the cores they share them).
             wanted = math.ceil(self.samplers * self.settings.num_cpus_per_sampler)
             kwargs |= {
                 "address": "local",
@@ -176,8 +170,7 @@ class RayCluster:
             check_auth(address, allow_unauthenticated=self.settings.allow_unauthenticated)
             kwargs["address"] = address
         # ray.init replaces the trainer's SIGTERM handler (its preemption checkpoint): put it back. The
-        # Ray processes it starts ignore the stop signals, as the local samplers do: a Ctrl-C to the
-        # process group is the trainer's to handle, and it stops them itself.
+        # Ray processes it starts ignore the stop signals: the trainer stops them itself.
         main = threading.current_thread() is threading.main_thread()
         sigterm = signal.getsignal(signal.SIGTERM) if main else None
         try:
@@ -186,8 +179,7 @@ class RayCluster:
         except (ConnectionError, RuntimeError, ray.exceptions.RayError) as e:
             if address is None:
                 raise
-            # A setting, not a sampler fault: one line (an OSError fastlight raises), not a traceback. Ray
-            # logs the reason it sees (e.g. InvalidAuthToken) above it; its exception names only the address.
+            # A setting, not a sampler fault: one line, not a traceback.
             why = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
             raise ConnectionError(
                 f"{SETTINGS}.address {address}: cannot join the Ray cluster there ({type(e).__name__}: "
@@ -268,10 +260,9 @@ _SHORTENERS: set[Any] = set()
 
 
 def shorten_raylet_messages(ray: Any) -> None:
-    """Keep each message Ray's GCS publishes to the driver (printed as ``(raylet) ...``) to its first
-    line, once a minute: a node lost without a word brings the last 20 lines of its raylet's log, once per
-    agent that watched it, and the heartbeat note of its node marked dead; the fleet says in one line
-    which node left. The whole messages stay in Ray's logs (the node's ``raylet.out``, its agents' logs)."""
+    """Keep each ``(raylet) ...`` message Ray's GCS publishes to the driver to its first line, once a
+    minute (a lost node brings the last 20 lines of its raylet's log per agent; the fleet names the node
+    in one line). The whole messages stay in Ray's logs."""
     worker = ray._private.worker
     original = worker.print_to_stdstream
     if original in _SHORTENERS:  # installed already (a second fleet in this process)
@@ -336,11 +327,9 @@ def start_reaper(ray: Any) -> subprocess.Popen | None:
     """Start :data:`REAPER` over the processes of the Ray instance this process just started (None
     where Ray does not say which they are).
 
-    Ray ends its gcs, raylet and workers when the driver (the trainer) is SIGKILLed, but its dashboard
-    and runtime-env agents wait a minute for the dead GCS first. The reaper, in its own session (a
-    Ctrl-C to the trainer's process group does not reach it), notes every process below the
-    instance's once a second and SIGKILLs those still running when its stdin closes: the trainer
-    stopped the fleet, or died however it died."""
+    Ray's dashboard and runtime-env agents outlive a SIGKILLed driver by a minute. The reaper notes
+    every process below the instance's once a second and SIGKILLs those still running when its stdin
+    closes (the trainer stopped the fleet, or died)."""
     try:
         node = ray._private.worker._global_node
         pids = [info.process.pid for infos in node.all_processes.values() for info in infos]

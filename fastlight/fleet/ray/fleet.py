@@ -1,53 +1,24 @@
 """``RayFleet``: a rank's samplers as Ray actors, on any node of a Ray cluster.
 
 ``--data.fleet.class_path fastlight.fleet.ray.fleet.RayFleet`` runs every sampler of a trainer rank
-as an actor of that rank's own placement group (one bundle per sampler: ``num_cpus_per_sampler`` CPUs
-plus ``sampler_resources``, e.g. ``{sim: 1}`` to place them on the nodes that advertise ``sim``).
-Ray is imported here only, when the fleet starts (``pip install 'fastlight[ray]'``).
+as an actor of that rank's own placement group (one bundle per sampler). Ray is imported only when
+the fleet starts (``pip install 'fastlight[ray]'``). An actor runs the local sampler's own loop
+(:func:`fastlight.sampling.worker.run_sampler`), so staleness, DWR task weights and the prefetcher
+work as they do locally. What differs is the transport:
 
-What is the same as the local fleet (:class:`~fastlight.fleet.pool.SamplerPool`), because it is
-the same code: an actor builds its envs and its :class:`~fastlight.sampling.collector.Collector` from
-the rank's :class:`~fastlight.sampling.bundle.SamplerConfig` (reset mode, seeds, ``nonfinite``,
-wrappers) and runs the sampler process's own loop (:func:`fastlight.sampling.worker.run_sampler` on
-its :class:`~fastlight.sampling.bundle.SamplerBundle`): newest weights at the
-start of a round, and with ``max_staleness 0`` no round on weights older than the current version;
-DWR task weights before each round (:class:`~fastlight.sampling.task_weights.SharedTaskWeights`).
-The trainer side hands the DataModule's prefetcher one Rollout at a time, so the version tag,
-``rollout/dropped_stale`` and ``--data.prefetch`` work as they do locally.
+- **Data**: every actor has one ``next_rollout`` call in flight; the trainer takes whichever ref
+  completes first (``ray.wait``) and issues the next call for that actor.
+- **Weights**: one ``ray.put`` per policy version (packed buckets,
+  :class:`~fastlight.fleet.ray.sampler_actor.StoreWeights`); every actor is sent its ref and copies it
+  in at its next round (``sync/*`` ``mode`` ``ray_object_store``). With ``--data.inference`` one
+  inference actor holds the policy instead (:mod:`fastlight.fleet.ray.inference_actor`), sent each
+  version over a two-rank ``torch.distributed`` group.
 
-What differs is the transport:
-
-- **Data**: every actor has one ``next_rollout`` call in flight; the trainer takes whichever object
-  ref completes first (``ray.wait``), so Rollouts arrive in completion order, and issues the next
-  call for that actor. An actor holds at most one finished Rollout (as the local sampler's outbox).
-- **Weights**: one ``ray.put`` per policy version (what
-  :func:`~fastlight.weights.buckets.sync_entries` selects, packed into flat per-dtype buckets as on
-  every weight path, :class:`~fastlight.fleet.ray.sampler_actor.StoreWeights`); every actor is sent
-  its ref and copies it in at its next round. The object store moves it once per node.
-  ``sync/*`` reports the put (``mode`` ``ray_object_store``).
-
-With ``--data.inference`` the rank's policy is held by one inference actor instead
-(:mod:`fastlight.fleet.ray.inference_actor`, placed by ``inference_resources``; the trainer's end is
-:class:`~fastlight.fleet.ray.inference_handle.RayInference`): the samplers act through calls on it, and
-each version is broadcast to it over a two-rank ``torch.distributed`` group (``mode`` ``bucketed``).
-
-Faults are fastlight's, not Ray's (``max_restarts=0``), kept as every fleet keeps them
-(:class:`~fastlight.fleet.base.SamplerFleet`): an actor that dies (its process killed, a segfault)
-or makes no progress for ``--data.faults.heartbeat_s`` (the beat count it sends with every answer,
-in a :class:`~fastlight.procs.Liveness`) is killed and started again in its bundle on the current
-weights, within the restart budget, counted as ``faults/worker_restarts`` and
-``faults/dropped_rollouts``. A node that leaves the cluster is one fault for all the samplers it
-held: Ray places their bundles on the remaining nodes if any can take them, and one line names the
-node and where they went; if none can within ``placement_timeout_s``, the run stops naming the node
-and the samplers lost. A node that dies without a word counts as left once Ray declares it dead
-(:mod:`fastlight.fleet.ray.actors`: its samplers are waited for, not restarted on it, until then).
-
-Nothing outlives the trainer: :meth:`RaySamplerFleet.stop` kills the actors and removes the
-placement group; a Ray instance the fleet started (``address: null``) is shut down with it, one it
-joined (``auto``, ``ray://...``) keeps running (:class:`~fastlight.fleet.ray.cluster.RayCluster`).
-If the trainer is SIGKILLed, Ray ends the job's actors and placement group itself (the driver is
-gone), and a local instance started by the trainer dies with it (Ray starts its processes
-fate-shared with the driver).
+Faults are fastlight's, not Ray's (``max_restarts=0``; :class:`~fastlight.fleet.base.SamplerFleet`):
+a dead or silent actor is started again in its bundle within the restart budget. A node that leaves
+the cluster is one fault for all the samplers it held: Ray places them on the remaining nodes, or
+the run stops after ``placement_timeout_s`` naming the node. A Ray instance the fleet started
+(``address: null``) is shut down with it; one it joined keeps running.
 """
 
 from __future__ import annotations
@@ -204,13 +175,11 @@ class RaySamplerFleet(SamplerFleet):
 
         s = self.settings
         weights = None if self._weights is None else (self._weights[0], [self._weights[1]])
-        # max_restarts 0: restarts are fastlight's, within its budget; max_concurrency: the loop's
-        # thread, next_rollout, set_weights, set_task_weights.
+        # max_concurrency: the loop's thread, next_rollout, set_weights, set_task_weights.
         actor = ray.remote(SamplerActor).options(
             num_cpus=s.num_cpus_per_sampler, resources=dict(s.sampler_resources or {}), max_restarts=0,
             max_concurrency=4, scheduling_strategy=PlacementGroupSchedulingStrategy(self._cluster.pg, i),
         )  # fmt: skip
-        # A policy copy, or the inference actor's proxy and handle.
         served = None if self.inference is None else self.inference.handle
         policy = self.policy if self.inference is None else self.inference.served_policy()
         handle = actor.remote(i, self.configs[i], policy, weights, self._task_weights, served)
@@ -240,8 +209,7 @@ class RaySamplerFleet(SamplerFleet):
         return SyncStats(version, "ray_object_store", ms, self._store.nbytes, 1, ms)
 
     def request_drain(self) -> None:
-        """The inference actor's drain; without one nothing to drain (actors pick the new weights up
-        between rounds)."""
+        """The inference actor's drain; without one nothing to drain."""
         if self.inference is not None:
             self.inference.request_drain()
 
