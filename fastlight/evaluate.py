@@ -4,29 +4,17 @@
     fastlight evaluate --ckpt runs/highway_dpsa/checkpoints/last.ckpt --episodes 3 --video runs/videos
     fastlight evaluate --ckpt runs/vla_metaworld_mt10/checkpoints/last.ckpt --episodes 5  # 5 per task
 
-The env is rebuilt from the checkpoint's own data-module settings (``env_id`` / ``env_kwargs``;
-``--env`` / ``--env-kwargs`` override or supply them), inside its gymnasium ``env_wrappers``.
-Episodes run to their natural end (termination or the env's own time limit): no DPSA unified
-truncation and no emulated scenario-load cost, so returns compare across runs and with the
-literature. Episode ``i`` is reset with seed ``--seed + i`` (fastlight's multi-task Meta-World:
-:func:`fastlight.evaluation.eval_seed`, ``--episodes`` per task), so two checkpoints evaluated with
-one seed face the same episodes. The episodes are played by
-:func:`fastlight.evaluation.play_episodes`, the one player every fastlight evaluation uses.
+The env is rebuilt from the checkpoint's own data-module settings (``--env`` / ``--env-kwargs``
+override or supply them), inside its gymnasium ``env_wrappers``. Episodes run to their natural end
+(:mod:`fastlight.evaluation`); episode ``i`` is reset with seed ``--seed + i`` (multi-task Meta-World:
+``--episodes`` per task), so two checkpoints evaluated with one seed face the same episodes.
 
-Reported (95%): mean return with a percentile-bootstrap interval (10,000 resamples of the
-episodes, :func:`fastlight.stats.stratified_mean_ci` with one stratum), mean episode length, and the
-success rate (an episode succeeded if any step's ``info['success']`` or ``info['is_success']``
-is true: :func:`fastlight.rollout.success_after`) and crash rate (highway-env's ``info['crashed']``
-at the last step) with Wilson score intervals, each where the env reports it. On highway-env (or with
-``--metrics driving``; ``basic`` leaves them out) FAST's closed-loop driving metrics too (§5,
-:func:`fastlight.metrics.driving.driving_summary`: bootstrap over the episodes). Printed, and
-written with one row per episode to ``--out`` (default: a file of its own per call,
-``<ckpt>.eval-<date>-<time>-seed<seed>.json``, and the latest also as ``<ckpt>.eval.json``). ``--video DIR``
-writes one GIF per episode (imageio, from the optional ``bench`` extra). A policy acting in action
-chunks plays each chunk open-loop (lengths count env steps, as in training).
-
-Any fastlight module class loads: the checkpoint records its class path (LightningCLI's
-``_class_path``), imported from the working directory like ``fastlight fit`` does.
+Reported (95%): mean return with a percentile-bootstrap interval over episodes, mean length, and the
+success and crash rates with Wilson score intervals where the env reports them. On highway-env (or
+with ``--metrics driving``) FAST's closed-loop driving metrics too (§5). Printed, and written with one
+row per episode to ``--out`` (default: ``<ckpt>.eval-<date>-<time>-seed<seed>.json``, the latest also
+as ``<ckpt>.eval.json``). ``--video DIR`` writes one GIF per episode (the optional ``bench`` extra).
+Any fastlight module class loads: the checkpoint records its class path.
 """
 
 from __future__ import annotations
@@ -56,7 +44,7 @@ N_BOOT = 10_000
 
 def progress_line(every_s: float = 10.0) -> Callable[[int, int], None]:
     """A ``progress(done, total)`` that prints ``fastlight evaluate: 40 of 200 episodes, 35 s`` to stderr
-    at most every ``every_s`` seconds, and at the end (a long evaluation is not silent)."""
+    at most every ``every_s`` seconds, and at the end."""
     start = last = time.monotonic()
 
     def show(done: int, total: int) -> None:
@@ -123,8 +111,8 @@ def env_settings(ckpt: dict[str, Any], env_id: str | None, override: dict[str, A
 
 
 def wants_driving(env_id: str, env_kwargs: dict[str, Any], choice: str | None) -> bool:
-    """``--metrics`` where given, else whether the env is a highway-env scene (whose simulator the driving
-    metrics read); ``ValueError`` for ``--metrics driving`` on another env."""
+    """``--metrics`` where given, else whether the env is a highway-env scene; ``ValueError`` for
+    ``--metrics driving`` on another env."""
     from fastlight.envs.registry import make_env
     from fastlight.metrics.driving import is_highway_env
 
@@ -149,7 +137,6 @@ def write_gifs(directory: Path, episodes: list[EpisodeRecord], fps: float) -> li
             continue
         directory.mkdir(parents=True, exist_ok=True)
         name = f"episode_{i:03d}" + (f"_{e.task}" if e.task else "") + f"_seed{e.seed}.gif"
-        # Pillow's GIF writer takes the frame duration in milliseconds; loop=0 repeats forever.
         iio.imwrite(directory / name, np.stack(e.frames), extension=".gif", duration=1000.0 / fps, loop=0)
         written.append(str(directory / name))
     return written
@@ -178,7 +165,7 @@ def _fmt_rate(r: dict[str, float] | None) -> str:
 
 
 def _driving_lines(driving: dict[str, dict[str, float] | None]) -> list[str]:
-    """FAST §5's metrics as ``benchmarks/results/driving_metrics.md`` prints them (4 significant digits)."""
+    """FAST §5's metrics, 4 significant digits."""
     from fastlight.metrics.driving import NOT_IN_HIGHWAY_ENV
 
     lines = ["  driving metrics (FAST §5), 95% CI: percentile bootstrap over episodes"]
@@ -234,8 +221,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     try:
         ckpt = read_checkpoint(args.ckpt, flag="--ckpt")
         env_id, env_kwargs = env_settings(ckpt, args.env, args.env_override)
-        # Before the (possibly large) model is built. An id read from the checkpoint is named as the
-        # checkpoint's (a user's own env resolves from the folder its package is importable from).
+        # Before the (possibly large) model is built.
         flag = "--env" if args.env else f"the checkpoint's data.env_id (from {args.ckpt}; or give --env)"
         check_env_id(env_id, flag=flag)
         module = load_module_of(args.ckpt, ckpt)
@@ -254,8 +240,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         video_note = "--video: state mode has no camera frames; image mode is data.env_kwargs.image: true"
         print(f"{PROG}: {video_note}", file=sys.stderr)
     if record:
-        # rgb_array frames need no window: SDL's offscreen driver draws without looking for a
-        # display (not "dummy": highway-env then stops drawing, every frame the first one).
+        # No window needed (not "dummy": highway-env then stops drawing, every frame the first one).
         os.environ.setdefault("SDL_VIDEODRIVER", "offscreen")
     episodes, _, render_fps = play_policy(
         module.policy, env_id, env_kwargs, episodes=args.episodes, seed=args.seed,

@@ -1,22 +1,14 @@
 """Where a rank's samplers run: the two typed sides of ``--data.fleet``, and the watch every fleet shares.
 
-- :class:`Fleet` is the setting (``RolloutDataModule(fleet=...)``, ``--data.fleet.class_path``):
-  :class:`~fastlight.fleet.pool.LocalFleet` (the default: processes of the trainer's machine) or
-  :class:`~fastlight.fleet.ray.fleet.RayFleet` (Ray actors on any node of a cluster). Its one
-  method, :meth:`Fleet.build`, makes the running fleet of one trainer rank from a :class:`FleetBuild`.
-- :class:`SamplerFleet` is what the DataModule drives, whichever fleet runs: start, publish a
-  policy version, take the next Rollout (in completion order), push task weights, count faults,
-  stop. :class:`~fastlight.fleet.pool.SamplerPool` and the Ray fleet implement it.
+- :class:`Fleet` is the setting (``--data.fleet.class_path``): :class:`~fastlight.fleet.pool.LocalFleet`
+  (the default) or :class:`~fastlight.fleet.ray.fleet.RayFleet`; :meth:`Fleet.build` makes the
+  running fleet of one trainer rank.
+- :class:`SamplerFleet` is what the DataModule drives, whichever fleet runs, and keeps the fault
+  bookkeeping every fleet shares (Sample Factory's habit: a dead or silent sampler is restarted on the
+  current weights within a budget, :class:`~fastlight.fleet.faults.FaultSettings`). A fleet implements
+  only its transport: how its samplers start, hand over Rollouts, are watched and stop.
 
-:class:`SamplerFleet` also keeps the fault bookkeeping both fleets share (Sample Factory's habit: a
-sampler that dies without a word, or makes no progress, is restarted on the current weights within
-a budget, :class:`~fastlight.fleet.faults.FaultSettings`): the watch cadence, the budget and its
-counters, the no-rollout timeout, the heartbeat limits, and a stop after which nothing restarts (it
-waits for a restart under way, then stops what it started). A fleet implements only its transport:
-how its samplers start, hand over Rollouts, are watched and stop.
-
-Both are abstract base classes, not duck types: a fleet that misspells or omits a method cannot be
-instantiated (``TypeError`` naming it), instead of failing on the first call in the middle of a run.
+Both are abstract base classes: a fleet that misspells or omits a method cannot be instantiated.
 """
 
 from __future__ import annotations
@@ -79,8 +71,7 @@ class SamplerFleet(ABC):
         check_policy(build.policy)  # a missing action_mapping must fail here, not in a sampler
         self.build, self.configs, self.policy = build, build.configs, build.policy
         self.faults = faults = build.faults
-        # Every process a fleet watches: until its first beat (spawn, imports, building its envs) it
-        # gets worker_timeout_s, then heartbeat_s.
+        # Until its first beat a process gets worker_timeout_s, then heartbeat_s.
         self.heartbeat_limits = HeartbeatLimits(
             faults.heartbeat_s, faults.worker_timeout_s, f"{FLAG}.heartbeat_s", f"{FLAG}.worker_timeout_s"
         )
@@ -88,8 +79,7 @@ class SamplerFleet(ABC):
         self.dropped_rollouts = 0
         self.stopping = False
         self._restart_times: collections.deque[float] = collections.deque()
-        # Serialises a restart (the prefetch thread's watch) with a publish and with the stop (the
-        # trainer's thread): a stop waits for a restart under way, and none begins once it has.
+        # Serialises a restart (the prefetch thread's watch) with a publish and with the stop.
         self._lock = threading.RLock()
         self._last_item = time.monotonic()
         self._last_watch = 0.0
@@ -116,11 +106,8 @@ class SamplerFleet(ABC):
 
     def next_item(self, timeout: float) -> Rollout | None:
         """The next Rollout any sampler finished, or None after ``timeout`` seconds without one.
-
-        Restarts dead and silent samplers on the way, within the budget. Raises
-        :class:`~fastlight.fleet.faults.SamplerError` naming the sampler past the budget or when it
-        raised, and when no Rollout at all arrived for ``--data.faults.worker_timeout_s``.
-        """
+        Restarts dead and silent samplers on the way; raises :class:`~fastlight.fleet.faults.SamplerError`
+        past the budget, on a sampler's exception, and when no Rollout arrived for ``worker_timeout_s``."""
         self.watch()
         item = self._receive(timeout)
         if item is not None:
@@ -136,10 +123,9 @@ class SamplerFleet(ABC):
         return None
 
     def cut_in_flight(self, timeout: float) -> list[Rollout]:
-        """A training step's batch just completed: ask every sampler but the one whose item completed
-        it to end its round at its next step, and return the Rollouts that arrive within ``timeout``
-        seconds (``--data.rank_rounds`` in an asynchronous run, :mod:`fastlight.sampling.round_signal`).
-        A fleet that cannot ask returns none; the DataModule refuses ``together`` for it."""
+        """A training step's batch just completed: ask the other samplers to end their rounds, and
+        return the Rollouts that arrive within ``timeout`` seconds (:mod:`fastlight.sampling.round_signal`).
+        A fleet that cannot ask returns none."""
         return []
 
     @abstractmethod
@@ -147,11 +133,9 @@ class SamplerFleet(ABC):
         """Task-sampling weights for every sampler's envs, applied before their next round (DWR)."""
 
     def stop(self) -> None:
-        """Stop every sampler; idempotent. No restart begins once it is called; one under way (in
-        the prefetch thread) is waited for, at most ``RESTART_WAIT_S``, and what it started stopped."""
+        """Stop every sampler; idempotent. No restart begins once it is called; one under way is
+        waited for, at most ``RESTART_WAIT_S``, and what it started stopped."""
         self.stopping = True
-        # Bounded: a restart stuck starting its processes must not hang the stop (what it then starts
-        # still exits with the trainer).
         locked = self._lock.acquire(timeout=RESTART_WAIT_S)
         try:
             self._stop()
@@ -172,9 +156,8 @@ class SamplerFleet(ABC):
                 self._watch(now)
 
     def _spend_restart(self, name: str, action: str, note: str | None = None, *, dropped: int) -> bool:
-        """One restart from the budget (:func:`~fastlight.fleet.faults.spend_restart` prints the
-        line, or raises naming ``name`` past the budget) for a fault that loses ``dropped`` rounds in
-        flight. False, taking nothing, once the fleet is stopping: nothing is restarted then."""
+        """One restart from the budget (:func:`~fastlight.fleet.faults.spend_restart`) for a fault that
+        loses ``dropped`` rounds in flight. False, taking nothing, once the fleet is stopping."""
         if self.stopping:
             return False
         spend_restart(self._restart_times, max_restarts=self.faults.max_worker_restarts,
@@ -190,8 +173,7 @@ class SamplerFleet(ABC):
 
     @abstractmethod
     def _receive(self, timeout: float) -> Rollout | None:
-        """A Rollout a sampler finished, or None: none within ``timeout`` seconds (or an answer that
-        holds none, such as a heartbeat)."""
+        """A Rollout a sampler finished, or None (none within ``timeout`` seconds, or a heartbeat)."""
 
     @abstractmethod
     def _watch(self, now: float) -> None:
@@ -208,11 +190,8 @@ class SamplerFleet(ABC):
 
 
 class Fleet(ABC):
-    """The ``--data.fleet`` setting: where a rank's samplers run.
-
-    ``shared_memory``: whether its samplers run on the trainer's machine and can share memory with
-    it and each other (``--data.rank_rounds auto`` then ends their rounds together).
-    """
+    """The ``--data.fleet`` setting. ``shared_memory``: whether its samplers can share memory with the
+    trainer and each other (``--data.rank_rounds auto`` then ends their rounds together)."""
 
     shared_memory: bool = False
 

@@ -1,19 +1,10 @@
 """How fastlight starts its child processes: ``spawn``, or a ``forkserver`` warmed at start-up.
 
-A spawned sampler imports torch, gymnasium and its env package itself, and it can only start once
-the trainer has imported Lightning and parsed the config. The ``fastlight`` command instead starts
-a forkserver as its very first step (:func:`warm_forkserver`): a clean single-threaded process that
-imports the sampler's modules (and the run's env package, read from the command line or the
-``--config`` files) on the other core *while* the trainer imports Lightning. Samplers are then
-forked from it with those modules already loaded. A forkserver child is a fresh process as far as
-the trainer is concerned (its arguments are pickled as with spawn, it shares no trainer state, no
-CUDA, no threads); its parent is the forkserver, which exits when the trainer does
-(:func:`fastlight.procs.die_with_parent` accepts it).
-
-Library use (a user's own script) keeps ``spawn`` unless it warms a forkserver or
-passes ``start_method="forkserver"`` explicitly (``--data.start_method``).
-
-This module imports nothing heavy: it runs before Lightning is imported.
+The ``fastlight`` command starts a forkserver as its very first step (:func:`warm_forkserver`): a
+clean single-threaded process that imports the sampler's modules (and the run's env package) on the
+other core *while* the trainer imports Lightning; samplers are forked from it with those modules
+loaded, sharing no trainer state. Library use keeps ``spawn`` unless it warms a forkserver or passes
+``start_method="forkserver"``. This module imports nothing heavy: it runs before Lightning.
 """
 
 from __future__ import annotations
@@ -60,17 +51,13 @@ def warm_forkserver(env_id: str | None = None) -> bool:
 
     if env_id:
         os.environ[PRELOAD_ENV_VAR] = env_id
-    # The forkserver runs `python -c`, so sys.path[0] there is its working directory: a fastlight/
-    # folder there other than this one would be what it preloads. It then preloads nothing, and its
-    # samplers import everything from the trainer's sys.path (the working directory comes last).
+    # The forkserver's sys.path[0] is its working directory: a fastlight/ there other than this one
+    # would be what it preloads, so it then preloads nothing.
     preload = [] if cwd_holds_another_fastlight() else PRELOAD
     multiprocessing.get_context("forkserver").set_forkserver_preload(preload)
-    # Started with the stop signals ignored (fastlight.procs.STOP_SIGNALS, not imported here: that
-    # loads torch, and the forkserver is started first so that it imports on the other core), the
-    # forkserver and every child forked from it ignore Ctrl-C, SIGTERM and SIGUSR1 from their first
-    # instruction (an ignored disposition survives exec, and Python then installs no KeyboardInterrupt
-    # handler): the trainer handles them and stops its children itself. A forkserver killed by a
-    # signal to the whole process group would take its samplers with it.
+    # Started with the stop signals ignored (fastlight.procs.STOP_SIGNALS, not imported: it loads
+    # torch), the forkserver and its children ignore them from their first instruction: the trainer
+    # handles them and stops its children itself.
     main_thread = threading.current_thread() is threading.main_thread()
     stop_signals = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
     previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in stop_signals} if main_thread else {}
@@ -84,16 +71,14 @@ def warm_forkserver(env_id: str | None = None) -> bool:
 
 
 def forkserver_pid() -> int | None:
-    """The pid of the forkserver this process started (None: none yet). multiprocessing keeps it in
-    a private attribute of its module's server only; the forkserver is this process's child."""
+    """The pid of the forkserver this process started (None: none yet; a private attribute)."""
     from multiprocessing import forkserver
 
     return getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
 
 
 def cwd_holds_another_fastlight() -> bool:
-    """Whether the working directory holds a ``fastlight/`` package other than the one running here
-    (e.g. a checkout next to the run), which a process whose ``sys.path`` starts with it would import."""
+    """Whether the working directory holds a ``fastlight/`` package other than the one running here."""
     here = os.path.join(os.getcwd(), "fastlight")
     return os.path.isfile(os.path.join(here, "__init__.py")) and not os.path.samefile(here, PACKAGE_DIR)
 
@@ -118,12 +103,8 @@ def check_start_method(value: str | None) -> None:
 
 def peek_data(argv: Sequence[str], key: str) -> str | None:
     """``data.<key>`` as the command line gives it, if it is a string: the last ``--data.<key>`` or
-    ``--data.init_args.<key>`` flag, else the last ``--config`` file that sets it (plain or
-    ``init_args`` form); ``None`` otherwise.
-
-    A best guess, read before Lightning is imported to warm the forkserver for the run's env
-    (:func:`peek_env_id`) or not at all (``--data.start_method spawn``); the CLI parses and checks
-    the real value later."""
+    ``--data.init_args.<key>`` flag, else the last ``--config`` file that sets it; ``None`` otherwise.
+    A best guess, read before Lightning is imported; the CLI parses and checks the real value later."""
     names = (f"--data.{key}", f"--data.init_args.{key}")
     flag: str | None = None
     configs = []
@@ -148,8 +129,7 @@ def peek_data(argv: Sequence[str], key: str) -> str | None:
 
 
 def peek_env_id(argv: Sequence[str]) -> str | None:
-    """The run's ``data.env_id`` (:func:`peek_data`); ``None`` leaves the forkserver without an
-    env package to preload (a warm start still, not a wrong one)."""
+    """The run's ``data.env_id`` (:func:`peek_data`); ``None``: no env package to preload."""
     return peek_data(argv, "env_id")
 
 
