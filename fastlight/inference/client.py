@@ -1,10 +1,7 @@
 """Trainer-side handle on a rank's inference worker: start it, wire samplers to it, sync weights.
 
-Used by :class:`~fastlight.fleet.pool.SamplerPool` when ``--data.inference`` is set.
-Each sampler gets a :class:`~fastlight.inference.remote.RemotePolicy` (its shared-memory slot
-and pipe end) instead of a policy copy; the worker gets the other pipe ends and the real policy.
-The client is the pool's :class:`~fastlight.weights.publisher.WeightPublisher` on this path;
-:func:`weight_path` picks how weights travel.
+Each sampler gets a :class:`~fastlight.inference.remote.RemotePolicy` (its shared-memory slot and pipe
+end) instead of a policy copy; the client is the pool's weight publisher on this path.
 """
 
 from __future__ import annotations
@@ -33,13 +30,11 @@ def weight_path(trainer_device: torch.device | str, worker_device: torch.device 
     where each end holds them; ``SyncStats.mode`` of its publishes:
 
     - ``"shared_memory"``: a CPU worker; the double buffer in host shared memory
-      (:mod:`fastlight.weights.double_buffer`: the trainer copies once, the worker swaps pointers;
-      from a GPU trainer the publish copies device -> host).
+      (:mod:`fastlight.weights.double_buffer`).
     - ``"cuda_ipc"``: trainer and worker on one CUDA device; the double buffer's slots on that
-      device, their CUDA IPC handles shared once at start-up (vLLM ipc weight transfer). NCCL
-      cannot group two processes on one GPU, and gloo would take every sync through host memory.
-    - ``"bucketed"``: any other CUDA worker (a CPU trainer, or another GPU); the broadcast group,
-      NCCL between two GPUs, gloo from the CPU (:func:`~fastlight.weights.group.choose_backend`).
+      device, their CUDA IPC handles shared once (vLLM ipc weight transfer). NCCL cannot group two
+      processes on one GPU.
+    - ``"bucketed"``: any other CUDA worker; the broadcast group (NCCL between two GPUs, else gloo).
 
     A bare ``"cuda"`` is device 0, as in ``choose_backend``.
     """
@@ -75,8 +70,7 @@ class InferenceClient:
         self.sampler_ends: list[Any] = []
         self.new_pipes()
         self.version = ctx.Value("q", -1, lock=False)
-        # Beaten by the worker's serving loop (and while it waits for weights). Its limits are set by
-        # the pool (--data.faults.heartbeat_s, --data.faults.worker_timeout_s); inf: never counted as hung.
+        # Beaten by the worker's serving loop; its limits are set by the pool.
         self.liveness = Liveness(ctx)
         # Its resident memory at the pool's last watch: what an OOM-killed worker held.
         self.memory: MemorySample | None = None
@@ -87,8 +81,6 @@ class InferenceClient:
         self.sync_config: SyncGroupConfig | None = None
         self.broadcast: LazyBroadcaster | None = None
         if self.transport in ("shared_memory", "cuda_ipc"):  # built now: the worker maps it at start-up
-            # cuda_ipc: the slots on the worker's (= the trainer's) GPU; their IPC handles go to the
-            # worker once, with its start-up arguments (vLLM ipc weight transfer).
             slots_on = self.worker_device if self.transport == "cuda_ipc" else "cpu"
             self.shared = SharedDoubleBuffer(policy, ctx, timeout_s=settings.sync_timeout_s, device=slots_on,
                                              worker_name=f"inference worker ({WORKER_NAME})")  # fmt: skip
@@ -146,20 +138,14 @@ class InferenceClient:
 
     @property
     def restartable(self) -> bool:
-        """A worker on the double buffer (host shared memory, or its slots on the trainer's GPU shared
-        by CUDA IPC) reads its weights from it, and it still holds the last published version when a
-        new worker attaches; a broadcast group would need a new rendezvous and a publish the trainer
-        is not making."""
+        """A worker on the double buffer, which still holds the last published version when a new worker
+        attaches (a broadcast group would need a new rendezvous and a publish)."""
         return self.shared is not None
 
     def prepare_restart(self) -> None:
-        """Reap the old worker (killing it if it still runs), free what it may have held, and make
-        fresh pipes; then the pool spawns the samplers on them and calls :meth:`start`.
-
-        Call with the samplers stopped and no publish in flight (the pool's lock). The new worker
-        attaches the same double buffer and takes the active slot, i.e. the current weights and
-        version, before it serves a request (``serve_once`` waits for its first sync).
-        """
+        """Reap the old worker, free what it may have held, and make fresh pipes; then the pool spawns
+        the samplers on them and calls :meth:`start`. Call with the samplers stopped and no publish in
+        flight. The new worker takes the current weights before it serves a request."""
         if not self.restartable:
             raise RuntimeError(
                 "only an inference worker on the double buffer (a CPU worker, or one on the trainer's GPU) "
@@ -167,14 +153,11 @@ class InferenceClient:
             )
         self.reap()
         assert self.shared is not None
-        # The double buffer's lock is held only for a few loads and stores; if the killed worker
-        # held it, nobody else can (the trainer's publishes wait for this restart). Either way it
-        # ends free: ours released, or the dead holder's (a SemLock any process may release).
+        # It ends free: ours released, or the dead holder's (a SemLock any process may release).
         self.shared.lock.acquire(timeout=1.0)
         self.shared.lock.release()
         self.new_pipes()
         self.memory = None
-        # From zero again: until its first beat the new worker is starting (start_timeout_s applies).
         self.liveness.reset(restart=True)
 
     def reap(self) -> None:
@@ -185,8 +168,7 @@ class InferenceClient:
             self.proc.join(timeout=5.0)
 
     def check_alive(self) -> None:
-        """Raises naming the worker if it died or its heartbeat stood still too long (until its first
-        beat it gets the start-up limit, :meth:`fastlight.procs.Liveness.hang`)."""
+        """Raises naming the worker if it died or its heartbeat stood still too long."""
         if self.proc is None:
             return
         name = f"inference worker ({self.proc.name}, pid {self.proc.pid})"

@@ -1,25 +1,16 @@
 """Batched inference worker: one process holds the policy and serves every sampler of a rank.
 
-Large policies do not fit a copy per sampler (AcceRL §architecture), so samplers send
-observations to this worker and get back actions, log-probs and values, each tagged with the
-``policy_version`` that produced them.
+Large policies do not fit a copy per sampler (AcceRL §architecture), so samplers send observations
+to this worker and get back actions, log-probs and values, tagged with the ``policy_version``.
 
-**Transport.** Each sampler owns a fixed *slot* of shared-memory tensors (observation rows in,
-actions / log-probs / values out) sized for its envs, plus one ``multiprocessing`` pipe that
-carries only tiny tuples (``("act", n_rows, progress)`` and the reply ``(version, checksum)``: the
-weights' :func:`~fastlight.weights.checksum.delivery_checksum`, taken at each sync). Arrays are
-never pickled on the hot path: the worker gathers the rows straight from the slots, runs one
-forward pass, and scatters the results back. Pipes (not queues) because the worker can wait
-on all of them at once with ``multiprocessing.connection.wait`` and a reply goes to exactly
-one sampler.
-
-**Dynamic batching**: :class:`BatchingServer`, shared with the Ray inference actor.
+**Transport.** Each sampler owns a fixed *slot* of shared-memory tensors sized for its envs, plus one
+pipe that carries only tiny tuples (``("act", n_rows, progress)`` and the reply ``(version,
+checksum)``): arrays are never pickled on the hot path. Pipes, because the worker can wait on all of
+them at once (``multiprocessing.connection.wait``).
 
 **Drain** (AcceRL §inference drain). When the trainer raises ``drain``, the worker finishes the
-forward pass in flight, schedules no new one and takes the new weights; after that they are live
-and serving resumes. How they arrive depends on the worker's device
-(:func:`~fastlight.inference.client.weight_path`: a pointer swap onto the double buffer, or the
-broadcast); either way only between two forward passes, so no forward runs on a half-written model.
+forward pass in flight and takes the new weights before the next, so no forward runs on a
+half-written model.
 """
 
 from __future__ import annotations
@@ -90,15 +81,11 @@ Answer = tuple[Tensor | None, Tensor | None, Tensor]
 
 
 class BatchingServer(ABC):
-    """The batching core of every inference worker (the local process below, the Ray actor of
-    :mod:`fastlight.fleet.ray.inference_actor`): requests wait in ``pending``; after the first one,
-    :meth:`gather` waits up to ``max_wait_ms`` for more, stopping early at ``max_batch`` rows, and
-    serves stragglers (least progress this round) first; :meth:`serve` runs one forward pass
-    per kind and answers each request with its rows, the ``version`` of the weights and their
-    ``checksum`` (:func:`~fastlight.weights.checksum.delivery_checksum`, taken at each sync,
-    :meth:`on_sync`). A request has a ``kind`` (``act`` or ``value``), ``rows`` and its sampler's
-    ``progress`` this round (env rows asked for). A worker implements its transport: how requests
-    arrive (:meth:`poll`), where their rows are (:meth:`inputs`), how an answer goes back (:meth:`answer`)."""
+    """The batching core of every inference worker (the local process below, the Ray actor): requests
+    (a ``kind``, ``act`` or ``value``; ``rows``; their sampler's ``progress`` this round) wait in
+    ``pending``; :meth:`serve` runs one forward pass per kind and answers each request with its rows,
+    the weights' ``version`` and ``checksum``. A worker implements its transport: :meth:`poll`,
+    :meth:`inputs`, :meth:`answer`."""
 
     def __init__(
         self, policy: nn.Module, *, max_batch: int, max_wait_ms: float, device: torch.device
@@ -170,8 +157,7 @@ class BatchingServer(ABC):
             self.serve(self.gather())
 
     def on_sync(self, version: int) -> None:
-        """New weights are in place as ``version``: what arrived, for the trainer's delivery check (one
-        host sync per publish, none per forward)."""
+        """New weights are in place as ``version``: their checksum, for the trainer's delivery check."""
         self.checksum = delivery_checksum(self.policy).value
         self.version = version
 
@@ -238,10 +224,8 @@ def serve_until(
     serve_once: Callable[[], None],
     on_sync: Callable[[int], None],
 ) -> None:
-    """The inference worker's loop (AcceRL §inference drain): between two forward passes, if the
-    trainer announced a sync, start no new forward and take the new weights (``on_sync(version)``
-    once they are in place: broadcast received, or shared-memory slot swapped in); otherwise
-    ``serve_once()``. Until ``stopped()``."""
+    """The inference worker's loop (AcceRL §inference drain): between two forward passes, take the
+    announced weights (``on_sync(version)`` once in place), else ``serve_once()``; until ``stopped()``."""
     while not stopped():
         if receiver.sync_pending():
             on_sync(receiver.receive(policy))
@@ -261,14 +245,9 @@ def inference_main(
     device: str,
     liveness: Liveness,
 ) -> None:
-    """Entry point of the inference worker process (spawned), with ``settings.threads`` torch threads.
-
-    Serves batches until ``stop``; between two forward passes it checks the trainer's drain
-    signal and, when set, takes the new weights (nothing is in flight at that point): ``sync`` is
-    the broadcast group's config, or the shared double buffer (CPU worker, or one on the trainer's
-    GPU). ``liveness`` (its heartbeat) beats at every turn of the loop and of a wait for weights:
-    the trainer's pool restarts a worker whose counter stands still for ``--data.faults.heartbeat_s``.
-    """
+    """Entry point of the inference worker process, serving until ``stop``. ``sync``: the broadcast
+    group's config, or the shared double buffer. ``liveness`` beats at every turn of the loop and of
+    a wait for weights."""
     start_child(parent_pid, threads=settings.threads)
     server = InferenceServer(policy, slots, conns, max_batch=settings.max_batch,
                              max_wait_ms=settings.max_wait_ms, device=torch.device(device))  # fmt: skip
