@@ -1,35 +1,18 @@
 """Trainer -> inference-worker weight broadcast over a dedicated two-rank group (AcceRL §weight sync).
 
-AcceRL ("NCCL weight synchronization") has the trainer-side source and one inference worker form
-an *independent* broadcast group; after each update the trainer broadcasts the trainable
-parameters and the necessary buffers **in a fixed sequence** and the worker overwrites its live
-weights **in place** -- no Python serialization, no host object store, no checkpoint file. Its
-*Inference Drain* has the trainer signal the worker shortly before the update ends, so the worker
-finishes its in-flight forward, schedules no new one, and is already waiting in the broadcast.
+AcceRL ("NCCL weight synchronization"): the trainer and one inference worker form an *independent*
+group (:mod:`fastlight.weights.group`); after each update the trainer broadcasts the trainable
+parameters and the necessary buffers **in a fixed sequence** (:mod:`fastlight.weights.buckets`) and
+the worker overwrites its live weights **in place**. An int64 header ``[version, n_collectives,
+signature, 0]`` goes first and the worker acks with its new version last, so
+:meth:`WeightBroadcaster.broadcast` returns once the worker's weights are in place. How the tensors
+travel in between is a :class:`Transport` (``benchmarks.sync.per_tensor`` plugs in a baseline).
 
-Here:
-
-- :class:`SyncGroupConfig` names the group (:mod:`fastlight.weights.group`: its own ``TCPStore``, a
-  directly built backend, untouched by Lightning's default group).
-- The order is fixed (:mod:`fastlight.weights.buckets`): parameters sorted by name, then
-  floating buffers sorted by name; tensors of at least ``direct_mb`` (default ``bucket_mb / 4``)
-  are broadcast as themselves, from the trainer's tensor straight into the worker's live one,
-  the rest are packed into flat per-dtype buckets of at most ``bucket_mb``, one collective each.
-  An int64 header
-  ``[version, n_collectives, signature, 0]`` goes first, and the worker acks with its new
-  version last, so :meth:`WeightBroadcaster.broadcast` returns once the worker's weights are in
-  place. How the tensors travel between header and ack is a :class:`Transport` (the extension
-  hook; :data:`BUCKETED` is the only one used in training, and ``benchmarks.sync.per_tensor``
-  plugs in the one-collective-per-tensor baseline).
-- Drain: :meth:`WeightBroadcaster.signal_drain` bumps a counter in the group's store;
-  :meth:`WeightReceiver.sync_pending` (checked by the worker between forward batches) tells it to
-  stop scheduling and call :meth:`WeightReceiver.receive`.
-- A peer that dies or stalls makes the waiting side raise :class:`WeightSyncError`, naming the
-  peer and the timeout, instead of hanging. After an error the endpoint is unusable (its model may
-  hold a mix of old and new weights) and the worker should be restarted.
-
-Two processes on **one** GPU cannot form an NCCL group (NCCL rejects duplicate devices): this is
-detected at construction and raised as :class:`WeightSyncError` (use the CUDA IPC double buffer).
+*Inference Drain*: :meth:`WeightBroadcaster.signal_drain` bumps a counter in the group's store that
+:meth:`WeightReceiver.sync_pending` reads between forward batches. A peer that dies or stalls makes
+the waiting side raise :class:`WeightSyncError` instead of hanging; the endpoint is unusable after
+it (its model may hold a mix of old and new weights). Two processes on **one** GPU cannot form an
+NCCL group: :class:`WeightSyncError` at construction (use the CUDA IPC double buffer).
 """
 
 from __future__ import annotations
@@ -68,16 +51,26 @@ def _tensors(module: nn.Module, endpoint: SyncEndpoint) -> list[torch.Tensor]:
 
 
 class SyncEndpoint:
-    """One end of the group: the module's fixed layout and its flat buckets (``packed``).
-    ``direct_mb=None`` means ``bucket_mb * DIRECT_FRACTION``."""
+    """One end of the group (rank ``RANK``): the module's fixed layout and its flat buckets (``packed``).
+    ``direct_mb=None`` means ``bucket_mb * DIRECT_FRACTION``; ``name=None`` means ``NAME``."""
 
-    def __init__(self, module: nn.Module, config: SyncGroupConfig, rank: int, name: str,
-                 bucket_mb: float, direct_mb: float | None = None) -> None:
+    RANK: int
+    NAME: str
+
+    def __init__(
+        self,
+        module: nn.Module,
+        config: SyncGroupConfig,
+        *,
+        bucket_mb: float = 64.0,
+        name: str | None = None,
+        direct_mb: float | None = None,
+    ) -> None:
         self.module = module
         direct_mb = bucket_mb * DIRECT_FRACTION if direct_mb is None else direct_mb
         self.layout = plan_buckets(module, bucket_mb, direct_mb=direct_mb)
         device = layout_tensors(module, self.layout)[0].device
-        self.group = SyncGroup(config, rank, name, device)
+        self.group = SyncGroup(config, self.RANK, name or self.NAME, device)
         self.packed = PackedWeights.alloc(self.layout, device)
         self.version = -1
         self._handshake()
@@ -85,15 +78,18 @@ class SyncEndpoint:
     def _handshake(self) -> None:
         """Rank 0 sends its layout signature, rank 1 answers match/mismatch; both raise on mismatch."""
         g, lay = self.group, self.layout
-        mine = torch.tensor([lay.signature, len(lay.buckets), len(lay.direct), lay.nbytes], dtype=torch.int64,
-                            device=g.device)
+        mine = torch.tensor(
+            [lay.signature, len(lay.buckets), len(lay.direct), lay.nbytes], dtype=torch.int64, device=g.device
+        )
         theirs = mine.clone()
         g.guard("handshake", lambda: g.bcast(theirs, TRAINER_RANK).wait())
         ok = torch.tensor([int(torch.equal(mine, theirs))], dtype=torch.int64, device=g.device)
         g.guard("handshake", lambda: g.bcast(ok, WORKER_RANK).wait())
         if not int(ok.item()):
-            raise WeightSyncError(f"weight sync layout mismatch between {g.name} and {g.peer}: "
-                                  f"[signature, buckets, direct, bytes] {mine.tolist()} vs {theirs.tolist()}")
+            raise WeightSyncError(
+                f"weight sync layout mismatch between {g.name} and {g.peer}: "
+                f"[signature, buckets, direct, bytes] {mine.tolist()} vs {theirs.tolist()}"
+            )
 
     def close(self) -> None:
         self.group.close()
@@ -120,13 +116,10 @@ class Transport(Protocol):
 class BucketTransport:
     """Direct tensors as themselves, the rest in flat per-dtype buckets; one collective each.
 
-    Collective order (both ends): the direct tensors in slot order, then the buckets. Everything
-    is issued async and waited at the end: the trainer packs bucket b while the direct tensors and
-    buckets < b are in flight; the worker receives direct tensors straight into its live tensors
-    (in place: they are its own storage and it is drained) and unpacks bucket b while b+1 arrives.
-    A non-contiguous direct tensor goes through a contiguous temporary (the plan does not depend
-    on strides, which may differ between the two ends). The default threshold
-    (``DIRECT_FRACTION``) is justified in :mod:`fastlight.weights.buckets`.
+    Order (both ends): the direct tensors in slot order, then the buckets, all issued async: the
+    trainer packs bucket b while earlier ones are in flight; the worker receives direct tensors into
+    its live ones and unpacks bucket b while b+1 arrives. A non-contiguous direct tensor goes through
+    a contiguous temporary (strides may differ between the two ends).
     """
 
     name = "bucketed"
@@ -146,8 +139,12 @@ class BucketTransport:
 
     def recv(self, endpoint: SyncEndpoint, tensors: list[torch.Tensor]) -> None:
         g, lay = endpoint.group, endpoint.layout
-        into = [tensors[i] if tensors[i].is_contiguous() else
-                torch.empty_like(tensors[i], memory_format=torch.contiguous_format) for i in lay.direct]
+        into = [
+            tensors[i]
+            if tensors[i].is_contiguous()
+            else torch.empty_like(tensors[i], memory_format=torch.contiguous_format)
+            for i in lay.direct
+        ]
         direct = [g.bcast(t, TRAINER_RANK) for t in into]
         works = [g.bcast(buf, TRAINER_RANK) for buf in endpoint.packed.buckets]
         for b, w in enumerate(works):  # unpack b while b+1 arrives
@@ -163,17 +160,12 @@ BUCKETED = BucketTransport()
 
 
 class WeightBroadcaster(SyncEndpoint):
-    """Trainer side (rank 0) of AcceRL's broadcast group; hosts the group's ``TCPStore``.
+    """Trainer side (rank 0) of AcceRL's broadcast group; hosts the group's ``TCPStore``. The layout
+    is fixed at construction; ``syncs`` counts completed broadcasts."""
 
-    Built from the trainer's module (the layout is fixed then); every call broadcasts the module's
-    current values. ``syncs`` counts completed calls.
-    """
-
-    def __init__(self, module: nn.Module, config: SyncGroupConfig, *, bucket_mb: float = 64.0,
-                 name: str = "trainer", direct_mb: float | None = None) -> None:
-        super().__init__(module, config, TRAINER_RANK, name, bucket_mb, direct_mb)
-        self.syncs = 0
-        self._announced = 0
+    RANK, NAME = TRAINER_RANK, "trainer"
+    syncs = 0
+    _announced = 0
 
     def signal_drain(self) -> None:
         """Inference Drain: tell the worker a sync is coming (idempotent until that sync runs)."""
@@ -182,8 +174,9 @@ class WeightBroadcaster(SyncEndpoint):
             g.guard("drain signal", lambda: g.store.add(f"{_PREFIX}/announced", 1))
             self._announced = self.syncs + 1
 
-    def broadcast(self, version: int, module: nn.Module | None = None, *,
-                  transport: Transport = BUCKETED) -> SyncStats:
+    def broadcast(
+        self, version: int, module: nn.Module | None = None, *, transport: Transport = BUCKETED
+    ) -> SyncStats:
         """Send ``module``'s (default: the layout's module) current values as ``version`` through
         ``transport``; returns once the worker acked."""
         g, lay = self.group, self.layout
@@ -207,8 +200,8 @@ class WeightBroadcaster(SyncEndpoint):
 
 class LazyBroadcaster:
     """A trainer's end of a broadcast group whose :class:`WeightBroadcaster` is built at the first
-    publish, from the trainer's live policy (so its buckets sit on the trainer's device, which the
-    model reaches only after start-up); a drain before it is a no-op (nothing to drain)."""
+    publish, from the live policy (so its buckets sit on the trainer's device); a drain before it is
+    a no-op."""
 
     def __init__(self, config: SyncGroupConfig, bucket_mb: float) -> None:
         self.config, self.bucket_mb = config, bucket_mb
@@ -234,17 +227,11 @@ class LazyBroadcaster:
 
 
 class WeightReceiver(SyncEndpoint):
-    """Inference-worker side (rank 1): receives direct tensors in place, small ones via buckets.
+    """Inference-worker side (rank 1): ``receive`` writes into the live module's tensors in place
+    (parameters keep their identity and storage) and returns the version."""
 
-    ``receive`` writes into the live module's tensors (the broadcast itself for direct ones,
-    ``copy_`` from the scratch buckets for packed ones; parameters keep their identity and
-    storage, so optimizers/compiled graphs holding them see the new values) and returns the version.
-    """
-
-    def __init__(self, module: nn.Module, config: SyncGroupConfig, *, bucket_mb: float = 64.0,
-                 name: str = "inference-worker", direct_mb: float | None = None) -> None:
-        super().__init__(module, config, WORKER_RANK, name, bucket_mb, direct_mb)
-        self.received = 0
+    RANK, NAME = WORKER_RANK, "inference-worker"
+    received = 0
 
     def sync_pending(self) -> bool:
         """True once the trainer announced a sync (drain signal) this worker has not received yet."""
@@ -261,8 +248,10 @@ class WeightReceiver(SyncEndpoint):
         expect = transport.collectives(self)
         if signature != lay.signature or n != expect:
             g.broken = "header mismatch"
-            raise WeightSyncError(f"weight sync header from {g.peer} does not match {g.name}'s layout: "
-                                  f"{header.tolist()} vs signature {lay.signature}, {expect} collectives")
+            raise WeightSyncError(
+                f"weight sync header from {g.peer} does not match {g.name}'s layout: "
+                f"{header.tolist()} vs signature {lay.signature}, {expect} collectives"
+            )
         with torch.no_grad():
             g.guard(f"{transport.name} broadcast", lambda: transport.recv(self, tensors))
         g.finish()

@@ -1,33 +1,22 @@
 """The one pack / unpack of every weight path: AcceRL's fixed tensor order and flat per-dtype buckets
 (AcceRL §weight sync).
 
-Every way weights leave the trainer after start-up goes through here: the samplers' shared memory
-(:mod:`~fastlight.weights.shared_memory`), the inference worker's double buffer
-(:mod:`~fastlight.weights.double_buffer`), the broadcast (:mod:`~fastlight.weights.broadcast`) and
-the Ray object store (:mod:`fastlight.fleet.ray.sampler_actor`). Each plans a :class:`BucketLayout`
-from its own copy of the module, and copies tensors in and out with :class:`PackedWeights`.
+Every way weights leave the trainer after start-up (shared memory, the double buffer, the broadcast,
+the Ray object store) plans a :class:`BucketLayout` from its own copy of the module and copies
+tensors in and out with :class:`PackedWeights`.
 
 AcceRL broadcasts "the model's trainable parameters and necessary buffers in a fixed sequence"; both
-ends must derive the same sequence independently, from their own copy of the module. The order is:
-trainable parameters sorted by name, then *floating* buffers sorted by name (integer bookkeeping such
-as ``num_batches_tracked`` is left out; frozen parameters travel once, see :func:`sync_entries`).
-Tied parameters appear once. Tensors are then grouped by
-dtype (first-appearance order) and packed back to back into flat buckets of at most ``bucket_mb``
-MiB; a tensor larger than that gets a bucket of its own (tensors are never split). One bucket is
-one collective, so a 100M-parameter model costs a handful of broadcasts instead of hundreds. The
-paths without collectives plan one bucket per dtype (:data:`ONE_BUCKET_PER_DTYPE_MB`); every dtype
-travels as itself, so delivered weights are bitwise the trainer's.
+ends derive it independently (:func:`sync_entries`). Tensors are grouped by dtype (first-appearance
+order) and packed back to back into flat buckets of at most ``bucket_mb`` MiB (never split); one
+bucket is one collective. The paths without collectives plan one bucket per dtype
+(:data:`ONE_BUCKET_PER_DTYPE_MB`); every dtype travels as itself, so delivered weights are bitwise
+the trainer's.
 
-With ``direct_mb`` set, a tensor of at least ``direct_mb`` MiB is not packed: its slot is *direct*
-(``bucket == DIRECT``) and the broadcast sends it as itself, from and into the live tensor, which
-saves a pack copy on the trainer and an unpack copy on the worker. Only the small tensors share
-buckets. (The other paths plan with ``direct_mb=None``: everything packed.)
-The broadcast endpoints default to ``direct_mb = bucket_mb / 4``: sending S bytes directly saves
-two copies of S (pack + unpack) for one more collective; a quarter bucket keeps tensors of a few
-MiB (several to a bucket) packed and caps the direct collectives at 4 per ``bucket_mb`` of weights.
-
-``signature`` is a 64-bit hash of (name, shape, dtype, bucket, offset) for every slot, so it
-covers which slots are direct; the two ends compare it before any weights move.
+With ``direct_mb`` set, a tensor of at least ``direct_mb`` MiB is *direct* (``bucket == DIRECT``):
+broadcast as itself, saving a pack and an unpack copy. The broadcast defaults to ``direct_mb =
+bucket_mb / 4``: a quarter bucket keeps tensors of a few MiB packed and caps the direct collectives
+at 4 per ``bucket_mb`` of weights. ``signature`` hashes (name, shape, dtype, bucket, offset) of every
+slot; the two ends compare it before any weights move.
 """
 
 from __future__ import annotations
@@ -106,19 +95,13 @@ def _itemsize(dtype: torch.dtype) -> int:
 
 
 def sync_entries(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
-    """What every trainer -> sampler / inference-worker weight path publishes, in its fixed order:
-    the *trainable* parameters (``requires_grad``) by name, then the floating buffers by name.
+    """What every weight path publishes, in its fixed order: the *trainable* parameters
+    (``requires_grad``) by name, then the floating buffers by name (tied parameters once).
 
-    The one place that decides it (shared memory, double buffer, broadcast, Ray). A frozen parameter
-    (a LoRA run's base weights, a frozen vision tower) never changes after the samplers' and the
-    worker's policy copies were made at start-up, so it travels once, with that copy, and not at
-    every sync; ``sync/bytes`` counts what is sent. Buffers are sent whatever their ``requires_grad``:
-    a trainer changes them without gradients (the normalisation statistics of
-    :mod:`fastlight.models.normalization`). Both ends derive the same list from their own copy,
-    whose ``requires_grad`` flags travel with it (pickling and ``cpu_copy`` keep them).
-
-    A policy sharded with ``--trainer.strategy fsdp2`` publishes whole tensors: each sharded one is
-    gathered here (:func:`fastlight.weights.sharded.full`), on every rank at once.
+    A frozen parameter (a LoRA run's base weights) never changes after the policy copies were made,
+    so it travels once, with that copy. Buffers are sent whatever their ``requires_grad``: a trainer
+    changes them without gradients (normalisation statistics). A policy sharded with fsdp2 publishes
+    whole tensors, gathered here (:func:`fastlight.weights.sharded.full`) on every rank at once.
     """
     params = sorted(((k, full(v)) for k, v in module.named_parameters() if v.requires_grad),
                     key=lambda kv: kv[0])  # fmt: skip
@@ -126,8 +109,11 @@ def sync_entries(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
     return params + sorted(floating, key=lambda kv: kv[0])
 
 
-def plan_buckets(module: nn.Module | Sequence[tuple[str, torch.Tensor]], bucket_mb: float = 64.0,
-                 direct_mb: float | None = None) -> BucketLayout:
+def plan_buckets(
+    module: nn.Module | Sequence[tuple[str, torch.Tensor]],
+    bucket_mb: float = 64.0,
+    direct_mb: float | None = None,
+) -> BucketLayout:
     """Assign every tensor of ``module`` (or of the given ``(name, tensor)`` list) a bucket slot, or
     a direct slot when it holds at least ``direct_mb`` MiB (``None``: pack everything). The plan
     depends on names, shapes and dtypes only, so both ends derive the same one."""
@@ -136,8 +122,7 @@ def plan_buckets(module: nn.Module | Sequence[tuple[str, torch.Tensor]], bucket_
     if direct_mb is not None and direct_mb <= 0:
         raise ValueError(f"direct_mb must be > 0 (or None: pack everything), got {direct_mb}")
     entries = sync_entries(module) if isinstance(module, nn.Module) else list(module)
-    # No entries (a fixed policy without trainable parameters: a random baseline, a scripted
-    # expert) is an empty layout: publishing it sends only the version.
+    # No entries (a policy without trainable parameters) is an empty layout: only the version is sent.
     cap = int(bucket_mb * 2**20)
     direct_min = None if direct_mb is None else direct_mb * 2**20
     order: dict[torch.dtype, list[int]] = {}
@@ -179,11 +164,9 @@ def bucket_views(layout: BucketLayout, buckets: Sequence[torch.Tensor]) -> list[
 
 
 def layout_tensors(module: nn.Module, layout: BucketLayout) -> list[torch.Tensor]:
-    """``module``'s published tensors (:func:`sync_entries`: the parameter and buffer objects
-    themselves) in ``layout``'s slot order, after checking that they are still the ones it was
-    planned for: same names, shapes and dtypes. Raises
-    :class:`~fastlight.weights.publisher.WeightSyncError` otherwise (a parameter whose
-    ``requires_grad`` changed, a resized or recast module), rather than sending misaligned bytes."""
+    """``module``'s published tensors (the objects themselves) in ``layout``'s slot order. Raises
+    :class:`~fastlight.weights.publisher.WeightSyncError` if they are not the ones it was planned for
+    (names, shapes, dtypes), rather than sending misaligned bytes."""
     entries = sync_entries(module)
     names = [s.name for s in layout.slots]
     if [k for k, _ in entries] != names:
@@ -191,23 +174,20 @@ def layout_tensors(module: nn.Module, layout: BucketLayout) -> list[torch.Tensor
         raise WeightSyncError(
             "weight sync: the published tensors changed since the layout was planned (a parameter's "
             f"requires_grad or the module changed): now also {sorted(mine - set(names))[:4]}, no longer "
-            f"{sorted(set(names) - mine)[:4]}")
+            f"{sorted(set(names) - mine)[:4]}"
+        )
     for s, (_, t) in zip(layout.slots, entries, strict=True):
         if tuple(t.shape) != s.shape or t.dtype != s.dtype:
-            raise WeightSyncError(f"weight sync: {s.name} changed since the layout was planned: "
-                                  f"expected {(s.shape, s.dtype)}, got {(tuple(t.shape), t.dtype)}")
+            raise WeightSyncError(
+                f"weight sync: {s.name} changed since the layout was planned: "
+                f"expected {(s.shape, s.dtype)}, got {(tuple(t.shape), t.dtype)}"
+            )
     return [t for _, t in entries]
 
 
 class PackedWeights:
     """A layout's flat buckets and every slot's view into them: the one pack / unpack of every weight
-    path.
-
-    :meth:`pack` copies tensors (slot order, e.g. :func:`layout_tensors`) into their bucket regions,
-    :meth:`unpack` copies the regions back into tensors: one copy per tensor each
-    (``torch._foreach_copy_``, tensor by tensor when the two sides are on different devices), none
-    of a direct slot, which travels as itself. ``bucket`` limits either to one bucket (the broadcast
-    packs bucket b while bucket b-1 is on the wire). Pickled (a ``Process`` argument), it carries its
+    path (one copy per packed tensor; ``bucket`` limits either to one bucket). Pickled, it carries its
     buckets (shared memory or CUDA IPC handles) and rebuilds the views where it lands.
     """
 
@@ -218,10 +198,10 @@ class PackedWeights:
         self._views: list[torch.Tensor | None] | None = None
 
     @classmethod
-    def alloc(cls, layout: BucketLayout, device: torch.device | str = "cpu", *,
-              shared: bool = False) -> PackedWeights:
-        """Zeroed buckets on ``device``; ``shared``: in host shared memory (every page touched here,
-        not in a publish)."""
+    def alloc(
+        cls, layout: BucketLayout, device: torch.device | str = "cpu", *, shared: bool = False
+    ) -> PackedWeights:
+        """Zeroed buckets on ``device``; ``shared``: in host shared memory."""
         buckets = alloc_buckets(layout, device)
         return cls(layout, [b.share_memory_() for b in buckets] if shared else buckets)
 
