@@ -1,22 +1,11 @@
 """The inference worker as a Ray actor: one per trainer rank, on any node, serving that rank's Ray samplers.
 
 With ``--data.fleet RayFleet`` and ``--data.inference`` set, a rank's policy is held by one
-:class:`InferenceActor` (placed by ``RayFleet.inference_resources``, e.g. ``{GPU: 1}`` or a custom
-resource) instead of a copy in every sampler actor (AcceRL §architecture: large policies do not fit
-a copy per sampler). The samplers act through :class:`RayServedPolicy`, whose ``act`` / ``value`` are
-calls on the actor; the actor gathers the calls of all its samplers into batched forward passes
-(the local worker's batching, :class:`~fastlight.inference.server.BatchingServer`) and tags every
-answer with the version of the weights behind it.
-
-Weights reach the actor over a two-rank ``torch.distributed`` group between the trainer rank and the
-actor (:mod:`fastlight.weights.broadcast`: gloo on the CPU, NCCL between two GPUs), the trainer hosting
-the group's store at its own node address; the actor's serving loop is the local worker's
-(:func:`~fastlight.inference.server.serve_until`), so the drain is the same: once the trainer
-announces a sync, the actor finishes the forward pass in flight, starts no new one and joins the
-broadcast, and serving resumes on the new weights (AcceRL §inference drain).
-
-A Ray actor cannot be restarted onto a broadcast group that is gone (the trainer would need a new
-rendezvous and a publish it is not making): if the actor dies, the run stops naming it.
+:class:`InferenceActor` instead of a copy in every sampler actor (AcceRL §architecture). The samplers
+act through :class:`RayServedPolicy` (calls on the actor), which the actor batches as the local worker
+does (:class:`~fastlight.inference.server.BatchingServer`). Weights arrive over a two-rank
+``torch.distributed`` group (:mod:`fastlight.weights.broadcast`), drained as locally (AcceRL
+§inference drain). A dead actor cannot rejoin a broadcast group that is gone: the run stops naming it.
 """
 
 from __future__ import annotations
@@ -66,10 +55,9 @@ def where_it_runs() -> tuple[str, str, int]:
 
 
 class InferenceActor(BatchingServer):
-    """The actor's class (wrapped by ``ray.remote`` in the fleet; plain Python here, so it is testable
-    and importable without Ray). A threaded actor: every sampler's call waits in its own thread, one
-    serving thread runs the forward passes and the weight syncs (the batching is the local worker's,
-    :class:`~fastlight.inference.server.BatchingServer`)."""
+    """The actor's class (wrapped by ``ray.remote`` in the fleet; importable without Ray). A threaded
+    actor: every sampler's call waits in its own thread, one serving thread runs the forward passes and
+    the weight syncs."""
 
     def __init__(self, policy: nn.Module, sync: SyncGroupConfig, *, device: str, max_batch: int,
                  max_wait_ms: float, bucket_mb: float) -> None:  # fmt: skip
@@ -124,9 +112,8 @@ class InferenceActor(BatchingServer):
 
     # ------------------------------------------------------------ called by the samplers
     def serve_call(self, kind: str, obs: Tensor | dict[str, Tensor], step: Tensor, progress: int) -> tuple:
-        """``(actions, logprobs, values, version, checksum)`` for ``act`` (``(None, None, values, version,
-        checksum)`` for ``value``; ``checksum``: the weights' delivery checksum), or ``("error",
-        traceback)`` once the serving thread failed."""
+        """``(actions, logprobs, values, version, checksum)`` (actions and logprobs ``None`` for
+        ``value``), or ``("error", traceback)`` once the serving thread failed."""
         if self._ended.is_set():
             return ("error", self.error or "the Ray inference worker stopped")
         call = _Call(kind, obs, step, progress)
@@ -155,7 +142,7 @@ class InferenceActor(BatchingServer):
 
 class RayServedPolicy(ServedProxy):
     """A Ray sampler's policy when an :class:`InferenceActor` serves it: each ``act`` / ``value`` is
-    one call on the actor (the local worker's proxy is :class:`~fastlight.inference.remote.RemotePolicy`)."""
+    one call on the actor."""
 
     def __init__(self, actor: Any, action_mapping: ActionMapping) -> None:
         super().__init__(action_mapping)
@@ -170,11 +157,10 @@ class RayServedPolicy(ServedProxy):
 
 
 class RayServedVersion:
-    """A Ray sampler's :class:`~fastlight.weights.publisher.WeightSource` with an inference actor:
-    the actor's current version (asked once per round); there is nothing to load."""
+    """A Ray sampler's weight source with an inference actor: the actor's current version; nothing to
+    load."""
 
-    #: A sampler waiting for new weights (``max_staleness 0``) polls ``version`` every 2 ms: ask the
-    #: actor at most this often.
+    #: A sampler waiting for new weights polls ``version`` every 2 ms: ask the actor at most this often.
     EVERY_S = 0.02
 
     def __init__(self, actor: Any) -> None:

@@ -1,13 +1,9 @@
 """The sampler actor of :class:`~fastlight.fleet.ray.fleet.RayFleet`: one sampler inside a Ray actor.
 
-It runs the sampler process's own code (:func:`~fastlight.sampling.worker.run_sampler` on a
-:class:`~fastlight.sampling.bundle.SamplerBundle`); what differs from a local sampler is where its weights
-and its Rollouts go: :class:`ActorWeights` is its :class:`~fastlight.weights.publisher.WeightSource` (the
-newest object ref the trainer sent, fetched when a round starts on it; :class:`StoreWeights` is the
-trainer's end, the same pack / unpack as every weight path), a
-:class:`~fastlight.sampling.worker.Handoff` its outbox (one finished item, taken by the trainer's
-``next_rollout`` call). Ray itself is imported only inside
-the actor's methods: this module imports without it.
+It runs the sampler process's own code (:func:`~fastlight.sampling.worker.run_sampler`); what differs
+is where its weights come from (:class:`ActorWeights`; the trainer's end is :class:`StoreWeights`) and
+where its Rollouts go (a :class:`~fastlight.sampling.worker.Handoff` the trainer's ``next_rollout``
+call takes from). Ray is imported only inside the actor's methods.
 """
 
 from __future__ import annotations
@@ -36,11 +32,9 @@ from fastlight.weights.publisher import WeightSource, WeightSyncError
 
 
 class StoreWeights:
-    """The trainer's end of the object-store path: the published tensors
-    (:func:`~fastlight.weights.buckets.sync_entries`) packed into flat per-dtype buckets (one copy,
-    into buckets reused from version to version), put as ``(signature, [bytes of each bucket])``:
-    numpy arrays, which an actor reads from the object store without a copy, of any dtype
-    (bfloat16 included)."""
+    """The trainer's end of the object-store path: the published tensors packed into flat per-dtype
+    buckets, put as ``(signature, [bytes of each bucket])``: uint8 numpy arrays, which an actor reads
+    without a copy, whatever the dtype (bfloat16 included)."""
 
     def __init__(self, policy: nn.Module) -> None:
         self.packed = PackedWeights.alloc(plan_buckets(policy, ONE_BUCKET_PER_DTYPE_MB))
@@ -57,8 +51,8 @@ class StoreWeights:
 
 
 class ActorWeights:
-    """A sampler actor's :class:`~fastlight.weights.publisher.WeightSource`: the newest version the
-    trainer sent (its object ref, fetched only when a round starts on it), unpacked into the policy."""
+    """A sampler actor's weight source: the newest version the trainer sent (its object ref, fetched
+    only when a round starts on it), unpacked into the policy."""
 
     def __init__(self) -> None:
         self._layout: BucketLayout | None = None
@@ -94,8 +88,8 @@ class ActorWeights:
 
 
 class SamplerActor:
-    """One sampler inside a Ray actor: its envs, its Collector and its policy copy, stepped by the
-    sampler process's loop in a thread; the trainer calls the methods below (a threaded actor)."""
+    """One sampler inside a Ray actor, stepped by the sampler process's loop in a thread; the trainer
+    calls the methods below (a threaded actor)."""
 
     def __init__(
         self,
@@ -108,8 +102,7 @@ class SamplerActor:
     ) -> None:
         seed_everything(cfg.seed)
         torch.set_num_threads(1)
-        # With an inference actor (``served``, its handle) ``policy`` is a RayServedPolicy: the actor
-        # holds the weights, and the version is the actor's.
+        # With an inference actor (``served``) the version is the actor's.
         self.weights: WeightSource = RayServedVersion(served) if served is not None else ActorWeights()
         if weights is not None and isinstance(self.weights, ActorWeights):
             self.weights.offer(weights[0], weights[1][0])
@@ -141,7 +134,7 @@ class SamplerActor:
     def next_rollout(self, timeout: float) -> tuple[tuple[str, Any, Any], int]:
         """``(item, beats)``: the item ``("rollout", version, Rollout)`` or ``("error", index,
         traceback)``, or after ``timeout`` seconds without one ``("wait", None, None)``; ``beats`` the
-        actor's heartbeat count so far, which the trainer's :class:`~fastlight.procs.Liveness` watches."""
+        actor's heartbeat count so far."""
         try:
             item = self.outbox.items.get(timeout=timeout)
         except queue.Empty:
