@@ -1,10 +1,5 @@
-"""``FaultSettings``: how a rank's pool watches, restarts and gives up on its worker processes; and
-what every fleet says and counts when a sampler fails (the error, the restart budget, a crash's report).
-
-``--data.faults`` holds it; every fleet (:class:`~fastlight.fleet.base.SamplerFleet`) applies it to
-its samplers, and the local pool to its inference worker alike (the restart policy is Sample
-Factory's habit: a process that dies without a word, or stops making progress, is restarted within
-a budget), and how often the trainer checks that the weights it published arrived.
+"""``FaultSettings`` (``--data.faults``): how a rank's fleet watches, restarts and gives up on its worker
+processes; and what every fleet says and counts when a sampler fails.
 """
 
 from __future__ import annotations
@@ -27,22 +22,15 @@ class FaultSettings:
     Args:
         worker_timeout_s: fail if no rollout arrives for this long; also how long a process may
             take to start (spawn, imports, building its envs) before its first heartbeat.
-        max_worker_restarts: a sampler (or CPU inference worker) that dies without a traceback (a
-            signal, a segfault) or hangs is restarted on the current weights, at most this many
-            times per ``restart_window_s`` (0 = never); its round in flight is dropped. Counted as
-            ``faults/worker_restarts`` and ``faults/dropped_rollouts``. Past the budget the run
-            stops naming the process, its pid, exit code and env id.
+        max_worker_restarts: a sampler (or CPU inference worker) that dies without a traceback or
+            hangs is restarted on the current weights, at most this many times per
+            ``restart_window_s`` (0 = never); its round in flight is dropped.
         restart_window_s: the window, in seconds, over which ``max_worker_restarts`` counts.
         heartbeat_s: a started process that makes no progress (no env step, reset or wait) for
-            this long is hung: it is killed and restarted as above. Detection takes at most
-            ``heartbeat_s`` + 0.25 s once the trainer waits for data.
-        verify_weights_every: every this many policy versions (those divisible by it), the trainer
-            checks that its samplers' policy copies (or its inference worker) hold the weights it
-            published: each receiver reports a cheap checksum of the version it took, and a mismatch
-            stops the run naming the receiver, the version and the transport
-            (:class:`~fastlight.weights.checksum.DeliveryCheck`; ``sync/verified`` counts the receivers
-            verified). 1 (the default) checks every version, so a transport that skips versions
-            now and then is caught at the first one it skips. 0 turns the check off.
+            this long is hung: it is killed and restarted as above.
+        verify_weights_every: every this many policy versions, the trainer checks that each receiver
+            holds the weights it published (a checksum; a mismatch stops the run,
+            :class:`~fastlight.weights.checksum.DeliveryCheck`). 0 turns the check off.
     """
 
     worker_timeout_s: float = 300.0
@@ -75,10 +63,9 @@ def spend_restart(
     times: collections.deque[float], *, max_restarts: int, window_s: float, name: str, action: str,
     note: str | None = None,
 ) -> None:  # fmt: skip
-    """The restart budget of every fleet: at most ``max_restarts`` (``--data.faults.max_worker_restarts``)
-    in any ``window_s`` seconds (``restart_window_s``). Takes one (appends to ``times``, the past
-    restarts' clock times) and prints what is restarted, ``action``; raises :class:`SamplerError`
-    naming ``name`` once the budget is spent. ``note`` (what a signal exit code means) ends the line."""
+    """The restart budget of every fleet: at most ``max_restarts`` in any ``window_s`` seconds. Takes
+    one (appends to ``times``) and prints ``name`` and ``action``; raises :class:`SamplerError` naming
+    ``name`` once the budget is spent. ``note`` ends the line."""
     tail = f"; {note}" if note else ""
     now = time.monotonic()
     while times and now - times[0] > window_s:
@@ -98,9 +85,8 @@ def spend_restart(
 
 
 def env_raised(payload: str) -> str | None:
-    """The last line of a sampler's traceback (``EnvError: env X (index i, seed s) raised ... at episode
-    step n: ...``) when an env's own exception ended the sampler, else None. A simulator that throws
-    now and then (CARLA, Isaac) is restarted as a crashed sampler is, within the restart budget."""
+    """The last line of a sampler's traceback (``EnvError: ...``) when an env's own exception ended the
+    sampler, else None (such a sampler is restarted within the budget)."""
     lines = [line.strip() for line in payload.splitlines() if line.strip()]
     kind, sep, message = lines[-1].partition(": ") if lines else ("", "", "")
     return f"EnvError: {message}" if sep and kind.rsplit(".", 1)[-1] == "EnvError" else None

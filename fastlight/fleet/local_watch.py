@@ -1,12 +1,7 @@
-"""How the local pool reads its child processes (a sampler, the inference worker): dead (its exit code
-and, for a SIGKILL, the memory it last held) or silent (its :class:`~fastlight.procs.Liveness`); and
-the forkserver that forked them, whose death takes all of them with it.
-
-Under the forkserver start method (the ``fastlight`` command's), every sampler and the inference
-worker is a child of the forkserver, and its exit code reaches the trainer through it: when the
-forkserver dies, all of them read as dead with exit code 255 at once (and are, killed by their
-parent-death signal). That is one fault, named as the forkserver, and it stops the run (with its
-checkpoint): a forkserver is not restarted.
+"""How the local pool reads its child processes: dead (its exit code and, for a SIGKILL, the memory it
+last held) or silent (its :class:`~fastlight.procs.Liveness`); and the forkserver that forked them.
+When the forkserver dies, all of them read as dead with exit code 255 at once: one fault, named as
+the forkserver, which stops the run (a forkserver is not restarted).
 """
 
 from __future__ import annotations
@@ -30,8 +25,7 @@ class Watched(Protocol):
 
     proc: Any  # its multiprocessing Process
     liveness: Liveness  # the heartbeat it beats on progress
-    #: Its resident memory at the last watch: what an OOM-killed process held (its exit code is all
-    #: the kernel leaves, and a dead process's /proc entry is gone).
+    #: Its resident memory at the last watch: what an OOM-killed process held.
     memory: MemorySample | None
 
 
@@ -67,8 +61,8 @@ def check_forkserver(pid: int | None, samplers: list[Any], worker: Any = None, w
 
 
 def _exited(pid: int) -> bool:
-    """Whether process ``pid`` (the forkserver, this process's child) exited: a zombie counts (it is
-    reaped only when multiprocessing starts another), and so does a pid already reaped."""
+    """Whether process ``pid`` (this process's child) exited: a zombie counts, and so does a pid already
+    reaped."""
     if state(pid) == "Z":
         return True
     try:
@@ -81,9 +75,8 @@ def _exited(pid: int) -> bool:
 
 
 def _kill_forked(procs: list[Any]) -> None:
-    """SIGKILL the processes of a dead forkserver that still run. Their exit code (255) came from the
-    server's closed status pipe, not from them, so ``Process.kill`` would skip them; their
-    parent-death signal has normally killed them already."""
+    """SIGKILL the processes of a dead forkserver that still run (``Process.kill`` would skip them: their
+    exit code 255 came from the server's closed status pipe)."""
     for proc in procs:
         if proc is not None and proc.pid is not None and alive(proc.pid):
             with contextlib.suppress(ProcessLookupError):

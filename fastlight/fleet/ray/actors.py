@@ -1,16 +1,11 @@
 """The trainer's record of each sampler actor of a :class:`~fastlight.fleet.ray.fleet.RaySamplerFleet`,
 and what the fleet makes of a node lost without a word.
 
-A node whose raylet dies without a word (SIGKILL, a crash, the machine gone) stays ``Alive`` in
-``ray.nodes()`` until Ray's health check of its nodes declares it dead (``health_check_period_ms`` x
-``health_check_failure_threshold``: about 15 s with Ray's defaults); only then does Ray move the node's
-placement-group bundles to nodes with room. Until then calls on its actors fail with
-``ActorUnavailableError``, which is not a death: a replacement made then would land in the same bundle,
-on the dead node, and spend the restart budget there. So the fleet makes the call again (Ray answers
-it when the actor is back, or fails it with ``ActorDiedError`` once the node is declared dead, by then
-not ``Alive``), and judges such an actor by its heartbeat only after :data:`NODE_VERDICT_S`. A node
-that left is one fault for every sampler it held: they are placed again for one restart, and
-:func:`moved_line` says where they went once they all run.
+A node whose raylet dies without a word stays ``Alive`` in ``ray.nodes()`` until Ray's health check
+declares it dead (about 15 s with Ray's defaults); until then calls on its actors fail with
+``ActorUnavailableError``, which is not a death: a replacement would land in the same bundle, on the
+dead node. So the fleet makes the call again, and judges such an actor by its heartbeat only after
+:data:`NODE_VERDICT_S`.
 """
 
 from __future__ import annotations
@@ -34,8 +29,7 @@ class ActorRecord:
     handle: Any
     created: float
     info_ref: Any
-    #: Its heartbeat: an actor may run on another node, so no counter is shared with it; the count
-    #: it sends with every answer is held here (one that stops answering stops moving it too).
+    #: Its heartbeat: the count it sends with every answer (an actor may run on another node).
     liveness: Liveness
     #: (node id, node IP, pid), once it answered ``info``.
     where: tuple[str, str, int] | None = None

@@ -1,11 +1,7 @@
-"""The trainer's end of a Ray fleet's inference worker
-(:class:`~fastlight.fleet.ray.inference_actor.InferenceActor`).
-
-:class:`RayInference` places the rank's inference actor (``RayFleet.inference_resources`` and
-``num_cpus_inference``), hosts the two-rank weight group at the trainer's node address, publishes
-every version over it and watches the actor: an actor that dies or whose serving loop fails stops
-the run, naming it and its node, within one watch or the publish that finds it gone.
-"""
+"""The trainer's end of a Ray fleet's inference worker: :class:`RayInference` places the rank's
+:class:`~fastlight.fleet.ray.inference_actor.InferenceActor`, hosts the two-rank weight group at the
+trainer's node address, publishes every version over it and watches the actor (a dead actor stops
+the run, naming it and its node)."""
 
 from __future__ import annotations
 
@@ -27,8 +23,7 @@ from fastlight.weights.publisher import SyncStats
 
 
 def _backend(trainer_device: torch.device, worker_device: torch.device) -> str:
-    """NCCL when both ends hold CUDA weights (the actor has a GPU of its own: Ray gives each actor the
-    GPUs it asked for, and the trainer is no Ray actor), gloo otherwise."""
+    """NCCL when both ends hold CUDA weights (the actor has a GPU of its own), gloo otherwise."""
     return "nccl" if trainer_device.type == worker_device.type == "cuda" else "gloo"
 
 
@@ -85,8 +80,7 @@ class RayInference:
     # ------------------------------------------------------------ faults
     def wait_placed(self, timeout_s: float) -> None:
         """Wait until Ray gives the actor a node; raise :class:`SamplerError` naming what it asks and what
-        each node has free if none does within ``timeout_s`` (the samplers start after it: they act
-        through it, and would be blamed for its absence)."""
+        each node has free if none does within ``timeout_s``."""
         ray = self.ray
         ready, _ = ray.wait([self.info_ref], timeout=timeout_s)
         if ready or self._placed():
