@@ -1,20 +1,11 @@
 """What the ``fastlight`` command adds to every run's config, and where a run's files go.
 
-:func:`run_defaults` is one function of the parsed config, so that the run and ``--print_config``
-show the same thing: :meth:`FastlightCLI.before_instantiate_classes
-<fastlight.cli.FastlightCLI.before_instantiate_classes>` applies it before the trainer is built, and
-the parser applies it to the config ``--print_config`` prints (:mod:`fastlight.cli_parser`). It is
-idempotent: a completed config stays as it is (the ``config.yaml`` a run saves is dumped again).
-
-Added, unless the config has its own:
-
-- ``PreemptionCheckpoint`` (a checkpoint on SIGTERM / SIGINT / SIGUSR1, on a fault, every 30 minutes
-  and when training ends), ``LostRankCheckpoint`` (a lost rank named, the survivors' checkpoint) and,
-  for a ``RolloutDataModule``, ``EnvStepBudget`` (``env_steps`` logged; no budget);
-- TensorBoard and CSV loggers under ``--trainer.default_root_dir`` (``<root>/tb``, ``<root>/csv``).
-
-Done here rather than in the YAML, so that overriding the root dir on the command line moves every
-output (a YAML interpolation would be resolved before the override).
+:func:`run_defaults` is one idempotent function of the parsed config, applied both before the trainer
+is built and to the config ``--print_config`` prints, so the two show the same thing. Added, unless
+the config has its own: ``PreemptionCheckpoint``, ``LostRankCheckpoint``, for a ``RolloutDataModule``
+``EnvStepBudget`` (``env_steps`` logged; no budget), and TensorBoard and CSV loggers under
+``--trainer.default_root_dir``. Done here rather than in the YAML, so that overriding the root dir on
+the command line moves every output.
 
 **Files.** Every run is version ``N``, the next number free in ``<root>/checkpoints``, ``<root>/tb``
 and ``<root>/csv``, so one number names its checkpoints and its logs::
@@ -24,14 +15,10 @@ and ``<root>/csv``, so one number names its checkpoints and its logs::
     <root>/checkpoints/last.ckpt    the newest checkpoint of the latest run (PreemptionCheckpoint's)
     <root>/tb/version_N/, <root>/csv/version_N/
 
-``<root>/checkpoints/last.ckpt`` is the stable path later stages and resumes use (``--model.init_from
-<sft root>/checkpoints/last.ckpt``, ``--ckpt_path <root>/checkpoints/last.ckpt``; ``--ckpt_path last``
-means it too). Its one writer is PreemptionCheckpoint (see :mod:`fastlight.callbacks.preemption` for
-why): a ModelCheckpoint placed here has its ``save_last`` turned off, and asking for it
-(``save_last: true``) has PreemptionCheckpoint save at every epoch end instead, so that
-``last.ckpt`` is as fresh as ModelCheckpoint's would have been. A resumed run is a new version: it
-reads the checkpoint, and writes its own folder, never the one it resumed from. A callback or logger
-with a folder of the config's own is left where the config put it.
+``<root>/checkpoints/last.ckpt`` is the stable path later stages and resumes use (``--ckpt_path last``
+means it too). Its one writer is PreemptionCheckpoint: a ModelCheckpoint's ``save_last: true`` has
+PreemptionCheckpoint save at every epoch end instead. A resumed run is a new version, never writing
+the folder it resumed from. A callback or logger with a folder of the config's own is left there.
 """
 
 from __future__ import annotations
@@ -84,11 +71,8 @@ def next_version(root: str) -> int:
 
 
 def complete_run_config(cfg: Namespace) -> Namespace:
-    """:func:`run_defaults` with the version and the resume file read from the root dir.
-
-    ``cfg`` is a subcommand's config (``trainer``, ``model``, ...) or the whole one (then its
-    subcommand's part is completed); other configs are returned as they are.
-    """
+    """:func:`run_defaults` with the version and the resume file read from the root dir. ``cfg`` is a
+    subcommand's config or the whole one (then its subcommand's part is completed)."""
     sub = cfg.get("subcommand")
     if sub and isinstance(cfg.get(sub), Namespace):
         cfg = cfg.clone()
@@ -102,10 +86,9 @@ def complete_run_config(cfg: Namespace) -> Namespace:
 def forget_run_folders(cfg: Namespace) -> Namespace:
     """``cfg`` (a subcommand's config, or the whole one) without the folders :func:`run_defaults` filled
     in for an earlier run: a run's saved ``config.yaml`` given as ``--config`` then gets a version of its
-    own under its ``--trainer.default_root_dir`` (the command line's, when given), never the version it
-    was saved by, whose files would be overwritten. The folders are recognised together: the
-    PreemptionCheckpoint at ``<R>/checkpoints`` with version ``n``, checkpoint callbacks at
-    ``<R>/checkpoints/version_n``, and the default loggers at ``R`` with version ``n``."""
+    own, never the one it was saved by. The folders are recognised together: the PreemptionCheckpoint
+    at ``<R>/checkpoints`` with version ``n``, checkpoint callbacks at ``<R>/checkpoints/version_n``, and
+    the default loggers at ``R`` with version ``n``."""
     sub = cfg.get("subcommand")
     if sub and isinstance(cfg.get(sub), Namespace):
         cfg = cfg.clone()
@@ -135,14 +118,18 @@ def forget_run_folders(cfg: Namespace) -> Namespace:
             and args.get("dirpath") == run_dir
         ):
             args["dirpath"] = None
-    derived = [
-        Namespace(class_path=p, init_args=Namespace(save_dir=root, name=n, version=version))
-        for p, n in LOGGERS
-    ]
+    derived = _default_loggers(root, version)
     loggers = cfg["trainer"].get("logger")
     if isinstance(loggers, list) and [_logger_key(x) for x in loggers] == [_logger_key(x) for x in derived]:
         cfg["trainer"]["logger"] = None
     return cfg
+
+
+def _default_loggers(root: str, version: int) -> list[Namespace]:
+    return [
+        Namespace(class_path=p, init_args=Namespace(save_dir=root, name=n, version=version))
+        for p, n in LOGGERS
+    ]
 
 
 def _logger_key(logger: Any) -> tuple[Any, ...] | None:
@@ -154,10 +141,8 @@ def _logger_key(logger: Any) -> tuple[Any, ...] | None:
 
 def resume_last(cfg: Namespace) -> str:
     """What ``--ckpt_path last`` resumes: ``<root>/checkpoints/last.ckpt`` or, where one is further on
-    (global step), a complete sharded checkpoint ``<root>/checkpoints/version_N/sharded-step=<S>``
-    (``fsdp2``'s, :class:`~fastlight.callbacks.lost_rank.LostRankCheckpoint`); else ``last``
-    (Lightning's: no checkpoint found, training starts afresh, e.g. a requeued job's first start).
-    Lightning's own ``last`` looks in ModelCheckpoint's folder, this run's new, empty one."""
+    (global step), a complete sharded checkpoint ``<root>/checkpoints/version_N/sharded-step=<S>``;
+    else ``last`` (Lightning's: no checkpoint found, training starts afresh)."""
     checkpoints = os.path.join(root_dir(cfg), "checkpoints")
     path = os.path.join(checkpoints, "last.ckpt")
     found = [(checkpoint_step(path, unless=""), 1, path)] if os.path.isfile(path) else []
@@ -169,8 +154,8 @@ def resume_last(cfg: Namespace) -> str:
 
 def run_defaults(cfg: Namespace, *, version: int, last_exists: bool) -> Namespace:
     """A copy of ``cfg`` (a subcommand's parsed config) with the command's callbacks, loggers and
-    folders added (see the module docstring); ``version`` numbers this run's folders and
-    ``last_exists`` says whether ``<root>/checkpoints/last.ckpt`` is there for ``--ckpt_path last``."""
+    folders added; ``version`` numbers this run's folders and ``last_exists`` says whether
+    ``<root>/checkpoints/last.ckpt`` is there for ``--ckpt_path last``."""
     cfg = cfg.clone()
     trainer = cfg["trainer"]
     root = root_dir(cfg)
@@ -210,17 +195,13 @@ def run_defaults(cfg: Namespace, *, version: int, last_exists: bool) -> Namespac
     if cfg.get("ckpt_path") == "last" and last_exists:  # see resume_last
         found = resume_last(cfg)  # last.ckpt, or a sharded checkpoint further on
         cfg["ckpt_path"] = found if found != "last" else os.path.join(checkpoints, "last.ckpt")
-    # Every RL run logs env_steps (the unit an RL user plans in); one that lists EnvStepBudget itself
-    # (e.g. --trainer.callbacks+=EnvStepBudget --trainer.callbacks.total_env_steps N) sets a budget.
-    # A supervised stage (DemoDataModule: batches of demonstrations) has no env steps to count.
+    # Every RL run logs env_steps; one that lists EnvStepBudget itself sets a budget. A supervised
+    # stage (DemoDataModule) has no env steps to count.
     if _samples_envs(cfg) and not any(_is(cb, ENV_STEPS) for cb in callbacks):
         callbacks.append(Namespace(class_path=ENV_STEPS, init_args=_defaults(EnvStepBudget)))
     trainer["callbacks"] = callbacks
     if trainer.get("logger") in (None, True):
-        trainer["logger"] = [
-            Namespace(class_path=path, init_args=Namespace(save_dir=root, name=name, version=version))
-            for path, name in LOGGERS
-        ]
+        trainer["logger"] = _default_loggers(root, version)
     return cfg
 
 
@@ -234,8 +215,7 @@ def _samples_envs(cfg: Namespace) -> bool:
 
 
 def _defaults(cls: type) -> Namespace:
-    """Every constructor argument of ``cls`` at its default, as the parser fills a listed callback's
-    (so that ``--print_config`` shows an added callback's settings too)."""
+    """Every constructor argument of ``cls`` at its default, as the parser fills a listed callback's."""
     return Namespace(**constructor_defaults(cls))
 
 

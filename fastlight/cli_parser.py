@@ -1,18 +1,9 @@
 """The ``fastlight`` command line's parser: refusals as one line, and the dumped config the run's own.
 
 A command line jsonargparse refuses is raised as a :class:`~fastlight.cli_output.SettingError` whose
-message is jsonargparse's own, on one line (:func:`fastlight.cli_output.parse_error_line`), e.g.
-``Parser key "data": Parser key "num_envs": Expected a <class 'int'>. Got value: four``; a value the
-types allow but a constructor refuses is the constructor's line, naming the flag
-(``--data.termination_threshold must be in [0, 1] or auto, got 1.5``).
-
-Before jsonargparse reads the command line, :func:`check_command_line` refuses what it would only
-call unrecognized; :func:`check_init_from` refuses a missing ``--model.init_from`` checkpoint before
-anything starts. A dumped config is the run's complete one
-(:func:`fastlight.cli_defaults.complete_run_config`), so that ``--print_config`` shows what will run.
-A command-line value means what it means in YAML at every depth
-(:func:`fastlight.jsonargparse_compat.yaml_nested_values`); a later ``--config`` file's ``env_kwargs``
-update the earlier ones key by key, as ``--data.env_kwargs.KEY`` does.
+message is jsonargparse's own, on one line. A dumped config is the run's complete one
+(:func:`fastlight.cli_defaults.complete_run_config`). A command-line value means what it means in YAML
+at every depth; a later ``--config`` file's ``env_kwargs`` update the earlier ones key by key.
 """
 
 from __future__ import annotations
@@ -66,8 +57,7 @@ def _config_values(args: Sequence[str]) -> list[str]:
 
 
 def check_config_files(args: Sequence[str]) -> None:
-    """Refuse a ``--config`` file that is missing or not YAML, naming it (jsonargparse would name
-    neither the file nor, for a YAML mistake, anything but a line and column in "<unicode string>")."""
+    """Refuse a ``--config`` file that is missing or not YAML, naming it (jsonargparse would not)."""
     import yaml
 
     for value in _config_values(args):
@@ -97,8 +87,7 @@ def check_config_files(args: Sequence[str]) -> None:
 
 def check_init_from(config: Namespace) -> None:
     """Refuse a ``--model.init_from`` file that does not exist, before the data module and the
-    Trainer start (the module reads it only once the fit has begun, in every DDP process).
-    A resume (``--ckpt_path``) does not read it, so it is not checked then."""
+    Trainer start; not checked on a resume (``--ckpt_path``), which does not read it."""
     sub = config.get("subcommand")
     cfg = config[sub] if sub else config
     if cfg.get("ckpt_path"):
@@ -157,8 +146,7 @@ class FastlightArgumentParser(LightningArgumentParser):
             _IN_CONFIG_FILE.reset(token)
 
     def parse_object(self, obj: Any, namespace: Namespace | None = None, **kwargs: Any) -> Namespace:
-        # jsonargparse replaces a dict a later file sets whole: a file that adds one env keyword would
-        # drop the others (an env's time limit, its reward scale) without a word.
+        # jsonargparse replaces a dict a later file sets whole, dropping the earlier keys without a word.
         if _IN_CONFIG_FILE.get() and isinstance(namespace, Namespace) and isinstance(obj, Namespace):
             earlier, later = namespace.get("env_kwargs"), obj.get("env_kwargs")
             if isinstance(earlier, dict) and isinstance(later, dict):
@@ -172,7 +160,7 @@ class FastlightArgumentParser(LightningArgumentParser):
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         # The parsers jsonargparse nests for a class do not exit on error: their report goes up, into
-        # the command's own parser's, which raises it as one line instead of printing usage and help.
+        # the command's own parser's, which raises it as one line.
         message = self._with_suggestion(message)
         if not self.exit_on_error:
             super().error(message, ex)
