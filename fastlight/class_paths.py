@@ -1,10 +1,7 @@
 """Import paths of classes, compared by what they name, not by how they are spelt.
 
-One class has several import paths: ``fastlight.RLModule`` (the public name, which LightningCLI's
-parser records since ``fastlight`` exports it) and ``fastlight.modules.rl_module.RLModule`` (its
-module, which older configs and checkpoints hold). Code that asks "is this entry that class?"
-resolves both sides, so a config, a checkpoint and fastlight's own defaults agree however they
-spell it.
+One class has several import paths (``fastlight.RLModule``, ``fastlight.modules.rl_module.RLModule``);
+code that asks "is this entry that class?" resolves both sides.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Callbacks in a ``fastlight`` config: one entry per callback class, whatever the fragments add.
 
-A fragment in ``callbacks/`` appends its callback (``trainer.callbacks+:``); a second instance of a
-callback the experiment already has would be refused by Lightning (one ``state_key``) or run twice.
-:func:`merge_repeated_callbacks` folds every repeated ``class_path`` into its first entry instead: the
-later entry's ``init_args`` that differ from the constructor's defaults (jsonargparse has filled in the
-omitted ones) update the earlier one's, key by key. Lightning's ``ModelCheckpoint`` and
-``EarlyStopping`` may repeat: their state keys include their arguments.
+A fragment in ``callbacks/`` appends its callback; a second instance of a callback the experiment
+already has would be refused by Lightning (one ``state_key``) or run twice, so
+:func:`merge_repeated_callbacks` folds it into the first entry instead.
 """
 
 from __future__ import annotations
@@ -31,11 +28,9 @@ MAY_REPEAT = frozenset(
 
 
 def merge_repeated_callbacks(callbacks: list[Any] | None) -> list[Any] | None:
-    """Fold entries with a repeated ``class_path`` into the first one (later ``init_args`` win).
-
-    ``callbacks`` is the trainer's parsed list (``Namespace(class_path=..., init_args=...)``, or
-    callback objects, which are kept as they are). Returns a new list; the order of first entries is kept.
-    """
+    """Fold entries with a repeated ``class_path`` into the first one: the later entry's ``init_args``
+    that differ from the constructor's defaults win, key by key. Callback objects are kept as they are.
+    Returns a new list; the order of first entries is kept."""
     if not callbacks:
         return callbacks
     merged: list[Any] = []

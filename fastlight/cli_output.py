@@ -1,21 +1,13 @@
 """What the ``fastlight`` command prints: no third-party noise, and a mistake as one line.
 
-- :func:`quiet_third_party` drops Lightning's "💡 Tip" advertisements (litlogger, litmodels) and
-  warnings known to be harmless here (listed in :data:`KNOWN_WARNINGS`, each with its reason), so
-  a run's output is the run's; nor Lightning's "Seed set to N", so a mistake found before the Trainer
-  exists is the only line.
+- :func:`quiet_third_party` drops Lightning's "💡 Tip" advertisements, its "Seed set to N", and
+  warnings known to be harmless here (:data:`KNOWN_WARNINGS`, each with its reason).
 - :func:`one_line_errors` prints a mistake as ``fastlight: error: <message>`` on stderr, exit status 2,
   instead of the chained tracebacks around it. A mistake is told apart by who raised it, never by
-  its wording: a :class:`SettingError` (the CLI's own refusals, jsonargparse's report of a command
-  line it refused, :mod:`fastlight.cli_parser`), a ``ValueError`` / ``TypeError`` / ``OSError`` ...
-  that a ``raise`` statement in fastlight's code raised (settings are validated in the constructors,
-  and their messages name the flag: ``--data.termination_threshold must be in [0, 1] or auto, got
-  1.5``), or Lightning's ``MisconfigurationException`` (the Trainer's checks of its arguments). The
-  message printed is the innermost such exception's, as it was raised. ``FASTLIGHT_DEBUG=1`` keeps
-  the full traceback. Only the command line (``fastlight.cli.main``) uses it; ``cli_main`` called
-  from Python raises as usual. A checkpoint or a log that could not be written (a full disk) exits 1 with
-  its one line (:class:`~fastlight.checkpoints.CheckpointWriteError`,
-  :class:`~fastlight.log_writes.LogWriteError`), printed once.
+  its wording: a :class:`SettingError`, a ``ValueError`` / ``TypeError`` / ``OSError`` ... that a
+  ``raise`` statement in fastlight's code raised, or Lightning's ``MisconfigurationException``.
+  ``FASTLIGHT_DEBUG=1`` keeps the full traceback. A checkpoint or a log that could not be written
+  exits 1 with its one line.
 """
 
 from __future__ import annotations
@@ -65,8 +57,7 @@ def quiet_third_party() -> None:
 
     if not any(isinstance(f, _DropTips) for f in rank_zero.log.filters):
         rank_zero.log.addFilter(_DropTips())
-    # No "Seed set to N" (LightningCLI seeds before it builds the classes, so it would come before a
-    # mistake found there); the seed is in the run's config.yaml.
+    # No "Seed set to N" (it would come before a mistake found while building the classes).
     logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)
 
 
@@ -91,11 +82,9 @@ def _raised_by_fastlight(error: BaseException) -> bool:
 
 
 def setting_error_line(error: BaseException) -> str | None:
-    """The one line to print for ``error``, or ``None`` when it is not a mistake in the settings (its
-    traceback is due). The innermost exception of ``error``'s chain that is a refusal wins (jsonargparse
-    wraps a constructor's refusal in a report of every type it tried): a :class:`SettingError`, a
-    ``MisconfigurationException``, or one of :data:`_REFUSALS` that fastlight raised. Its message is
-    printed as it is, its lines joined into one."""
+    """The one line to print for ``error``, or ``None`` when it is not a mistake in the settings. The
+    innermost refusal of ``error``'s chain wins (jsonargparse wraps a constructor's refusal in a report
+    of every type it tried), its lines joined into one."""
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
     from fastlight.checkpoints import exception_chain
@@ -113,11 +102,10 @@ def _first_line(error: BaseException | str) -> str:
 
 
 def parse_error_line(message: str, error: BaseException | None) -> str:
-    """jsonargparse's report of a refused command line (``message``, raised from ``error``) in one line:
-    its own words, cut by the report's structure rather than its wording. Each level of a nested
-    setting is an ``ArgumentError`` whose first line names the key (``Parser key "data":``), and the
-    innermost exception is the check that failed, e.g. ``Parser key "data": Parser key "num_envs":
-    Expected a <class 'int'>. Got value: four``. A refusal of fastlight's own in the chain is its line."""
+    """jsonargparse's report of a refused command line (``message``, raised from ``error``) in one line,
+    cut by the report's structure: the first line of each nested ``ArgumentError`` and of the innermost
+    exception, e.g. ``Parser key "data": Parser key "num_envs": Expected a <class 'int'>. Got value:
+    four``. A refusal of fastlight's own in the chain is its line."""
     from fastlight.checkpoints import exception_chain
 
     chain = exception_chain(error) if error is not None else []

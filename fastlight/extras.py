@@ -9,10 +9,8 @@
 - ``fastlight[bench]``: ``fastlight plot``, ``fastlight evaluate --video`` and the benchmarks
   (``python -m benchmarks.<study>``: plots, statistics, reports, the Stable-Baselines3 peer).
 
-Code that needs an extra imports it through :func:`import_extra` at the point of use, never at
-module level, so a core install never loads (or needs) it and a missing one is one line naming
-the extra to install. A command that would fail late (after a long evaluation) checks its extras
-up front with :func:`check_extra`, which finds the modules without importing them.
+Code that needs an extra imports it through :func:`import_extra` at the point of use, so a missing one
+is one line naming the extra to install; :func:`check_extra` checks up front without importing.
 """
 
 from __future__ import annotations
@@ -25,9 +23,7 @@ from types import ModuleType
 EXTRAS: dict[str, tuple[str, ...]] = {
     "metaworld": ("metaworld", "mujoco", "tokenizers"),
     "vla": ("transformers", "tokenizers", "safetensors", "peft"),
-    # The distribution stable-baselines3 imports as stable_baselines3.
     "bench": ("matplotlib", "pandas", "scipy", "rliable", "imageio", "stable_baselines3"),
-    # The Ray fleet (samplers as actors on other machines: fastlight.fleet.ray.fleet).
     "ray": ("ray",),
 }
 
@@ -37,11 +33,8 @@ class MissingExtraError(ModuleNotFoundError):
 
 
 def import_extra(module: str, *, extra: str, what: str) -> ModuleType:
-    """``importlib.import_module(module)``, or :class:`MissingExtraError` if ``extra`` is not installed.
-
-    ``what`` names the feature for the message, e.g. ``"fastlight/MetaWorld-v0"``. An import error
-    of some other package inside ``module`` is not an extra's absence and propagates unchanged.
-    """
+    """``importlib.import_module(module)``, or :class:`MissingExtraError` (naming the feature ``what``) if
+    ``extra`` is not installed; an import error of some other package propagates unchanged."""
     if extra not in EXTRAS:
         raise ValueError(f"import_extra: extra must be one of {sorted(EXTRAS)}, got {extra!r}")
     try:
@@ -56,12 +49,8 @@ def import_extra(module: str, *, extra: str, what: str) -> ModuleType:
 
 
 def check_extra(*modules: str, extra: str, what: str) -> None:
-    """Raise :class:`MissingExtraError` if any of ``modules`` (of ``extra``) is not installed.
-
-    Finds the top-level modules without importing them, so a command can fail at once rather than
-    after a long run. ``what`` names the feature for the message, e.g. ``"fastlight plot"``; a
-    module that is not one of ``extra``'s is a ``ValueError`` (the check would prove nothing).
-    """
+    """Raise :class:`MissingExtraError` if any of ``modules`` (of ``extra``, else ``ValueError``) is not
+    installed, without importing them."""
     if extra not in EXTRAS:
         raise ValueError(f"check_extra: extra must be one of {sorted(EXTRAS)}, got {extra!r}")
     unknown = [m for m in modules if m not in EXTRAS[extra]]
