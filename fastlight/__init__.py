@@ -1,8 +1,7 @@
 """fastlight: a PyTorch Lightning framework for fast RL when episodes have very uneven lengths.
 
-The names a user's code and configs spell, at the top (``fastlight.RLModule``, ``class_path:
-fastlight.RolloutDataModule``). They load on first use (PEP 562), so ``import fastlight`` stays
-cheap in a sampler process that only needs the collector; a misspelt name is an
+The names a user's code and configs spell, at the top (``fastlight.RLModule``). They load on first use
+(PEP 562), so ``import fastlight`` stays cheap in a sampler process; a misspelt name is an
 ``AttributeError`` naming it.
 """
 

@@ -3,22 +3,16 @@
     fastlight plot runs/highway_dpsa
     fastlight plot runs/highway_dpsa --x env_steps --y rollout/return rollout/crash_rate --out curve.png
 
-Reads ``RUN_DIR/csv/version_N/metrics.csv`` (the CSVLogger ``fastlight fit`` attaches: every version,
-in order, one line each, so a resumed run's curve goes on where it stopped; ``--version N`` reads
-one; a version folder or a ``metrics.csv`` itself also works) and draws one panel per ``--y`` key
-(default ``rollout/return``) against ``--x``:
+Reads ``RUN_DIR/csv/version_N/metrics.csv`` (every version, in order, one line each, so a resumed
+run's curve goes on where it stopped; ``--version N`` reads one; a version folder or a ``metrics.csv``
+also works) and draws one panel per ``--y`` key against ``--x``:
 
 - ``step``: Lightning's logging step, one per training step (= one Rollout, one policy update);
-- ``env_steps``: the ``env_steps`` column, the env transitions learned from so far (DPSA's padding
-  excluded), logged with every Rollout by ``EnvStepBudget``, which ``fastlight fit`` attaches to
-  every run; a log without it (an older run, a plain Lightning project) falls back to
-  ``perf/valid_steps_total`` (the ``RolloutThroughput`` callback's, from the second Rollout on);
-- ``time``: seconds since the first logged value, from the wall times of the run's TensorBoard
-  log of the same version (``RUN_DIR/tb/version_N``): a CSV row holds no clock; a later version
-  starts where the one before it ended.
+- ``env_steps``: the env transitions learned from so far (DPSA's padding excluded), or
+  ``perf/valid_steps_total`` in a log without ``env_steps``;
+- ``time``: seconds since the first logged value, from the run's TensorBoard log of the same version.
 
-Rows without the ``--y`` value (other loggers' rows) are skipped. Needs matplotlib (the ``bench``
-extra). Writes ``--out`` (default ``RUN_DIR/learning_curve.png``).
+Needs matplotlib (the ``bench`` extra). Writes ``--out`` (default ``RUN_DIR/learning_curve.png``).
 """
 
 from __future__ import annotations
