@@ -17,31 +17,18 @@ truncated_episode_share cut episodes / episodes                     (short-time 
 time_limit_share        time-limit endings / episodes               (the env's own truncation)
 ======================  ==========================================  ==========================
 
-``effective_tps = raw_tps × sample_efficiency`` holds exactly. ``wall_time`` is the whole
-sampling cycle (stepping + resets + policy inference + waiting); an episode cut by a
-truncation (unified truncation or time limit) counts at its cut length. ``truncated_episode_share``
-counts the episodes a DPSA/SGR unified truncation (or ``max_horizon``) cut (``EpisodeRecord.cut``),
-the ones its settings decide; the env's own time limit, which no setting of fastlight's changes, is
-``time_limit_share``.
+``effective_tps = raw_tps × sample_efficiency`` holds exactly. ``wall_time`` is the whole sampling
+cycle (stepping + resets + inference + waiting); an episode cut by a truncation counts at its cut
+length. ``truncated_episode_share`` counts the episodes a DPSA/SGR unified truncation (or
+``max_horizon``) cut; the env's own time limit is ``time_limit_share``.
 
-**Clocks.** Two times are kept apart:
+**Clocks.** ``wall_time`` (summed) is *busy time of samplers*: merged stats of parallel samplers add
+their times, so it only ever divides per-sampler ratios. ``elapsed`` is the *wall clock* over which
+the counts were produced, the denominator of ``raw_tps`` / ``effective_tps``; ``update(stats)``
+defaults it to ``stats.wall_time`` (right for a single sampler).
 
-- ``wall_time`` (summed, like every counter) is *busy time of samplers*. Several sampler
-  processes feeding one trainer merge their stats (``RolloutStats.merge`` adds times), so a
-  super-batch from 2 parallel workers carries the sum of both workers' cycle times. It is only
-  ever the denominator of per-sampler ratios (``time_efficiency``, ``per_sampler_tps``),
-  which stay correct under that merge.
-- ``elapsed`` is the *wall clock* over which the counts were produced; it is the denominator
-  of the rates ``raw_tps`` / ``effective_tps``. ``update(stats)`` defaults it to
-  ``stats.wall_time``, which is right for a single sampler (the sampling benchmark); a caller
-  with several parallel samplers passes its own clock (``RolloutThroughput`` passes the
-  trainer-side time between batches).
-
-**DDP.** Counters are summed across ranks (``dist_reduce_fx="sum"``); ``elapsed`` is reduced
-with ``max``: ranks sample in parallel over the same period, so summing their clocks would
-divide the job's rate by the world size. Rates are therefore whole-job figures
-(Σ transitions over all ranks / the period), ratios are ratios of job-wide sums.
-States are float64 (exact for integer counts below 2**53).
+**DDP.** Counters are summed across ranks; ``elapsed`` is reduced with ``max`` (ranks sample over
+the same period), so rates are whole-job figures. States are float64 (exact below 2**53).
 """
 
 from __future__ import annotations
@@ -128,13 +115,8 @@ class ThroughputMetrics(Metric):
         self.add_state("elapsed", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="max")
 
     def update(self, stats: RolloutStats, elapsed: float | None = None) -> None:  # type: ignore[override]
-        """Add one Rollout's counters.
-
-        Args:
-            stats: the sampler counters of one Rollout (possibly merged over workers/cycles).
-            elapsed: wall-clock seconds in which they were produced; ``None`` means
-                ``stats.wall_time`` (right for one sampler, wrong for merged parallel ones).
-        """
+        """Add one Rollout's counters, produced in ``elapsed`` wall-clock seconds (``None``:
+        ``stats.wall_time``, right for one sampler, wrong for merged parallel ones)."""
         if not isinstance(stats, RolloutStats):
             raise TypeError(f"ThroughputMetrics.update expects RolloutStats, got {type(stats).__name__}")
         if elapsed is not None and elapsed < 0:

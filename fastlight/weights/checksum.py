@@ -21,12 +21,9 @@ from fastlight.weights.publisher import WeightSyncError
 #: Elements of each published tensor a delivery checksum reads: a strided slice of about this many.
 SAMPLE = 1024
 #: How far two delivery checksums of the same weights may differ, as a fraction of their ``scale``.
-#: Every term is an exact float64 product (a float32 / bfloat16 element times an integer position
-#: weight below 2**24 fits in 53 bits), so two ends differ only in the order their kernels sum the
-#: terms (the trainer's GPU, a sampler's CPU): at most n * 2**-53 * scale for n terms, 1.1e-10 of the
-#: scale for a million sampled elements (a model of ~1000 published tensors). An update moves it by far
-#: more: a step that changes each sampled element by a relative 1e-4, signs at random, moves it by about
-#: 1e-4 / sqrt(n) of the scale, 1e-7 for those million elements.
+#: Every term is an exact float64 product, so two ends differ only in summation order: at most
+#: n * 2**-53 * scale for n terms (1.1e-10 for a million). An update moves it by about
+#: 1e-4 / sqrt(n) of the scale (1e-7 for a million elements each moved by a relative 1e-4).
 REL_TOL = 1e-9
 
 
@@ -45,16 +42,13 @@ class Checksum(NamedTuple):
 
 
 def delivery_checksum(module: nn.Module) -> Checksum:
-    """A cheap float64 fingerprint of what a publish carries (:func:`~fastlight.weights.buckets.sync_entries`:
-    trainable parameters, LoRA ones included, and floating buffers), computed on the module's own device.
+    """A cheap float64 fingerprint of what a publish carries (:func:`~fastlight.weights.buckets.sync_entries`)
+    computed on the module's own device.
 
     Every tensor counts, through a strided slice of about :data:`SAMPLE` elements (an optimizer step
-    moves every element, so a stale copy or a dropped bucket moves the slice too); element ``j`` of tensor
-    ``i`` is weighted by ``(i + 1) * (j + 1)``, so tensors or elements out of place change it. Tensors are
-    read in the dtype they travel in (every weight path sends each dtype as itself), so the trainer's
-    live module and a receiver's copy sample the same numbers. Per-op overhead, not bytes, is the cost
-    (a few microseconds a tensor): one slice per tensor, then one op on all the samples at once (``cat``
-    promotes the dtypes exactly, e.g. bfloat16 to float32) and one host sync.
+    moves every element); element ``j`` of tensor ``i`` is weighted by ``(i + 1) * (j + 1)``, so tensors
+    or elements out of place change it. Tensors are read in the dtype they travel in, so both ends
+    sample the same numbers. One slice per tensor, then one op on all the samples and one host sync.
     """
     with torch.no_grad():
         entries = [(i, t) for i, (_, t) in enumerate(sync_entries(module)) if t.numel()]
@@ -71,8 +65,8 @@ def delivery_checksum(module: nn.Module) -> Checksum:
 
 
 def _strided_sample(t: torch.Tensor) -> torch.Tensor:
-    """Every ``numel // SAMPLE``-th element of ``t`` in its flat order (all of a small tensor), in one op
-    (``as_strided`` on a contiguous tensor: a view, no copy)."""
+    """Every ``numel // SAMPLE``-th element of ``t`` in its flat order (all of a small tensor), a view
+    where ``t`` is contiguous."""
     n = t.numel()
     stride = max(1, n // SAMPLE)
     if stride == 1 and t.dim() == 1:
@@ -93,18 +87,12 @@ def _position_weights(key: tuple[tuple[int, int], ...], device: torch.device) ->
 class DeliveryCheck:
     """The trainer's end of the delivery check (``--data.faults.verify_weights_every``).
 
-    :meth:`published` records, every ``every``-th version (``version % every == 0``; ``every`` 0: never),
-    the :func:`delivery_checksum` of the *live* policy right after its publish, so a transport that
-    sends other bytes than the policy's (stale ones, a dropped bucket) is caught. Receivers compute
-    theirs right after they take a version and report ``(receiver, version, checksum)`` with their
-    Rollouts (``RolloutStats.weights_held``); :meth:`check` compares each report of a recorded version
-    and raises :class:`~fastlight.weights.publisher.WeightSyncError` in one line naming the receiver,
-    the version, both checksums and the transport (``SyncStats.mode``). A version stays recorded while
-    Rollouts sampled with it can still arrive (``keep`` versions: ``--data.max_staleness`` + 1).
-    An unchanged checksum from version to version is no error when the trainer's is unchanged too (a
-    frozen policy); the comparison with the trainer's own catches the dropped update.
-
-    ``verified`` counts the (receiver, version) pairs found to match (``sync/verified``).
+    :meth:`published` records, every ``every``-th version (``every`` 0: never), the
+    :func:`delivery_checksum` of the *live* policy right after its publish. Receivers report
+    ``(receiver, version, checksum)`` with their Rollouts; :meth:`check` compares each report of a
+    recorded version and raises :class:`~fastlight.weights.publisher.WeightSyncError` on a mismatch. A
+    version stays recorded for ``keep`` versions (``--data.max_staleness`` + 1). ``verified`` counts the
+    (receiver, version) pairs found to match (``sync/verified``).
     """
 
     def __init__(self, every: int, *, keep: int, setting: str = "verify_weights_every") -> None:
