@@ -29,11 +29,9 @@ def _no_beat() -> None:
 
 class ServedProxy(nn.Module, ABC):
     """What every sampler-side proxy of an inference worker shares (a
-    :class:`~fastlight.models.base.ServedPolicy`): ``last_version`` is the version of the weights
-    behind the latest reply, which the Collector stamps on the transitions it records; ``progress``
-    (env rows asked for this round) lets the worker serve stragglers first; ``action_mapping`` is the
-    served policy's own (:meth:`Policy.action_mapping`), so env actions are the same as with a local
-    policy copy. Subclasses implement :meth:`_serve` over their transport."""
+    :class:`~fastlight.models.base.ServedPolicy`): ``last_version``, the version of the weights behind
+    the latest reply; ``progress``, env rows asked for this round (stragglers are served first);
+    ``action_mapping``, the served policy's own. Subclasses implement :meth:`_serve`."""
 
     #: What a failure names.
     worker = "inference worker"
@@ -99,8 +97,7 @@ class RemotePolicy(ServedProxy):
             s.obs[k][:n].copy_(v)
         s.step[:n].copy_(step)
         self.conn.send((kind, n, self.progress))
-        # Waiting on the worker is not a hang of this sampler: it beats, so that a worker that hangs is
-        # the only silent process and the one named (a dead worker's EOF ends the wait at once).
+        # Waiting on the worker is not a hang of this sampler: it beats, so a hung worker is the one named.
         while not self.conn.poll(WAIT_BEAT_S):
             self.beat()
         reply = self.conn.recv()
@@ -111,8 +108,7 @@ class RemotePolicy(ServedProxy):
 
 
 class ServerVersion:
-    """Sampler-side view of the inference worker's weight version (replaces ``SharedWeights``
-    for remote policies: there is nothing to load, the server holds the weights)."""
+    """Sampler-side view of the inference worker's weight version (nothing to load)."""
 
     def __init__(self, value: Any) -> None:
         self.value = value

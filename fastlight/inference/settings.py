@@ -1,8 +1,7 @@
 """``InferenceSettings``: the one object that turns on a rank's inference worker and sets it up.
 
-``--data.inference`` holds it (``null``, the default, means no inference worker: every sampler
-acts with its own CPU copy of the policy). AcceRL §inference: one process holds the policy and
-serves all samplers of a rank with dynamic batching; weights reach it after every update.
+``--data.inference`` holds it (``null``, the default: every sampler acts with its own policy copy).
+AcceRL §inference: one process holds the policy and serves all samplers of a rank with dynamic batching.
 """
 
 from __future__ import annotations
@@ -28,9 +27,8 @@ class InferenceSettings:
         sync_bucket_mb: trainer -> CUDA worker broadcast in flat buckets of this size.
         sync_timeout_s: a weight sync whose peer is silent for this long is an error.
         threads: torch intra-op threads of a CPU worker. ``None`` (default): half the cores the
-            rank's samplers leave on this machine, at least 1 (the trainer has the other half:
-            ``--data.trainer_threads``); torch's default, one per core, when ``OMP_NUM_THREADS``
-            is set.
+            rank's samplers leave on this machine, at least 1; torch's default when
+            ``OMP_NUM_THREADS`` is set.
     """
 
     device: str | None = None

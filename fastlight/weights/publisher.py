@@ -5,25 +5,15 @@
   announces the next publish early (AcceRL §inference drain; a no-op where nothing is in flight).
 - :class:`WeightSource` is a sampler's end: the newest published ``version`` and ``load_into``.
 
-Implementations: :class:`~fastlight.weights.shared_memory.SharedWeights` (samplers hold policy
-copies; one shared-memory set of buckets) and :class:`~fastlight.inference.client.InferenceClient`
-(one inference worker holds the policy; :func:`~fastlight.inference.client.weight_path` picks the
-double buffer, ``mode`` ``shared_memory`` or ``cuda_ipc``, or the broadcast, ``bucketed``). The Ray
-fleet puts each version in the object store (:mod:`fastlight.fleet.ray.sampler_actor`,
-``mode == "ray_object_store"``) or broadcasts it to its inference actor. Every one of them packs and
-unpacks with :mod:`fastlight.weights.buckets` (one fixed order, flat per-dtype buckets,
-:class:`~fastlight.weights.buckets.PackedWeights`). A fleet holds exactly one publisher, and
-``RolloutDataModule.publish`` is the one place that calls it.
+Implementations: :class:`~fastlight.weights.shared_memory.SharedWeights` (samplers hold policy copies),
+:class:`~fastlight.inference.client.InferenceClient` (one inference worker holds the policy) and the
+Ray fleet's object store; every one packs with :mod:`fastlight.weights.buckets`. A fleet holds exactly
+one publisher, and ``RolloutDataModule.publish`` is the one place that calls it.
 
-**The one other place weights travel: the policy copy at spawn.** A sampler (and an inference
-worker) is started with the whole policy module pickled into its process arguments, at start and at
-every restart. That copy is what carries the *frozen* parameters (a LoRA run's base weights, a
-frozen vision tower): :func:`~fastlight.weights.buckets.sync_entries` leaves them out of every
-publish because they never change. Its trainable tensors are the values when the fleet was built,
-and they never act: a sampler's loop takes no round before the first ``publish`` (``version >= 0``)
-and loads the newest published version before it, a restarted one included (an inference worker
-serves nothing before its first sync). Sending the architecture alone would need a second path for
-the frozen weights; the copy at spawn is that path.
+**The one other place weights travel: the policy copy at spawn.** A sampler (and an inference worker)
+is started with the whole policy pickled into its process arguments, at start and at every restart.
+That copy carries the *frozen* parameters, which no publish sends; its trainable tensors never act:
+no round (or forward) runs before the first ``publish`` has been loaded.
 """
 
 from __future__ import annotations

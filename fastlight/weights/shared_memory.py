@@ -1,12 +1,8 @@
 """Trainer -> sampler weights through one set of shared-memory buckets, tagged with a version.
 
-The trainer packs what :func:`~fastlight.weights.buckets.sync_entries` publishes (trainable
-parameters and floating buffers; frozen parameters came with the samplers' policy copy) into flat
-per-dtype buckets in shared memory (:class:`~fastlight.weights.buckets.PackedWeights`: one copy) and
-bumps ``version``; samplers unpack them in place before a new round (one copy). One set of buckets,
-one lock, no pickling and no files on the hot path. It is both ends of the path: a
-:class:`~fastlight.weights.publisher.WeightPublisher` for the trainer and a
-:class:`~fastlight.weights.publisher.WeightSource` for the samplers.
+The trainer packs the published tensors into flat per-dtype buckets in shared memory (one copy) and
+bumps ``version``; samplers unpack them in place before a new round (one copy). No pickling and no
+files on the hot path. It is both ends of the path: the trainer's publisher and the samplers' source.
 """
 
 from __future__ import annotations
@@ -22,11 +18,8 @@ from fastlight.weights.publisher import SyncStats
 
 
 class SharedWeights:
-    """A versioned, shared-memory copy of a module's published tensors.
-
-    ``version`` is -1 until the first ``publish``. Built in the trainer process and passed to
-    spawned samplers as a ``Process`` argument (the buckets travel as shared-memory handles).
-    """
+    """A versioned, shared-memory copy of a module's published tensors (``version`` -1 until the first
+    ``publish``), built in the trainer and passed to spawned samplers as a ``Process`` argument."""
 
     def __init__(self, module: nn.Module, ctx: mp.context.BaseContext) -> None:
         self.packed = PackedWeights.alloc(plan_buckets(module, ONE_BUCKET_PER_DTYPE_MB), shared=True)
