@@ -28,10 +28,9 @@ A "step" is one env step (one policy decision); per-step quantities are read aft
 - **TTC** (time to collision) to the leading vehicle in the ego lane (``road.neighbour_vehicles``):
   ``gap / (v_ego - v_front)`` while closing in, else no risk; ``gap`` is bumper to bumper along
   the ego lane, ``max(s_front - s_ego - (L_ego + L_front) / 2, 0)``, speeds are projected on the
-  lane; a gap of 0 (bumpers touching: a rear-end contact) counts as TTC 0. The per-episode
-  minimum is capped at ``ttc_cap_s`` (no closing front car counts as the cap), the headway
-  minimum at ``headway_cap_m``, the side gap at ``lateral_cap_m``, so every
-  episode has a finite value and the mean over episodes exists.
+  lane; a gap of 0 (a rear-end contact) counts as TTC 0. The per-episode minimum is capped at
+  ``ttc_cap_s`` (no closing front car counts as the cap), the headway minimum at ``headway_cap_m``,
+  the side gap at ``lateral_cap_m``, so the mean over episodes exists.
 - **Lateral clearance**: over vehicles alongside (overlapping the ego car along the lane),
   ``|r_other - r_ego| - (W_ego + W_other) / 2`` in the ego lane's frame.
 - **Longitudinal acceleration** is ``(v_t - v_{t-1}) · policy_frequency``, from consecutive
@@ -47,11 +46,9 @@ A "step" is one env step (one policy decision); per-step quantities are read aft
 - **Lane changes** count changes of the lane id within one road segment (moving from one
   segment to the next is not a lane change).
 
-FAST's red-light violation, yellow-light entry and pull-out deviation need traffic lights and a
-pull-out manoeuvre, which no highway-env scene has (``intersection-v0`` is unsignalised):
-they are listed in :data:`NOT_IN_HIGHWAY_ENV` and reported as "n/a", never estimated. Parking
-precision exists where the scene has a parking goal (``parking-v0``, a controlled vehicle with a
-``goal`` landmark); elsewhere its denominator is 0 and it reads NaN ("n/a in this scene").
+FAST's red-light violation, yellow-light entry and pull-out deviation need scene elements no
+highway-env scene has (:data:`NOT_IN_HIGHWAY_ENV`): reported as "n/a", never estimated. Parking
+precision exists only where the scene has a parking goal (``parking-v0``); elsewhere it reads NaN.
 """
 
 from __future__ import annotations
@@ -294,9 +291,6 @@ class DrivingMetrics(Metric):
         ...  # after every env.step: tracker.step(read_driving_state(env.unwrapped))
         metric.update(tracker.finish())
         metric.compute()["min_ttc_s"]
-
-    Every state is a float64 sum (``dist_reduce_fx="sum"``), so DDP ranks and ``merge_state``
-    combine exactly: the metrics over all episodes, wherever they were played.
     """
 
     is_differentiable = False
@@ -340,7 +334,7 @@ def is_highway_env(env: gym.Env) -> bool:
 
 class DrivingRecorder:
     """An :class:`~fastlight.evaluation.EpisodeObserver` keeping one :class:`DrivingEpisode` per episode:
-    ``episodes``, in episode order (``fastlight evaluate`` and ``benchmarks.driving`` record with it)."""
+    ``episodes``, in episode order."""
 
     def __init__(self, thresholds: DrivingThresholds | None = None) -> None:
         self.thresholds = thresholds or DrivingThresholds()
