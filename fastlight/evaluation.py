@@ -182,7 +182,7 @@ def _play_group(
     action_chunk: int | None = None,
 ) -> list[EpisodeRecord]:
     obs, eps = _start_group(envs, specs, observer, first=first)
-    limits = [_step_limit(env) for env in envs]
+    own_limit = [env.spec is not None and env.spec.max_episode_steps is not None for env in envs]
     live = list(range(len(envs)))
     while live:
         step = np.asarray([eps[i].length for i in live], dtype=np.int64)
@@ -196,7 +196,7 @@ def _play_group(
                 ep.length += 1
                 ep.ret += float(reward)
                 ep.success = success_after(ep.success, info)
-                capped = limits[i] is not None and ep.length >= limits[i]  # counts as a time limit
+                capped = not own_limit[i] and ep.length >= MAX_EPISODE_STEPS  # counts as a time limit
                 ep.terminated, ep.truncated = bool(term), bool(trunc) or capped
                 _keep_frame(ep, specs[i], envs[i], obs[i])
                 done = ep.terminated or ep.truncated
@@ -226,11 +226,6 @@ def _start_group(
         if observer is not None:
             observer.on_reset(env, first + j)
     return obs, eps
-
-
-def _step_limit(env: gym.Env) -> int | None:
-    """:data:`MAX_EPISODE_STEPS` for an env without a time limit of its own, else ``None``."""
-    return MAX_EPISODE_STEPS if env.spec is None or env.spec.max_episode_steps is None else None
 
 
 def _keep_frame(ep: EpisodeRecord, spec: EpisodeSpec, env: gym.Env, obs: Any) -> None:

@@ -17,6 +17,7 @@ nothing for the others; the locks it shared with the trainer are freed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import threading
@@ -268,13 +269,11 @@ class SamplerPool(SamplerFleet):
         """What is wrong with the inference worker, named (:func:`process_fault`); None while it serves."""
         assert self.client is not None
         self._check_forkserver(self.client.proc.exitcode)
-        found = process_fault(self.client, now)
-        return None if found is None else (f"{self._worker_name()} {found[0]}", found[1])
-
-    def _worker_name(self) -> str:
-        assert self.client is not None
+        found, proc = process_fault(self.client, now), self.client.proc
+        if found is None:
+            return None
         envs = ", ".join(sorted({c.env_id for c in self.configs}))
-        return f"inference worker ({self.client.proc.name}, pid {self.client.proc.pid}, env {envs})"
+        return f"inference worker ({proc.name}, pid {proc.pid}, env {envs}) {found[0]}", found[1]
 
     def _check_forkserver(self, exitcode: int | None = None) -> None:
         """A dead forkserver stops the run; after a child's exit code 255 (what every child of a dead
@@ -355,11 +354,9 @@ class SamplerPool(SamplerFleet):
         self._drain()
 
     def _drain(self) -> None:
-        try:
+        with contextlib.suppress(queue.Empty):
             while True:
                 self.items.get_nowait()
-        except queue.Empty:
-            pass
 
 
 @dataclass(frozen=True)

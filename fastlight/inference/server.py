@@ -15,6 +15,7 @@ half-written model.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 import traceback
@@ -201,10 +202,8 @@ class InferenceServer(BatchingServer):
 
     def fail_all(self, message: str) -> None:
         for conn in self.conns:
-            try:
+            with contextlib.suppress(BrokenPipeError, OSError):
                 conn.send(("error", message))
-            except (BrokenPipeError, OSError):
-                pass
 
 
 class SyncReceiver(Protocol):

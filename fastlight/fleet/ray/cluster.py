@@ -107,10 +107,6 @@ def check_auth(address: str, *, allow_unauthenticated: bool) -> None:
         raise ConnectionError(f"{at} needs {TOKEN_NEEDED}; RAY_AUTH_MODE is {mode}")
 
 
-def import_ray() -> Any:
-    return import_extra("ray", extra="ray", what=WHAT)
-
-
 class PlacementSettings(Protocol):
     """What the cluster reads of :class:`~fastlight.fleet.ray.fleet.RayFleet` (its settings)."""
 
@@ -137,7 +133,7 @@ class RayCluster:
     def connect(self) -> Any:
         """Ray, initialised, with the rank's placement group placed; raises :class:`SamplerError`
         naming what cannot be placed within ``placement_timeout_s``."""
-        ray = self.ray = import_ray()
+        ray = self.ray = import_extra("ray", extra="ray", what=WHAT)
         if not ray.is_initialized():
             self._init_ray(ray)
         from ray.util.placement_group import placement_group
@@ -202,7 +198,8 @@ class RayCluster:
         except Exception:
             total = {}
         missing = sorted(k for k in bundle if k not in total)
-        why = f"no node advertises {missing}" if missing else f"the cluster has {_resources(total, bundle)}"
+        has = "{" + ", ".join(f"{k}: {total.get(k, 0):g}" for k in bundle) + "} in all"
+        why = f"no node advertises {missing}" if missing else f"the cluster has {has}"
         return (
             f"{what} cannot be placed within {SETTINGS}.placement_timeout_s "
             f"{self.settings.placement_timeout_s:g} (each needs {bundle}; {why}); "
@@ -281,10 +278,6 @@ def shorten_raylet_messages(ray: Any) -> None:
 
     _SHORTENERS.add(shortened)
     worker.print_to_stdstream = shortened
-
-
-def _resources(total: dict[str, float], bundle: dict[str, float]) -> str:
-    return "{" + ", ".join(f"{k}: {total.get(k, 0):g}" for k in bundle) + "} in all"
 
 
 #: The reaper's script (``python -c``, argv: the instance's process ids). Only noted pids with their start

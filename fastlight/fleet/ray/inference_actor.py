@@ -10,6 +10,7 @@ does (:class:`~fastlight.inference.server.BatchingServer`). Weights arrive over 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import threading
@@ -89,12 +90,10 @@ class InferenceActor(BatchingServer):
             self._ended.set()
 
     def poll(self, timeout: float) -> None:
-        try:
+        with contextlib.suppress(queue.Empty):
             self.pending.append(self.calls.get(timeout=timeout))
             while True:
                 self.pending.append(self.calls.get_nowait())
-        except queue.Empty:
-            pass
 
     def inputs(self, request: _Call) -> tuple[dict[str, Tensor], Tensor]:
         return by_key(request.obs), request.step

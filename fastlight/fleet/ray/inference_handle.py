@@ -22,11 +22,6 @@ from fastlight.weights.broadcast import LazyBroadcaster, SyncGroupConfig, Weight
 from fastlight.weights.publisher import SyncStats
 
 
-def _backend(trainer_device: torch.device, worker_device: torch.device) -> str:
-    """NCCL when both ends hold CUDA weights (the actor has a GPU of its own), gloo otherwise."""
-    return "nccl" if trainer_device.type == worker_device.type == "cuda" else "gloo"
-
-
 class RayInference:
     """One rank's inference actor, seen from its trainer (see the module docstring)."""
 
@@ -39,7 +34,8 @@ class RayInference:
         self.trainer_device = torch.device(build.trainer_device)
         self.worker_device = settings.worker_device(self.trainer_device)
         host = ray.util.get_node_ip_address()  # the trainer's address, as the actor's node sees it
-        backend = _backend(self.trainer_device, self.worker_device)
+        # NCCL when both ends hold CUDA weights (the actor has a GPU of its own), gloo otherwise.
+        backend = "nccl" if self.trainer_device.type == self.worker_device.type == "cuda" else "gloo"
         self.sync = SyncGroupConfig(host, free_port(host), backend, timeout_s=settings.sync_timeout_s)
         # The actor joins the group at its start-up, the trainer at its first publish.
         self.broadcast = LazyBroadcaster(self.sync, settings.sync_bucket_mb)
