@@ -144,18 +144,9 @@ def write_gifs(directory: Path, episodes: list[EpisodeRecord], fps: float) -> li
 
 def _row(index: int, e: EpisodeRecord, driving: DrivingEpisode | None) -> dict[str, Any]:
     """An episode as a JSON row (``return``, not the attribute's ``ret``; no frames; its driving sums)."""
-    return {
-        "index": index,
-        "seed": e.seed,
-        "length": e.length,
-        "terminated": e.terminated,
-        "truncated": e.truncated,
-        "success": e.success,
-        "crashed": e.crashed,
-        "task": e.task,
-        "return": e.ret,
-        **({} if driving is None else {"driving": asdict(driving)}),
-    }
+    fields = ("seed", "length", "terminated", "truncated", "success", "crashed", "task")
+    row = {"index": index, **{k: getattr(e, k) for k in fields}, "return": e.ret}
+    return row if driving is None else {**row, "driving": asdict(driving)}
 
 
 def _fmt_rate(r: dict[str, float] | None) -> str:

@@ -1,9 +1,6 @@
-"""Imported by the forkserver of :func:`fastlight.fleet.start.warm_forkserver`: the sampler's
-modules, and the package that registers the run's env id, so forked samplers start with them
-loaded. Only those: a forked child maps everything its server imported, so a module preloaded
-for a rarer child (the inference worker) would sit in every sampler. Nothing here may raise: a
-forkserver that fails to preload would fail every sampler, while a missing module only costs the
-sampler its own import (which then reports the real error)."""
+"""Imported by the forkserver of :func:`fastlight.fleet.start.warm_forkserver`: the sampler's modules
+and the run's env package, and only those (a forked child maps everything its server imported).
+Nothing here may raise: a forkserver that fails to preload would fail every sampler."""
 
 from __future__ import annotations
 

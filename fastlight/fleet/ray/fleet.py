@@ -56,13 +56,10 @@ class RayFleet(Fleet):
 
     Args:
         address: ``null`` starts a Ray instance on this machine for the run (shut down with it);
-            ``auto`` joins the cluster this machine is part of (``ray start``), ``ray://host:port``
-            or ``host:port`` the one at that address (it keeps running after the run). A Ray
-            already initialised in the process (a user's script) is used as it is.
-        allow_unauthenticated: join a cluster whose authentication is disabled (``RAY_AUTH_MODE=disabled``;
-            refused by default). Anyone who reaches such a cluster's ports (the GCS's, and the raylets'
-            and workers', open on all interfaces) can run code on its nodes as the user who started
-            Ray: only on a network no one else reaches.
+            ``auto`` joins the cluster this machine is part of, ``ray://host:port`` or ``host:port``
+            the one at that address. A Ray already initialised in the process is used as it is.
+        allow_unauthenticated: join a cluster whose authentication is disabled (refused by default:
+            anyone who reaches its ports can run code on its nodes).
         sampler_resources: Ray resources each sampler needs besides its CPUs, e.g. ``{sim: 1}``:
             samplers go only to nodes started with ``--resources '{"sim": N}'``.
         num_cpus_per_sampler: CPUs each sampler reserves (fractions allowed).
@@ -70,9 +67,7 @@ class RayFleet(Fleet):
         placement_timeout_s: how long the cluster may take to place the samplers, at the start and
             after a node leaves, before the run stops naming what cannot be placed.
         inference_resources: with ``--data.inference``, what the rank's inference actor needs
-            besides ``num_cpus_inference`` CPUs: ``{GPU: 1}`` (a GPU of its own), a custom resource
-            (``{infer: 1}``), or ``null`` (anywhere with the CPUs). Its weights come over a
-            ``torch.distributed`` group (:mod:`fastlight.fleet.ray.inference_actor`).
+            besides ``num_cpus_inference`` CPUs: ``{GPU: 1}``, a custom resource, or ``null``.
         num_cpus_inference: CPUs the inference actor reserves.
     """
 
