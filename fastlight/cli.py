@@ -284,8 +284,7 @@ def cli_main(args: list[str] | None = None, *, run: bool = True) -> FastlightCLI
     )
 
 
-#: LightningCLI subcommands that need a loop RLModule does not have (no validation / test / predict
-#: step: an RL module is judged by playing episodes, which ``fastlight evaluate`` does).
+#: LightningCLI subcommands that need a loop RLModule does not have (``fastlight evaluate`` plays episodes).
 _NO_LOOP = ("validate", "test", "predict")
 
 

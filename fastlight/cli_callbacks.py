@@ -12,8 +12,7 @@ from typing import Any
 
 from jsonargparse import Namespace
 
-# jsonargparse resolves a bare class name (--trainer.callbacks+=RolloutThroughput) among the
-# subclasses already imported.
+# Imported so that jsonargparse resolves their bare names (--trainer.callbacks+=RolloutThroughput).
 import fastlight.callbacks.dwr  # noqa: F401
 import fastlight.callbacks.env_steps  # noqa: F401
 import fastlight.callbacks.progress  # noqa: F401

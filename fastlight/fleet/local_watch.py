@@ -15,8 +15,7 @@ from typing import Any, Protocol
 from fastlight.fleet.faults import SamplerError
 from fastlight.procs import Liveness, MemorySample, alive, exit_note, sample_memory, state
 
-#: How long a child's exit code 255 waits for its forkserver to read as dead: the server's status
-#: pipe closes as it exits, a moment before the kernel reports the exit.
+#: How long a child's exit code 255 waits for its forkserver to read as dead (its pipe closes first).
 FORKSERVER_EXIT_S = 1.0
 
 

@@ -55,8 +55,7 @@ SUM_STATES = (
     "time_limit_episodes",
 )
 
-#: ``key: (numerator state, denominator state, scale)``: :meth:`ThroughputMetrics.compute`'s
-#: ``scale · num / den`` (the module docstring's table).
+#: ``key: (numerator state, denominator state, scale)``: the metric is ``scale · num / den``.
 RATIOS: dict[str, tuple[str, str, float]] = {
     "raw_tps": ("raw_steps", "elapsed", 1.0),
     "effective_tps": ("valid_steps", "elapsed", 1.0),
