@@ -50,11 +50,8 @@ def policy_batch_act_fn(policy: torch.nn.Module, *, deterministic: bool = True) 
 
     @torch.no_grad()
     def act(obs: Any, step: np.ndarray) -> np.ndarray:
-        out = policy.act(
-            _to(obs_to_tensor(obs), device_of(policy)),
-            step=torch.as_tensor(step, dtype=torch.long),
-            deterministic=deterministic,
-        )
+        batch, steps = _to(obs_to_tensor(obs), device_of(policy)), torch.as_tensor(step, dtype=torch.long)
+        out = policy.act(batch, step=steps, deterministic=deterministic)
         return policy.env_action(out.actions).detach().cpu().numpy()
 
     return act
