@@ -139,8 +139,7 @@ class FastlightCLI(LightningCLI):
             if isinstance(cb, PreemptionCheckpoint):
                 cb.resume_hint = "--ckpt_path {path}"  # this command's way to resume
                 cb.refusal = setting_error_line  # a refused setting: its `fastlight: error:` line alone
-        # Lightning stops at the first batch boundary at or past max_steps, and a batch (a rollout) is
-        # several optimizer steps: said here, since Lightning's stop line names only max_steps.
+        # Lightning stops at the first batch (rollout, several optimizer steps) at or past max_steps.
         per = self.model.optimizer_steps_per_update if isinstance(self.model, RLModule) else 1
         if trainer.max_steps > 0 and trainer.max_steps % per and trainer.global_rank == 0:
             _note(
@@ -151,9 +150,8 @@ class FastlightCLI(LightningCLI):
         return trainer
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Any]) -> L.Trainer:
-        """A progress bar in RL units (:class:`~fastlight.callbacks.progress.RolloutProgressBar`)
-        unless the user brings a progress bar of their own or turns it off
-        (``--trainer.enable_progress_bar false``; Lightning refuses a bar together with that)."""
+        """A progress bar in RL units (:class:`~fastlight.callbacks.progress.RolloutProgressBar`) unless
+        the user brings their own or turns it off (``--trainer.enable_progress_bar false``)."""
         from lightning.pytorch.callbacks import ProgressBar
 
         from fastlight.callbacks.progress import RolloutProgressBar
