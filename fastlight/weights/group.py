@@ -1,12 +1,8 @@
 """The two-rank group a weight broadcast runs over: its own ``TCPStore``, a directly built backend.
 
-:class:`SyncGroupConfig` names the group: its own ``TCPStore`` at ``host:port`` (rank 0 = the
-trainer hosts it), a backend (``"nccl"`` when the two ends hold their weights on two different
-CUDA devices, else ``"gloo"``; :func:`choose_backend`) and a timeout. The backend object is built
-directly (``ProcessGroupGloo`` / ``ProcessGroupNCCL`` over a ``PrefixStore``), so it neither needs
-nor touches the default group that Lightning's DDP creates with ``init_process_group``. A peer
-that dies or stalls makes the waiting side raise :class:`WeightSyncError` naming the peer and
-the timeout (:meth:`SyncGroup.guard`).
+The backend object is built directly (``ProcessGroupGloo`` / ``ProcessGroupNCCL`` over a
+``PrefixStore``), so it neither needs nor touches Lightning's default group. A peer that dies or
+stalls makes the waiting side raise :class:`WeightSyncError` (:meth:`SyncGroup.guard`).
 """
 
 from __future__ import annotations
@@ -36,23 +32,16 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def choose_backend(trainer_device: torch.device | str, worker_device: torch.device | str) -> str:
     """``"nccl"`` when both ends hold their weights on *different* CUDA devices (AcceRL uses NCCL),
-    ``"gloo"`` otherwise: on the CPU, across CPU and GPU, and for two processes on one GPU, which
-    NCCL refuses to group (the inference client gives those the CUDA IPC double buffer instead,
-    :func:`fastlight.inference.client.weight_path`)."""
+    ``"gloo"`` otherwise (NCCL refuses to group two processes on one GPU)."""
     a, b = torch.device(trainer_device), torch.device(worker_device)
-    if a.type != "cuda" or b.type != "cuda":
-        return "gloo"
-    return "nccl" if (a.index or 0) != (b.index or 0) else "gloo"
+    return "nccl" if a.type == b.type == "cuda" and (a.index or 0) != (b.index or 0) else "gloo"
 
 
 @dataclass(frozen=True)
 class SyncGroupConfig:
-    """Where and how the two-rank sync group meets; picklable, so it is passed to the worker process.
-
-    ``port`` is the group's own ``TCPStore`` port (hosted by the trainer, rank 0), distinct from any
-    ``MASTER_PORT``. ``timeout_s`` bounds every collective (a dead or stalled peer raises after it);
-    ``join_timeout_s`` bounds the rendezvous, which includes the peer process's start-up.
-    """
+    """Where and how the two-rank sync group meets (picklable). ``port``: the group's own ``TCPStore``
+    (hosted by the trainer, rank 0); ``timeout_s`` bounds every collective; ``join_timeout_s`` the
+    rendezvous, the peer process's start-up included."""
 
     host: str = "127.0.0.1"
     port: int = 0
@@ -66,12 +55,15 @@ class SyncGroupConfig:
         if not 0 < self.port < 65536:
             raise ValueError(f"SyncGroupConfig.port must be in (0, 65536), got {self.port} (see free_port())")
         if self.timeout_s <= 0 or self.join_timeout_s <= 0:
-            raise ValueError(f"SyncGroupConfig.timeout_s and join_timeout_s must be > 0, got "
-                             f"{self.timeout_s} and {self.join_timeout_s}")
+            raise ValueError(
+                f"SyncGroupConfig.timeout_s and join_timeout_s must be > 0, got "
+                f"{self.timeout_s} and {self.join_timeout_s}"
+            )
 
     @classmethod
-    def local(cls, backend: str = "gloo", timeout_s: float = 60.0, join_timeout_s: float = 300.0
-              ) -> SyncGroupConfig:
+    def local(
+        cls, backend: str = "gloo", timeout_s: float = 60.0, join_timeout_s: float = 300.0
+    ) -> SyncGroupConfig:
         """A config on 127.0.0.1 with a fresh free port."""
         return cls("127.0.0.1", free_port(), backend, timeout_s, join_timeout_s)
 
@@ -91,10 +83,9 @@ def _device_identity(device: torch.device) -> str:
 def _gloo_options(cfg: SyncGroupConfig) -> Any:
     opts = dist.ProcessGroupGloo._Options()
     opts._timeout = cfg.timeout
+    gloo = dist.ProcessGroupGloo
     loopback = cfg.host in ("127.0.0.1", "localhost", "::1")
-    device = dist.ProcessGroupGloo.create_device(hostname=cfg.host) if loopback else \
-        dist.ProcessGroupGloo.create_default_device()
-    opts._devices = [device]
+    opts._devices = [gloo.create_device(hostname=cfg.host) if loopback else gloo.create_default_device()]
     return opts
 
 
@@ -108,8 +99,8 @@ class SyncGroup:
         self.broken: str | None = None
         try:
             join = datetime.timedelta(seconds=cfg.join_timeout_s)
-            self.store = dist.TCPStore(cfg.host, cfg.port, 2, rank == TRAINER_RANK, timeout=join,
-                                       wait_for_workers=False)
+            is_host = rank == TRAINER_RANK
+            self.store = dist.TCPStore(cfg.host, cfg.port, 2, is_host, timeout=join, wait_for_workers=False)
             self.store.set(f"{_PREFIX}/who/{rank}", f"{name} (pid {os.getpid()})")
             self.store.set(f"{_PREFIX}/device/{rank}", _device_identity(device))
             self.peer = f"{self.store.get(f'{_PREFIX}/who/{1 - rank}').decode()}, rank {1 - rank}"
@@ -125,15 +116,17 @@ class SyncGroup:
         if self.cfg.backend != "nccl":
             return
         if self.device.type != "cuda":
-            raise WeightSyncError(f"weight sync backend 'nccl' needs CUDA weights; {self.name} has "
-                                  f"{self.device}")
+            raise WeightSyncError(
+                f"weight sync backend 'nccl' needs CUDA weights; {self.name} has {self.device}"
+            )
         mine = self.store.get(f"{_PREFIX}/device/{self.rank}").decode()
         theirs = self.store.get(f"{_PREFIX}/device/{1 - self.rank}").decode()
         if mine == theirs:
             raise WeightSyncError(
                 f"{self.name} and {self.peer} are on the same GPU ({mine}): two processes on one GPU cannot "
                 "form an NCCL group; use the CUDA IPC double buffer instead (SharedDoubleBuffer(device=...), "
-                "what fastlight.inference.client.weight_path picks for one GPU: 'cuda_ipc')")
+                "what fastlight.inference.client.weight_path picks for one GPU: 'cuda_ipc')"
+            )
 
     def _make_backend(self, pstore: Any) -> Any:
         if self.cfg.backend == "gloo":
@@ -152,13 +145,16 @@ class SyncGroup:
         return WeightSyncError(
             f"weight sync {what} failed on {self.name}: peer {self.peer} via {self.cfg.backend} at "
             f"{self.cfg.host}:{self.cfg.port} died or did not answer within the "
-            f"{timeout_s or self.cfg.timeout_s:g} s timeout ({type(exc).__name__}: {exc})")
+            f"{timeout_s or self.cfg.timeout_s:g} s timeout ({type(exc).__name__}: {exc})"
+        )
 
     def guard(self, what: str, fn: Callable[[], Any]) -> Any:
         """Run ``fn`` (collectives / store calls); any failure becomes a :class:`WeightSyncError`."""
         if self.broken is not None:
-            raise WeightSyncError(f"weight sync group of {self.name} is broken by an earlier error "
-                                  f"({self.broken}); restart the peer {self.peer}")
+            raise WeightSyncError(
+                f"weight sync group of {self.name} is broken by an earlier error "
+                f"({self.broken}); restart the peer {self.peer}"
+            )
         try:
             return fn()
         except WeightSyncError:
