@@ -90,9 +90,8 @@ def setting_error_line(error: BaseException) -> str | None:
     from fastlight.checkpoints import exception_chain
 
     for exc in reversed(exception_chain(error)):
-        if isinstance(exc, SettingError | MisconfigurationException) or (
-            isinstance(exc, _REFUSALS) and _raised_by_fastlight(exc)
-        ):
+        refusal = isinstance(exc, _REFUSALS) and _raised_by_fastlight(exc)
+        if refusal or isinstance(exc, SettingError | MisconfigurationException):
             return " ".join(str(exc).split())
     return None
 

@@ -224,8 +224,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     except (FileNotFoundError, ValueError) as e:
         fail(str(e).splitlines()[0])
     torch.manual_seed(args.seed)  # --sample: reproducible
-    video_note = None
-    record = bool(args.video)
+    record, video_note = bool(args.video), None
     if task_names and args.video and not image_mode:
         record = False
         video_note = "--video: state mode has no camera frames; image mode is data.env_kwargs.image: true"
@@ -239,8 +238,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         task_names=task_names,  # probed once, in main
         progress=progress_line(), observer=recorder,
     )  # fmt: skip
-    fps = args.fps or render_fps
-    videos = write_gifs(Path(args.video), episodes, fps) if args.video else []
+    videos = write_gifs(Path(args.video), episodes, args.fps or render_fps) if args.video else []
     version = ckpt["state_dict"].get("_policy_version")
     driving = [None] * len(episodes) if recorder is None else recorder.episodes
     result: dict[str, Any] = {
