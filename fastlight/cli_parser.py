@@ -21,6 +21,7 @@ from lightning.pytorch.cli import LightningArgumentParser
 
 from fastlight.cli_defaults import complete_run_config
 from fastlight.cli_output import SettingError, parse_error_line
+from fastlight.fleet.start import config_files
 from fastlight.jsonargparse_compat import yaml_nested_values
 
 #: LightningCLI's optimizer arguments, which fastlight's CLI does not have (the module makes its optimizer).
@@ -46,21 +47,11 @@ def check_command_line(args: Sequence[str]) -> None:
     check_config_files(args)
 
 
-def _config_values(args: Sequence[str]) -> list[str]:
-    values = []
-    for i, arg in enumerate(args):
-        if arg in ("-c", "--config") and i + 1 < len(args):
-            values.append(args[i + 1])
-        elif arg.startswith("--config="):
-            values.append(arg.removeprefix("--config="))
-    return values
-
-
 def check_config_files(args: Sequence[str]) -> None:
     """Refuse a ``--config`` file that is missing or not YAML, naming it (jsonargparse would not)."""
     import yaml
 
-    for value in _config_values(args):
+    for value in config_files(args):
         path = Path(value)
         if not path.is_file():
             if path.exists():

@@ -107,7 +107,6 @@ def peek_data(argv: Sequence[str], key: str) -> str | None:
     A best guess, read before Lightning is imported; the CLI parses and checks the real value later."""
     names = (f"--data.{key}", f"--data.init_args.{key}")
     flag: str | None = None
-    configs = []
     for i, arg in enumerate(argv):
         following = argv[i + 1] if i + 1 < len(argv) else None
         for name in names:
@@ -115,17 +114,24 @@ def peek_data(argv: Sequence[str], key: str) -> str | None:
                 flag = arg.split("=", 1)[1]
             elif arg == name and following is not None:
                 flag = following
-        if arg.startswith("--config="):
-            configs.append(arg.split("=", 1)[1])
-        elif arg in ("--config", "-c") and following is not None:
-            configs.append(following)
     if flag is not None:
         return flag
-    for path in reversed(configs):
+    for path in reversed(config_files(argv)):
         found, value = _in_config(path, key)
         if found:
             return value if isinstance(value, str) else None
     return None
+
+
+def config_files(argv: Sequence[str]) -> list[str]:
+    """The ``--config`` / ``-c`` values of a command line, in order."""
+    values = []
+    for i, arg in enumerate(argv):
+        if arg in ("-c", "--config") and i + 1 < len(argv):
+            values.append(argv[i + 1])
+        elif arg.startswith("--config="):
+            values.append(arg.removeprefix("--config="))
+    return values
 
 
 def peek_env_id(argv: Sequence[str]) -> str | None:
