@@ -66,8 +66,6 @@ class InferenceClient:
             out = policy.act(example_obs, step=torch.zeros(rows_of(example_obs), dtype=torch.long))
         act_spec = tensor_spec({"actions": out.actions, "logprobs": out.logprobs})
         self.slots = [Slot.allocate(n, tensor_spec(example_obs), act_spec) for n in rows]
-        self.server_ends: list[Any] = []
-        self.sampler_ends: list[Any] = []
         self.new_pipes()
         self.version = ctx.Value("q", -1, lock=False)
         # Beaten by the worker's serving loop; its limits are set by the pool.
@@ -93,8 +91,8 @@ class InferenceClient:
     def new_pipes(self) -> None:
         """One fresh pipe per sampler slot (a restarted worker cannot reuse a dead one's ends)."""
         pipes = [self.ctx.Pipe() for _ in self.slots]
-        self.server_ends = [a for a, _ in pipes]
-        self.sampler_ends = [b for _, b in pipes]
+        self.server_ends: list[Any] = [a for a, _ in pipes]
+        self.sampler_ends: list[Any] = [b for _, b in pipes]
 
     def start(self, stop: Any, parent_pid: int) -> None:
         sync = self.shared if self.shared is not None else self.sync_config
