@@ -138,11 +138,9 @@ class RayCluster:
             self._init_ray(ray)
         from ray.util.placement_group import placement_group
 
-        self.pg = placement_group(
-            [self.settings.bundle() for _ in range(self.samplers)],
-            strategy=self.settings.placement_strategy,
-            name=f"fastlight-rank{self.rank}-{os.getpid()}",
-        )
+        bundles = [self.settings.bundle() for _ in range(self.samplers)]
+        name = f"fastlight-rank{self.rank}-{os.getpid()}"
+        self.pg = placement_group(bundles, strategy=self.settings.placement_strategy, name=name)
         ready, _ = ray.wait([self.pg.ready()], timeout=self.settings.placement_timeout_s)
         if not ready:
             message = self.unplaceable(f"{self.samplers} samplers")
@@ -155,12 +153,8 @@ class RayCluster:
         kwargs: dict[str, Any] = {"logging_level": logging.WARNING}
         if address is None:
             # A new instance for this run, sized for the samplers (beyond the cores they share them).
-            wanted = math.ceil(self.samplers * self.settings.num_cpus_per_sampler)
-            kwargs |= {
-                "address": "local",
-                "num_cpus": max(os.cpu_count() or 1, wanted),
-                "include_dashboard": False,
-            }
+            cpus = max(os.cpu_count() or 1, math.ceil(self.samplers * self.settings.num_cpus_per_sampler))
+            kwargs |= {"address": "local", "num_cpus": cpus, "include_dashboard": False}
         else:
             check_reachable(address)
             check_auth(address, allow_unauthenticated=self.settings.allow_unauthenticated)
