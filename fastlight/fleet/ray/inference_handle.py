@@ -101,14 +101,12 @@ class RayInference:
     def check(self, wait_s: float = 0.0) -> None:
         """Raise :class:`SamplerError` naming the actor if it died or its serving loop failed."""
         ray = self.ray
-        if self.where is None:
-            ready, _ = ray.wait([self.info_ref], timeout=0)
-            if ready:
-                with contextlib.suppress(ray.exceptions.RayActorError):
-                    self.where = ray.get(self.info_ref)
-                    node, ip, pid = self.where
-                    line = f"inference worker (rank {self.rank}) runs on Ray node {node} ({ip}), pid {pid}"
-                    print(f"fastlight: {line}", file=sys.stderr, flush=True)
+        if self.where is None and ray.wait([self.info_ref], timeout=0)[0]:  # placed: where, said once
+            with contextlib.suppress(ray.exceptions.RayActorError):
+                self.where = ray.get(self.info_ref)
+                node, ip, pid = self.where
+                line = f"inference worker (rank {self.rank}) runs on Ray node {node} ({ip}), pid {pid}"
+                print(f"fastlight: {line}", file=sys.stderr, flush=True)
         ended, _ = ray.wait([self.ended_ref], timeout=wait_s)
         if not ended:
             return
