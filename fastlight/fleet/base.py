@@ -57,12 +57,8 @@ class FleetBuild:
 
 
 class SamplerFleet(ABC):
-    """The running samplers of one trainer rank, as the DataModule sees them, and their faults.
-
-    ``restarts`` and ``dropped_rollouts`` are the ``faults/worker_restarts`` and
-    ``faults/dropped_rollouts`` counts of this fleet so far; ``stopping`` is set once :meth:`stop`
-    has begun (nothing is restarted after it).
-    """
+    """The running samplers of one trainer rank, as the DataModule sees them, and their faults:
+    ``restarts`` and ``dropped_rollouts`` (``faults/*``) so far; ``stopping`` once :meth:`stop` began."""
 
     #: What the no-rollout error calls this fleet's samplers.
     samplers_name = "samplers"

@@ -34,11 +34,8 @@ def forkserver_available() -> bool:
 
 
 def warm_forkserver(env_id: str | None = None) -> bool:
-    """Start the forkserver now, importing the sampler's modules (and ``env_id``'s package) in it.
-
-    Returns False (and changes nothing) where the platform has no forkserver. Later calls are
-    no-ops. After it, :func:`resolve_start_method` (``None``) picks ``forkserver``.
-    """
+    """Start the forkserver now, importing the sampler's modules (and ``env_id``'s package) in it; False
+    (changing nothing) where the platform has none. Later calls are no-ops."""
     global _warm
     if _warm:
         return True

@@ -311,12 +311,9 @@ for pid, started in seen.items():
 
 
 def start_reaper(ray: Any) -> subprocess.Popen | None:
-    """Start :data:`REAPER` over the processes of the Ray instance this process just started (None
-    where Ray does not say which they are).
-
-    Ray's dashboard and runtime-env agents outlive a SIGKILLed driver by a minute. The reaper notes
-    every process below the instance's once a second and SIGKILLs those still running when its stdin
-    closes (the trainer stopped the fleet, or died)."""
+    """Start :data:`REAPER` over the processes of the Ray instance this process just started (None where
+    Ray does not say which): Ray's agents outlive a SIGKILLed driver by a minute, so the reaper SIGKILLs
+    what still runs below the instance when its stdin closes (the trainer stopped the fleet, or died)."""
     try:
         node = ray._private.worker._global_node
         pids = [info.process.pid for infos in node.all_processes.values() for info in infos]
