@@ -12,6 +12,7 @@ returns and the step index count env steps.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -245,13 +246,10 @@ def run_episodes(
 ) -> list[EpisodeRecord]:
     """Play ``episodes`` episodes of one env on seeds ``seed, seed+1, ...``; ``act_fn=None``: random.
     ``action_chunk``: ``act_fn`` returns that many env actions per call (:func:`play_episodes`)."""
-    env = make_env(env_id, env_kwargs=env_kwargs)
-    try:
+    with contextlib.closing(make_env(env_id, env_kwargs=env_kwargs)) as env:
         act = act_fn or random_act_fn(env, seed)
         specs = seeded_specs(episodes, seed)
         return play_episodes(one_at_a_time(act), [env], specs, observer=observer, action_chunk=action_chunk)
-    finally:
-        env.close()
 
 
 def play_tasks(
@@ -317,15 +315,12 @@ def play_policy(
         return played, task_names, 20.0
     kwargs = {**env_kwargs, "render_mode": "rgb_array"} if record else env_kwargs
     gym_wrappers = [w for w in map(wrapper_of, wrappers) if not isinstance(w, EnvWrapper)]
-    env = wrap_env(make_env(env_id, env_kwargs=kwargs, flag="--env"), gym_wrappers)
-    try:
+    with contextlib.closing(wrap_env(make_env(env_id, env_kwargs=kwargs, flag="--env"), gym_wrappers)) as env:
         fps = float(min(max(env.metadata.get("render_fps") or 20, 1), 30))
         act = one_at_a_time(policy_act_fn(policy, deterministic=deterministic))
         specs = seeded_specs(episodes, seed, record=record)
         played = play_episodes(act, [env], specs, observer=observer, action_chunk=chunk, progress=progress)
         return played, (), fps
-    finally:
-        env.close()
 
 
 def summarise(episodes: list[EpisodeRecord], *, seed: int, n_boot: int = 10_000) -> dict[str, Any]:
@@ -359,14 +354,11 @@ def probe_env(env_id: str, env_kwargs: dict[str, Any]) -> tuple[tuple[str, ...],
     fastlight's multi-task Meta-World."""
     from fastlight.envs.metaworld import MetaWorldEnv
 
-    env = make_env(env_id, env_kwargs=env_kwargs)
-    try:
+    with contextlib.closing(make_env(env_id, env_kwargs=env_kwargs)) as env:
         base = env.unwrapped
         names = tuple(base.task_names) if isinstance(base, MetaWorldEnv) else ()
         space = env.observation_space
         return names, isinstance(space, gym.spaces.Dict) and "image" in space.spaces
-    finally:
-        env.close()
 
 
 def per_task_outcomes(episodes: list[EpisodeRecord], task_names: tuple[str, ...]) -> dict[str, np.ndarray]:
