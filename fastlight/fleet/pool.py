@@ -134,7 +134,7 @@ class SamplerPool(SamplerFleet):
 
     def _read(self, index: int, conn: Any) -> None:
         """Sampler ``index``'s messages into ``self.items`` (tracebacks into ``self.errors``)."""
-        try:
+        with conn, contextlib.suppress(EOFError, OSError):  # EOF: the sampler exited or was killed
             while True:
                 kind, tag, payload = conn.recv()
                 if kind == "error":
@@ -142,15 +142,9 @@ class SamplerPool(SamplerFleet):
                     return
                 self._arrival(index, time.monotonic())
                 while not self.stopping:  # once stopping, drop it: no sampler blocks on a full pipe
-                    try:
+                    with contextlib.suppress(queue.Full):
                         self.items.put((kind, index, payload), timeout=0.2)
                         break
-                    except queue.Full:
-                        continue
-        except (EOFError, OSError):  # the sampler exited or was killed
-            pass
-        finally:
-            conn.close()
 
     def _arrival(self, index: int, now: float) -> None:
         last = self._arrived.get(index)
