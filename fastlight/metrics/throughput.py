@@ -120,12 +120,8 @@ class ThroughputMetrics(Metric):
             raise TypeError(f"ThroughputMetrics.update expects RolloutStats, got {type(stats).__name__}")
         if elapsed is not None and elapsed < 0:
             raise ValueError(f"ThroughputMetrics.update: elapsed must be >= 0, got {elapsed}")
-        self.raw_steps += stats.raw_steps
-        self.valid_steps += stats.valid_steps
-        self.step_time += stats.step_time
-        self.reset_time += stats.reset_time
-        self.wall_time += stats.wall_time
-        self.global_resets += stats.global_resets
+        for name in ("raw_steps", "valid_steps", "step_time", "reset_time", "wall_time", "global_resets"):
+            getattr(self, name).add_(getattr(stats, name))
         self.episodes += len(stats.episodes)
         self.episode_length_sum += sum(ep.length for ep in stats.episodes)
         self.cut_episodes += sum(1 for ep in stats.episodes if ep.cut)
