@@ -81,8 +81,7 @@ def one_at_a_time(act: ActFn) -> BatchActFn:
 
     def act_batch(obs: Any, step: np.ndarray) -> list[Any]:
         one = (lambda j: {k: v[j] for k, v in obs.items()}) if isinstance(obs, dict) else (lambda j: obs[j])
-        rows = [one(j) for j in range(len(step))]
-        return [act(o, int(s)) for o, s in zip(rows, step, strict=True)]
+        return [act(one(j), int(s)) for j, s in enumerate(step)]
 
     return act_batch
 
