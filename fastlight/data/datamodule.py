@@ -1,10 +1,8 @@
 """``RolloutDataModule``: streams Rollouts from background sampler processes.
 
-``train_dataloader()`` starts ``num_workers`` sampler processes, each stepping its share of the
-``num_envs`` clips with a CPU copy of the policy; it runs after ``configure_model`` and the checkpoint
-restore, so the policy holds its resumed weights by then. :meth:`RolloutDataModule.publish` is the one
-place weights are published to the samplers. ``teardown`` and ``on_exception`` stop them, so no child
-outlives a fit. Why the dataset yields step tickets, not Rollouts: :mod:`fastlight.data.tickets`.
+``train_dataloader()`` starts ``num_workers`` sampler processes, each stepping its share of the ``num_envs``
+clips with a CPU copy of the policy. :meth:`RolloutDataModule.publish` is the one place weights are published
+to the samplers; ``teardown`` and ``on_exception`` stop them. Why step tickets: :mod:`fastlight.data.tickets`.
 """
 
 from __future__ import annotations
@@ -59,19 +57,16 @@ DEFAULT_FLEET = LocalFleet()
 
 
 class RolloutDataModule(EnvSizes, L.LightningDataModule):
-    """Background sampling for on-policy RL. Every argument is keyword-only; the settings of one
-    concern are one typed object (``inference``, ``faults``, ``env_wrappers``, ``fleet``).
+    """Background sampling for on-policy RL. Every argument is keyword-only.
 
     Args:
         env_id: gymnasium id (highway-env ids import ``highway_env`` on demand).
         env_kwargs: keyword arguments for ``gym.make`` (e.g. ``{config: {...}}`` for highway-env).
         env_wrappers: :class:`~fastlight.envs.EnvWrapper` settings or gymnasium wrapper classes applied,
-            in order, around every env (e.g. ``gymnasium.wrappers.FlattenObservation``, or the emulated
-            scenario-load latency ``fastlight.envs.ScenarioLoadCost``, FAST §background).
+            in order, around every env (e.g. ``fastlight.envs.ScenarioLoadCost``, FAST §background).
         num_envs: environment clips in total per trainer rank, spread over the samplers.
         num_workers: sampler processes per trainer rank.
-        reset_mode: how the envs reset (FAST §DPSA;
-            :data:`~fastlight.sampling.collector_settings.RESET_MODES` says what each mode is).
+        reset_mode: how the envs reset (FAST §DPSA; see ``collector_settings.RESET_MODES``).
         termination_threshold: DPSA unified truncation when this fraction of clips has ended, or
             ``auto``: chosen every cycle (:mod:`fastlight.sampling.auto_threshold`).
         max_horizon: cycle cap in steps (then truncate and bootstrap) in the modes whose rounds are cycles.
@@ -81,27 +76,22 @@ class RolloutDataModule(EnvSizes, L.LightningDataModule):
             groups of GRPO; it must divide each sampler's envs; ``dpsa`` / ``sgr`` modes only.
         valid_steps_per_step: if set, every training step's Rollout holds at least this many valid
             transitions, so reset modes compare at equal data per update (FAST §Experiments).
-        max_staleness: 0 = strictly on-policy; k = accept data up to k versions old (older data is
-            dropped and counted as ``rollout/dropped_stale``).
+        max_staleness: 0 = strictly on-policy; k = accept data up to k versions old (older: dropped).
         rank_rounds: whether the rank's samplers end their rounds ``together`` (local fleet only, not
             reproducible bit for bit; :mod:`fastlight.sampling.round_signal`) or ``apart``; ``auto``
             (default): ``together`` where it can work.
         prefetch: super-batches the background prefetcher keeps ready (AcceRL §prefetch).
-        trainer_threads: torch intra-op threads of the trainer once its samplers start. ``None``
-            (default): the cores its local samplers leave (:meth:`thread_plan`).
+        trainer_threads: the trainer's torch threads once its samplers start; ``None``: the cores left.
         inference: :class:`~fastlight.inference.InferenceSettings`: one inference worker serves every
             sampler (AcceRL §inference); ``None`` (default): each sampler acts with its own policy copy.
-        faults: :class:`~fastlight.fleet.faults.FaultSettings`: the rollout timeout, the heartbeat
-            and the restart budget of the samplers (and of a CPU inference worker).
+        faults: :class:`~fastlight.fleet.faults.FaultSettings`: timeouts and restart budget of the samplers.
         steps_per_epoch: training steps per Lightning epoch (the stream itself never ends).
         seed: base seed of the envs; rank ``r`` worker ``w`` uses ``seed + 10_000 r + 1_000 w``.
             ``None`` (default): the global seed (``--seed_everything``), else 0 (:attr:`env_seed`).
         nonfinite: a NaN / inf observation or reward: ``raise`` stops the run naming the env;
             ``drop`` pads that episode out and counts it as ``rollout/dropped_nonfinite``.
-        start_method: ``spawn`` or ``forkserver``; ``None`` (default): ``forkserver`` when the
-            ``fastlight`` command warmed one, else ``spawn`` (:mod:`fastlight.fleet.start`).
-        fleet: where the samplers run: local processes (:class:`~fastlight.fleet.pool.LocalFleet`,
-            the default) or Ray actors (:class:`~fastlight.fleet.ray.fleet.RayFleet`).
+        start_method: ``spawn`` or ``forkserver``; ``None``: as :mod:`fastlight.fleet.start` resolves it.
+        fleet: where the samplers run: local processes (default) or Ray actors (``RayFleet``).
         exact_resume: ``autoreset``: samplers save their envs after every round, so a resume
             continues their episodes (:mod:`fastlight.data.exact_resume`).
     """
@@ -173,8 +163,7 @@ class RolloutDataModule(EnvSizes, L.LightningDataModule):
         self._restarts_before = self._dropped_rollouts_before = 0
 
     def _plain_settings(self) -> None:
-        """hparams (what loggers and checkpoints record) hold the settings objects as plain data,
-        in the shape a config writes them (the CLI already passes them so)."""
+        """hparams (what loggers and checkpoints record) hold the settings objects as config data."""
         for hp in (self._hparams, self._hparams_initial):
             hp["inference"] = plain_settings(hp["inference"])
             hp["faults"] = plain_settings(hp["faults"])
@@ -190,9 +179,8 @@ class RolloutDataModule(EnvSizes, L.LightningDataModule):
     @property
     @override
     def hparams_initial(self) -> AttributeDict:
-        """What loggers record: these settings as ``data.<name>`` (the CLI's names). Lightning logs
-        the module's and the DataModule's hparams as one flat dict and refuses a key both hold with
-        different values, which a plain module's own ``steps_per_epoch`` or ``seed`` would be."""
+        """What loggers record: these settings as ``data.<name>``, so no key clashes with the module's
+        (Lightning logs both as one flat dict and refuses a key both hold with different values)."""
         return AttributeDict(
             {k if k.startswith("_") else f"data.{k}": v for k, v in super().hparams_initial.items()}
         )
@@ -204,15 +192,13 @@ class RolloutDataModule(EnvSizes, L.LightningDataModule):
     def thread_plan(
         self, ranks_here: int, device: torch.device | str = "cpu"
     ) -> tuple[int | None, InferenceSettings | None]:
-        """The trainer's torch threads (None: leave them) and the inference settings to start the
-        worker with (:func:`~fastlight.data.data_settings.thread_plan`)."""
+        """The trainer's torch threads (None: leave them) and the inference worker's settings."""
         kw = dict(shared_memory=self.fleet.shared_memory, ranks_here=ranks_here, device=device)
         return thread_plan(self.hparams, self.inference, **kw)
 
     @property
     def env_seed(self) -> int:
-        """The base env seed: ``--data.seed`` if set, else the global seed ``seed_everything``
-        exported (``PL_GLOBAL_SEED``, read when the samplers start), else 0."""
+        """``--data.seed`` if set, else ``PL_GLOBAL_SEED`` (``seed_everything``), else 0."""
         if self.hparams.seed is not None:
             return int(self.hparams.seed)
         return int(os.environ.get("PL_GLOBAL_SEED", 0))
@@ -225,9 +211,7 @@ class RolloutDataModule(EnvSizes, L.LightningDataModule):
     def start(self, module: RolloutPolicyModule | None = None) -> None:
         """Spawn the samplers (and the inference worker) for the trainer's module. Idempotent.
 
-        ``module`` (a :class:`RolloutPolicyModule`) drives the samplers without a Trainer, e.g. a fixed
-        policy in the sampling benchmark; its ``policy_version`` gates on-policy rounds as usual.
-        """
+        ``module`` (a :class:`RolloutPolicyModule`) drives the samplers without a Trainer."""
         if self.pool is not None:
             return
         if module is None:
@@ -274,7 +258,6 @@ class RolloutDataModule(EnvSizes, L.LightningDataModule):
 
     @override
     def train_dataloader(self) -> DataLoader:
-        # Lightning calls this after configure_model and the checkpoint restore: the policy exists.
         if self.trainer is not None:
             self.start()
         # Its own generator: drawing from torch's global one would shift a resumed run's minibatch shuffles.
@@ -297,8 +280,7 @@ class RolloutDataModule(EnvSizes, L.LightningDataModule):
         return rollout
 
     def _check_version_advanced(self, module: RolloutPolicyModule) -> None:
-        """A training step ran on the last Rollout; its update must have advanced the version (with
-        ``max_staleness 0`` the samplers start no round until it does)."""
+        """A training step ran on the last Rollout; its update must have advanced the version."""
         version = int(module.policy_version)
         if self._handed is None or version != self._handed:
             return
@@ -316,9 +298,8 @@ class RolloutDataModule(EnvSizes, L.LightningDataModule):
             rank_zero_warn(f"{what}: the samplers keep acting with these weights; {todo}")
 
     def publish(self, module: RolloutPolicyModule) -> SyncStats | None:
-        """Make ``module.policy``'s weights current for the samplers, once per version (right before
-        each batch is taken). Returns the publish's :class:`SyncStats` (also kept as :attr:`last_sync`),
-        or None when this version is already out."""
+        """Make ``module.policy``'s weights current for the samplers, once per version. Returns the
+        publish's :class:`SyncStats` (also :attr:`last_sync`), or None when this version is already out."""
         version = int(module.policy_version)
         if self.pool is None or version == self._published:
             return None

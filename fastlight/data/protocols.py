@@ -42,9 +42,8 @@ from fastlight.sampling.task_weights import TaskWeightedEnv
 from fastlight.weights.checksum import DeliveryCheck
 from fastlight.weights.publisher import SyncStats
 
-#: ``batch -> RolloutStats`` for a training batch that is not a Rollout (``RolloutThroughput``);
-#: like Lightning's ``batch_size`` hint, e.g. ``lambda b: RolloutStats(raw_steps=len(b[0]),
-#: valid_steps=len(b[0]))``. A ratio over a counter left at 0 is undefined, hence not logged.
+#: ``batch -> RolloutStats`` for a training batch that is not a Rollout (``RolloutThroughput``),
+#: like Lightning's ``batch_size`` hint. A ratio over a counter left at 0 is not logged.
 BatchCountsFn = Callable[[Any], RolloutStats]
 
 
@@ -55,8 +54,7 @@ class TaskWeightSink(Protocol):
 
 @runtime_checkable
 class GroupsEnvs(Protocol):
-    """A DataModule whose envs start each cycle in groups of ``group_size`` from one seed
-    (``RolloutDataModule``'s ``--data.group_size``), as GRPO's advantages compare them."""
+    """A DataModule whose envs start each cycle in groups of ``group_size`` from one seed (GRPO)."""
 
     @property
     def group_size(self) -> int: ...
@@ -72,8 +70,7 @@ class MultiTaskData(TaskWeightSink, Protocol):
 
 @runtime_checkable
 class MultiTaskEnv(TaskWeightedEnv, Protocol):
-    """An env (its ``env.unwrapped``) with named tasks that takes DWR's task weights, such as
-    :class:`fastlight.envs.metaworld.MetaWorldEnv`; ``RolloutDataModule.task_names`` reads it."""
+    """An env (its ``env.unwrapped``) with named tasks that takes DWR's task weights (``MetaWorldEnv``)."""
 
     task_names: Sequence[str]
 
@@ -102,16 +99,15 @@ class ReportsFaults(Protocol):
 
 @runtime_checkable
 class StopsSampling(Protocol):
-    """A DataModule with background samplers: ``stop()`` ends them (idempotent). A run that stops
-    (a signal, a fault) calls it before its last checkpoint, so no sampler is restarted meanwhile."""
+    """A DataModule with background samplers: ``stop()`` ends them (idempotent); a stopping run calls
+    it before its last checkpoint."""
 
     def stop(self) -> None: ...
 
 
 @runtime_checkable
 class EvaluationEnv(Protocol):
-    """A DataModule that says which env it samples, for evaluation episodes: ``(env_id, env_kwargs,
-    gymnasium wrapper settings)`` as a checkpoint records them (``class_path`` + ``init_args``)."""
+    """A DataModule that says which env it samples: ``(env_id, env_kwargs, wrapper settings)``."""
 
     def evaluation_env(self) -> tuple[str, dict[str, Any], list[dict[str, Any]]]: ...
 
@@ -125,10 +121,8 @@ class ChecksEnvSpec(Protocol):
 
 @runtime_checkable
 class RolloutPolicyModule(Protocol):
-    """What ``RolloutDataModule`` needs of any LightningModule: the ``policy`` the samplers copy (an
-    ``nn.Module`` implementing :class:`fastlight.models.base.Policy`) and ``policy_version``, which
-    the module increases by 1 after each update: new weights reach the samplers only when it changes.
-    """
+    """What ``RolloutDataModule`` needs of any LightningModule: the ``policy`` the samplers copy and
+    ``policy_version``, +1 after each update: new weights reach the samplers only when it changes."""
 
     policy: nn.Module
     policy_version: int
@@ -136,17 +130,14 @@ class RolloutPolicyModule(Protocol):
 
 @runtime_checkable
 class CopiesPolicy(Protocol):
-    """A module that makes the samplers' CPU copy of its policy itself (a sharded policy cannot be
-    copied as it is: :class:`fastlight.modules.policy_module.PolicyModule` keeps the copy it made
-    before sharding)."""
+    """A module that makes the samplers' CPU copy of its policy itself (a sharded one cannot be copied)."""
 
     def rollout_copy(self) -> nn.Module: ...
 
 
 @runtime_checkable
 class TrainsPolicy(RolloutPolicyModule, Protocol):
-    """A :class:`RolloutPolicyModule` that also says how many optimizer steps one update takes
-    (``WeightSync`` drains the inference worker before the last one)."""
+    """A :class:`RolloutPolicyModule` that also says how many optimizer steps one update takes."""
 
     optimizer_steps_per_update: int
 
@@ -159,10 +150,8 @@ def missing_members(obj: object, protocol: type) -> list[str]:
 def implements(obj: object, protocol: type) -> bool:
     """Whether ``obj`` has every member of ``protocol``, looked up as attribute access finds it.
 
-    Not ``isinstance``: from Python 3.12 a runtime-checkable protocol looks members up with
-    ``inspect.getattr_static``, which misses what ``nn.Module.__getattr__`` serves (submodules and
-    parameters, such as a LightningModule's ``policy``), so ``isinstance(module, RolloutPolicyModule)``
-    is False there for every module that has one."""
+    Not ``isinstance``: from Python 3.12 that uses ``inspect.getattr_static``, which misses what
+    ``nn.Module.__getattr__`` serves (such as a LightningModule's ``policy``)."""
     return obj is not None and not missing_members(obj, protocol)
 
 

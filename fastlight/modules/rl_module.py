@@ -1,16 +1,12 @@
 """``RLModule``: PPO-family training on Rollouts with masked GAE and the SMPO loss.
 
-Manual optimisation: each Rollout is one Lightning training step, inside which the module runs
-``update_epochs`` epochs x ``num_minibatches`` minibatches over the valid transitions. Every loss term
-is a masked sum over valid transitions divided by their count (FAST §SMPO), the count all-reduced
-under DDP so the global mean is exact.
+Manual optimisation: each Rollout is one training step of ``update_epochs`` x ``num_minibatches``
+minibatches over the valid transitions; every loss term is SMPO-reduced (FAST §SMPO), the count
+all-reduced under DDP so the global mean is exact.
 
-The policy is injected (``policy=``, ``--model.policy``) or built by :meth:`build_policy` in
-``configure_model``, i.e. after ``__init__`` (a subclass sets its attributes after
-``super().__init__(**kwargs)``). Subclass hooks, in the order a step uses them: :meth:`build_policy`,
-:meth:`compute_advantages` (masked GAE), :meth:`evaluate_actions`, :meth:`compute_loss` (returns
-``(loss, info)``), :meth:`param_groups`. What wraps the policy and what a loading checkpoint is checked
-for is the base class, :class:`~fastlight.modules.policy_module.PolicyModule`.
+The policy is injected (``--model.policy``) or built by :meth:`build_policy` in ``configure_model``.
+Subclass hooks, in the order a step uses them: :meth:`build_policy`, :meth:`compute_advantages`,
+:meth:`evaluate_actions`, :meth:`compute_loss` (returns ``(loss, info)``), :meth:`param_groups`.
 """
 
 from __future__ import annotations
@@ -60,34 +56,28 @@ class RLModule(PolicyModule):
         action_dim: Box dims, Discrete choices or Multi* entries (linked from --data).
         continuous: continuous actions (linked from --data).
         spaces: the env's spaces (linked from --data).
-        policy: the actor-critic, any ``nn.Module`` implementing :class:`fastlight.models.base.Policy`;
-            ``None``: :meth:`build_policy` builds one (an MLP over vectors, else ``MultiInputActorCritic``).
+        policy: the actor-critic (:class:`fastlight.models.base.Policy`); ``None``: :meth:`build_policy`.
         hidden_sizes: MLP widths of the default policy (refused together with ``policy``).
         lr: Adam learning rate.
         gamma: discount factor per env step (an action chunk of ``h`` env steps: ``gamma**h``).
         gae_lambda: GAE lambda (0: one-step TD advantages, 1: Monte-Carlo returns).
         update_epochs: K, the epochs over each rollout (K x M optimizer steps per rollout).
         num_minibatches: M, the minibatches each epoch splits the rollout's valid transitions into.
-        objective: the policy objective (``--model.objective GIPO --model.objective.sigma 0.2``): ``PPOClip``
-            (``None``), ``GIPO`` (AcceRL §GIPO), ``SAPO`` or your own subclass of ``Objective``.
+        objective: policy objective: ``PPOClip`` (``None``), ``GIPO`` (AcceRL §GIPO), ``SAPO``, or your own.
         ratio_granularity: ``token | action | chunk`` importance ratios (:mod:`fastlight.losses.ratios`).
-        tokens_per_action: consecutive tokens per ratio for ``action`` granularity. ``None``: the
-            tokens of one env action (``K / H`` of ``K`` tokens per call in chunks of ``H`` actions).
+        tokens_per_action: consecutive tokens per ratio for ``action`` granularity; ``None``: one action's.
         vf_coef: weight of the value loss.
         ent_coef: weight of the entropy bonus.
         value_clip_eps: PPO2-style value clipping range, ``None`` for the unclipped loss.
         max_grad_norm: gradient clipping by global norm (``None`` disables).
         normalize_advantages: standardise advantages over valid steps (globally under DDP).
         advantage: ``gae``, or a clip's (``grpo``) or step's (``group_steps``) return against its group's.
-        normalize_obs: act on observations normalised by running statistics the policy keeps; ``None``:
-            on for continuous actions over flat vectors (MuJoCo-style control), off otherwise.
-        normalize_returns: the critic predicts values in units of the running mean/std of the value
-            targets (Sample Factory's ``normalize_returns``). ``None`` (default): as ``normalize_obs``.
+        normalize_obs: normalise observations by running statistics; ``None``: for continuous flat control.
+        normalize_returns: the critic predicts values in running-std units of the targets; ``None``: as above.
         recompute_values: re-run the current critic before GAE (AcceRL §value recomputation).
         init_from: a checkpoint whose policy weights this run starts from (``--ckpt_path`` resumes instead).
         value_warmup_updates: for this many first updates only the critic learns.
-        max_nonfinite_updates: this many optimizer steps in a row with a NaN / inf loss or gradient
-            (each skipped, counted as ``faults/skipped_updates``) stop the run; ``0`` turns the check off.
+        max_nonfinite_updates: this many skipped NaN / inf optimizer steps in a row stop the run; ``0``: off.
     """
 
     def __init__(
@@ -143,8 +133,7 @@ class RLModule(PolicyModule):
 
     # ------------------------------------------------------------------ hooks for subclasses
     def build_policy(self) -> nn.Module:
-        """The actor-critic when none is injected; runs once, in ``configure_model`` (after ``__init__``).
-        Override for a new observation / action type."""
+        """The actor-critic when none is injected; runs once, in ``configure_model`` (after ``__init__``)."""
         h = self.hparams
         if h.get("spaces"):
             check_spaces(h.spaces)
@@ -188,8 +177,7 @@ class RLModule(PolicyModule):
         return adv, ret, values
 
     def _group_size(self) -> int:
-        """``--model.advantage grpo | group_steps``'s groups (:mod:`fastlight.advantages`; the critic
-        still learns; ``normalize_advantages`` applies on top of ``group_steps`` only)."""
+        """``--model.advantage grpo | group_steps``'s group size (:mod:`fastlight.advantages`)."""
         data = self._trainer.datamodule if self._trainer is not None else None
         size = data.group_size if isinstance(data, GroupsEnvs) else 1
         if size < 2:
@@ -238,8 +226,7 @@ class RLModule(PolicyModule):
         return loss, {**info, **{k: v.detach() for k, v in terms.items()}}
 
     def tokens_per_action(self, logprobs: Tensor) -> int:
-        """``--model.tokens_per_action``, or (``None``) the tokens of one env action: the ``K``
-        tokens of ``logprobs [N, K]`` over the policy's action chunk (1 for ``[N]`` log-probs)."""
+        """``--model.tokens_per_action``, or (``None``) ``K`` of ``logprobs [N, K]`` over the action chunk."""
         tpa = self.hparams.get("tokens_per_action")
         if tpa is not None:
             return int(tpa)
@@ -296,8 +283,7 @@ class RLModule(PolicyModule):
         h = self.hparams
         opt = self.optimizers()
         opt = opt[0] if isinstance(opt, list) else opt  # the RL optimizer first (a subclass may add more)
-        # FAST §SMPO, L = Σ valid·ℓ / max(Σ valid, 1): every minibatch is drawn from the valid transitions
-        # only; under DDP the denominator is the global valid count (_global_count).
+        # FAST §SMPO: minibatches are drawn from the valid transitions only.
         idx = rollout.valid.reshape(-1).nonzero().squeeze(-1)
         data = Minibatch.from_rollout(rollout, adv, ret, values)
         infos: list[dict[str, Tensor]] = []
