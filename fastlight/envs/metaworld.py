@@ -1,8 +1,7 @@
 """Meta-World (v3) as a gymnasium env with image + proprio + instruction observations (AcceRL).
 
-AcceRL fine-tunes a VLA on multi-task manipulation (§experiments) and re-weights the tasks by
-recent failure rates (§Dynamic Weighted Resampling). :class:`MetaWorldEnv` wraps one or several
-Meta-World tasks behind a single gymnasium env:
+:class:`MetaWorldEnv` wraps one or several Meta-World tasks behind a single gymnasium env (AcceRL
+§experiments; tasks re-weighted by §Dynamic Weighted Resampling):
 
 - each ``reset`` samples a task (uniformly, or by the weights given to :meth:`set_task_weights`;
   ``options={"task_id": k}`` forces one), then one of the task's goal variations: the 50 goals
@@ -18,27 +17,19 @@ Meta-World tasks behind a single gymnasium env:
       instruction_ids   int64 [L]           the task's sentence, tokenized (``[BOS]`` first),
       instruction_mask  int64 [L]           right-padded to ``L = max_text_len``; 1 = real token
 
-  The sentences (:data:`INSTRUCTIONS`; other task names are their own sentence) are tokenized by
-  the WordLevel tokenizer of :mod:`fastlight.envs.instruction_tokens`, built over every known
-  sentence, so ids agree across envs and processes; ``env.unwrapped.instruction_table`` holds every
-  sentence with its ids;
+  The sentences (:data:`INSTRUCTIONS`) are tokenized over every known sentence, so ids agree across
+  envs and processes; ``env.unwrapped.instruction_table`` holds every sentence with its ids;
 - actions ``Box(-1, 1, (4,))``: hand xyz displacement and gripper effort;
 - the episode *terminates* on ``info["success"]`` (``terminate_on_success``) and is
   *truncated* after ``max_path_length`` steps (default 200, not Meta-World's 500);
 - ``info`` carries ``success`` (bool) and ``task_id`` (index into ``env.unwrapped.task_names``)
   at reset and at every step, plus Meta-World's own step metrics.
 
-**One model per task and process** (:mod:`fastlight.envs.metaworld_sims`): every env of a process
-that plays a task shares its Meta-World object and swaps its own state in around each ``reset`` /
-``step`` / ``render``, playing bitwise the episodes an object of its own would. With a free camera
-(``camera_name=None``) the view centres on the scene of the first frame the process draws of the task.
+**One model per task and process** (:mod:`fastlight.envs.metaworld_sims`): the envs of a process
+share each task's Meta-World object, swapping their own state in, and play bitwise the same episodes.
 
-Rendering is offscreen MuJoCo (:mod:`fastlight.envs.rendering`) on the ``MUJOCO_GL`` backend, which
-this library never sets; an env with ``image=True`` refuses to start while it is unset.
-
-Task names and goals live in :mod:`fastlight.envs.metaworld_tasks`, the instructions and their
-vocabulary in :mod:`fastlight.envs.instructions`, the gymnasium ids in
-:mod:`fastlight.envs.registry`; their public names are re-exported here.
+Rendering is offscreen MuJoCo on the ``MUJOCO_GL`` backend, which this library never sets; an env
+with ``image=True`` refuses to start while it is unset.
 """
 
 from __future__ import annotations
@@ -75,18 +66,16 @@ class MetaWorldEnv(gym.Env):
 
     Args:
         tasks: ``"MT10"``, one task name (``"reach-v3"``), a comma-separated list, or a list.
-        image: render a camera frame into ``obs["image"]`` (needs ``MUJOCO_GL``); ``False`` is a
-            state-only mode.
+        image: render a camera frame into ``obs["image"]`` (needs ``MUJOCO_GL``); ``False``: state only.
         image_size: side ``S`` of the square frame.
-        camera_name: Meta-World camera (``corner``, ``corner2``, ``corner3``, ``topview``, ...).
+        camera_name: Meta-World camera (e.g. ``corner2``); ``None``: a free one, centred on the first frame.
         proprio_dim: leading state dims in ``obs["proprio"]`` (0..39; 0 drops the key).
         max_text_len: instruction length ``L`` (must fit the longest sentence plus ``[BOS]``).
         max_path_length: steps before truncation.
         terminate_on_success: end the episode (``terminated``) at the first success.
         reward: ``"dense"``: Meta-World's shaped reward (0..10 per step); ``"success"``: 1 at the
-            step that first succeeds, else 0 (the outcome reward of VLA RL); ``"dense_success"``:
-            the shaped reward plus, at a success that ends the episode, ``10 x steps left``, so
-            finishing early is never worth less than hovering next to the goal.
+            first success, else 0; ``"dense_success"``: dense plus ``10 x steps left`` at a success
+            that ends the episode (finishing early is never worth less than hovering at the goal).
         reward_scale: multiplies the reward.
         goal_seed: seed of the 50 goal variations per task (shared by every env and worker).
         fast_render: no shadows / multisampling (much faster on a CPU renderer).
@@ -94,8 +83,7 @@ class MetaWorldEnv(gym.Env):
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 80}
-    #: Share each task's Meta-World object with the process's other envs; ``False`` builds one per
-    #: env and task (the tests' reference).
+    #: Share each task's Meta-World object with the process's other envs (``False``: the tests' reference).
     _share_models = True
 
     def __init__(
@@ -171,9 +159,7 @@ class MetaWorldEnv(gym.Env):
         return gym.spaces.Dict(spaces)
 
     def _inner(self, name: str) -> contextlib.AbstractContextManager[Any]:
-        """The Meta-World object of task ``name`` with this env's state in, under the task's lock
-        (the process's one object per task, built on first use). A task switch drops the state
-        of the task left (see :mod:`fastlight.envs.metaworld_sims`)."""
+        """The Meta-World object of task ``name`` with this env's state in, under the task's lock."""
         state = self._states.get(name)
         if state is None:
             sim = self._sims.get(name)
@@ -204,8 +190,7 @@ class MetaWorldEnv(gym.Env):
 
     @property
     def state(self) -> np.ndarray:
-        """Meta-World's full 39-d state after the last ``reset``/``step`` (what its scripted experts
-        read, whatever ``proprio_dim`` and ``image`` show the policy)."""
+        """Meta-World's full 39-d state after the last ``reset``/``step`` (what scripted experts read)."""
         if self._state is None:
             raise RuntimeError("MetaWorldEnv.state read before reset")
         return self._state.copy()

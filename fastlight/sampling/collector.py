@@ -1,19 +1,12 @@
 """Stepping E gymnasium envs into Rollouts under one of four reset modes (FAST §DPSA).
 
 - ``dpsa``: an env that ends emits *dummy steps* (``valid=False``, observation frozen, reward 0,
-  no simulator call) while the others keep going. A *unified truncation* - one global reset
-  of every env - happens when the fraction of ended envs reaches ``termination_threshold`` or
-  when ``max_horizon`` steps have passed; the still-running envs are then marked ``truncated``
-  and bootstrapped from V(s_{t+1}). One ``collect()`` is one such sampling cycle.
-- ``sgr``: Synchronous Global Reset, the baseline FAST improves on: a global reset as soon as
-  any env ends (the same as ``dpsa`` with ``termination_threshold = 1/E``).
-- ``autoreset``: each env resets on its own when it ends, as gymnasium vector envs do; one
-  ``collect()`` is ``rollout_steps`` steps and episodes carry over between calls.
+  no simulator call) while the others keep going. A *unified truncation* (one global reset) happens
+  when the fraction of ended envs reaches ``termination_threshold`` or after ``max_horizon`` steps;
+  the still-running envs are marked ``truncated`` and bootstrapped. One ``collect()`` is one cycle.
+- ``sgr``: Synchronous Global Reset, a global reset as soon as any env ends (``dpsa`` at ``1/E``).
+- ``autoreset``: each env resets on its own when it ends; one ``collect()`` is ``rollout_steps`` steps.
 - ``sequential``: ``autoreset`` over exactly one env, the baseline of FAST's speed-up table.
-
-A rank's samplers can end their rounds together (:mod:`fastlight.sampling.round_signal`). One policy
-step and action chunks: :mod:`fastlight.sampling.steps`; resets and the naming of a failing env:
-:mod:`fastlight.sampling.resets`.
 """
 
 from __future__ import annotations
@@ -50,18 +43,13 @@ class Collector(EnvSteps):
         termination_threshold: DPSA's unified-truncation threshold on the fraction of ended envs,
             or ``"auto"`` (:class:`~fastlight.sampling.auto_threshold.ThresholdChooser`).
         max_horizon: cycle length cap in env steps; reaching it truncates and bootstraps.
-        rollout_steps: env steps per env per ``collect()`` in the modes without cycles
-            (with action chunks of ``H``: ``ceil(rollout_steps / H)`` policy steps).
-        seed: the sampler's base seed, of its global resets and its rounds' action noise
-            (:mod:`fastlight.sampling.exact`).
-        nonfinite: a NaN / inf observation or reward: ``raise`` stops the run
-            (:class:`NonFiniteError`); ``drop`` turns the episode's steps in this Rollout into padding,
-            ends it there and counts it in ``stats.dropped_nonfinite`` (a reset is retried, up to
-            ``RESET_RETRIES`` times in a row).
+        rollout_steps: env steps per env per ``collect()`` in the modes without cycles.
+        seed: the sampler's base seed, of its global resets and its rounds' action noise.
+        nonfinite: a NaN / inf observation or reward: ``raise`` (:class:`NonFiniteError`), or ``drop``:
+            pad the episode out, counted in ``stats.dropped_nonfinite`` (a reset is retried).
         heartbeat: called after every env step and reset (the trainer's watch of a stuck sampler).
         save_envs: ``autoreset``: save the envs with :meth:`state` after every round.
-        rounds: this sampler's view of its rank's
-            :class:`~fastlight.sampling.round_signal.RoundSignal` (see :meth:`collect`).
+        rounds: this sampler's view of its rank's :class:`~fastlight.sampling.round_signal.RoundSignal`.
     """
 
     def __init__(
@@ -141,8 +129,7 @@ class Collector(EnvSteps):
         self.rounds_done += 1
 
     def state(self, version: int) -> SamplerState:
-        """This sampler's position after the round it ran on ``version``: what a resumed sampler needs
-        to go on as this one would (:mod:`fastlight.sampling.exact`)."""
+        """This sampler's position after the round it ran on ``version`` (:mod:`fastlight.sampling.exact`)."""
         state = SamplerState(version, self.rounds_done, self.resets)
         if self.traits.cycles or self._obs is None:  # every episode ends with its cycle
             return state
@@ -168,11 +155,9 @@ class Collector(EnvSteps):
     def collect(self, policy: Policy, *, policy_version: int = 0, cycle: int | None = None) -> Rollout:
         """One sampling cycle (a mode with cycles) or ``rollout_steps`` steps (the others).
 
-        ``cycle``: with a round signal (``rounds``), which of the training step's cycles this is on
-        ``policy_version`` (0 begins the step's round). Strictly on-policy, the cycle is truncated on
-        the termination rate over the whole rank's clips; asynchronous, once the trainer asks for the
-        round, it ends after the step under way and ``stats.cut_in_flight`` is 1. ``None``: a cycle
-        of this sampler's own (the valid-step budget's), still cut on request within a round begun.
+        ``cycle``: with ``rounds``, which of the training step's cycles this is (0 begins the round):
+        strictly on-policy it is truncated on the rank's termination rate; asynchronous, it ends when
+        the trainer asks for the round (``stats.cut_in_flight`` 1). ``None``: a cycle of its own.
         """
         if cycle == 0 and self.rounds is not None:
             self.rounds.start_round()
