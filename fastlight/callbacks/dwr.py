@@ -5,11 +5,9 @@ task's failure *rate* in it (in ``[0, 1]``; 1 for a task with no outcome yet). T
 
     p_k = (f_k + eps) / sum_j (f_j + eps)
 
-with ``eps`` the Laplace smoothing. Outcomes from every sampler and every DDP rank are pooled into the
-same windows (one ``all_gather`` per step; AcceRL keeps them per worker); an episode cut by a DPSA
-unified truncation has no outcome. The weights are pushed to the DataModule
-(:class:`~fastlight.data.protocols.TaskWeightSink`) after every update, logged as ``dwr/weight_<task>``
-and ``dwr/success_rate_<task>``, and saved in checkpoints.
+with ``eps`` the Laplace smoothing. Outcomes from every sampler and DDP rank are pooled into the same
+windows (AcceRL keeps them per worker); an episode cut by a unified truncation has no outcome. The weights
+are pushed to the DataModule after every update, logged as ``dwr/weight_<task>`` and saved in checkpoints.
 """
 
 from __future__ import annotations
@@ -30,9 +28,8 @@ from fastlight.rollout import Rollout
 
 
 def dwr_weights(failure_rates: Tensor, *, eps: float) -> Tensor:
-    """``p_k = (f_k + eps) / sum_j (f_j + eps)`` (AcceRL §DWR), ``failure_rates [K]`` (rates, not counts)
-    -> ``[K]`` float64 probabilities. Raises ``ValueError`` on another shape, on ``eps <= 0``, and on a
-    rate outside ``[0, 1]`` (NaN included)."""
+    """``p_k = (f_k + eps) / sum_j (f_j + eps)`` (AcceRL §DWR), ``failure_rates [K]`` -> ``[K]`` float64.
+    Raises ``ValueError`` on another shape, on ``eps <= 0``, and on a rate outside ``[0, 1]`` (or NaN)."""
     if failure_rates.dim() != 1:
         raise ValueError(f"dwr_weights: failure_rates must be [K], got shape {tuple(failure_rates.shape)}")
     if eps <= 0:

@@ -1,11 +1,8 @@
 """Advice, once, when the sampling settings waste a run of uneven episodes (FAST §DPSA).
 
-Two ways DPSA's settings go wrong, both visible in the throughput metrics but easy to miss in a log:
-**cut episodes** (a unified truncation cuts the long episodes as soon as the short ones end, so
-their returns are only bootstrapped: ``perf/truncated_episode_share``) and **reset-bound sampling**
-(slow resets and short cycles: ``perf/time_efficiency`` near 0). :class:`SamplingAdvice` sums the
-counters of the Rollouts a trainer receives and, once :data:`MIN_ROLLOUTS` Rollouts and two episodes
-per env are in, warns once for each case it sees, naming the setting to change.
+Two ways DPSA's settings go wrong: **cut episodes** (a unified truncation cuts the long episodes as
+soon as the short ones end: ``perf/truncated_episode_share``) and **reset-bound sampling** (slow resets
+and short cycles: ``perf/time_efficiency`` near 0). :class:`SamplingAdvice` warns once for each.
 """
 
 from __future__ import annotations
@@ -17,16 +14,15 @@ from fastlight.sampling.collector_settings import RESET_MODES
 
 #: Rollouts to sum before judging (the first cycles of a run include start-up).
 MIN_ROLLOUTS = 4
-#: A share of cut episodes above this is worth a warning (auto's cap is 0.2; see
-#: :data:`fastlight.sampling.auto_threshold.MAX_CUT_SHARE`).
+#: A share of cut episodes above this is worth a warning (auto's cap: ``auto_threshold.MAX_CUT_SHARE``).
 CUT_SHARE_WARN = 0.3
 #: A share of sampler time spent in ``env.reset`` above this is worth a warning.
 RESET_SHARE_WARN = 0.5
 
 
 class SamplingAdvice:
-    """Warns once per case when cut episodes or resets dominate (see the module docstring); the
-    arguments are the rank's ``--data`` settings of the same names."""
+    """Warns once per case when cut episodes or resets dominate, after :data:`MIN_ROLLOUTS` Rollouts and
+    two episodes per env; the arguments are the rank's ``--data`` settings of the same names."""
 
     def __init__(
         self, *, reset_mode: str, termination_threshold: float | str, max_horizon: int, num_envs: int

@@ -37,8 +37,7 @@ DATA_RANGES: dict[str, Range] = COLLECTOR_RANGES | {
 
 def check_data_settings(args: dict[str, Any]) -> None:
     """Every ``RolloutDataModule`` setting's check (``args``: its constructor's arguments), before
-    anything is built; errors name the CLI flag. (``--data.rank_rounds together`` where it cannot work
-    is refused where it is resolved: :func:`~fastlight.data.sampler_plan.resolve_rank_rounds`.)"""
+    anything is built; errors name the CLI flag (``rank_rounds``: :func:`resolve_rank_rounds`)."""
     check_start_method(args["start_method"])
     check_ranges(args, DATA_RANGES)
     mode, num_envs, num_workers = args["reset_mode"], args["num_envs"], args["num_workers"]
@@ -86,8 +85,7 @@ def plain_settings(value: Any, *, class_path: bool = False) -> Any:
 
 def max_valid_per_rollout(h: Any) -> int:
     """The most valid transitions one training step's Rollout can hold on a rank (``h``: the
-    DataModule's hparams): every env stepping for the whole cycle (``max_horizon`` where the reset
-    mode's ``collect()`` is a cycle, ``rollout_steps`` otherwise)."""
+    DataModule's hparams): every env stepping for the whole cycle."""
     return max(h.num_envs * h.cycles_per_step * h[_cycle(h)], h.valid_steps_per_step or 0)
 
 
@@ -97,9 +95,7 @@ def _cycle(h: Any) -> str:
 
 
 def check_minibatches(h: Any, module: object) -> None:
-    """Refuse, before any sampler starts, a ``--model.num_minibatches`` that no Rollout can fill:
-    it would split every Rollout into empty minibatches. (A module without that setting, e.g. a
-    plain Lightning project's own or the sampling benchmark's fixed policy, is not checked.)"""
+    """Refuse a ``--model.num_minibatches`` that no Rollout can fill (a module without it passes)."""
     if not isinstance(module, L.LightningModule):
         return
     wanted, most = module.hparams.get("num_minibatches"), max_valid_per_rollout(h)
@@ -120,10 +116,8 @@ def thread_plan(
     ranks_here: int,
     device: torch.device | str = "cpu",
 ) -> tuple[int | None, InferenceSettings | None]:
-    """The trainer's torch threads (None: leave them) and the inference settings to start the
-    worker with (``ranks_here`` ranks on this machine, the trainer on ``device``): the cores the
-    samplers leave (:func:`~fastlight.procs.spare_threads`), split between the trainer and a CPU
-    inference worker, unless ``--data.trainer_threads`` / ``--data.inference.threads`` set them.
+    """The trainer's torch threads (None: leave them) and the inference worker's settings: the cores
+    the samplers leave, split between the trainer and a CPU inference worker, unless set explicitly.
     Unchanged when ``OMP_NUM_THREADS`` is set or the fleet is remote (``shared_memory`` false)."""
     if not shared_memory or os.environ.get("OMP_NUM_THREADS"):
         return h.trainer_threads, inference

@@ -1,9 +1,5 @@
-"""The trainer's half of an exact resume: its RNG states in the checkpoint, and the one line that says
-whether a resumed run continues the run it resumes bit for bit, and if not, why.
-
-The samplers' half is :mod:`fastlight.sampling.exact`. Together, with ``--data.max_staleness 0`` and
-``--data.rank_rounds apart`` on local samplers, "N updates, stop, resume, M more" equals "N + M
-straight" on the same kernels.
+"""The trainer's half of an exact resume (the samplers' is :mod:`fastlight.sampling.exact`): its RNG
+states in the checkpoint, and the one line that says whether a resume is bit for bit, and if not, why.
 """
 
 from __future__ import annotations
@@ -25,8 +21,7 @@ EXACT_KEY = "exact_resume"
 
 
 def rng_states() -> dict[str, Any]:
-    """The trainer process's generators (minibatch shuffles, dropout, anything a module draws), as
-    tensors and numbers: checkpoints load with ``weights_only``."""
+    """The trainer process's generators, as tensors and numbers (checkpoints load ``weights_only``)."""
     name, keys, pos, has_gauss, cached = np.random.get_state()
     states: dict[str, Any] = {
         "torch": torch.get_rng_state(),
@@ -48,8 +43,7 @@ def set_rng_states(states: Mapping[str, Any]) -> None:
 
 
 def states_to_plain(states: Mapping[int, SamplerState]) -> dict[int, dict[str, Any]]:
-    """Sampler positions as a checkpoint stores them (numbers, a byte tensor and its HMAC: the env
-    states are pickles, unpickled on resume only when this user's runs wrote them; see
+    """Sampler positions as a checkpoint stores them (numbers, a byte tensor and its HMAC: see
     :mod:`fastlight.safe_files`)."""
     return {i: {"version": s.version, "rounds": s.rounds, "resets": s.resets, "exact": s.exact,
                 "envs": None if s.envs is None else torch.frombuffer(bytearray(s.envs), dtype=torch.uint8),
@@ -83,9 +77,8 @@ def not_exact(
     local: bool,
     unsigned: Sequence[int] = (),
 ) -> list[str]:
-    """Why a resume with these settings and the checkpoint's sampler ``states`` is not an exact
-    continuation (empty: it is). ``unsigned``: samplers whose saved env states were refused
-    (:func:`states_from_plain`)."""
+    """Why a resume with these settings and sampler ``states`` is not exact (empty: it is).
+    ``unsigned``: samplers whose saved env states were refused (:func:`states_from_plain`)."""
     why = []
     if saved_ranks is None:
         why.append("the checkpoint holds no RNG states or sampler positions (written by an older fastlight)")
@@ -125,8 +118,8 @@ def save_exact(states: Mapping[int, SamplerState]) -> list[dict[str, Any]]:
 def restore_exact(
     saved: list[dict[str, Any]] | None, hparams: Mapping[str, Any], rank_rounds: str, local: bool
 ) -> dict[int, SamplerState]:
-    """Restore this rank's RNG states from the checkpoint entry ``saved`` (:func:`save_exact`), say
-    in one line whether the resume is exact, and return the sampler positions to resume from."""
+    """Restore this rank's RNG states from ``saved`` (:func:`save_exact`), say in one line whether
+    the resume is exact, and return the sampler positions to resume from."""
     rank, size = world()
     mine = saved[rank] if isinstance(saved, list) and len(saved) == size else None
     states: dict[int, SamplerState] = {}

@@ -19,8 +19,7 @@ from fastlight.rollout import Rollout
 NextItem = Callable[[float], Rollout | None]
 #: ``cut_in_flight(timeout)``: the rounds in flight, cut for the batch just completed.
 CutInFlight = Callable[[float], list[Rollout]]
-#: How long a completed batch waits for the rounds it asked to be cut (each ends at its sampler's
-#: next env step; one that takes longer is not lost, it goes into the next batch).
+#: How long a completed batch waits for the rounds it asked to be cut (a later one joins the next batch).
 CUT_WAIT_S = 2.0
 
 
@@ -28,14 +27,12 @@ class Prefetcher:
     """Producer thread over ``next_item(timeout) -> Rollout | None`` (None = nothing yet).
 
     Args:
-        next_item: returns one sampler item (a numpy-free Rollout) or None after ``timeout``;
-            raises if a sampler failed.
+        next_item: returns one sampler item or None after ``timeout``; raises if a sampler failed.
         version: returns the trainer's current policy version (read from the thread).
         items_per_batch: sampler items per super-batch (``rollouts_per_step``).
         max_staleness: drop data more than this many versions old.
         depth: ready super-batches kept (``prefetch``).
-        cut_in_flight: called once a batch has its ``items_per_batch`` items; what it returns
-            (the other samplers' rounds, cut) joins the batch.
+        cut_in_flight: called once a batch is complete; the cut rounds it returns join the batch.
     """
 
     def __init__(

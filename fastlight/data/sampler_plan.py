@@ -21,10 +21,8 @@ RANK_ROUNDS: tuple[str, ...] = get_args(RankRounds)
 
 
 def resolve_rank_rounds(settings: Mapping[str, Any], fleet: Fleet) -> Literal["together", "apart"]:
-    """``--data.rank_rounds`` for these DataModule settings on ``fleet``, the one place it is resolved:
-    ``auto`` is ``together`` where it can work (no blockers, samplers in the trainer machine's memory,
-    :mod:`fastlight.sampling.round_signal`) and ``apart`` elsewhere; a ``together`` that cannot work is
-    refused, naming the setting in the way."""
+    """``--data.rank_rounds`` for these settings on ``fleet``: ``auto`` is ``together`` where it can work
+    (no blockers, local samplers), else ``apart``; a ``together`` that cannot work is refused."""
     value = settings["rank_rounds"]
     names = ("reset_mode", "max_staleness", "termination_threshold", "cycles_per_step")
     blockers = together_blockers(**{k: settings[k] for k in names})
@@ -54,10 +52,8 @@ def sampler_configs(
 ) -> list[SamplerConfig]:
     """One :class:`SamplerConfig` per sampler of trainer rank ``rank``.
 
-    ``settings``: the DataModule's constructor arguments by name; a ``SamplerConfig`` field named
-    like one of them takes its value as it is, the others are derived here. ``seed``: the base env
-    seed (each sampler's is offset by rank and index, so no two clips of a run share one);
-    ``rank_rounds``: ``together`` or ``apart`` (:func:`resolve_rank_rounds`).
+    ``settings``: the DataModule's constructor arguments by name (a ``SamplerConfig`` field of the
+    same name takes its value). ``seed``: the base env seed, offset per rank and sampler.
     """
     s = settings
     same = {f.name: s[f.name] for f in dataclasses.fields(SamplerConfig) if f.name in s}
@@ -78,6 +74,5 @@ def sampler_configs(
 
 
 def share(total: int | None, envs: int, all_envs: int) -> int:
-    """A sampler's part of a valid-step budget, by its share of the envs (rounded up, so the
-    parts add up to at least ``total``); 0 = no budget."""
+    """A sampler's part of a valid-step budget, by its share of the envs, rounded up; 0 = no budget."""
     return 0 if total is None else math.ceil(total * envs / all_envs)
