@@ -3,11 +3,10 @@ surviving rank writes the checkpoint of the last completed update.
 
 On every rank of a multi-rank ``fit`` this callback sets the process-group timeout to
 ``peer_timeout_minutes`` and beats a heartbeat (:class:`~fastlight.ranks.peer_watch.PeerWatch`). When a
-collective fails and a rank is named lost, the survivors stop without another collective: the samplers
-end, the lowest surviving rank writes the last completed update alone (its own per-rank state only) to
-:class:`~fastlight.callbacks.preemption.PreemptionCheckpoint`'s file, rank 0 ends the ranks it launched,
-and every survivor prints one line. A loss mid-update is set back to the update's start with
-``rollback`` (:class:`~fastlight.ranks.rollback.RollbackPoint`); without it nothing is written.
+rank is named lost, the survivors stop without another collective: the lowest surviving rank writes the
+last completed update alone (its own per-rank state only) to ``PreemptionCheckpoint``'s file, and every
+survivor prints one line. A loss mid-update is set back to the update's start with ``rollback``
+(:class:`~fastlight.ranks.rollback.RollbackPoint`); without it nothing is written.
 
 Under ``--trainer.strategy fsdp2`` no rank holds the whole model, so every ``sharded_every_minutes`` all
 ranks write a sharded checkpoint together (:func:`~fastlight.lightning_compat.save_sharded`) to
@@ -52,9 +51,8 @@ class LostRankCheckpoint(Callback):
     Args:
         peer_timeout_minutes: the process-group timeout, and how long the survivors wait for a lost rank;
             longer than the slowest checkpoint write. ``None``: Lightning's timeout, and this does nothing.
-        rollback: copy what an update changes to the host at the start of EVERY update (one
-            device-to-host copy per update), so a rank lost mid-update still leaves the update before it.
-            Off: a loss mid-update saves nothing new and the line names the checkpoint on disk.
+        rollback: copy what an update changes to the host at the start of EVERY update, so a rank lost
+            mid-update still leaves the update before it. Off: a loss mid-update saves nothing new.
         sharded_every_minutes: under ``--trainer.strategy fsdp2`` (several ranks), training wall-clock
             between two sharded checkpoints (at most this much is lost with a rank); ``None``: none.
     """

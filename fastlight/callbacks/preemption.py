@@ -14,11 +14,10 @@ other than 0 (:mod:`fastlight.lightning_compat`). Instead this callback:
   stops every rank with one line naming the last good checkpoint (:class:`CheckpointWriteError`).
 
 A lost rank is :class:`~fastlight.callbacks.lost_rank.LostRankCheckpoint`'s. This callback is the only
-writer of ``<default_root_dir>/checkpoints/last.ckpt`` (``ModelCheckpoint(save_last=True)`` would write
-``last-v1.ckpt`` next to it, so the CLI sets ``every_epoch`` here instead). With ``version=N`` the run
-writes ``<dirpath>/version_N/<filename>.ckpt``, and the stable path becomes a second name of it
-(:mod:`fastlight.checkpoint_link`) once this run has trained at least as far (global step) as the
-checkpoint the stable path named when the run began. A run that completes no update writes nothing.
+writer of ``<default_root_dir>/checkpoints/last.ckpt``. With ``version=N`` the run writes
+``<dirpath>/version_N/<filename>.ckpt``; the stable path becomes a second name of it
+(:mod:`fastlight.checkpoint_link`) once this run has trained as far as the checkpoint it named when
+the run began. A run that completes no update writes nothing.
 """
 
 from __future__ import annotations
@@ -73,8 +72,7 @@ class PreemptionCheckpoint(Callback):
         dirpath: folder of the checkpoint; ``None`` = ``<default_root_dir>/checkpoints``.
         filename: checkpoint name without ``.ckpt``.
         every_minutes: also save every this many minutes of training; ``None`` disables.
-        handle_signals: install the signal handlers (off: only exceptions and the timer save; Lightning
-            keeps its own SIGTERM handling, not safe under DDP).
+        handle_signals: install the signal handlers (off: Lightning's own SIGTERM handling, unsafe under DDP).
         version: this run's folder is ``<dirpath>/version_<version>``, and ``<dirpath>/<filename>.ckpt``
             a second name of its file; ``None``: the file is ``<dirpath>/<filename>.ckpt`` itself.
         every_epoch: also save at the end of every training epoch.
@@ -101,8 +99,8 @@ class PreemptionCheckpoint(Callback):
         self.saved_step: int | None = None  # the global step of this fit's last checkpoint
         #: How the stop line says to resume ``{path}``; the ``fastlight`` command sets its ``--ckpt_path``.
         self.resume_hint = "trainer.fit(..., ckpt_path={path!r})"
-        #: The command's own line for a refused setting (``None``: not one); a refusal found before
-        #: training started, with nothing written, is then left to that one line. The command sets it.
+        #: The command's own line for a refused setting (``None``: not one), left to say a refusal found
+        #: before training started. The command sets it.
         self.refusal: Callable[[BaseException], str | None] | None = None
         self.ignored_signals = 0  # stop signals that came after the first one of this fit
         self._active, self._trained = False, False  # a fit is running (setup .. teardown); it trained
@@ -265,8 +263,7 @@ class PreemptionCheckpoint(Callback):
             return
         what = signal.Signals(exception.signum).name if isinstance(exception, Preempted) else None
         what, at = what or type(exception).__name__, f"at global step {trainer.global_step}"
-        # A signal, a full disk or a failed log write says all in its line; any other error's first line
-        # is said and its traceback kept.
+        # Any error but a signal, a full disk or a failed log write: its first line said, its traceback kept.
         plain = not isinstance(exception, Preempted | CheckpointWriteError | LogWriteError)
         said = f": {exception.strerror}" if isinstance(exception, LogWriteError) else ""
         if plain and str(exception).strip():
