@@ -53,10 +53,8 @@ class EnvResets:
     def reset_ahead(self) -> None:
         """Do the next ``dpsa``/``sgr`` cycle's global reset now, while the sampler waits for weights.
 
-        The cycle that follows is the same as with the reset at its start (same seeds, same
-        observations); its time still counts in that cycle's ``reset_time`` and ``wall_time``. A
-        second call before that cycle, or one in ``autoreset`` mode, does nothing.
-        """
+        The cycle that follows is the same (seeds, observations) and its time still counts in it.
+        A second call before that cycle, or one in ``autoreset`` mode, does nothing."""
         if not self.traits.cycles or self._ahead is not None:
             return
         stats = RolloutStats()
@@ -65,13 +63,11 @@ class EnvResets:
         self._ahead = (stats, time.perf_counter() - t0)
 
     def discard_ahead(self) -> None:
-        """Forget a reset done ahead (its tasks were drawn from task weights since replaced): the
-        next cycle resets again at its start."""
+        """Forget a reset done ahead (drawn from task weights since replaced)."""
         self._ahead = None
 
     def _global_reset(self, stats: RolloutStats) -> float:
-        """A cycle's global reset: now, or the one reset_ahead() did; returns the seconds that one
-        took (0.0 for a reset done now, whose time the cycle's own clock covers)."""
+        """A cycle's global reset: now (returns 0.0) or the one reset_ahead() did (returns its seconds)."""
         if self._ahead is None:
             self._reset(range(self.num_envs), stats)
             return 0.0
@@ -146,8 +142,7 @@ class EnvResets:
         return EnvError(f"{self._where(i)} raised {type(error).__name__} {when}: {error}")
 
     def _shape_error(self, indices: Sequence[int], error: ObservationShapeError) -> ObservationShapeError:
-        """The env whose observation does not stack with the others' (``indices``: the envs whose
-        observations were stacked, in that order), judged by each env's observation space."""
+        """The env whose observation does not stack with the others' (``indices``: those stacked)."""
         spaces = [self.envs[i].observation_space for i in indices]
         odd = odd_observation([self._obs[i] for i in indices], spaces)
         j, shape, others = odd if odd is not None else (error.index, error.shape, error.others)

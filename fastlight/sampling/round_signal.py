@@ -6,14 +6,11 @@ their rounds. :class:`RoundSignal` is the rank's shared word on when a round end
 
 - **Strictly on-policy** (``max_staleness 0``): DPSA's termination rate over every clip of the
   rank (FAST §DPSA: "the proportion of terminated clips among all clips"), so all samplers truncate
-  within one step of each other. The cut then depends on how fast the processes run relative to each
-  other, so two runs with the same seeds do not give the same cycles (``apart`` does).
+  within one step of each other; the cut depends on the processes' relative speed (not reproducible).
 - **Asynchronous** (``max_staleness`` above 0): the cut in flight. When a training step's
-  super-batch completes, the other samplers are part-way into their next round, whose steps would
-  arrive one version old. The trainer asks every sampler but the one whose item completed the batch
-  to end its round at its next step (FAST §DPSA's unified truncation; in ``autoreset`` the episodes
-  go on) and the batch takes those rounds; one that began less than ``CUT_MIN_SHARE`` of its usual
-  round ago is left to finish.
+  super-batch completes, the trainer asks every other sampler to end its round at its next step
+  (FAST §DPSA's unified truncation) and the batch takes those rounds, unless one began less than
+  ``CUT_MIN_SHARE`` of its usual round ago.
 
 Shared memory, no messages. For the rate: two 64-bit slots per sampler hold ``cycle key << 16 | ended
 clips`` of its current cycle and of the one before (a sampler whose clips all ended moves on, and
@@ -36,8 +33,7 @@ _ENDED_BITS = 16
 _ENDED_MASK = (1 << _ENDED_BITS) - 1
 
 #: A round younger than this share of its sampler's usual round is left to finish: its few steps
-#: would cost its clips their progress (they are truncated, and reset for the next cycle). Rounds
-#: that end together (an aligned fleet) are then left alone; a cut aligns a fleet that is not.
+#: would cost its clips their progress (they are truncated, and reset for the next cycle).
 CUT_MIN_SHARE = 0.25
 
 
@@ -45,9 +41,7 @@ def together_blockers(
     *, reset_mode: str, max_staleness: int, termination_threshold: float | str, cycles_per_step: int
 ) -> dict[str, tuple[object, str]]:
     """The settings that keep a rank's samplers from ending their rounds together: flag -> (value,
-    what it must be). Only the shared rate (``max_staleness 0``) has any: its samplers must sample
-    the same cycles on the same weights (a mode that shares the rate, one fixed threshold); a cut in
-    flight ends any round."""
+    what it must be). Only the shared rate (``max_staleness 0``) has any."""
     wrong: dict[str, tuple[object, str]] = {}
     if max_staleness > 0:
         return wrong
@@ -76,10 +70,8 @@ def rounds_to_cut(
     now: float,
     min_share: float = CUT_MIN_SHARE,
 ) -> list[int]:
-    """The samplers to ask when a batch completes: all but ``last_sender`` (its round began with
-    the item that completed the batch), and none whose round began (``arrived``: when its last item
-    came) less than ``min_share`` of its usual round length (``round_s``) ago. A sampler with no
-    item yet, or no round length yet, is asked."""
+    """The samplers to ask when a batch completes: all but ``last_sender``, and none whose round began
+    (``arrived``: its last item) less than ``min_share`` of its usual round length (``round_s``) ago."""
     return [
         i
         for i in samplers
@@ -160,8 +152,7 @@ class RoundView:
 
     def rank_cut(self, key: int, ended: int, reached: Callable[[float], bool]) -> bool:
         """Whether cycle ``key`` ends at this step for the rank: some sampler cut it already, or the
-        rate over the rank's clips (with this sampler's ``ended``) is ``reached`` (then it is marked,
-        so the others cut at their next step)."""
+        rate over the rank's clips is ``reached`` (then it is marked for the others)."""
         fraction = self.ended_fraction(key, ended)
         if self.was_cut(key):
             return True

@@ -1,17 +1,12 @@
 """Sampler processes: each owns a Collector over its envs and a CPU copy of the policy.
 
-A sampler loops: take the newest published weights, run ``cycles_per_step`` collection cycles,
-push them as one Rollout (a super-batch along E) into the output queue (sooner when the rank's
-round signal ends the round: :mod:`fastlight.sampling.round_signal`). With
-``max_staleness = 0`` (strictly on-policy) it then waits until the trainer publishes newer
-weights, so no round starts on weights older than the current version. While it waits it does
-the next cycle's global reset (:meth:`Collector.reset_ahead`: a reset needs no policy), so in
-``dpsa``/``sgr`` mode the reset overlaps the trainer's update instead of following it.
+A sampler loops: take the newest published weights, run ``cycles_per_step`` collection cycles, push
+them as one Rollout into its pipe. With ``max_staleness = 0`` it then waits for newer weights, doing
+the next cycle's global reset meanwhile (:meth:`Collector.reset_ahead`), so the reset overlaps the
+trainer's update.
 
-A Ray actor runs the same :func:`run_sampler` on its own bundle. Errors never hang the trainer: a
-Python exception is sent back with its traceback, a hard crash is seen through the exit code, and a
-sampler whose trainer dies exits too. Each sampler has its own one-writer pipe to the trainer (a
-sampler killed mid-send corrupts nothing the others use).
+A Ray actor runs the same :func:`run_sampler`. Errors never hang the trainer: an exception is sent back
+with its traceback, a hard crash is seen through the exit code, and a sampler whose trainer dies exits.
 """
 
 from __future__ import annotations
