@@ -36,8 +36,7 @@ import numpy as np
 AUTO = "auto"
 #: At most this share of episodes may be cut by the chosen threshold (see the module docstring).
 MAX_CUT_SHARE = 0.2
-#: Every n-th cycle runs at threshold 1.0 to keep observing long episodes (at most 1/n of the cycles
-#: pay the wait for the slowest env).
+#: Every n-th cycle runs at threshold 1.0 to keep observing long episodes.
 EXPLORE_EVERY = 8
 #: Episodes to observe (at threshold 1.0) before the first choice.
 MIN_EPISODES = 16
@@ -134,10 +133,9 @@ class ThresholdChooser:
 
 
 def kaplan_meier(samples: list[tuple[int, bool]], *, beyond: int) -> tuple[np.ndarray, np.ndarray]:
-    """The Kaplan-Meier estimate of a length distribution from right-censored ``samples``
-    ``(length, ended)`` (``ended`` False: the length is a lower bound). Returns ``(times, mass)``:
-    the distinct ended lengths (plus ``beyond`` when mass is left past the last observed end) and
-    the probability of each, summing to 1."""
+    """The Kaplan-Meier estimate of a length distribution from right-censored ``(length, ended)``
+    ``samples``. Returns ``(times, mass)``: the distinct ended lengths (plus ``beyond`` when mass is
+    left past the last observed end) and the probability of each, summing to 1."""
     if not samples:
         return np.array([beyond]), np.array([1.0])
     lengths = np.array([s[0] for s in samples])

@@ -1,16 +1,11 @@
 """What a sampler carries across a checkpoint, so that "N updates, stop, resume, M more" samples what
 "N + M straight" samples.
 
-A sampler's randomness is made a function of what the checkpoint holds: its **action noise**
-(every round reseeds torch, numpy and ``random`` from the sampler's seed and round count:
-:func:`seed_round`) and its **envs** (every global reset seeds env ``i`` from the sampler's seed, its
-count of global resets and ``i``: :func:`reset_seed`). In ``autoreset`` mode episodes run on across
-rounds, so the envs themselves are saved after every round (:func:`env_state`: a MuJoCo env's
-integration state and RNG, any other env pickled whole, and every wrapper's plain attributes); an
-env whose state cannot be saved makes the resume not exact.
-
-Each Rollout a sampler sends carries its :class:`SamplerState` after that round; the DataModule
-keeps the newest per sampler in its checkpoint and gives it back to the sampler of the same index.
+A sampler's randomness is a function of what the checkpoint holds: its **action noise** (every round
+reseeds torch, numpy and ``random``: :func:`seed_round`) and its **envs** (every global reset seeds env
+``i`` from the sampler's seed, its count of global resets and ``i``: :func:`reset_seed`). In ``autoreset``
+mode the envs themselves are saved after every round (:func:`env_state`: a MuJoCo env's integration
+state and RNG, any other env pickled whole, and every wrapper's plain attributes).
 """
 
 from __future__ import annotations

@@ -33,9 +33,8 @@ class EnvSteps(EnvResets):
     _chunk: int | None  # the current round's policy acts in chunks of this many env steps
 
     def _step_envs(self, policy: Policy, active: list[int], stats: RolloutStats, span: int = 1) -> Step:
-        """Act on the active envs and step them. Every env's observation is stacked once: the
-        row stores all of them (frozen ones for DPSA dummy steps), the policy sees the active ones.
-        With action chunks each env runs its chunk for at most ``span`` env steps (:meth:`_run_chunk`)."""
+        """Act on the active envs and step them (with action chunks, for at most ``span`` env steps).
+        The row stores every env's observation (frozen in DPSA dummy steps), the policy sees the active."""
         try:
             all_obs = stack_obs(self._obs)
         except ObservationShapeError as e:
@@ -77,8 +76,7 @@ class EnvSteps(EnvResets):
 
     def _run_chunk(self, i: int, chunk: Any, span: int, stats: RolloutStats) -> ChunkResult:
         """Env ``i`` executes its action chunk ``[H, ...]`` open-loop for at most ``span`` env steps,
-        stopping where its episode ends (the rest of the chunk is dropped). Each step is checked and
-        counted as an unchunked step is, so a failure names its episode step."""
+        stopping where its episode ends; each step is checked and counted as an unchunked step is."""
         ep = self._eps[i]
         rewards: list[float] = []
         info: dict = {}
@@ -119,9 +117,8 @@ class EnvSteps(EnvResets):
         return False
 
     def _drop_episode(self, i: int, rows: RowBuffer, stats: RolloutStats) -> None:
-        """Env ``i``'s current episode becomes padding in this buffer (its steps here are the last
-        ``ep.transitions`` rows at most; earlier ones went out, finite, in an earlier Rollout). Its
-        frozen observation stays the last finite one, and no episode is recorded."""
+        """Env ``i``'s current episode becomes padding in this buffer (its last ``ep.transitions`` rows
+        at most); its frozen observation stays the last finite one, and no episode is recorded."""
         for r in rows.rows[-min(self._eps[i].transitions, len(rows.rows)) :]:
             r.invalidate(i)
         stats.dropped_nonfinite += 1
