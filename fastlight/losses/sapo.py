@@ -41,10 +41,9 @@ def sapo_loss(
 
     Returns the scalar loss and detached ``approx_kl``, ``clip_frac``, ``ratio_mean``.
     """
-    if not tau_pos > 0:
-        raise ValueError(f"tau_pos must be > 0, got {tau_pos}")
-    if not tau_neg > 0:
-        raise ValueError(f"tau_neg must be > 0, got {tau_neg}")
+    for name, tau in (("tau_pos", tau_pos), ("tau_neg", tau_neg)):
+        if not tau > 0:
+            raise ValueError(f"{name} must be > 0, got {tau}")
     log_r, adv = policy_terms(logprobs, old_logprobs, advantages, valid, granularity, tokens_per_action)
     # τ in the inputs' dtype: torch.where on Python floats gives float32 (1.05 -> 1.0499999523).
     pos = torch.tensor(tau_pos, dtype=log_r.dtype, device=log_r.device)

@@ -93,8 +93,7 @@ class GIPO(Objective):
 
     Args:
         sigma: trust width σ in log-ratio space (AcceRL sweeps 0.2, 0.5, 1.0).
-        clip_frac_eps: only the threshold of the ``clip_frac`` diagnostic (the fraction PPO with
-            this ε would clip), so the three objectives' logs compare; not in the loss.
+        clip_frac_eps: only the threshold of the ``clip_frac`` diagnostic; not in the loss.
     """
 
     def __init__(self, sigma: float = 0.5, clip_frac_eps: float = 0.2) -> None:

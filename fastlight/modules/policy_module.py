@@ -1,7 +1,6 @@
-"""``PolicyModule``: the LightningModule side of owning a policy, which ``RLModule`` builds on: where the
-policy comes from, what wraps it (``--model.init_from``, the normalisers), how its sizes are checked
-against the env, and what a loading checkpoint is checked for. It reads ``RLModule``'s hparams
-``obs_dim``, ``continuous``, ``spaces``, ``normalize_obs``, ``normalize_returns``, ``init_from``, ``policy``.
+"""``PolicyModule``: owning a policy, which ``RLModule`` builds on: where it comes from, what wraps it
+(``--model.init_from``, the normalisers), its sizes against the env, and what a loading checkpoint is
+checked for. It reads ``RLModule``'s hparams of those names.
 """
 
 from __future__ import annotations
