@@ -1,11 +1,8 @@
 """A local word-level tokenizer for task instructions, and fixed-length encoding of instructions.
 
-:func:`build_word_tokenizer` builds a ``tokenizers`` WordLevel vocabulary over the instruction set
-(lower-cased, whitespace/punctuation split) with special tokens ``[PAD]=0``, ``[UNK]=1``,
-``[BOS]=2``; every encoding starts with ``[BOS]``. :func:`encode_words` turns sentences into the
-``instruction_ids`` / ``instruction_mask`` observation keys of :class:`fastlight.vla.policy.VLAPolicy`,
-the ids a ``transformers`` ``PreTrainedTokenizerFast`` would give, without importing ``transformers``
-into a sampler that only steps envs.
+:func:`encode_words` gives the ``instruction_ids`` / ``instruction_mask`` observation keys of
+:class:`fastlight.vla.policy.VLAPolicy`, the ids a ``transformers`` ``PreTrainedTokenizerFast`` would
+give, without importing ``transformers`` into a sampler that only steps envs.
 """
 
 from __future__ import annotations
@@ -47,10 +44,9 @@ def build_word_tokenizer(sentences: Iterable[str]) -> Tokenizer:
 
 
 def encode_words(tok: Tokenizer, sentences: Sequence[str], max_len: int) -> tuple[np.ndarray, np.ndarray]:
-    """Sentences -> ``(ids [N, max_len], mask [N, max_len])`` int64, right-padded and truncated, with the
-    tokenizer of :func:`build_word_tokenizer` (it sets the truncation and padding a ``transformers``
-    ``PreTrainedTokenizerFast`` sets before the same ``encode_batch``, so the ids are the same). ``tok``
-    is not changed. Raises ``ValueError`` for ``max_len < 1`` or an empty ``sentences``."""
+    """Sentences -> ``(ids [N, max_len], mask [N, max_len])`` int64, right-padded and truncated as a
+    ``transformers`` ``PreTrainedTokenizerFast`` would, with the tokenizer of :func:`build_word_tokenizer`
+    (not changed). Raises ``ValueError`` for ``max_len < 1`` or an empty ``sentences``."""
     if max_len < 1:
         raise ValueError(f"max_len must be >= 1, got {max_len}")
     if isinstance(sentences, str):

@@ -1,14 +1,10 @@
 """The language instruction of each Meta-World task, and the one vocabulary that encodes them.
 
 AcceRL's VLA reads a natural-language instruction next to the camera frame (§experiments, MT10).
-:data:`INSTRUCTIONS` holds one sentence per MT10 task (:func:`instruction_for` for the others);
 :func:`instruction_words` builds the tokenizer over every known sentence, once per process, so ids
-agree across envs and processes whatever tasks they run.
-
-An env that emits its instructions as token ids declares them with an ``instruction_table``
-attribute (:class:`InstructionTable`: every row it can emit and its sentence), so that a policy
-with its own tokenizer can map those rows to its own tokens before sampling starts
-(``EnvSpec.instructions``, ``VLAPolicy.bind_instructions``).
+agree across envs and processes whatever tasks they run. An env that emits token ids declares them
+with an ``instruction_table`` (:class:`InstructionTable`), so that a policy with its own tokenizer can
+map those rows to its own tokens (``VLAPolicy.bind_instructions``).
 """
 
 from __future__ import annotations

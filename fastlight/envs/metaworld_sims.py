@@ -1,9 +1,8 @@
 """One Meta-World simulation per task and process, shared by every :class:`MetaWorldEnv` there.
 
-A Meta-World env object owns a compiled MuJoCo model (meshes, their BVH trees, textures). Here a
-process builds one :class:`TaskSim` per task (and render settings), on first use, and keeps it while
-an env that has played the task is open. Each env keeps only its own *state* of the task it plays
-(a :class:`SimState`):
+A process builds one :class:`TaskSim` (a Meta-World object and its compiled MuJoCo model) per task and
+render settings, on first use, and keeps it while an env that has played the task is open. Each env
+keeps only its own *state* of the task it plays (a :class:`SimState`):
 
 - its own ``MjData`` (a bitwise copy of the freshly built one: the whole simulation state);
 - a deep copy of the freshly built object's Python attributes (goal, step counter, RNG...), its
@@ -13,10 +12,8 @@ an env that has played the task is open. Each env keeps only its own *state* of 
 Using a state (:meth:`TaskSim.use`) swaps it into the shared object: the object's ``__dict__``
 becomes the state's, the renderer is pointed at the state's ``MjData``, and the rewritten model
 arrays are saved from the state going out and loaded from the one coming in, so a state evolves
-bitwise as a Meta-World object of its own would. An env that switches task (always at a reset)
-starts the new one from a fresh state, which equals resuming an object that played it before
-because a Meta-World v3 reset sets everything a later step reads (the tests check both, bitwise,
-for every MT10 task, against ``MetaWorldEnv._share_models = False``).
+bitwise as a Meta-World object of its own would. An env that switches task (at a reset) starts the
+new one from a fresh state: a Meta-World v3 reset sets everything a later step reads.
 
 A state is only read or changed inside ``use``, under the task's lock, so envs may be reset and
 stepped from any threads; a dropped state used again raises, and an attribute that views memory
@@ -270,8 +267,7 @@ def release(sim: TaskSim) -> None:
 
 
 def _trim_heap() -> None:
-    """Return freed heap to the OS (glibc): compiling a model frees tens of MB of scratch memory
-    that glibc would otherwise keep, in the arena of whichever reset thread compiled it."""
+    """Return freed heap to the OS (glibc keeps a model compilation's scratch memory otherwise)."""
     if _LIBC is not None:
         _LIBC.malloc_trim(0)
 

@@ -1,11 +1,9 @@
 """fastlight's gymnasium ids, and building environments by id with errors that name the setting.
 
-Ids are gymnasium ids. fastlight's own (the Meta-World adapter's, :func:`register_envs`) are
-registered when any ``fastlight.envs`` module is imported; their entry points are strings, so
-registering imports neither Meta-World nor MuJoCo. Packages that register envs on import
-(``highway_env``) are imported on demand, so ``--data.env_id merge-v0`` just works. gymnasium's
-``"my_package.envs:MyEnv-v0"`` form imports ``my_package.envs`` first, which is how a user's
-own envs reach the (spawned) sampler processes.
+fastlight's own ids (:func:`register_envs`) are registered when any ``fastlight.envs`` module is
+imported, without importing Meta-World or MuJoCo. Packages that register envs on import
+(``highway_env``) are imported on demand. gymnasium's ``"my_package.envs:MyEnv-v0"`` form imports
+``my_package.envs`` first, which is how a user's own envs reach the (spawned) sampler processes.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """``EnvWrapper``: a layer of the env spec, applied around every env a run builds.
 
-``--data.env_wrappers`` lists them (``class_path`` + ``init_args``), e.g.
-``[{class_path: fastlight.envs.ScenarioLoadCost, init_args: {seconds: 0.2}}]``. An ``EnvWrapper``
-is the wrapper's picklable *settings*, applied in order (first in the list = innermost) to each env
-the samplers make and to the DataModule's probe env. A gymnasium wrapper class is one too
-(``{class_path: gymnasium.wrappers.FlattenObservation}``): jsonargparse makes it a
-``functools.partial`` awaiting the env.
+``--data.env_wrappers`` lists them (``class_path`` + ``init_args``). An ``EnvWrapper`` is the wrapper's
+picklable *settings*, applied in order (first in the list = innermost) to each env the samplers make.
+A gymnasium wrapper class is one too: jsonargparse makes it a ``functools.partial`` awaiting the env.
 """
 
 from __future__ import annotations
