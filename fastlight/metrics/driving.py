@@ -1,8 +1,7 @@
 """Closed-loop driving metrics (FAST §5) read from highway-env's own simulator state.
 
-FAST validates that faster sampling costs no driving quality with 14 closed-loop metrics. Each
-one here is a *ratio of sums over episodes*, so it reduces exactly over DDP ranks (every state
-is summed) and a leave-one-episode-out jackknife only needs the per-episode sums:
+Each of FAST's closed-loop metrics here is a *ratio of sums over episodes*, so it reduces exactly
+over DDP ranks (every state is summed) and resamples by episode:
 
 ==========================  =======================================  ===========  =============
 key                         numerator / denominator                  unit         FAST metric
@@ -25,30 +24,25 @@ parking_error_m             Σ final distance to the goal / episodes  m         
 
 A "step" is one env step (one policy decision); per-step quantities are read after the step.
 
-- **TTC** (time to collision) to the leading vehicle in the ego lane (``road.neighbour_vehicles``):
-  ``gap / (v_ego - v_front)`` while closing in, else no risk; ``gap`` is bumper to bumper along
-  the ego lane, ``max(s_front - s_ego - (L_ego + L_front) / 2, 0)``, speeds are projected on the
-  lane; a gap of 0 (a rear-end contact) counts as TTC 0. The per-episode minimum is capped at
-  ``ttc_cap_s`` (no closing front car counts as the cap), the headway minimum at ``headway_cap_m``,
-  the side gap at ``lateral_cap_m``, so the mean over episodes exists.
-- **Lateral clearance**: over vehicles alongside (overlapping the ego car along the lane),
+- **TTC** to the leading vehicle in the ego lane: ``gap / (v_ego - v_front)`` while closing in, with
+  ``gap = max(s_front - s_ego - (L_ego + L_front) / 2, 0)`` along the lane and speeds projected on it;
+  a gap of 0 (rear-end contact) is TTC 0. Per-episode minima are capped (``ttc_cap_s``,
+  ``headway_cap_m``, ``lateral_cap_m``; no closing front car counts as the cap) so the means exist.
+- **Lateral clearance**: over vehicles overlapping the ego car along the lane,
   ``|r_other - r_ego| - (W_ego + W_other) / 2`` in the ego lane's frame.
-- **Longitudinal acceleration** is ``(v_t - v_{t-1}) · policy_frequency``, from consecutive
-  speeds one policy step apart (``v_0`` read after reset). A collision in highway-env sets both
-  cars to the slower speed at once, so a crash step usually also counts as a hard brake.
-- **Thresholds** (defaults of :class:`DrivingThresholds`): hard brake ≤ -4 m/s², above the
-  3.4 m/s² AASHTO comfortable deceleration and at the top of the 2-4 m/s² range used to flag
-  harsh braking in naturalistic-driving studies (Naito et al. 2009; Jansen & Wesseling 2018,
-  UDRIVE); hard acceleration ≥ +3 m/s² (≈ 0.3 g, the usual telematics harsh-acceleration
-  trigger; ISO 15622 caps ACC acceleration at 2 m/s²); stall below 2 m/s.
-- **Efficiency** maps the forward speed ``v cos(heading)`` linearly from the env's
-  ``reward_speed_range`` to [0, 1] and clips, like highway-env's own high-speed reward.
-- **Lane changes** count changes of the lane id within one road segment (moving from one
-  segment to the next is not a lane change).
+- **Longitudinal acceleration** is ``(v_t - v_{t-1}) · policy_frequency`` (``v_0`` read after reset).
+  highway-env sets both cars of a collision to the slower speed, so a crash step is usually a hard brake.
+- **Thresholds** (:class:`DrivingThresholds`): hard brake ≤ -4 m/s², above the 3.4 m/s² AASHTO
+  comfortable deceleration, top of the 2-4 m/s² harsh-braking range of naturalistic-driving studies
+  (Naito et al. 2009; Jansen & Wesseling 2018, UDRIVE); hard acceleration ≥ +3 m/s² (≈ 0.3 g, the
+  usual telematics trigger; ISO 15622 caps ACC at 2 m/s²); stall below 2 m/s.
+- **Efficiency** maps ``v cos(heading)`` linearly from ``reward_speed_range`` to [0, 1], clipped
+  (highway-env's high-speed reward).
+- **Lane changes** count lane-id changes within one road segment.
 
 FAST's red-light violation, yellow-light entry and pull-out deviation need scene elements no
-highway-env scene has (:data:`NOT_IN_HIGHWAY_ENV`): reported as "n/a", never estimated. Parking
-precision exists only where the scene has a parking goal (``parking-v0``); elsewhere it reads NaN.
+highway-env scene has (:data:`NOT_IN_HIGHWAY_ENV`): "n/a", never estimated. Parking precision exists
+only in ``parking-v0``; elsewhere it reads NaN.
 """
 
 from __future__ import annotations
@@ -88,11 +82,9 @@ class DrivingThresholds:
     lateral_cap_m: float = 4.0
 
     def __post_init__(self) -> None:
-        if not self.hard_brake_mps2 < 0 < self.hard_accel_mps2:
-            raise ValueError(
-                f"hard_brake_mps2 must be < 0 < hard_accel_mps2, got {self.hard_brake_mps2} and "
-                f"{self.hard_accel_mps2}"
-            )
+        brake, accel = self.hard_brake_mps2, self.hard_accel_mps2
+        if not brake < 0 < accel:
+            raise ValueError(f"hard_brake_mps2 must be < 0 < hard_accel_mps2, got {brake} and {accel}")
         for f, value in zip(fields(self), astuple(self), strict=True):
             if f.name not in ("hard_brake_mps2", "hard_accel_mps2") and value <= 0:
                 raise ValueError(f"{f.name} must be > 0, got {value}")
@@ -301,10 +293,7 @@ class DrivingMetrics(Metric):
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
-        # One float64 vector of the DrivingEpisode sums, in SUM_FIELDS order.
-        self.add_state(
-            "sums", default=torch.zeros(len(SUM_FIELDS), dtype=torch.float64), dist_reduce_fx="sum"
-        )
+        self.add_state("sums", torch.zeros(len(SUM_FIELDS), dtype=torch.float64), dist_reduce_fx="sum")
 
     def update(self, episode: DrivingEpisode) -> None:  # type: ignore[override]
         """Add one finished episode."""
