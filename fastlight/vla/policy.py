@@ -65,9 +65,8 @@ class VLAPolicy(PicklableCapture, TokenImitation, PolicyBase):
         vocab_size, hidden_size, num_hidden_layers, num_attention_heads, intermediate_size,
             tie_word_embeddings: the Llama built when ``backbone is None``.
         value_mlp_hidden: hidden width of the value head's MLP.
-        temperature: ``act`` samples from, and ``act`` / ``evaluate`` score actions under,
-            ``softmax(logits / temperature)`` (behaviour log-probs and ratios of one tempered policy);
-            ``forward`` (SFT cross-entropy) and argmax actions do not depend on it.
+        temperature: ``act`` samples and ``act`` / ``evaluate`` score actions under ``softmax(logits /
+            temperature)``; ``forward`` (SFT cross-entropy) and argmax actions do not depend on it.
         action_chunk: env actions per call (OpenVLA-OFT's chunks): ``K = action_chunk x action_dim``
             tokens, step-major, mapped to env actions ``[N, action_chunk, action_dim]``.
         lora: LoRA adapters on the backbone's language model (:class:`~fastlight.vla.lora.LoRASettings`
@@ -225,9 +224,8 @@ class VLAPolicy(PicklableCapture, TokenImitation, PolicyBase):
         q = self.action_queries.to(self._embed_dtype()).unsqueeze(0).expand(n, -1, -1)
         if actions is None:
             return q
-        prev = self.backbone.get_input_embeddings()(
-            actions[:, : self.num_action_tokens - 1] + self.action_tokenizer.first_id
-        )
+        embed = self.backbone.get_input_embeddings()
+        prev = embed(actions[:, : self.num_action_tokens - 1] + self.action_tokenizer.first_id)
         return torch.cat([q[:, :1], prev], dim=1)
 
     # ------------------------------------------------------------------ forward passes
