@@ -1,16 +1,14 @@
 """``FlowVLAPolicy``: a flow-matching VLA (pi0) trained by RL through flow-SDE (πRL, arXiv 2510.25889).
 
 transformers' ``PI0ForConditionalGeneration`` from a local folder reads the observation dict of
-:mod:`fastlight.vla.policy` (``proprio`` is pi0's zero-padded state). Per call the prefix (image tokens,
-instruction) runs once and is cached; the action expert denoises a chunk ``[C, M]`` (the model's
-``chunk_size`` x ``max_action_dim``) in ``K = num_steps`` Euler steps, one random step per sample
-(``sde_steps="one"``) or every step (``"all"``) being the flow-SDE's Gaussian transition
-(:mod:`fastlight.vla.flow_sde`). The env executes the first ``H x D`` entries, clipped to ``[-1, 1]``.
-``actions`` is one float row per call ``[N, H*D + 1 + S*C*M]``: the executed chunk (step-major), the first
-stochastic step ``k`` and the states the learner scores again (``x_k, x_{k+1}``; ``"all"``: the whole
-chain). ``logprobs`` / ``entropy`` ``[N, H*D]``: the Gaussian log-densities / entropies of the stochastic
-step(s), summed over steps, per executed entry (so every ratio granularity applies). Values: AcceRL's
-value head on the expert's detached state token (it sees the prefix and the state, not the noisy chunk).
+:mod:`fastlight.vla.policy` (``proprio`` is pi0's zero-padded state). The prefix runs once per call and
+is cached; the action expert denoises a chunk ``[C, M]`` in ``K`` Euler steps, of which one random step
+(``sde_steps="one"``) or every step is the flow-SDE's Gaussian transition (:mod:`fastlight.vla.flow_sde`).
+``actions`` ``[N, H*D + 1 + S*C*M]``: the executed chunk (step-major, clipped to ``[-1, 1]``), the first
+stochastic step ``k`` and the states the learner scores again (``x_k, x_{k+1}``, or the whole chain).
+``logprobs`` / ``entropy`` ``[N, H*D]``: the Gaussian log-densities / entropies of the stochastic
+step(s), summed over steps, per executed entry. Values: AcceRL's value head on the expert's detached
+state token (it sees the prefix and the state, not the noisy chunk).
 """
 
 from __future__ import annotations
