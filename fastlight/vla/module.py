@@ -1,27 +1,21 @@
-"""``VLAModule``: RLModule training a token-level VLA policy (AcceRL):
-:class:`~fastlight.vla.policy.VLAPolicy` or any :class:`~fastlight.models.base.TokenPolicy`; or a
-flow-matching one (pi0 through flow-SDE, πRL: :class:`~fastlight.vla.flow_policy.FlowVLAPolicy`, any
-:class:`~fastlight.models.base.FlowPolicy`), with log-probs per executed action entry and flow matching
-as its imitation loss.
+"""``VLAModule``: RLModule training a VLA policy: a token-level one (AcceRL;
+:class:`~fastlight.vla.policy.VLAPolicy`, any :class:`~fastlight.models.base.TokenPolicy`) or a flow-matching
+one (πRL; :class:`~fastlight.vla.flow_policy.FlowVLAPolicy`, any :class:`~fastlight.models.base.FlowPolicy`),
+with log-probs per executed action entry and flow matching as its imitation loss.
 
-The update is the RLModule's (FAST §SMPO masked means, masked GAE, K epochs x M minibatches);
-what changes is the policy and its batch shapes:
+The update is the RLModule's (FAST §SMPO masked means, masked GAE, K epochs x M minibatches); what changes:
 
 - actions are action-token bins ``[T, E, K]`` (long), behaviour log-probs ``[T, E, K]``; the losses
   broadcast the per-step advantage over the K tokens and average over valid tokens (AcceRL
   §token-level ratios; ``ratio_granularity`` ``action`` / ``chunk`` for ablations);
 - the default objective is GIPO (AcceRL §GIPO), PPO and SAPO stay selectable;
-- the value head (AcceRL §value head) has its own param group and learning rate ``value_lr``; the
-  value loss never reaches the backbone; ``recompute_values``: AcceRL §value recomputation;
-- ``sil_steps > 0`` adds self-imitation of the run's own successes (Oh et al., 2018;
-  :mod:`fastlight.vla.self_imitation`) after each RL update, with its own AdamW and ``sil_lr``.
-  Not in AcceRL; off by default.
-- action chunks (``--model.policy.init_args.action_chunk H``, OpenVLA-OFT's): ``K = H x D`` tokens
-  per call, executed open-loop; one transition per chunk with reward ``sum_{i<h} gamma^i r_i`` and
-  bootstrap ``gamma^h`` (:func:`~fastlight.advantages.chunk_rewards`).
-
-``obs_dim`` is 0 for the dict observations a VLA reads; :meth:`check_env_spec` refuses discrete envs
-and mismatched observation keys / shapes before any sampler starts.
+- the value head (AcceRL §value head) has its own param group and ``value_lr`` and never reaches the
+  backbone; ``recompute_values``: AcceRL §value recomputation;
+- ``sil_steps > 0`` adds self-imitation of the run's own successes after each RL update (Oh et al., 2018;
+  not in AcceRL; :mod:`fastlight.vla.self_imitation`);
+- action chunks (OpenVLA-OFT's ``action_chunk H``): ``K = H x D`` tokens per call, executed open-loop;
+  one transition per chunk with reward ``sum_{i<h} gamma^i r_i`` and bootstrap ``gamma^h``
+  (:func:`~fastlight.advantages.chunk_rewards`).
 """
 
 from __future__ import annotations
