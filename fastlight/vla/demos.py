@@ -1,16 +1,11 @@
 """Scripted-expert demonstrations on Meta-World, cached on disk, for supervised fine-tuning.
 
-VLA RL starts from a policy fine-tuned on demonstrations (AcceRL §experiments, SimpleVLA-RL,
-RLinf): :class:`DemoDataModule` plays Meta-World's scripted expert of each task
-(``metaworld.policies.ENV_POLICY_MAP``, reading the full state ``env.unwrapped.state``) in the *same*
-env the RL run samples from (same ``env_id`` / ``env_kwargs``, so the observation is the one the
-policy sees later), and serves the (observation, expert action) pairs.
-
-- Demo ``j`` of task ``k`` is an episode reset with ``options={"task_id": k}`` and a seed drawn
-  from ``SeedSequence([seed, k, attempt])``; with ``successful_only`` failed expert episodes are
-  dropped and retried, at most ``max_attempts_per_demo`` times per demo wanted.
-- The result is cached under ``cache_dir`` keyed by every setting that changes it; a cache file
-  whose recorded settings differ from the requested ones is refused.
+VLA RL starts from a policy fine-tuned on demonstrations (AcceRL §experiments, SimpleVLA-RL, RLinf):
+:class:`DemoDataModule` plays Meta-World's scripted expert of each task (``ENV_POLICY_MAP``, reading
+``env.unwrapped.state``) in the *same* env the RL run samples from, so the observation is the one the
+policy sees later. Demo attempt ``a`` of task ``k`` resets with ``options={"task_id": k}`` and a seed from
+``SeedSequence([seed, k, a])``. The cache under ``cache_dir`` is keyed by every setting that changes it;
+a cache file recording other settings is refused.
 
 Batches are dicts: ``obs`` (the env's observation keys, ``[B, ...]``), ``actions [B, A]`` float
 (clipped to the action space), ``step [B]`` and ``task_id [B]``. With action chunks of ``H``
