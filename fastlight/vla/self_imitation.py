@@ -1,15 +1,12 @@
 """Self-imitation of successful episodes: the steps to imitate, and the per-task buffer that keeps them.
 
 Self-Imitation Learning (Oh et al., 2018, "Self-Imitation Learning", ICML) adds to an on-policy
-actor-critic a term that imitates the agent's own past decisions that led to good outcomes, kept in
-a replay buffer. Here the good outcome is success: the VLA envs end an episode at success
-(``terminate_on_success``), so an episode whose last step is ``terminated`` succeeded and one that is
-``truncated`` did not (the success-filtered form, as ReST / RAFT-style self-training).
+actor-critic a term that imitates the agent's own past decisions that led to good outcomes. Here the
+good outcome is success, as in ReST / RAFT-style self-training: the VLA envs end an episode at success
+(``terminate_on_success``), so an episode whose last step is ``terminated`` succeeded.
 
-The buffer is per task (``task_id``), so frequent easy tasks cannot crowd out the rare successes of
-a hard one, and sampling is uniform over the tasks that have any, then over their steps. With action
-chunks it keeps a per-token validity mask: the chunk steps never executed (``h >= env_steps``) are
-left out of imitation, as SFT leaves out the chunk steps past a demonstration's end.
+The buffer is per task (``task_id``), so frequent easy tasks cannot crowd out the rare successes of a
+hard one. With action chunks the chunk steps never executed are left out of imitation, as in SFT.
 """
 
 from __future__ import annotations
