@@ -1,17 +1,15 @@
 """Observation and return normalisation as part of the policy.
 
-PPO on continuous control learns far worse without them (SB3's ``VecNormalize``, cleanrl's
-``NormalizeObservation`` / ``NormalizeReward``, Sample Factory's ``normalize_input`` /
-``normalize_returns``). Here the running statistics are *buffers of the policy*
-(:class:`NormalizedPolicy`), updated by the trainer from the valid steps of each Rollout, so every
-sampler, the inference worker, ``fastlight evaluate`` and every checkpoint use the same numbers.
+As SB3's ``VecNormalize``, cleanrl's ``NormalizeObservation`` / ``NormalizeReward`` and Sample Factory's
+``normalize_input`` / ``normalize_returns``, but the running statistics are *buffers of the policy*
+(:class:`NormalizedPolicy`), updated by the trainer from each Rollout's valid steps, so every sampler,
+the inference worker, ``fastlight evaluate`` and every checkpoint use the same numbers.
 
 - **Observations**: ``(obs - mean) / sqrt(var + eps)``, clipped to ``[-clip, clip]``, with the
-  running moments (float64) of every valid observation seen; padding never enters them.
-- **Returns** (Sample Factory's ``normalize_returns``): the critic predicts values in units of the
-  running mean/std of the value targets; :class:`NormalizedPolicy` hands out values in return units
-  (``v * std + mean``), and the module divides the value error by ``std``
-  (:attr:`NormalizedPolicy.value_scale`).
+  running moments (float64) of every valid observation seen.
+- **Returns**: the critic predicts values in units of the running mean/std of the value targets;
+  :class:`NormalizedPolicy` hands out values in return units (``v * std + mean``), and the module
+  divides the value error by ``std`` (:attr:`NormalizedPolicy.value_scale`).
 
 Both merge batch moments with Chan et al.'s parallel update; under DDP the batch moments are the
 all-reduced ones (``reduce``), so every rank holds the same numbers.
