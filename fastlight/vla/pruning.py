@@ -1,13 +1,10 @@
 """Prune a causal LM's ``lm_head`` to the action-token rows (AcceRL §lm_head pruning).
 
-AcceRL replaces the ``[N_vocab, d_model]`` output layer of the VLA by a ``[N_actions, d_model]`` layer
-holding only the action-token rows: gradients and optimizer state of the head shrink by
-``N_vocab / N_actions`` and no probability mass leaks to text tokens. Logit ``j`` of the pruned head
-equals logit ``first_id + j`` of the original head.
-
-Save / load. :func:`prune_lm_head` records ``config.action_token_range = [first_id, last_id]``
-(``config.vocab_size`` still sizes the full input embeddings). A plain ``from_pretrained`` of a saved
-pruned folder fails on the head's size; :func:`load_pruned_model` loads it.
+The ``[N_vocab, d_model]`` output layer becomes ``[N_actions, d_model]``: gradients and optimizer state
+of the head shrink by ``N_vocab / N_actions`` and no probability mass leaks to text tokens; logit ``j``
+of the pruned head equals logit ``first_id + j`` of the original. A pruned model records
+``config.action_token_range = [first_id, last_id]`` (``config.vocab_size`` still sizes the input
+embeddings); a saved pruned folder loads with :func:`load_pruned_model` (``from_pretrained`` fails).
 """
 
 from __future__ import annotations
@@ -28,13 +25,8 @@ PRUNED_RANGE_ATTR = "action_token_range"
 def _configs(model: nn.Module) -> list:
     """The model's config and (for composite models) its text config, without duplicates."""
     cfg = getattr(model, "config", None)
-    if cfg is None:
-        return []
-    out = [cfg]
     text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-    if text is not cfg:
-        out.append(text)
-    return out
+    return [] if cfg is None else [cfg] if text is cfg else [cfg, text]
 
 
 def _untie(model: nn.Module) -> None:
@@ -74,13 +66,10 @@ def prune_lm_head(model: nn.Module, first_id: int, last_id: int) -> nn.Linear:
         nn.Linear, head.in_features, last_id - first_id, bias=head.bias is not None,
         device=weight.device, dtype=weight.dtype,
     )  # fmt: skip
-    with torch.no_grad():
-        new_head.weight.copy_(weight[first_id:last_id])
+    with torch.no_grad():  # a frozen head stays frozen, bias included
+        new_head.weight.copy_(weight[first_id:last_id]).requires_grad_(weight.requires_grad)
         if head.bias is not None:
-            new_head.bias.copy_(head.bias[first_id:last_id])
-    new_head.weight.requires_grad_(weight.requires_grad)
-    if head.bias is not None:  # a frozen head stays frozen, bias included
-        new_head.bias.requires_grad_(head.bias.requires_grad)
+            new_head.bias.copy_(head.bias[first_id:last_id]).requires_grad_(head.bias.requires_grad)
     model.set_output_embeddings(new_head)
     for cfg in _configs(model):
         setattr(cfg, PRUNED_RANGE_ATTR, [int(first_id), int(last_id)])
@@ -151,12 +140,9 @@ def load_pruned_model(path: str | Path, auto_class: Any, config: Any = None, **k
         if hasattr(c, PRUNED_RANGE_ATTR):
             delattr(c, PRUNED_RANGE_ATTR)
     model = auto_class.from_pretrained(folder, config=config, ignore_mismatched_sizes=True, **kwargs)
-    old_head = model.get_output_embeddings()
-    weight_key = _param_name(model, old_head.weight)
-    bias_key = _param_name(model, old_head.bias) if old_head.bias is not None else None
+    keys = {k: _param_name(model, p) for k, p in model.get_output_embeddings().named_parameters()}
     head = prune_lm_head(model, int(rng[0]), int(rng[1]))
     with torch.no_grad():
-        head.weight.copy_(_read_tensor(folder, weight_key, tuple(head.weight.shape)))
-        if bias_key is not None:
-            head.bias.copy_(_read_tensor(folder, bias_key, tuple(head.bias.shape)))
+        for k, p in head.named_parameters():
+            p.copy_(_read_tensor(folder, keys[k], tuple(p.shape)))
     return model
