@@ -69,12 +69,11 @@ def is_vision_language(config: Any) -> bool:
 
 
 def load_backbone(path: str, trust_remote_code: bool = False) -> tuple[nn.Module, bool]:
-    """``(model, is_vlm)`` of the local folder ``path``: a VLM through ``AutoModelForImageTextToText``,
-    else a causal LM through ``AutoModelForCausalLM`` (pruned folders included); a folder with its own
-    code (``auto_map``) as the class of the first of :data:`REMOTE_AUTO_CLASSES` it maps, only with
-    ``trust_remote_code``. Raises a one-line ``ValueError`` naming ``path`` for a missing folder, custom
-    code not trusted (never transformers' interactive prompt: a run without a terminal must not hang) or
-    a config that is neither. A VLM's decoder is made causal (action slots must not see later slots)."""
+    """``(model, is_vlm)`` of the local folder ``path``: a VLM (``AutoModelForImageTextToText``) or a causal
+    LM (``AutoModelForCausalLM``), pruned folders included; a folder with its own code (``auto_map``), only
+    with ``trust_remote_code``, as the class of its first :data:`REMOTE_AUTO_CLASSES` entry. Anything else
+    raises a one-line ``ValueError`` naming ``path`` (never transformers' interactive prompt: a run without
+    a terminal must not hang). A VLM's decoder is made causal (action slots must not see later slots)."""
     transformers = _transformers()
     folder = Path(path)
     if not (folder / "config.json").is_file():

@@ -44,10 +44,9 @@ def image_encoder(
             return ImageEncoder(None, None, [tower] + ([proj] if proj is not None else []))
         processor = load_image_processor(str(path), trust_remote_code)
         return ImageEncoder(None, processor, [tower] if freeze else [])
-    patches = (
-        None if image_size is None else PatchEncoder(image_size, patch_size, 3, dim=hidden, out_dim=hidden)
-    )
-    return ImageEncoder(patches, None, [])
+    if image_size is None:
+        return ImageEncoder(None, None, [])
+    return ImageEncoder(PatchEncoder(image_size, patch_size, 3, dim=hidden, out_dim=hidden), None, [])
 
 
 def image_tokens(

@@ -4,8 +4,7 @@
 
 1. take the last-layer hidden states at the ``K`` action-token positions, ``h [N, K, H]``, and
    **detach** them, so value gradients never reach the policy backbone;
-2. score each token, ``s = h W_s`` ``[N, K]`` (no bias: softmax is shift-invariant);
-   ``alpha = softmax_K(s)``;
+2. score each token, ``s = h W_s`` ``[N, K]``, and ``alpha = softmax_K(s)``;
 3. pool, ``p = sum_k alpha_k h_k`` ``[N, H]``;
 4. add a learned embedding of the episode step ``t`` (clamped into ``[0, max_episode_steps)``):
    the value depends on the remaining horizon;
@@ -31,11 +30,8 @@ class ActionAwareValueHead(nn.Module):
 
     def __init__(self, hidden_size: int, max_episode_steps: int, mlp_hidden: int = 256) -> None:
         super().__init__()
-        for name, val in (
-            ("hidden_size", hidden_size),
-            ("max_episode_steps", max_episode_steps),
-            ("mlp_hidden", mlp_hidden),
-        ):
+        sizes = {"hidden_size": hidden_size, "max_episode_steps": max_episode_steps, "mlp_hidden": mlp_hidden}
+        for name, val in sizes.items():
             if val < 1:
                 raise ValueError(f"{name} must be >= 1, got {val}")
         self.hidden_size = hidden_size
