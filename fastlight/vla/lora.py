@@ -1,15 +1,13 @@
 """LoRA adapters on a VLA backbone's language model, through ``peft``.
 
 LoRA (Hu et al., 2022, "LoRA: Low-Rank Adaptation of Large Language Models") freezes a pretrained
-weight ``W`` and trains a rank-``r`` update ``(alpha / r) * B A`` beside it. ``VLAPolicy(lora=...)``
-injects such adapters into the ``target_modules`` linear layers of the backbone's **language model**
-(``backbone.get_decoder()``) with peft's ``inject_adapter_in_model`` (no ``PeftModel`` wrapper, so the
-policy's forward passes do not change), which freezes every other weight of that language model.
-
-Everything outside the language model stays trainable: the (pruned) ``lm_head`` and the policy's own
-modules; a VLM's projector keeps its ``requires_grad`` and its vision tower stays as ``freeze_vision``
-left it. A checkpoint holds ``<layer>.base_layer.weight`` and ``<layer>.lora_A.default.weight`` /
-``lora_B``: it loads into a policy built with the same ``lora`` settings.
+weight ``W`` and trains a rank-``r`` update ``(alpha / r) * B A`` beside it. :func:`apply_lora` injects
+adapters into the backbone's **language model** (``backbone.get_decoder()``) with peft's
+``inject_adapter_in_model`` (no ``PeftModel`` wrapper: the policy's forward passes do not change).
+Everything outside the language model keeps its ``requires_grad``: the (pruned) ``lm_head``, the
+policy's own modules, a VLM's projector and vision tower (as ``freeze_vision`` left it). A checkpoint
+holds ``<layer>.base_layer.weight`` and ``lora_A`` / ``lora_B``: it loads into a policy built with the
+same ``lora`` settings.
 """
 
 from __future__ import annotations
@@ -45,14 +43,13 @@ class LoRASettings:
     dropout: float = 0.0
 
     def __post_init__(self) -> None:
-        if isinstance(self.target_modules, str) or not all(
-            isinstance(t, str) and t for t in self.target_modules
-        ):
+        targets = self.target_modules
+        if isinstance(targets, str) or not all(isinstance(t, str) and t for t in targets):
             raise ValueError(
                 f"{FLAG}.target_modules must be a list of layer names (e.g. [q_proj, v_proj]), "
-                f"got {self.target_modules!r}"
+                f"got {targets!r}"
             )
-        object.__setattr__(self, "target_modules", tuple(self.target_modules))
+        object.__setattr__(self, "target_modules", tuple(targets))
         if not self.target_modules:
             raise ValueError(f"{FLAG}.target_modules must name at least one layer (e.g. [q_proj, v_proj])")
         if isinstance(self.r, bool) or not isinstance(self.r, int) or self.r < 1:

@@ -1,11 +1,9 @@
-"""``VLASFTModule``: supervised fine-tuning of a VLA token policy on demonstrations (the stage before RL).
+"""``VLASFTModule``: supervised fine-tuning of a VLA policy on demonstrations (the stage before RL).
 
-AcceRL, SimpleVLA-RL and RLinf start RL from a VLA fine-tuned on demonstrations. This module trains
-the *same* policy as the RL config (same ``--model.policy`` block) with its ``imitation_loss``: a
-token policy's cross-entropy on the expert's actions tokenised by its own ``action_tokenizer``, mean
-over valid tokens as SMPO reduces RL losses (FAST §SMPO); a FlowPolicy's flow matching.
-
-It subclasses :class:`~fastlight.vla.module.VLAModule` so that its checkpoints are VLA checkpoints
+AcceRL, SimpleVLA-RL and RLinf start RL from a VLA fine-tuned on demonstrations. This module trains the
+*same* policy as the RL config (same ``--model.policy`` block) with its ``imitation_loss``: a token
+policy's cross-entropy (mean over valid tokens, as FAST §SMPO), a FlowPolicy's flow matching. It
+subclasses :class:`~fastlight.vla.module.VLAModule` so that its checkpoints are VLA checkpoints
 (``--model.init_from`` of an RL run reads its ``policy.*`` weights); the inherited RL settings are
 unused. Data: :class:`~fastlight.vla.demos.DemoDataModule` batches. Logged: ``sft/loss``,
 ``sft/token_accuracy``, ``sft/bin_error``, ``sft/lr``.
