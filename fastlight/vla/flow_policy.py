@@ -27,7 +27,7 @@ from fastlight.models.base import ActionMapping, ActOutput, EvalOutput, Obs, Pol
 from fastlight.vla.flow_sde import gaussian_entropy, gaussian_logprob, sde_times, sde_transition
 from fastlight.vla.hf_vlm import BACKBONE_FLAG, PicklableCapture
 from fastlight.vla.image_encoder import image_encoder, image_tokens
-from fastlight.vla.inputs import check_obs_space, episode_step, instruction_inputs, proprio_input
+from fastlight.vla.inputs import VLAParts, episode_step, instruction_inputs, proprio_input
 from fastlight.vla.lora import LoRASettings, apply_lora, as_lora_settings
 from fastlight.vla.pi05 import Pi05Prompt, is_pi05, pi05_expert, pi05_flow_loss, pi05_prefix
 from fastlight.vla.retokenize import Retokenizer
@@ -88,7 +88,7 @@ class ExecutedChunk:
         return actions[..., : self.width].clamp(-self.bound, self.bound)
 
 
-class FlowVLAPolicy(PicklableCapture, PolicyBase):
+class FlowVLAPolicy(PicklableCapture, VLAParts, PolicyBase):
     """pi0 actor-critic over flow-SDE chains (πRL), implementing :class:`~fastlight.models.base.FlowPolicy`.
 
     Args:
@@ -190,10 +190,6 @@ class FlowVLAPolicy(PicklableCapture, PolicyBase):
         self.value_head = ActionAwareValueHead(hidden, max_episode_steps, value_mlp_hidden)
         self.train()  # from_pretrained returns eval mode
 
-    def check_obs_space(self, space: object) -> None:
-        """As :meth:`fastlight.vla.policy.VLAPolicy.check_obs_space`."""
-        check_obs_space(space, self)
-
     def bind_instructions(self, sentences: Any, ids: Tensor, mask: Tensor) -> bool:
         """As :meth:`fastlight.vla.policy.VLAPolicy.bind_instructions`: the folder's tokenizer, once."""
         rows = self.backbone.get_input_embeddings().weight.shape[0]
@@ -201,12 +197,6 @@ class FlowVLAPolicy(PicklableCapture, PolicyBase):
         if self.prompt is not None:
             self.prompt.sentences = [str(s) for s in sentences]
         return self.retokenizer.bind(sentences, ids, mask, vocab_rows=rows, device=device)
-
-    def policy_parameters(self) -> list[nn.Parameter]:
-        return [p for n, p in self.named_parameters() if not n.startswith("value_head.")]
-
-    def value_parameters(self) -> list[nn.Parameter]:
-        return list(self.value_head.parameters())
 
     # ------------------------------------------------------------------ forward pieces
     def _prefix(self, obs: dict[str, Tensor]) -> tuple[Any, Tensor, Tensor]:

@@ -1,5 +1,6 @@
 """The inputs a :class:`~fastlight.vla.policy.VLAPolicy` accepts, checked before any forward: each gets a
-one-line ``ValueError`` naming the key, the shape expected and the shape given.
+one-line ``ValueError`` naming the key, the shape expected and the shape given; :class:`VLAParts` holds
+the env check and parameter groups both VLA policies share.
 """
 
 from __future__ import annotations
@@ -104,3 +105,19 @@ def check_obs_space(space: gym.Space, p: nn.Module) -> None:
             f"the env's instruction ids go up to {top} but the backbone has {rows} input embeddings: "
             f"set {flag}.vocab_size above {top}, or give a backbone folder with a tokenizer"
         )
+
+
+class VLAParts:
+    """What the VLA policies share: the observation-space check and the actor / critic parameters (the
+    critic is the ``value_head``)."""
+
+    def check_obs_space(self, space: object) -> None:
+        """Refuse an env whose observations do not fit (:func:`check_obs_space`)."""
+        check_obs_space(space, self)
+
+    def policy_parameters(self) -> list[nn.Parameter]:
+        """Every parameter except the value head's, frozen ones included (the optimizers skip those)."""
+        return [p for n, p in self.named_parameters() if not n.startswith("value_head.")]
+
+    def value_parameters(self) -> list[nn.Parameter]:
+        return list(self.value_head.parameters())

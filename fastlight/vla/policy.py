@@ -39,14 +39,14 @@ from fastlight.vla.decoding import DECODING_MODES, Decoding, choose, token_logpr
 from fastlight.vla.hf_vlm import PicklableCapture, build_llama, load_backbone, position_ids
 from fastlight.vla.image_encoder import image_encoder, image_tokens
 from fastlight.vla.imitation_loss import TokenImitation
-from fastlight.vla.inputs import action_bins, check_obs_space, episode_step, instruction_inputs, proprio_input
+from fastlight.vla.inputs import VLAParts, action_bins, episode_step, instruction_inputs, proprio_input
 from fastlight.vla.lora import LoRASettings, apply_lora, as_lora_settings
 from fastlight.vla.retokenize import Retokenizer
 from fastlight.vla.value_heads import ActionAwareValueHead
 from fastlight.vla.vision import PatchEncoder
 
 
-class VLAPolicy(PicklableCapture, TokenImitation, PolicyBase):
+class VLAPolicy(PicklableCapture, VLAParts, TokenImitation, PolicyBase):
     """Token-level VLA actor-critic implementing the fastlight policy interface (AcceRL).
 
     Args:
@@ -167,24 +167,12 @@ class VLAPolicy(PicklableCapture, TokenImitation, PolicyBase):
         return self._frozen_modules
 
     # ------------------------------------------------------------------ instructions
-    def check_obs_space(self, space: object) -> None:
-        """Refuse an env whose observations do not fit (:func:`fastlight.vla.inputs.check_obs_space`)."""
-        check_obs_space(space, self)
-
     def bind_instructions(self, sentences: Sequence[str], ids: Tensor, mask: Tensor) -> bool:
         """Learn the env's instructions: its distinct rows ``ids`` / ``mask`` ``[T, L]`` and their
         ``sentences`` (T), tokenized once with the backbone folder's tokenizer (without one the env's ids
         are the model's). Returns whether a table was bound."""
         rows = self.backbone.get_input_embeddings().weight.shape[0]
         return self.retokenizer.bind(sentences, ids, mask, vocab_rows=rows, device=self.action_queries.device)
-
-    # ------------------------------------------------------------------ parameter groups
-    def policy_parameters(self) -> list[nn.Parameter]:
-        """Every parameter except the value head's, frozen ones included (the optimizers skip those)."""
-        return [p for n, p in self.named_parameters() if not n.startswith("value_head.")]
-
-    def value_parameters(self) -> list[nn.Parameter]:
-        return list(self.value_head.parameters())
 
     # ------------------------------------------------------------------ sequence building
     def _embed_dtype(self) -> torch.dtype:
