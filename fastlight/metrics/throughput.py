@@ -95,18 +95,6 @@ class ThroughputMetrics(Metric):
     # fast path of ``forward`` (which reduces with dist_reduce_fx) would be wrong for it.
     full_state_update = True
 
-    raw_steps: Tensor
-    valid_steps: Tensor
-    step_time: Tensor
-    reset_time: Tensor
-    wall_time: Tensor
-    global_resets: Tensor
-    episodes: Tensor
-    episode_length_sum: Tensor
-    cut_episodes: Tensor
-    time_limit_episodes: Tensor
-    elapsed: Tensor
-
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         for name in SUM_STATES:

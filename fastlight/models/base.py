@@ -1,16 +1,15 @@
 """The policy interface every fastlight module and sampler talks to.
 
-A policy is an ``nn.Module`` with three methods over a flat batch ``[N, ...]`` of observations
-(a tensor, or a dict of tensors for multi-modal inputs) and the episode step index ``step``
-(``[N]`` long; policies that do not use it ignore it):
+A policy is an ``nn.Module`` with these methods over a flat batch ``[N, ...]`` of observations (a
+tensor, or a dict of tensors) and the episode step index ``step`` (``[N]`` long, ignored by policies
+that do not use it):
 
 - ``act(obs, step=..., deterministic=False) -> ActOutput``: sample actions for acting;
-- ``evaluate(obs, actions, step=...) -> EvalOutput``: log-probs, entropy and values of given
-  actions, with gradients, for the loss;
+- ``evaluate(obs, actions, step=...) -> EvalOutput``: log-probs, entropy and values of given actions,
+  with gradients, for the loss;
 - ``value(obs, step=...) -> Tensor [N]``: the critic alone (value recomputation, bootstrap);
 - ``action_mapping() -> ActionMapping``: the picklable map from its actions to env actions
-  (:mod:`fastlight.models.action_mapping`), which a sampler served by the inference worker
-  applies without holding the policy;
+  (:mod:`fastlight.models.action_mapping`), which an inference-served sampler applies;
 - ``env_action(actions) -> Tensor``: that mapping applied (what ``env.step`` receives).
 
 ``logprobs`` and ``entropy`` are ``[N]`` for single-distribution policies and ``[N, K]`` for
@@ -154,16 +153,15 @@ class VLAKind(Policy, Protocol):
 class TokenPolicy(VLAKind, Protocol):
     """A :class:`VLAKind` over action tokens:
 
-    - ``act`` / ``evaluate``: ``actions`` are bins ``[N, K]`` (long) and ``logprobs`` / ``entropy``
-      per token ``[N, K]``; ``values`` ``[N]``;
-    - ``forward(obs, actions=None) -> (logits [N, K, n_bins], hidden)``: the untempered action-bin
-      logits, with gradients, for cross-entropy; ``actions``: the target bins ``[N, K]`` for a policy
-      that teacher-forces them; ``hidden`` is whatever the policy likes;
+    - ``act`` / ``evaluate``: ``actions`` are bins ``[N, K]`` (long), ``logprobs`` / ``entropy`` per token
+      ``[N, K]``, ``values`` ``[N]``;
+    - ``forward(obs, actions=None) -> (logits [N, K, n_bins], hidden)``: the untempered action-bin logits,
+      with gradients; ``actions``: target bins ``[N, K]`` to teacher-force; ``hidden``: the policy's choice;
     - ``action_tokenizer``: :class:`ActionBins`, the demonstrations' continuous actions -> bins.
 
-    A policy that acts in chunks of ``H`` env actions (``K = H x action_dim`` tokens) says so with
-    its mapping (:class:`~fastlight.models.action_mapping.ChunkedActionMapping`). Optional:
-    :class:`ChecksObsSpace`, to refuse an env whose observations do not fit before any sampler starts.
+    A policy acting in chunks of ``H`` env actions (``K = H x action_dim`` tokens) says so with its
+    mapping (:class:`~fastlight.models.action_mapping.ChunkedActionMapping`). Optional:
+    :class:`ChecksObsSpace`.
     """
 
     action_tokenizer: ActionBins
