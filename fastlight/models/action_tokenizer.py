@@ -19,8 +19,7 @@ class ActionTokenizer:
     """Continuous actions ``<->`` bin indices ``<->`` vocabulary token ids (AcceRL, OpenVLA).
 
     Args:
-        vocab_size: size of the language model vocabulary; the action tokens are its last
-            ``n_bins`` ids.
+        vocab_size: size of the language model vocabulary; the action tokens are its last ``n_bins`` ids.
         n_bins: number of bins per action dimension, ``2 <= n_bins <= vocab_size``.
         low, high: action range; actions outside it are clipped into it.
         first_id: the first action token id when the action tokens are not the last ``n_bins``
@@ -95,7 +94,5 @@ class ActionTokenizer:
         return bins.long()
 
     def __repr__(self) -> str:
-        return (
-            f"ActionTokenizer(vocab_size={self.vocab_size}, n_bins={self.n_bins}, "
-            f"low={self.low}, high={self.high}, first_id={self.first_id})"
-        )
+        keys = ("vocab_size", "n_bins", "low", "high", "first_id")
+        return f"ActionTokenizer({', '.join(f'{k}={getattr(self, k)}' for k in keys)})"

@@ -2,10 +2,8 @@
 
 :func:`describe_spaces` reads gymnasium spaces into ``{"obs": {part: descriptor}, "action":
 descriptor}`` (``--model.spaces``, linked from the data module; strings, so a checkpoint loads them
-with ``weights_only``). A part is a key of a Dict observation, ``"0"``, ``"1"``, ... of a Tuple one
-(``fastlight.envs.wrappers.TupleAsDict`` makes that dict of a Tuple observation around every env),
-or ``""`` for the observation itself.
-Descriptors are ``"<kind> <dims joined by x>"``:
+with ``weights_only``). A part is a key of a Dict observation, ``"0"``, ``"1"``, ... of a Tuple one, or
+``""`` for the observation itself. Descriptors are ``"<kind> <dims joined by x>"``:
 
 - ``image HxWxC`` / ``image CxHxW``: a uint8 Box of 3 dims in ``[0, 255]`` with 1, 3 or 4 channels
   (SB3's ``is_image_space``), encoded by the Nature-CNN (:mod:`fastlight.models.cnn`);

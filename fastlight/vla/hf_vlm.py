@@ -194,10 +194,8 @@ class PicklableCapture(nn.Module):
 
 def has_tokenizer(path: str | None) -> bool:
     """True when the folder holds a tokenizer (``tokenizer.json`` or ``tokenizer_config.json``)."""
-    if path is None:
-        return False
-    folder = Path(path)
-    return (folder / "tokenizer.json").is_file() or (folder / "tokenizer_config.json").is_file()
+    names = ("tokenizer.json", "tokenizer_config.json")
+    return path is not None and any((Path(path) / name).is_file() for name in names)
 
 
 def load_tokenizer(path: str) -> Any:

@@ -133,9 +133,8 @@ class VLAModule(RLModule):
 
     @override
     def on_fit_start(self) -> None:
-        """Say once that a frozen vision tower stays in eval mode on purpose (``freeze_vision``); when
-        its modules are the only ones in eval mode, Lightning's eval-mode warning is filtered for this
-        check alone (removed in :meth:`on_train_start`), else it still warns."""
+        """Explain a frozen vision tower's eval mode (:func:`_explain_frozen_eval_modules`); the warning
+        filter it may add is removed in :meth:`on_train_start`."""
         super().on_fit_start()
         self._eval_mode_filter = _explain_frozen_eval_modules(self, self.core_policy)
 
@@ -271,7 +270,6 @@ def _validate_vla(policy: Any, value_lr: float | None, action_dim: int, rl_kwarg
                 f"does): it lacks {lacks}"
             )
     if tuple(rl_kwargs.get("hidden_sizes", (64, 64))) != (64, 64):
-        # Inherited from RLModule, where it sizes the MLP policy; a VLA has no such MLP.
         raise ValueError(
             "--model.hidden_sizes sizes RLModule's MLP policy and has no effect on a VLA: use "
             "--model.policy.init_args.hidden_size / num_hidden_layers / intermediate_size / value_mlp_hidden"
