@@ -7,21 +7,17 @@ The policy reads an observation dict (batch ``N``)::
     instruction_ids   [N, L] long, right-padded, L <= max_text_len
     instruction_mask  [N, L] (1 = real token)                                optional (all ones)
 
-and builds the input sequence ``[image patches][proprio token][instruction][K action slots]``
-(``K = action_chunk x action_dim``) as ``inputs_embeds`` for the backbone; the attention mask hides padded
-instruction tokens and position ids skip them, so the amount of padding does not matter. Backbones:
-:mod:`fastlight.vla.hf_vlm`; decoding modes: :mod:`fastlight.vla.decoding`.
+and feeds the backbone ``[image patches][proprio token][instruction][K action slots]`` as
+``inputs_embeds`` (``K = action_chunk x action_dim``); padded instruction tokens are masked and skipped
+by the position ids, so padding does not matter.
 
-Logits at the K slots are restricted to the action vocabulary (the last ``n_bins`` ids, see
-:class:`~fastlight.models.action_tokenizer.ActionTokenizer`): with ``prune_head=True`` the
-``lm_head`` is pruned to those rows (AcceRL §lm_head pruning); otherwise the full-vocabulary logits
-are sliced to the same rows, so both agree. ``actions`` are bins ``[N, K]`` long; ``logprobs`` and
-``entropy`` are per token ``[N, K]`` (AcceRL's token-level ratios).
-
-Values come from :class:`~fastlight.vla.value_heads.ActionAwareValueHead` on the detached
-last-layer hidden states at the K slots of the *placeholder* sequence, plus the episode step.
-In autoregressive mode the teacher-forced slots would leak the chosen action into ``V``, so
-``evaluate`` runs one extra placeholder forward under ``no_grad`` for the critic.
+Logits at the K slots are restricted to the ``n_bins`` action ids, by a pruned ``lm_head``
+(``prune_head``, AcceRL §lm_head pruning) or by slicing the full logits; both agree. ``actions`` are
+bins ``[N, K]`` long; ``logprobs`` and ``entropy`` are per token ``[N, K]`` (AcceRL's token-level ratios).
+Values: :class:`~fastlight.vla.value_heads.ActionAwareValueHead` on the detached hidden states at the K
+slots of the *placeholder* sequence, plus the episode step; in autoregressive mode the teacher-forced
+slots would leak the chosen action into ``V``, so ``evaluate`` runs one extra placeholder forward under
+``no_grad`` for the critic.
 """
 
 from __future__ import annotations
@@ -50,9 +46,8 @@ class VLAPolicy(PicklableCapture, VLAParts, TokenImitation, PolicyBase):
     """Token-level VLA actor-critic implementing the fastlight policy interface (AcceRL).
 
     Args:
-        backbone: a local model folder (:func:`~fastlight.vla.hf_vlm.load_backbone`): a vision-language
-            model or a causal LM; its tokenizer, if any, re-tokenizes instructions.
-            ``None`` builds a random Llama from the size settings below, which are ignored otherwise.
+        backbone: a local VLM or causal-LM folder (:func:`~fastlight.vla.hf_vlm.load_backbone`); its
+            tokenizer, if any, re-tokenizes instructions. ``None``: a random Llama of the sizes below.
         action_dim: the env's action dimensions, one action token each.
         n_bins: bins per action dimension = action vocabulary size.
         image_size, patch_size: square image side and patch side of the patch encoder (with a VLM
