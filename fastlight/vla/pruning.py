@@ -40,13 +40,11 @@ def _untie(model: nn.Module) -> None:
 def prune_lm_head(model: nn.Module, first_id: int, last_id: int) -> nn.Linear:
     """Replace ``model``'s output head by its rows ``[first_id, last_id)``, in place (AcceRL).
 
-    Shapes: the head goes from ``weight [V, d_model]`` (``bias [V]``) to ``weight [N, d_model]``
-    (``bias [N]``), ``N = last_id - first_id``; the new weights are clones on the old head's device and
-    dtype. A head tied to the input embeddings is untied first (``config.tie_word_embeddings = False``);
-    the input embedding keeps its full ``[V, d_model]`` weight.
-
-    Raises ``ValueError`` for a model without a ``Linear`` output head, a model already pruned,
-    or ids outside ``0 <= first_id < last_id <= V``.
+    Shapes: ``weight [V, d_model]`` (``bias [V]``) -> ``[N, d_model]`` (``[N]``), ``N = last_id - first_id``,
+    clones on the old head's device and dtype. A head tied to the input embeddings is untied first
+    (``config.tie_word_embeddings = False``); the input embedding keeps its full ``[V, d_model]`` weight.
+    Raises ``ValueError`` for a model without a ``Linear`` output head, a model already pruned, or ids
+    outside ``0 <= first_id < last_id <= V``.
     """
     head = model.get_output_embeddings()
     if not isinstance(head, nn.Linear):
@@ -122,13 +120,10 @@ def load_pruned_causal_lm(path: str, **kwargs) -> nn.Module:
 
 def load_pruned_model(path: str | Path, auto_class: Any, config: Any = None, **kwargs) -> nn.Module:
     """Load a model saved after :func:`prune_lm_head` (or an unpruned one) from a local folder with
-    ``auto_class`` (``AutoModelForCausalLM``, ``AutoModelForImageTextToText``, ...).
-
-    Pruned folders (config has ``action_token_range``) load with ``ignore_mismatched_sizes=True``, are
-    pruned to the recorded range, and the saved head weight (and bias) is copied in (safetensors only).
-    ``config``: the folder's config, possibly edited (``None``: read from the folder); ``kwargs`` go to
-    ``from_pretrained``.
-    """
+    ``auto_class`` (``AutoModelForCausalLM``, ``AutoModelForImageTextToText``, ...): a pruned folder loads
+    with ``ignore_mismatched_sizes=True``, is pruned to the recorded range and gets the saved head copied
+    in (safetensors only). ``config``: the folder's config, possibly edited (``None``: read from the
+    folder); ``kwargs`` go to ``from_pretrained``."""
     transformers = import_extra("transformers", extra="vla", what="loading a pretrained model")
     folder = Path(path)
     config = transformers.AutoConfig.from_pretrained(folder) if config is None else config

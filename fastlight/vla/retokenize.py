@@ -1,9 +1,8 @@
 """An env's instructions in a backbone's own vocabulary: a table bound once, looked up by tensors.
 
-Before any sampler starts, the env's distinct instruction rows (its own vocabulary) and their sentences
-are handed to the policy (:meth:`Retokenizer.bind`), which tokenizes the sentences with the model
-folder's tokenizer once; at run time a batch's rows are found in that table by tensor comparison
-(:func:`match_rows`).
+Before any sampler starts, the env's distinct instruction rows and their sentences are tokenized once
+with the model folder's tokenizer (:meth:`Retokenizer.bind`); at run time a batch's rows are found in
+that table by tensor comparison (:func:`match_rows`).
 """
 
 from __future__ import annotations

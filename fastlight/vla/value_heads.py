@@ -2,13 +2,11 @@
 
 :class:`ActionAwareValueHead` is AcceRL's *Action-Aware Attention Pooling* critic:
 
-1. take the last-layer hidden states at the ``K`` action-token positions, ``h [N, K, H]``, and
-   **detach** them, so value gradients never reach the policy backbone;
-2. score each token, ``s = h W_s`` ``[N, K]``, and ``alpha = softmax_K(s)``;
-3. pool, ``p = sum_k alpha_k h_k`` ``[N, H]``;
-4. add a learned embedding of the episode step ``t`` (clamped into ``[0, max_episode_steps)``):
-   the value depends on the remaining horizon;
-5. ``V = MLP(p + E[t])`` ``[N]``.
+1. the last-layer hidden states at the ``K`` action-token positions, ``h [N, K, H]``, **detached** (value
+   gradients never reach the backbone), are scored, ``alpha = softmax_K(h W_s)`` ``[N, K]``;
+2. pooled, ``p = sum_k alpha_k h_k`` ``[N, H]``;
+3. ``V = MLP(p + E[t])`` ``[N]``, ``E[t]`` a learned embedding of the episode step ``t`` (clamped into
+   ``[0, max_episode_steps)``): the value depends on the remaining horizon.
 """
 
 from __future__ import annotations
@@ -24,8 +22,6 @@ class ActionAwareValueHead(nn.Module):
         hidden_size: ``H``, the backbone's hidden size.
         max_episode_steps: size of the step-embedding table; larger steps are clamped to the last row.
         mlp_hidden: width of the MLP's hidden layer.
-
-    Shapes: ``forward(hidden [N, K, H], step [N] long | None) -> V [N]`` (``step=None`` means 0).
     """
 
     def __init__(self, hidden_size: int, max_episode_steps: int, mlp_hidden: int = 256) -> None:
@@ -56,7 +52,7 @@ class ActionAwareValueHead(nn.Module):
         return torch.einsum("nk,nkh->nh", alpha, h)
 
     def forward(self, hidden: Tensor, step: Tensor | None = None) -> Tensor:
-        """``hidden [N, K, H]`` (detached here), ``step [N]`` -> values ``[N]``."""
+        """``hidden [N, K, H]`` (detached here), ``step [N]`` long (``None``: 0) -> values ``[N]``."""
         pooled = self.pool(hidden)
         n = pooled.shape[0]
         if step is None:
