@@ -18,16 +18,11 @@ time_limit_share        time-limit endings / episodes               (the env's o
 ======================  ==========================================  ==========================
 
 ``effective_tps = raw_tps × sample_efficiency`` holds exactly. ``wall_time`` is the whole sampling
-cycle (stepping + resets + inference + waiting); an episode cut by a truncation counts at its cut
-length. ``truncated_episode_share`` counts the episodes a DPSA/SGR unified truncation (or
-``max_horizon``) cut; the env's own time limit is ``time_limit_share``.
-
-**Clocks.** ``wall_time`` (summed) is *busy time of samplers*: merged stats of parallel samplers add
-their times, so it only ever divides per-sampler ratios. ``elapsed`` is the *wall clock* over which
-the counts were produced, the denominator of ``raw_tps`` / ``effective_tps``; ``update(stats)``
-defaults it to ``stats.wall_time`` (right for a single sampler).
-
-**DDP.** Counters are summed across ranks; ``elapsed`` is reduced with ``max`` (ranks sample over
+cycle (stepping + resets + inference + waiting) summed over samplers (*busy time*), so it only divides
+per-sampler ratios; ``elapsed`` is the *wall clock* over which the counts were produced, the
+denominator of ``raw_tps`` / ``effective_tps``. An episode cut by a DPSA/SGR unified truncation (or
+``max_horizon``) counts at its cut length and in ``truncated_episode_share``; the env's own time limit
+is ``time_limit_share``. Under DDP counters are summed and ``elapsed`` max-reduced (ranks sample over
 the same period), so rates are whole-job figures. States are float64 (exact below 2**53).
 """
 

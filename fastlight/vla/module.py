@@ -225,7 +225,6 @@ class VLAModule(RLModule):
             return
         if isinstance(p, ChecksObsSpace):
             p.check_obs_space(space)
-        # The env's instruction table, to a policy that re-tokenizes it with its folder's tokenizer.
         bind_instruction_table(p, spec.instructions if isinstance(spec, EnvSpec) else None)
 
 
