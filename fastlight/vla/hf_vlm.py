@@ -63,11 +63,6 @@ def build_llama(
     return transformers.LlamaForCausalLM(cfg)
 
 
-def is_vision_language(config: Any) -> bool:
-    """True when ``config``'s class maps in ``AutoModelForImageTextToText`` (a VLM)."""
-    return type(config) in _transformers().MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING
-
-
 def load_backbone(path: str, trust_remote_code: bool = False) -> tuple[nn.Module, bool]:
     """``(model, is_vlm)`` of the local folder ``path``: a VLM (``AutoModelForImageTextToText``) or a causal
     LM (``AutoModelForCausalLM``), pruned folders included; a folder with its own code (``auto_map``), only
@@ -98,7 +93,7 @@ def load_backbone(path: str, trust_remote_code: bool = False) -> tuple[nn.Module
         get_class = transformers.dynamic_module_utils.get_class_from_dynamic_module
         model = load_pruned_model(folder, get_class(auto_map[remote], str(folder)), config=config)
         return model, remote != "AutoModelForCausalLM"
-    if is_vision_language(config):
+    if type(config) in transformers.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING:
         return load_pruned_model(folder, transformers.AutoModelForImageTextToText, config=config), True
     if type(config) in transformers.MODEL_FOR_CAUSAL_LM_MAPPING:
         return load_pruned_model(folder, transformers.AutoModelForCausalLM, config=config), False

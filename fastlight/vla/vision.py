@@ -1,9 +1,7 @@
 """A small patch encoder that turns camera images into prefix tokens for the VLA's language model.
 
-A stand-in for a VLA's vision tower (AcceRL fine-tunes OpenVLA-OFT, whose image tokens come from a
-pretrained ViT and a projector): a strided convolution cuts the image into
-``P = (image_size / patch_size)^2`` patches, adds a learned position embedding, and a linear
-projector maps the patch tokens to the language model's hidden size.
+A stand-in for a VLA's vision tower (OpenVLA-OFT's, fine-tuned by AcceRL, is a pretrained ViT and a
+projector) for a backbone without one.
 """
 
 from __future__ import annotations
