@@ -4,9 +4,8 @@ A mapping is a small, picklable callable that holds no weights, so a sampler can
 actions served by the inference worker without a copy of the policy (AcceRL §architecture). Shapes:
 ``actions [N, ...]`` -> ``[N, ...]``; a mapping never changes the batch dimension.
 
-**Action chunks.** A policy that emits ``H`` env actions per call (OpenVLA-OFT, pi0, SmolVLA)
-returns a :class:`ChunkedActionMapping` (env actions ``[N, H, ...]``); the sampler and the evaluation
-read ``H`` (:func:`action_chunk`) and execute the chunk open-loop.
+A policy that emits ``H`` env actions per call (OpenVLA-OFT, pi0, SmolVLA) returns a
+:class:`ChunkedActionMapping`; the sampler and the evaluation execute its chunk open-loop.
 """
 
 from __future__ import annotations

@@ -41,13 +41,11 @@ def successful_steps(*, terminated: Tensor, truncated: Tensor, valid: Tensor) ->
 
 
 class SuccessBuffer:
-    """Per-task FIFO of the steps of successful episodes: observations and action bins (and, with
-    action chunks, which of the bins were executed).
+    """Per-task FIFO of the steps of successful episodes: observations and action bins (and, with action
+    chunks, which bins were executed), on the CPU; :meth:`state_dict` carries it in a checkpoint.
 
     Args:
         capacity: steps kept per task; the oldest go first.
-
-    Steps are stored on the CPU; :meth:`state_dict` / :meth:`load_state_dict` carry it in a checkpoint.
     """
 
     def __init__(self, capacity: int) -> None:
@@ -155,12 +153,11 @@ def buffers_for_world_size(
 ) -> list[dict[str, Any]]:
     """Map the saved ranks' :meth:`SuccessBuffer.state_dict` entries onto ``world_size`` ranks.
 
-    The same number of ranks keeps each rank's own buffer. Another number *merges* then *splits*:
-    per task, the saved ranks' steps are pooled (each rank's newest first when more than
-    ``capacity * world_size`` would be kept, an equal share per rank), then dealt round-robin (pooled
-    step ``i`` to rank ``i % world_size``), so every new rank holds about the same number of every
-    task's steps, at most ``capacity``. ``episodes_added`` is summed over the old ranks ``j`` with
-    ``j % world_size == r``. Refused in one line: the saved ranks' buffers of one task holding
+    The same number of ranks keeps each rank's own buffer. Another number pools each task's steps (at
+    most ``capacity * world_size``, each saved rank's newest, equal shares) and deals them round-robin
+    (pooled step ``i`` to rank ``i % world_size``), so every new rank holds about the same number of each
+    task's steps, at most ``capacity``; ``episodes_added`` of rank ``r`` sums the old ranks ``j`` with
+    ``j % world_size == r``. Raises a one-line ``ValueError`` when the saved buffers of one task hold
     different fields (with and without action chunks, other observation keys).
     """
     if len(states) == world_size:
