@@ -129,14 +129,11 @@ def read_driving_state(env: AbstractEnv) -> DrivingState:
         s_front = lane.local_coordinates(front.position)[0]
         gap = max(float(s_front - s_ego) - (ego.LENGTH + front.LENGTH) / 2, 0.0)
         closing = v_ego - _lane_speed(front, lane.heading_at(s_front))
-    side = None
+    side_gaps = []
     for other in road.vehicles:
-        if other is ego:
-            continue
         s, r = lane.local_coordinates(other.position)
-        if abs(s - s_ego) < (ego.LENGTH + other.LENGTH) / 2:
-            gap_r = max(abs(float(r - r_ego)) - (ego.WIDTH + other.WIDTH) / 2, 0.0)
-            side = gap_r if side is None else min(side, gap_r)
+        if other is not ego and abs(s - s_ego) < (ego.LENGTH + other.LENGTH) / 2:
+            side_gaps.append(max(abs(float(r - r_ego)) - (ego.WIDTH + other.WIDTH) / 2, 0.0))
     speed_range = env.config.get("reward_speed_range")
     goal = ego.goal if isinstance(env, ParkingEnv) else None  # parking-v0's Landmark goal
     return DrivingState(
@@ -148,7 +145,7 @@ def read_driving_state(env: AbstractEnv) -> DrivingState:
         speed_limit=None if lane.speed_limit is None else float(lane.speed_limit),
         front_gap_m=gap,
         front_closing_mps=closing,
-        lateral_clearance_m=side,
+        lateral_clearance_m=min(side_gaps, default=None),
         target_speed_range=None if speed_range is None else (float(speed_range[0]), float(speed_range[1])),
         goal_distance_m=None if goal is None else float(np.linalg.norm(goal.position - ego.position)),
     )

@@ -1,9 +1,8 @@
 """``NatureCNN``: the convolutional encoder of image observations (Mnih et al. 2015, the network of
 cleanrl's Atari PPO and Stable-Baselines3's ``NatureCNN``).
 
-conv 32 8x8 stride 4, conv 64 4x4 stride 2, conv 64 3x3 stride 1 (ReLU after each), then a linear
-layer to 512 features (ReLU). Pixels arrive as the env gives them (uint8 ``[N, H, W, C]`` or
-``[N, C, H, W]``) and are scaled to ``[0, 1]`` here, so rollouts keep the compact uint8.
+Pixels arrive as the env gives them (uint8 ``[N, H, W, C]`` or ``[N, C, H, W]``) and are scaled to
+``[0, 1]`` here, so rollouts keep the compact uint8.
 """
 
 from __future__ import annotations
