@@ -79,10 +79,8 @@ class MultiInputActorCritic(PolicyBase):
 
     def evaluate(self, obs: Obs, actions: Tensor, *, step: Tensor | None = None) -> EvalOutput:
         x = self.features(obs)
-        out = self.actor(x)
-        return EvalOutput(
-            self.head.log_prob(out, actions), self.head.entropy(out), self.critic(x).squeeze(-1)
-        )
+        out, values = self.actor(x), self.critic(x).squeeze(-1)
+        return EvalOutput(self.head.log_prob(out, actions), self.head.entropy(out), values)
 
     def value(self, obs: Obs, *, step: Tensor | None = None) -> Tensor:
         return self.critic(self.features(obs)).squeeze(-1)

@@ -43,8 +43,8 @@ def match_rows(ids: Tensor, mask: Tensor, keys: Tensor) -> Tensor:
     """Index ``[N]`` into the table ``keys [T, L]`` of each row of ``ids`` / ``mask`` ``[N, L_in]``.
 
     Rows compare on their masked tokens only (``-1`` padding, either width). A row with no real token
-    (``mask`` all 0: a Rollout's padding step, whose outputs are masked out of every loss and statistic)
-    maps to entry 0. Any other ``ids`` row found nowhere in the table raises a one-line ``ValueError``.
+    (a Rollout's padding step, masked out of every loss) maps to entry 0; any other row found nowhere
+    in the table raises a one-line ``ValueError``.
     """
     x = table_keys(ids, mask)
     width = max(x.shape[1], keys.shape[1])
