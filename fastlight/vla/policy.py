@@ -201,9 +201,8 @@ class VLAPolicy(PicklableCapture, VLAParts, TokenImitation, PolicyBase):
         return torch.cat(parts, dim=1), mask, position_ids(self.backbone, mask, parts[0].shape[1], grid)
 
     def _slots(self, n: int, actions: Tensor | None) -> Tensor:
-        """The K action-slot embeddings ``[N, K, H]``: placeholders, or (autoregressive, ``actions``
-        ``[N, k]`` bins given) slot 0 = placeholder and slot ``j >= 1`` = embedding of ``a_{j-1}``.
-        With ``k < K`` actions only the first ``k + 1`` slots are returned."""
+        """Action-slot embeddings: the K placeholders ``[N, K, H]``, or (autoregressive, bins ``actions``
+        ``[N, k]``) the first placeholder then embeddings of ``a_0 .. a_{k-1}``, ``[N, min(k + 1, K), H]``."""
         q = self.action_queries.to(self._embed_dtype()).unsqueeze(0).expand(n, -1, -1)
         if actions is None:
             return q

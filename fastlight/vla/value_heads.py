@@ -30,8 +30,7 @@ class ActionAwareValueHead(nn.Module):
         for name, val in sizes.items():
             if val < 1:
                 raise ValueError(f"{name} must be >= 1, got {val}")
-        self.hidden_size = hidden_size
-        self.max_episode_steps = max_episode_steps
+        self.hidden_size, self.max_episode_steps = hidden_size, max_episode_steps
         self.score = nn.Linear(hidden_size, 1, bias=False)  # no bias: softmax is shift-invariant
         self.step_embedding = nn.Embedding(max_episode_steps, hidden_size)
         h, m = hidden_size, mlp_hidden
