@@ -282,8 +282,7 @@ class DemoDataset(Dataset):
         after episode, step after step, so step ``t + k`` of an episode sits at ``i + k``."""
         d, offsets = self.demos, torch.arange(self.chunk)
         j = i[:, None] + offsets  # [B, H]
-        inside = j < len(d)
-        j = j.clamp(max=len(d) - 1)
+        inside, j = j < len(d), j.clamp(max=len(d) - 1)
         same = (d.episode[j] == d.episode[i][:, None]) & (d.step[j] == d.step[i][:, None] + offsets)
         valid = inside & same
         actions = torch.where(valid[..., None], d.actions[j], d.actions.new_zeros(()))

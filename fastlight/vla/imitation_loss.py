@@ -41,8 +41,7 @@ def token_cross_entropy(
         grid = torch.arange(logits.shape[-1], device=bins.device, dtype=torch.float32)
         target = torch.softmax(-0.5 * ((grid - target[:, None].float()) / bin_sigma) ** 2, dim=-1)
     ce = F.cross_entropy(logits.flatten(0, 1), target, reduction="none", label_smoothing=label_smoothing)
-    ce = ce.view_as(bins)
-    loss = masked_mean(ce, valid)
+    loss = masked_mean(ce.view_as(bins), valid)
     with torch.no_grad():
         pred = logits.argmax(-1)
         info = {

@@ -48,9 +48,8 @@ class Pi05Prompt:
         return {"path": self.path, "sentences": self.sentences, "_tokenizer": None}
 
     def prompts(self, tasks: list[str], state: Tensor | None) -> list[str]:
-        tok = self.tokenizer
         texts = [""] * len(tasks) if state is None else [f", State: {s}" for s in state_text(state)]
-        bos = tok.bos_token or ""
+        bos = self.tokenizer.bos_token or ""
         tasks = [t.strip().replace("_", " ").replace("\n", " ") for t in tasks]  # as the processor does
         return [f"{bos}Task: {t}{s};\nAction: " for t, s in zip(tasks, texts, strict=True)]
 
