@@ -22,8 +22,7 @@ class ActionTokenizer:
         vocab_size: size of the language model vocabulary; the action tokens are its last ``n_bins`` ids.
         n_bins: number of bins per action dimension, ``2 <= n_bins <= vocab_size``.
         low, high: action range; actions outside it are clipped into it.
-        first_id: the first action token id when the action tokens are not the last ``n_bins``
-            ids: they are then ``[first_id, first_id + n_bins)`` (``None``: ``vocab_size - n_bins``).
+        first_id: action tokens ``[first_id, first_id + n_bins)`` instead (``None``: ``vocab_size - n_bins``).
     """
 
     def __init__(

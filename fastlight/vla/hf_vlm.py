@@ -115,8 +115,7 @@ def vision_tower(model: nn.Module) -> nn.Module:
 
 
 def projector(model: nn.Module) -> nn.Module | None:
-    """The VLM's projector from the tower to the language model (see :data:`PROJECTOR_NAMES`), or
-    ``None`` where the architecture keeps it inside the tower (Qwen2-VL's merger)."""
+    """The VLM's projector (:data:`PROJECTOR_NAMES`); ``None`` where the tower holds it (Qwen2-VL)."""
     return _child(model, PROJECTOR_NAMES, None)
 
 

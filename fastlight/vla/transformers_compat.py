@@ -46,6 +46,5 @@ def no_split_classes(module: nn.Module) -> set[type[nn.Module]]:
     (transformer blocks: the units accelerate, and FSDP2 here, keep whole)."""
     from transformers import PreTrainedModel
 
-    hf = [m for m in module.modules() if isinstance(m, PreTrainedModel)]
-    names = {n for m in hf for n in m._no_split_modules or ()}
+    names = {n for m in module.modules() if isinstance(m, PreTrainedModel) for n in m._no_split_modules or ()}
     return {type(m) for m in module.modules() if type(m).__name__ in names}
