@@ -29,19 +29,36 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--groups", type=int, default=2)
     p.add_argument("--group-size", type=int, default=4)
     p.add_argument("--cycles", type=int, default=3)
-    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--temperature", type=float, default=1.0, help="a token VLA's sampling temperature")
+    p.add_argument(
+        "--noise-level", type=float, default=None, help="a flow VLA's SDE noise (default: its own)"
+    )
+    p.add_argument(
+        "--sde-steps", choices=("one", "all"), default=None, help="a flow VLA's (default: its own)"
+    )
     p.add_argument("--max-path-length", type=int, default=150)
     p.add_argument("--seed", type=int, default=5)
     args = p.parse_args(argv)
-    if min(args.groups, args.group_size, args.cycles) < 1 or args.temperature <= 0:
-        p.error("--groups, --group-size and --cycles must be >= 1, --temperature > 0")
+    if (
+        min(args.groups, args.group_size, args.cycles) < 1
+        or min(args.temperature, args.noise_level or 1) <= 0
+    ):
+        p.error("--groups, --group-size and --cycles must be >= 1, --temperature and --noise-level > 0")
 
     from fastlight.envs.metaworld import MetaWorldEnv
     from fastlight.modules.loading import load_module
     from fastlight.sampling.collector import Collector
+    from fastlight.vla.flow_policy import FlowVLAPolicy
+    from fastlight.vla.policy import VLAPolicy
 
     policy = load_module(args.ckpt).policy.eval()
-    policy.temperature = args.temperature
+    if isinstance(policy, FlowVLAPolicy):
+        policy.noise_level = policy.noise_level if args.noise_level is None else args.noise_level
+        policy.sde_steps = args.sde_steps or policy.sde_steps
+    elif isinstance(policy, VLAPolicy):
+        policy.temperature = args.temperature
+    else:
+        p.error(f"--ckpt {args.ckpt}: not a VLA checkpoint ({type(policy).__name__})")
     n = args.groups * args.group_size
     envs = [MetaWorldEnv(args.task, image=False, max_path_length=args.max_path_length) for _ in range(n)]
     collector = Collector(envs, mode="dpsa", termination_threshold=1.0, max_horizon=args.max_path_length,
