@@ -1,22 +1,16 @@
 """The one pack / unpack of every weight path: AcceRL's fixed tensor order and flat per-dtype buckets
 (AcceRL §weight sync).
 
-Every way weights leave the trainer after start-up (shared memory, the double buffer, the broadcast,
-the Ray object store) plans a :class:`BucketLayout` from its own copy of the module and copies
-tensors in and out with :class:`PackedWeights`.
-
 AcceRL broadcasts "the model's trainable parameters and necessary buffers in a fixed sequence"; both
-ends derive it independently (:func:`sync_entries`). Tensors are grouped by dtype (first-appearance
-order) and packed back to back into flat buckets of at most ``bucket_mb`` MiB (never split); one
-bucket is one collective. The paths without collectives plan one bucket per dtype
-(:data:`ONE_BUCKET_PER_DTYPE_MB`); every dtype travels as itself, so delivered weights are bitwise
+ends derive it independently (:func:`sync_entries`, :func:`plan_buckets`). Tensors are grouped by dtype
+(first-appearance order) and packed back to back into flat buckets of at most ``bucket_mb`` MiB (never
+split); one bucket is one collective. Every dtype travels as itself, so delivered weights are bitwise
 the trainer's.
 
-With ``direct_mb`` set, a tensor of at least ``direct_mb`` MiB is *direct* (``bucket == DIRECT``):
-broadcast as itself, saving a pack and an unpack copy. The broadcast defaults to ``direct_mb =
-bucket_mb / 4``: a quarter bucket keeps tensors of a few MiB packed and caps the direct collectives
-at 4 per ``bucket_mb`` of weights. ``signature`` hashes (name, shape, dtype, bucket, offset) of every
-slot; the two ends compare it before any weights move.
+A tensor of at least ``direct_mb`` MiB is *direct* (``bucket == DIRECT``): broadcast as itself, saving
+a pack and an unpack copy. The broadcast's default ``direct_mb = bucket_mb / 4`` keeps tensors of a few
+MiB packed and caps the direct collectives at 4 per ``bucket_mb`` of weights. ``signature`` hashes
+(name, shape, dtype, bucket, offset) of every slot; the two ends compare it before any weights move.
 """
 
 from __future__ import annotations
@@ -114,15 +108,14 @@ def plan_buckets(
     bucket_mb: float = 64.0,
     direct_mb: float | None = None,
 ) -> BucketLayout:
-    """Assign every tensor of ``module`` (or of the given ``(name, tensor)`` list) a bucket slot, or
-    a direct slot when it holds at least ``direct_mb`` MiB (``None``: pack everything). The plan
-    depends on names, shapes and dtypes only, so both ends derive the same one."""
+    """Assign every tensor of ``module`` (or of the given ``(name, tensor)`` list) a bucket slot, or a
+    direct slot when it holds at least ``direct_mb`` MiB (``None``: pack everything); names, shapes and
+    dtypes alone decide."""
     if bucket_mb <= 0:
         raise ValueError(f"bucket_mb must be > 0, got {bucket_mb}")
     if direct_mb is not None and direct_mb <= 0:
         raise ValueError(f"direct_mb must be > 0 (or None: pack everything), got {direct_mb}")
     entries = sync_entries(module) if isinstance(module, nn.Module) else list(module)
-    # No entries (a policy without trainable parameters) is an empty layout: only the version is sent.
     cap = int(bucket_mb * 2**20)
     direct_min = None if direct_mb is None else direct_mb * 2**20
     order: dict[torch.dtype, list[int]] = {}
@@ -157,8 +150,7 @@ def alloc_buckets(layout: BucketLayout, device: torch.device | str = "cpu") -> l
 
 
 def bucket_views(layout: BucketLayout, buckets: Sequence[torch.Tensor]) -> list[torch.Tensor | None]:
-    """Per slot, a view of its bucket region shaped like the tensor (slot order); ``None`` for a
-    direct slot."""
+    """Per slot, a view of its bucket region shaped like the tensor; ``None`` for a direct slot."""
     return [None if s.direct else buckets[s.bucket][s.offset : s.offset + s.numel].view(s.shape)
             for s in layout.slots]  # fmt: skip
 
@@ -186,10 +178,9 @@ def layout_tensors(module: nn.Module, layout: BucketLayout) -> list[torch.Tensor
 
 
 class PackedWeights:
-    """A layout's flat buckets and every slot's view into them: the one pack / unpack of every weight
-    path (one copy per packed tensor; ``bucket`` limits either to one bucket). Pickled, it carries its
-    buckets (shared memory or CUDA IPC handles) and rebuilds the views where it lands.
-    """
+    """A layout's flat buckets and every slot's view into them (one copy per packed tensor; ``bucket``
+    limits either to one bucket). Pickled, it carries its buckets (shared memory or CUDA IPC handles)
+    and rebuilds the views where it lands."""
 
     def __init__(self, layout: BucketLayout, buckets: Sequence[torch.Tensor]) -> None:
         if len(buckets) != len(layout.buckets):
