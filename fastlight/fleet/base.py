@@ -7,8 +7,6 @@
   bookkeeping every fleet shares (Sample Factory's habit: a dead or silent sampler is restarted on the
   current weights within a budget, :class:`~fastlight.fleet.faults.FaultSettings`). A fleet implements
   only its transport: how its samplers start, hand over Rollouts, are watched and stop.
-
-Both are abstract base classes: a fleet that misspells or omits a method cannot be instantiated.
 """
 
 from __future__ import annotations
@@ -71,8 +69,7 @@ class SamplerFleet(ABC):
         self.heartbeat_limits = HeartbeatLimits(
             faults.heartbeat_s, faults.worker_timeout_s, f"{FLAG}.heartbeat_s", f"{FLAG}.worker_timeout_s"
         )
-        self.restarts = 0
-        self.dropped_rollouts = 0
+        self.restarts = self.dropped_rollouts = 0
         self.stopping = False
         self._restart_times: collections.deque[float] = collections.deque()
         # Serialises a restart (the prefetch thread's watch) with a publish and with the stop.
@@ -197,6 +194,5 @@ class Fleet(ABC):
 
 
 def _stop_ref(ref: weakref.ref) -> None:
-    fleet = ref()
-    if fleet is not None:
+    if (fleet := ref()) is not None:
         fleet.stop()

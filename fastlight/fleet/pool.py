@@ -1,6 +1,5 @@
 """``SamplerPool``: the trainer-side handle on a rank's sampler processes.
 
-It spawns them, publishes weights, hands out their Rollouts one item at a time, and stops them.
 Restarts (Sample Factory's habit): a sampler that dies without a word (a signal, the OOM killer) or
 makes no progress for ``heartbeat_s`` is killed and started again on the current weights; its round
 is dropped and counted. A Python exception in a sampler is not restarted: it would recur. The
@@ -123,8 +122,7 @@ class SamplerPool(SamplerFleet):
             target=sampler_main, args=(bundle, send, os.getpid()), name=f"fastlight-sampler-{i}", daemon=True
         )
         p.start()
-        # Only the sampler holds the write end now: when it dies, the reader sees EOF.
-        send.close()
+        send.close()  # only the sampler holds the write end now: when it dies, the reader sees EOF
         reader = threading.Thread(
             target=self._read, args=(i, receive), daemon=True, name=f"fastlight-sampler-{i}-reader"
         )
@@ -149,8 +147,7 @@ class SamplerPool(SamplerFleet):
     def _arrival(self, index: int, now: float) -> None:
         last = self._arrived.get(index)
         if last is not None:
-            gap = now - last
-            mean = self._round_s.get(index)
+            gap, mean = now - last, self._round_s.get(index)
             self._round_s[index] = gap if mean is None else 0.7 * mean + 0.3 * gap
         self._arrived[index] = now
 

@@ -17,8 +17,7 @@ work as they do locally. What differs is the transport:
 Faults are fastlight's, not Ray's (``max_restarts=0``; :class:`~fastlight.fleet.base.SamplerFleet`):
 a dead or silent actor is started again in its bundle within the restart budget. A node that leaves
 the cluster is one fault for all the samplers it held: Ray places them on the remaining nodes, or
-the run stops after ``placement_timeout_s`` naming the node. A Ray instance the fleet started
-(``address: null``) is shut down with it; one it joined keeps running.
+the run stops after ``placement_timeout_s`` naming the node.
 """
 
 from __future__ import annotations
@@ -351,8 +350,7 @@ class RaySamplerFleet(SamplerFleet):
 
     # ---------------------------------------------------------------- stop
     def _stop(self) -> None:
-        """Kill the actors and the inference actor, remove the placement group, and shut down a Ray
-        instance this fleet started (one it joined keeps running). Nothing to do before a start."""
+        """Kill every actor, remove the placement group, shut down a Ray instance this fleet started."""
         for a in self.actors:
             self._kill(a)
         self.actors, self.pending = [], {}
