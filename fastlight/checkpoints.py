@@ -291,9 +291,7 @@ def write_error_line(path: str, error: OSError, needed: int | None = None) -> st
     (about ``needed`` bytes), the free space there, and the last good checkpoint."""
     folder = os.path.dirname(os.path.abspath(path))
     code = errno_names.errorcode.get(error.errno or 0, str(error.errno))
-    space = free_space(folder)
-    if needed:
-        space = f"it needs about {_size(needed)}, {space}"
+    space = f"it needs about {_size(needed)}, {free_space(folder)}" if needed else free_space(folder)
     last = last_good_checkpoint(path)
     resume = "no earlier checkpoint to resume from"
     if last is not None:
@@ -329,11 +327,11 @@ def payload_bytes(obj: Any) -> int:
 
 
 def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
-    return f"{n:.1f} TiB"
+    return f"{n:.1f} GiB"
 
 
 def _fsync_dir(folder: str) -> None:

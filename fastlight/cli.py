@@ -190,8 +190,7 @@ class FastlightCLI(LightningCLI):
             init_args["init_from"] = None
             note = "is not read (the checkpoint holds the weights)"
             _note(f"resuming {ckpt_path}: --model.init_from {init_from} {note}")
-        diffs = _differences(saved, model, saved_data, self.config[sub].get("data"))
-        if diffs:
+        if diffs := _differences(saved, model, saved_data, self.config[sub].get("data")):
             _note(
                 f"resuming {ckpt_path} with settings that differ from the checkpoint's "
                 f"(yours apply): {'; '.join(diffs)}"
@@ -250,15 +249,13 @@ def _differences(
     theirs_class = saved.get("_class_path")
     if theirs_class and not same_class(theirs_class, model.class_path):
         out.append(f"--model.class_path {model.class_path} (checkpoint: {theirs_class})")
-    # init_from: not read on resume
     out += differences("--model.", model.get("init_args"), saved, skip=(*_LINKED, "init_from"))
     init_args = data.get("init_args") if isinstance(data, Namespace) else None
     return out + differences("--data.", init_args, saved_data or {})
 
 
 def cli_main(args: list[str] | None = None, *, run: bool = True) -> FastlightCLI:
-    # Rendering backends for MuJoCo (Meta-World) without a display.
-    os.environ.setdefault("MUJOCO_GL", "egl")
+    os.environ.setdefault("MUJOCO_GL", "egl")  # MuJoCo (Meta-World) renders without a display
     quiet_third_party()  # Lightning's tips and known-harmless warnings
     # Like `python -m`, resolve class paths of the project being run from the working directory;
     # appended, so a fastlight/ there never shadows this one.

@@ -4,10 +4,9 @@ Termination or the env's own time limit (:data:`MAX_EPISODE_STEPS` where it sets
 unified truncation and no emulated scenario-load cost, so returns compare across policies and with the
 literature. Two policies evaluated with one seed face the same episodes. Each episode is a
 :class:`fastlight.rollout.EpisodeRecord` (with its reset ``seed``, ``task`` and, when asked, ``frames``).
-Success: *any* step reports ``info["success"]`` or ``info["is_success"]`` true, ``None`` where no step
-reports either (:func:`fastlight.rollout.success_after`); a crash is highway-env's ``info["crashed"]``
-at the last step. A policy acting in chunks of ``H`` env actions plays each chunk open-loop; lengths,
-returns and the step index count env steps.
+Success and crashes follow :func:`~fastlight.rollout.success_after` and
+:func:`~fastlight.rollout.crashed_at_end`. A policy acting in chunks of ``H`` env actions plays each
+chunk open-loop; lengths, returns and the step index count env steps.
 """
 
 from __future__ import annotations
