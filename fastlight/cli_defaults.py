@@ -45,6 +45,7 @@ ENV_STEPS = class_path(EnvStepBudget)
 LOST_RANK = class_path(LostRankCheckpoint)
 TIMED = class_path(TimedCheckpoint)
 PERIODIC_EVAL = class_path(PeriodicEvaluation)
+_SAVERS = (MODEL_CHECKPOINT, TIMED, PERIODIC_EVAL)  # the callbacks that save into the run's folder
 #: The default loggers: class path and folder name under the root dir.
 LOGGERS = (
     ("lightning.pytorch.loggers.TensorBoardLogger", "tb"),
@@ -104,19 +105,14 @@ def forget_run_folders(cfg: Namespace) -> Namespace:
         return cfg
     if os.path.basename(os.path.normpath(checkpoints)) != "checkpoints":
         return cfg
-    root, run_dir = (
-        os.path.dirname(os.path.normpath(checkpoints)),
-        os.path.join(checkpoints, f"version_{version}"),
-    )
+    root = os.path.dirname(os.path.normpath(checkpoints))
+    run_dir = os.path.join(checkpoints, f"version_{version}")
     cfg = cfg.clone()
     for cb in cfg["trainer"]["callbacks"]:
         args = _init_args(cb) if isinstance(cb, Namespace) else Namespace()
         if _is(cb, PREEMPTION):
             args["dirpath"], args["version"] = None, None
-        elif (
-            any(_is(cb, p) for p in (MODEL_CHECKPOINT, TIMED, PERIODIC_EVAL))
-            and args.get("dirpath") == run_dir
-        ):
+        elif args.get("dirpath") == run_dir and any(_is(cb, p) for p in _SAVERS):
             args["dirpath"] = None
     derived = _default_loggers(root, version)
     loggers = cfg["trainer"].get("logger")
@@ -169,7 +165,7 @@ def run_defaults(cfg: Namespace, *, version: int, last_exists: bool) -> Namespac
     every_epoch = False
     for cb in callbacks:
         path = cb.get("class_path") if isinstance(cb, Namespace) else None  # a callback object: as given
-        if not any(same_class(path, p) for p in (MODEL_CHECKPOINT, TIMED, PERIODIC_EVAL)):
+        if not any(same_class(path, p) for p in _SAVERS):
             continue
         args = _init_args(cb)
         if args.get("dirpath") is None:

@@ -23,6 +23,7 @@ step_rewards       [T, E, H] or None   action chunks only: the raw reward of eac
                                        chunk executed at t, 0 past the ``env_steps[t]`` executed
 env_steps          [T, E] long or None action chunks only: env steps executed at t (``1..H`` where
                                        valid, 0 elsewhere)
+stats              RolloutStats        the sampler's counters and finished episodes
 =================  ==================  ===========================================================
 
 **Action chunks.** A policy whose action mapping is chunked
@@ -36,9 +37,6 @@ Invariant (checked by :meth:`Rollout.validate`): inside one env column a valid s
 not the end of its episode is followed by a valid step of the same episode, so the last valid
 step of every column is terminated or truncated. Padding therefore never sits *inside* an
 episode, and the masked GAE never reads it.
-
-``stats`` carries the sampler's counters for the throughput metrics and the finished
-episodes (length, return, outcome) for ``rollout/*`` logging and DWR.
 """
 
 from __future__ import annotations

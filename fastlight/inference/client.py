@@ -68,10 +68,8 @@ class InferenceClient:
         self.slots = [Slot.allocate(n, tensor_spec(example_obs), act_spec) for n in rows]
         self.new_pipes()
         self.version = ctx.Value("q", -1, lock=False)
-        # Beaten by the worker's serving loop; its limits are set by the pool.
-        self.liveness = Liveness(ctx)
-        # Its resident memory at the pool's last watch: what an OOM-killed worker held.
-        self.memory: MemorySample | None = None
+        self.liveness = Liveness(ctx)  # beaten by the worker's serving loop; the pool sets its limits
+        self.memory: MemorySample | None = None  # at the pool's last watch: what an OOM-killed worker held
         # "shared_memory" | "cuda_ipc" (both the double buffer) | "broadcast" (weight_path's "bucketed").
         path = weight_path(self.trainer_device, self.worker_device)
         self.transport = "broadcast" if path == "bucketed" else path
@@ -172,8 +170,7 @@ class InferenceClient:
         name = f"inference worker ({self.proc.name}, pid {self.proc.pid})"
         if not self.proc.is_alive():
             raise RuntimeError(f"{name} died with exit code {self.proc.exitcode}")
-        hung = self.liveness.hang()
-        if hung is not None:
+        if (hung := self.liveness.hang()) is not None:
             raise RuntimeError(f"{name} {hung}")
 
     def stop(self) -> None:

@@ -20,10 +20,9 @@ from fastlight.weights.publisher import WeightSyncError
 
 #: Elements of each published tensor a delivery checksum reads: a strided slice of about this many.
 SAMPLE = 1024
-#: How far two delivery checksums of the same weights may differ, as a fraction of their ``scale``.
-#: Every term is an exact float64 product, so two ends differ only in summation order: at most
-#: n * 2**-53 * scale for n terms (1.1e-10 for a million). An update moves it by about
-#: 1e-4 / sqrt(n) of the scale (1e-7 for a million elements each moved by a relative 1e-4).
+#: How far two delivery checksums of the same weights may differ, as a fraction of their ``scale``: the
+#: ends differ only in summation order (at most n * 2**-53 * scale for n exact float64 terms), far less
+#: than an update moves it (about 1e-4 / sqrt(n) of the scale).
 REL_TOL = 1e-9
 
 
