@@ -55,10 +55,9 @@ def _check_gae_inputs(tensors: dict[str, Tensor], gamma: float, lam: float) -> N
     for name in ("terminated", "truncated", "valid"):
         if tensors[name].dtype != torch.bool:
             raise ValueError(f"masked_gae: {name} must be bool, got dtype {tensors[name].dtype}")
-    if not 0.0 <= gamma <= 1.0:
-        raise ValueError(f"masked_gae: gamma must be in [0, 1], got {gamma}")
-    if not 0.0 <= lam <= 1.0:
-        raise ValueError(f"masked_gae: lam must be in [0, 1], got {lam}")
+    for name, value in (("gamma", gamma), ("lam", lam)):
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"masked_gae: {name} must be in [0, 1], got {value}")
 
 
 def _check_episode_structure(terminated: Tensor, truncated: Tensor, valid: Tensor) -> None:
@@ -111,16 +110,13 @@ def masked_gae(
     lam: float = 0.95,
     discounts: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """GAE(γ, λ) over a padded ``[T, E]`` rollout; see the module docstring for the recursion.
-
-    ``discounts [T, E]`` (action chunks: ``γ^{h_t}`` from :func:`chunk_rewards`) replaces ``γ`` per
-    transition; ``None`` (the default) discounts every transition by ``gamma``.
+    """GAE(γ, λ) over a padded ``[T, E]`` rollout (the module docstring's recursion); ``discounts
+    [T, E]`` (action chunks: ``γ^{h_t}`` from :func:`chunk_rewards`) replaces ``gamma`` per transition.
 
     Shapes: every input ``[T, E]``; ``terminated``, ``truncated``, ``valid`` bool. Returns
-    ``(advantages, returns)``, both ``[T, E]`` and exactly 0 where ``valid`` is False, whatever
-    (NaN, inf) the padded slots of ``rewards``/``values``/``bootstrap_values`` hold: every read
-    of a possibly-garbage slot goes through ``torch.where``. Vectorised over ``E``; the loop runs
-    over ``T`` only. Raises ``ValueError`` on a shape/dtype mismatch or a broken episode structure.
+    ``(advantages, returns)``, both ``[T, E]`` and exactly 0 where ``valid`` is False, whatever (NaN,
+    inf) the padded slots of ``rewards``/``values``/``bootstrap_values`` hold (every read of one goes
+    through ``torch.where``). Raises ``ValueError`` on a shape/dtype mismatch or a broken episode.
     """
     # The tensor arguments, by name in signature order (discounts only when given).
     fields = {name: t for name, t in locals().items() if isinstance(t, Tensor)}
@@ -228,12 +224,10 @@ def group_step_advantages(
     of the other clips of its group at the same step of theirs (RLOO's leave-one-out baseline, Kool et
     al., 2019, taken per step as GiGPO's step-level groups, Feng et al., 2025, §3.2).
 
-    The clips of a group start from one seed (``--data.group_size``), so the others' mean
-    reward-to-go at step ``t`` is a state-value baseline that needs no critic. Steps with no other
-    valid clip of the group at that step get 0.
-
-    Shapes: ``[T, E]`` each; a group is ``group_size`` consecutive columns whose clips start at the
-    same rows (cycle-based resets). Returns ``[T, E]``, 0 where invalid.
+    The clips of a group (``group_size`` consecutive columns, ``--data.group_size``) start from one seed
+    at the same rows (cycle-based resets), so the others' mean reward-to-go at step ``t`` is a
+    state-value baseline that needs no critic; a step with no other valid clip there gets 0. Shapes:
+    ``[T, E]`` each; returns ``[T, E]``, 0 where invalid.
     """
     _check_episode_structure(terminated, truncated, valid)
     n_t, n_env = rewards.shape

@@ -107,10 +107,9 @@ def parse_error_line(message: str, error: BaseException | None) -> str:
     four``. A refusal of fastlight's own in the chain is its line."""
     from fastlight.checkpoints import exception_chain
 
-    chain = exception_chain(error) if error is not None else []
-    own = setting_error_line(error) if error is not None else None
-    if own is not None:
+    if error is not None and (own := setting_error_line(error)) is not None:
         return own
+    chain = exception_chain(error) if error is not None else []
     levels = [message, *(e for e in chain if isinstance(e, argparse.ArgumentError)), *chain[-1:]]
     kept: list[str] = []
     for line in map(_first_line, levels):

@@ -26,17 +26,15 @@ env_steps          [T, E] long or None action chunks only: env steps executed at
 stats              RolloutStats        the sampler's counters and finished episodes
 =================  ==================  ===========================================================
 
-**Action chunks.** A policy whose action mapping is chunked
-(:class:`~fastlight.models.action_mapping.ChunkedActionMapping`, ``H`` env actions per call) makes
-one transition per chunk: step t executes up to ``H`` env steps open-loop, stopping early where the
-episode (or the cycle's env-step budget) ends. Then ``rewards[t]`` is the chunk's undiscounted
+**Action chunks** (:class:`~fastlight.models.action_mapping.ChunkedActionMapping`, ``H`` env actions
+per call): one transition per chunk; step t executes up to ``H`` env steps open-loop, stopping early
+where the episode (or the cycle's env-step budget) ends. ``rewards[t]`` is then the chunk's undiscounted
 reward sum, ``step`` the episode's env step at the chunk's start, ``bootstrap_values[t]`` V of the
 state after the last executed step; the learner discounts (:func:`fastlight.advantages.chunk_rewards`).
 
-Invariant (checked by :meth:`Rollout.validate`): inside one env column a valid step that is
-not the end of its episode is followed by a valid step of the same episode, so the last valid
-step of every column is terminated or truncated. Padding therefore never sits *inside* an
-episode, and the masked GAE never reads it.
+Invariant (:meth:`Rollout.validate`): in an env column a valid step that does not end its episode is
+followed by a valid step of the same episode, so the last valid step of every column is terminated or
+truncated: padding never sits *inside* an episode, and the masked GAE never reads it.
 """
 
 from __future__ import annotations
@@ -64,11 +62,10 @@ SUCCESS_KEYS = ("success", "is_success")
 def success_after(success: bool | None, info: Mapping[str, Any]) -> bool | None:
     """The episode's success verdict after one more step: fastlight's one rule for success.
 
-    An episode succeeded if *any* of its steps reported success under either of
-    :data:`SUCCESS_KEYS` (as the Meta-World / AcceRL evaluations count it). ``success`` is the
-    verdict so far (``None`` before the first step); a step whose info has neither key leaves it as
-    it is, so ``None`` at the end means the env never reports success.
-    """
+    An episode succeeded if *any* of its steps reported success under either of :data:`SUCCESS_KEYS`
+    (as the Meta-World / AcceRL evaluations count it). ``success`` is the verdict so far (``None``
+    before the first step); a step whose info has neither key leaves it, so ``None`` at the end means
+    the env never reports success."""
     for key in SUCCESS_KEYS:
         if key in info:
             success = bool(success) or bool(info[key])

@@ -38,8 +38,7 @@ def check_strata(per_stratum: dict[str, np.ndarray], what: str) -> list[np.ndarr
     if not per_stratum:
         raise ValueError(f"{what}: no tasks")
     arrays = [np.asarray(v, dtype=np.float64).reshape(-1) for v in per_stratum.values()]
-    empty = [t for t, a in zip(per_stratum, arrays, strict=True) if a.size == 0]
-    if empty:
+    if empty := [t for t, a in zip(per_stratum, arrays, strict=True) if a.size == 0]:
         raise ValueError(f"{what}: tasks {empty} have no episodes")
     return arrays
 

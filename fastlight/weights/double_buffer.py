@@ -130,8 +130,7 @@ class SharedDoubleBuffer:
         what = f"to leave slot {target} (it still serves from it) before version {version} is written"
         self._wait(lambda: self._free(target), check, what)
         self.slots[target].pack(tensors)  # the one copy (across devices if the policy is elsewhere)
-        if self.device.type == "cuda":
-            # The copy was only queued on this process's stream: finish it before the flip.
+        if self.device.type == "cuda":  # the copy was only queued on this process's stream: finish it
             torch.cuda.synchronize(self.device)
         with self.lock:  # the flip: after the copy, under the lock (a memory barrier for the worker)
             self.state[_V0 + target] = version
@@ -194,8 +193,7 @@ class DoubleBufferReader:
         _backoff_wait(lambda: int(state[_FLIPPED]) > self.received or stopped(), float("inf"), None)
         if int(state[_FLIPPED]) <= self.received:  # stopped while drained: nothing to take
             return self.version
-        if self.shared.device.type == "cuda":
-            # Forwards queued on this process's streams may still read the slot being left.
+        if self.shared.device.type == "cuda":  # queued forwards may still read the slot being left
             torch.cuda.synchronize(self.shared.device)
         with self.shared.lock:  # the claim: the trainer will not write this slot until we leave it
             slot = int(state[_ACTIVE])

@@ -7,6 +7,7 @@ stalls makes the waiting side raise :class:`WeightSyncError` (:meth:`SyncGroup.g
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import socket
@@ -172,8 +173,6 @@ class SyncGroup:
     def close(self) -> None:
         pg = self.pg
         if pg is not None and hasattr(pg, "shutdown"):  # older torch builds have no shutdown()
-            try:
+            with contextlib.suppress(Exception):  # best effort on teardown
                 pg.shutdown()
-            except Exception:  # noqa: BLE001 -- best effort on teardown
-                pass
         self.pg = None

@@ -156,8 +156,7 @@ class RayServedPolicy(ServedProxy):
 
 
 class RayServedVersion:
-    """A Ray sampler's weight source with an inference actor: the actor's current version; nothing to
-    load."""
+    """A Ray sampler's weight source with an inference actor: the actor's version; nothing to load."""
 
     #: A sampler waiting for new weights polls ``version`` every 2 ms: ask the actor at most this often.
     EVERY_S = 0.02
