@@ -222,7 +222,6 @@ class Rollout:
         if bool((self.terminated & self.truncated).any()):
             raise ValueError("Rollout: a step cannot be both terminated and truncated")
         done = self.terminated | self.truncated
-        # A valid, non-final step must be followed by a valid step (no padding inside episodes).
         inner = self.valid[:-1] & ~done[:-1]
         if bool((inner & ~self.valid[1:]).any()):
             raise ValueError("Rollout: padding found inside an episode (valid step not done, next invalid)")

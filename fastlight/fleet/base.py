@@ -65,7 +65,6 @@ class SamplerFleet(ABC):
         check_policy(build.policy)  # a missing action_mapping must fail here, not in a sampler
         self.build, self.configs, self.policy = build, build.configs, build.policy
         self.faults = faults = build.faults
-        # Until its first beat a process gets worker_timeout_s, then heartbeat_s.
         self.heartbeat_limits = HeartbeatLimits(
             faults.heartbeat_s, faults.worker_timeout_s, f"{FLAG}.heartbeat_s", f"{FLAG}.worker_timeout_s"
         )

@@ -147,7 +147,6 @@ class RaySamplerFleet(SamplerFleet):
     def _ray(self) -> Any:
         return self._cluster.ray
 
-    # ---------------------------------------------------------------- start
     def _start(self) -> None:
         ray = self._cluster.connect()
         if self.build.inference is not None:
@@ -213,7 +212,6 @@ class RaySamplerFleet(SamplerFleet):
             for a in self.actors:
                 a.handle.set_task_weights.remote(self._task_weights)
 
-    # ---------------------------------------------------------------- data
     def _receive(self, timeout: float) -> Rollout | None:
         ray = self._ray
         with self._lock:
@@ -348,7 +346,6 @@ class RaySamplerFleet(SamplerFleet):
             for a in self.actors
         )
 
-    # ---------------------------------------------------------------- stop
     def _stop(self) -> None:
         """Kill every actor, remove the placement group, shut down a Ray instance this fleet started."""
         for a in self.actors:

@@ -37,7 +37,6 @@ class RayInference:
         # NCCL when both ends hold CUDA weights (the actor has a GPU of its own), gloo otherwise.
         backend = "nccl" if self.trainer_device.type == self.worker_device.type == "cuda" else "gloo"
         self.sync = SyncGroupConfig(host, free_port(host), backend, timeout_s=settings.sync_timeout_s)
-        # The actor joins the group at its start-up, the trainer at its first publish.
         self.broadcast = LazyBroadcaster(self.sync, settings.sync_bucket_mb)
         extra = dict(resources)
         gpus = extra.pop("GPU", 0.0)
@@ -60,7 +59,6 @@ class RayInference:
         """What each sampler actor acts with: calls on this actor."""
         return RayServedPolicy(self.handle, self.action_mapping)
 
-    # ------------------------------------------------------------ weights
     def publish(self, policy: nn.Module, version: int) -> SyncStats:
         """Broadcast ``policy``'s weights as ``version``; returns once the actor acked them."""
         try:
@@ -73,7 +71,6 @@ class RayInference:
         """AcceRL §inference drain: announce the sync before the update ends."""
         self.broadcast.request_drain()
 
-    # ------------------------------------------------------------ faults
     def wait_placed(self, timeout_s: float) -> None:
         """Wait until Ray gives the actor a node; raise :class:`SamplerError` naming what it asks and what
         each node has free if none does within ``timeout_s``."""

@@ -102,7 +102,6 @@ class SamplerActor:
     ) -> None:
         seed_everything(cfg.seed)
         torch.set_num_threads(1)
-        # With an inference actor (``served``) the version is the actor's.
         self.weights: WeightSource = RayServedVersion(served) if served is not None else ActorWeights()
         if weights is not None and isinstance(self.weights, ActorWeights):
             self.weights.offer(weights[0], weights[1][0])
