@@ -166,9 +166,8 @@ class FastlightCLI(LightningCLI):
     def _parse_ckpt_path(self) -> None:
         """``--ckpt_path`` resumes with the settings the user typed (config + command line), where
         LightningCLI would overwrite them with the checkpoint's; one line lists those that differ. A
-        missing, truncated or non-checkpoint file is refused naming the path. ``--model.init_from`` is
-        not read when resuming (the checkpoint holds the weights).
-        """
+        missing, truncated or non-checkpoint file is refused naming the path; ``--model.init_from`` is
+        not read (the checkpoint holds the weights)."""
         sub = self.config.get("subcommand")
         ckpt_path = self.config[sub].get("ckpt_path") if sub else None
         if ckpt_path == "last":  # <root>/checkpoints/last.ckpt, read like any path given

@@ -136,12 +136,11 @@ def play_episodes(
     action_chunk: int | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> list[EpisodeRecord]:
-    """Play every spec to its natural end, in order; one :class:`EpisodeRecord` per spec.
-
-    Consecutive specs of one task run ``len(envs)`` at a time in lockstep (one ``act`` call per step
-    for the episodes still running). A kept frame is the observation's ``image`` or ``env.render()``.
-    The envs stay open. ``action_chunk``: ``act`` returns ``H`` env actions per episode
-    (``[B, H, ...]``), played open-loop. ``progress(done, total)`` is called after each group.
+    """Play every spec to its natural end, in order; one :class:`EpisodeRecord` per spec (the envs stay
+    open). Consecutive specs of one task run ``len(envs)`` at a time in lockstep (one ``act`` call per
+    step for the episodes still running). A kept frame is the observation's ``image`` or
+    ``env.render()``. ``action_chunk``: ``act`` returns ``H`` env actions per episode (``[B, H, ...]``),
+    played open-loop. ``progress(done, total)`` is called after each group.
     """
     if not envs:
         raise ValueError("play_episodes needs at least one env")

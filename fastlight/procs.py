@@ -162,11 +162,9 @@ class HeartbeatLimits:
 class Liveness:
     """A child process's heartbeat, both ends: the child calls :meth:`beat` on every sign of progress,
     the trainer calls :meth:`hang` and restarts or names a child whose counter stood still too long.
-
-    The counter lives in shared memory (``ctx.Value("Q", lock=False)``); the trainer only looks for a
-    change, so a child killed mid-increment leaves nothing locked. Silence is measured from the last
-    time a watcher saw it move (or from :meth:`reset`), against :class:`HeartbeatLimits`. With ``ctx``
-    None (a Ray actor on another node) the counter is the watcher's own, set by :meth:`report`.
+    The counter is shared memory without a lock (a child killed mid-increment leaves nothing locked);
+    silence counts from the last move a watcher saw (or :meth:`reset`), against :class:`HeartbeatLimits`.
+    With ``ctx`` None (a Ray actor on another node) the counter is the watcher's own (:meth:`report`).
     """
 
     def __init__(self, ctx: Any | None, limits: HeartbeatLimits | None = None) -> None:

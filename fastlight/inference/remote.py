@@ -88,8 +88,7 @@ class RemotePolicy(ServedProxy):
 
     def __init__(self, slot: Slot, conn: Connection, action_mapping: ActionMapping) -> None:
         super().__init__(action_mapping)
-        self.slot = slot
-        self.conn = conn
+        self.slot, self.conn = slot, conn
 
     def _serve(self, kind: str, obs: Tensor | dict[str, Tensor], step: Tensor) -> tuple:
         s, n = self.slot, rows_of(obs)

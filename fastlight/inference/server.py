@@ -8,9 +8,8 @@ pipe that carries only tiny tuples (``("act", n_rows, progress)`` and the reply 
 checksum)``): arrays are never pickled on the hot path. Pipes, because the worker can wait on all of
 them at once (``multiprocessing.connection.wait``).
 
-**Drain** (AcceRL §inference drain). When the trainer raises ``drain``, the worker finishes the
-forward pass in flight and takes the new weights before the next, so no forward runs on a
-half-written model.
+**Drain** (AcceRL §inference drain): the worker finishes the forward pass in flight and takes the
+announced weights before the next, so no forward runs on a half-written model.
 """
 
 from __future__ import annotations

@@ -64,10 +64,10 @@ def _backoff_wait(ready: Callable[[], bool], timeout_s: float, check: Callable[[
 
 
 class SharedDoubleBuffer:
-    """Trainer end of the double buffer, and the shared state both ends use. Build it from the policy
-    *before* the worker starts and pass it to the worker as a ``Process`` argument. ``device``: where
-    the slots live, which must be where the worker holds its weights (the trainer's policy may be
-    anywhere). ``timeout_s`` bounds every trainer wait for the worker; ``worker_name`` names it.
+    """Trainer end of the double buffer, and the shared state both ends use: build it from the policy
+    *before* the worker starts and pass it to the worker as a ``Process`` argument. ``device``: where the
+    slots live, where the worker holds its weights (the trainer's policy may be anywhere); ``timeout_s``
+    bounds every trainer wait for the worker, ``worker_name`` names it.
     """
 
     def __init__(

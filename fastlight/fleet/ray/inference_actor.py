@@ -5,7 +5,7 @@ With ``--data.fleet RayFleet`` and ``--data.inference`` set, a rank's policy is 
 act through :class:`RayServedPolicy` (calls on the actor), which the actor batches as the local worker
 does (:class:`~fastlight.inference.server.BatchingServer`). Weights arrive over a two-rank
 ``torch.distributed`` group (:mod:`fastlight.weights.broadcast`), drained as locally (AcceRL
-§inference drain). A dead actor cannot rejoin a broadcast group that is gone: the run stops naming it.
+§inference drain).
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
-"""The sampler actor of :class:`~fastlight.fleet.ray.fleet.RayFleet`: one sampler inside a Ray actor.
-
-It runs the sampler process's own code (:func:`~fastlight.sampling.worker.run_sampler`); what differs
-is where its weights come from (:class:`ActorWeights`; the trainer's end is :class:`StoreWeights`) and
-where its Rollouts go (a :class:`~fastlight.sampling.worker.Handoff` the trainer's ``next_rollout``
-call takes from). Ray is imported only inside the actor's methods.
+"""The sampler actor of :class:`~fastlight.fleet.ray.fleet.RayFleet`: the sampler process's own loop
+(:func:`~fastlight.sampling.worker.run_sampler`) in a Ray actor, its weights from the object store
+(:class:`ActorWeights`; the trainer's end is :class:`StoreWeights`), its Rollouts taken by the trainer's
+``next_rollout`` calls (a :class:`~fastlight.sampling.worker.Handoff`). Ray is imported only inside the
+actor's methods.
 """
 
 from __future__ import annotations
