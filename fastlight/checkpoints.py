@@ -138,8 +138,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     """Checkpoints that appear under their final name only when complete, with a checksum: ``torch.save``
     streams to a temporary file beside it, hashed as it goes, then fsynced and renamed over the final
     name, so a full disk or a kill mid-write never leaves a truncated file there. A failed save leaves
-    the previous checkpoint intact and raises a :class:`CheckpointWriteError` (the original errno).
-    """
+    the previous checkpoint intact and raises a :class:`CheckpointWriteError` (the original errno)."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
         if storage_options is not None or "://" in str(path):  # remote filesystems: Lightning's own way

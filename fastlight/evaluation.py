@@ -140,8 +140,7 @@ def play_episodes(
     open). Consecutive specs of one task run ``len(envs)`` at a time in lockstep (one ``act`` call per
     step for the episodes still running). A kept frame is the observation's ``image`` or
     ``env.render()``. ``action_chunk``: ``act`` returns ``H`` env actions per episode (``[B, H, ...]``),
-    played open-loop. ``progress(done, total)`` is called after each group.
-    """
+    played open-loop. ``progress(done, total)`` is called after each group."""
     if not envs:
         raise ValueError("play_episodes needs at least one env")
     if action_chunk is not None and action_chunk < 1:

@@ -164,8 +164,7 @@ class Liveness:
     the trainer calls :meth:`hang` and restarts or names a child whose counter stood still too long.
     The counter is shared memory without a lock (a child killed mid-increment leaves nothing locked);
     silence counts from the last move a watcher saw (or :meth:`reset`), against :class:`HeartbeatLimits`.
-    With ``ctx`` None (a Ray actor on another node) the counter is the watcher's own (:meth:`report`).
-    """
+    With ``ctx`` None (a Ray actor on another node) the counter is the watcher's own (:meth:`report`)."""
 
     def __init__(self, ctx: Any | None, limits: HeartbeatLimits | None = None) -> None:
         self.counter = ctx.Value("Q", 0, lock=False) if ctx is not None else types.SimpleNamespace(value=0)

@@ -130,8 +130,7 @@ class PeerWatch:
 
     def _poll_launched(self) -> None:
         for i, proc in enumerate(self.launched):
-            code = proc.poll()
-            if code not in (None, 0):
+            if (code := proc.poll()) not in (None, 0):
                 with self._lock:
                     # The launcher runs on a node's first rank and starts the node's next ones in order.
                     self._exited.setdefault(self.rank + i + 1, int(code))
@@ -193,11 +192,9 @@ class PeerWatch:
     def wait_for_loss(self) -> dict[int, str]:
         """After a collective failed: the ranks lost, waiting up to :data:`MISSED_BEATS` + 2 intervals."""
         deadline = time.monotonic() + (MISSED_BEATS + 2) * self.interval_s
-        while True:
-            lost = self.lost()
-            if lost or time.monotonic() >= deadline:
-                return lost
+        while not (lost := self.lost()) and time.monotonic() < deadline:
             time.sleep(min(0.2, self.interval_s / 4))
+        return lost
 
     def behind(self) -> dict[int, str]:
         """Ranks alive but behind the others' progress (hung in Python with a live heartbeat thread)."""

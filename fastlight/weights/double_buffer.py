@@ -67,8 +67,7 @@ class SharedDoubleBuffer:
     """Trainer end of the double buffer, and the shared state both ends use: build it from the policy
     *before* the worker starts and pass it to the worker as a ``Process`` argument. ``device``: where the
     slots live, where the worker holds its weights (the trainer's policy may be anywhere); ``timeout_s``
-    bounds every trainer wait for the worker, ``worker_name`` names it.
-    """
+    bounds every trainer wait for the worker, ``worker_name`` names it."""
 
     def __init__(
         self,
