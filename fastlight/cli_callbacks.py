@@ -45,14 +45,19 @@ def merge_repeated_callbacks(callbacks: list[Any] | None) -> list[Any] | None:
             first[key] = cb
             merged.append(cb)
             continue
-        kept = first[key]
-        if kept.get("init_args") is None:
-            kept["init_args"] = Namespace()
+        kept = init_args(first[key])
         defaults = constructor_defaults(class_key(path))
         for key, value in vars(cb.get("init_args") or Namespace()).items():
             if key not in defaults or value != defaults[key]:
-                kept["init_args"][key] = value
+                kept[key] = value
     return merged
+
+
+def init_args(cb: Namespace) -> Namespace:
+    """``cb``'s ``init_args``, an empty one set first where it has none."""
+    if cb.get("init_args") is None:
+        cb["init_args"] = Namespace()
+    return cb["init_args"]
 
 
 def constructor_defaults(cls: type) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from fastlight.callbacks.periodic_evaluation import PeriodicEvaluation
 from fastlight.callbacks.preemption import PreemptionCheckpoint, checkpoint_step
 from fastlight.callbacks.timed_checkpoint import TimedCheckpoint
 from fastlight.class_paths import class_path, resolve, same_class
-from fastlight.cli_callbacks import constructor_defaults, merge_repeated_callbacks
+from fastlight.cli_callbacks import constructor_defaults, init_args, merge_repeated_callbacks
 from fastlight.data.datamodule import RolloutDataModule
 
 MODEL_CHECKPOINT = "lightning.pytorch.callbacks.ModelCheckpoint"
@@ -99,7 +99,7 @@ def forget_run_folders(cfg: Namespace) -> Namespace:
     callbacks = trainer.get("callbacks") if isinstance(trainer, Namespace) else None
     if not isinstance(callbacks, list):
         return cfg
-    args = next((_init_args(cb) for cb in callbacks if _is(cb, PREEMPTION)), Namespace())
+    args = next((init_args(cb) for cb in callbacks if _is(cb, PREEMPTION)), Namespace())
     checkpoints, version = args.get("dirpath"), args.get("version")
     if not (isinstance(checkpoints, str) and isinstance(version, int)):
         return cfg
@@ -109,7 +109,7 @@ def forget_run_folders(cfg: Namespace) -> Namespace:
     run_dir = os.path.join(checkpoints, f"version_{version}")
     cfg = cfg.clone()
     for cb in cfg["trainer"]["callbacks"]:
-        args = _init_args(cb) if isinstance(cb, Namespace) else Namespace()
+        args = init_args(cb) if isinstance(cb, Namespace) else Namespace()
         if _is(cb, PREEMPTION):
             args["dirpath"], args["version"] = None, None
         elif args.get("dirpath") == run_dir and any(_is(cb, p) for p in _SAVERS):
@@ -167,7 +167,7 @@ def run_defaults(cfg: Namespace, *, version: int, last_exists: bool) -> Namespac
         path = cb.get("class_path") if isinstance(cb, Namespace) else None  # a callback object: as given
         if not any(same_class(path, p) for p in _SAVERS):
             continue
-        args = _init_args(cb)
+        args = init_args(cb)
         if args.get("dirpath") is None:
             args["dirpath"] = run_dir
             if same_class(path, MODEL_CHECKPOINT) and args.get("save_last"):
@@ -179,7 +179,7 @@ def run_defaults(cfg: Namespace, *, version: int, last_exists: bool) -> Namespac
     if not preemption:
         preemption = [Namespace(class_path=PREEMPTION, init_args=_defaults(PreemptionCheckpoint))]
         callbacks.append(preemption[0])
-    args = _init_args(preemption[0])
+    args = init_args(preemption[0])
     if args.get("dirpath") is None:
         args["dirpath"] = checkpoints
         if args.get("version") is None:
@@ -217,9 +217,3 @@ def _defaults(cls: type) -> Namespace:
 
 def _is(cb: Any, path: str) -> bool:
     return isinstance(cb, Namespace) and same_class(cb.get("class_path"), path)
-
-
-def _init_args(cb: Namespace) -> Namespace:
-    if cb.get("init_args") is None:
-        cb["init_args"] = Namespace()
-    return cb["init_args"]

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 
 import lightning as L
 
+from fastlight.checkpoint_link import link_as
 from fastlight.lightning_compat import hpc_save_path
 
 
@@ -27,10 +27,7 @@ def slurm_requeue(trainer: L.Trainer, ckpt_path: str) -> str:
     hpc = hpc_save_path(trainer)
     try:
         os.makedirs(os.path.dirname(os.path.abspath(hpc)), exist_ok=True)
-        try:
-            os.link(ckpt_path, hpc)
-        except OSError:
-            shutil.copyfile(ckpt_path, hpc)
+        link_as(ckpt_path, hpc)
     except OSError as e:
         return f"not requeued: linking the checkpoint as {hpc} failed ({e.strerror or e})"
     job = slurm_job_id()

@@ -24,8 +24,7 @@ class SharedWeights:
     def __init__(self, module: nn.Module, ctx: mp.context.BaseContext) -> None:
         self.packed = PackedWeights.alloc(plan_buckets(module, ONE_BUCKET_PER_DTYPE_MB), shared=True)
         self._version = ctx.Value("q", -1, lock=False)
-        # Pid-tagged, so a sampler killed while copying the weights out cannot lock the trainer out.
-        self._lock = OwnedLock(ctx)
+        self._lock = OwnedLock(ctx)  # a sampler killed while copying out cannot lock the trainer out
 
     @property
     def version(self) -> int:
