@@ -186,7 +186,6 @@ def report(result: dict[str, Any]) -> str:
     )
 
 
-# ---------------------------------------------------------------------- command
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run ``fastlight evaluate`` (``argv`` without the subcommand); returns what it writes."""
     args = parse(list(sys.argv[2:] if argv is None else argv))

@@ -89,14 +89,12 @@ def _itemsize(dtype: torch.dtype) -> int:
 
 
 def sync_entries(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
-    """What every weight path publishes, in its fixed order: the *trainable* parameters
-    (``requires_grad``) by name, then the floating buffers by name (tied parameters once).
-
-    A frozen parameter (a LoRA run's base weights) never changes after the policy copies were made,
-    so it travels once, with that copy. Buffers are sent whatever their ``requires_grad``: a trainer
-    changes them without gradients (normalisation statistics). A policy sharded with fsdp2 publishes
-    whole tensors, gathered here (:func:`fastlight.weights.sharded.full`) on every rank at once.
-    """
+    """What every weight path publishes, in its fixed order: the *trainable* parameters (``requires_grad``)
+    by name, then the floating buffers by name (tied parameters once). A frozen parameter (a LoRA run's
+    base weights) never changes, so it travels once, with the policy copy. Buffers are sent whatever
+    their ``requires_grad`` (a trainer changes normalisation statistics without gradients). A policy
+    sharded with fsdp2 publishes whole tensors, gathered here (:func:`fastlight.weights.sharded.full`)
+    on every rank at once."""
     params = sorted(((k, full(v)) for k, v in module.named_parameters() if v.requires_grad),
                     key=lambda kv: kv[0])  # fmt: skip
     floating = ((k, v) for k, v in module.named_buffers() if v.is_floating_point())

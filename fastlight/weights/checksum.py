@@ -1,8 +1,6 @@
-"""Float64 fingerprints of a module's weights, to check that two copies hold the same version.
-
-:func:`delivery_checksum` is the cheap one every receiver computes after taking a version, and
-:class:`DeliveryCheck` the trainer's comparison of it with what it published
-(``--data.faults.verify_weights_every``).
+"""Float64 fingerprints of a module's weights, to check that two copies hold the same version:
+:func:`delivery_checksum`, which every receiver computes after taking a version, and
+:class:`DeliveryCheck`, the trainer's comparison of it with what it published.
 """
 
 from __future__ import annotations
@@ -41,14 +39,11 @@ class Checksum(NamedTuple):
 
 
 def delivery_checksum(module: nn.Module) -> Checksum:
-    """A cheap float64 fingerprint of what a publish carries (:func:`~fastlight.weights.buckets.sync_entries`)
-    computed on the module's own device.
-
-    Every tensor counts, through a strided slice of about :data:`SAMPLE` elements (an optimizer step
-    moves every element); element ``j`` of tensor ``i`` is weighted by ``(i + 1) * (j + 1)``, so tensors
-    or elements out of place change it. Tensors are read in the dtype they travel in, so both ends
-    sample the same numbers. One slice per tensor, then one op on all the samples and one host sync.
-    """
+    """A cheap float64 fingerprint, on the module's own device, of what a publish carries
+    (:func:`~fastlight.weights.buckets.sync_entries`): every tensor counts, through a strided slice of
+    about :data:`SAMPLE` elements (an optimizer step moves every element); element ``j`` of tensor ``i``
+    is weighted by ``(i + 1) * (j + 1)``, so tensors or elements out of place change it. Tensors are read
+    in the dtype they travel in, so both ends sample the same numbers."""
     with torch.no_grad():
         entries = [(i, t) for i, (_, t) in enumerate(sync_entries(module)) if t.numel()]
         if not entries:  # nothing published (a fixed policy): nothing to compare
@@ -84,15 +79,12 @@ def _position_weights(key: tuple[tuple[int, int], ...], device: torch.device) ->
 
 
 class DeliveryCheck:
-    """The trainer's end of the delivery check (``--data.faults.verify_weights_every``).
-
-    :meth:`published` records, every ``every``-th version (``every`` 0: never), the
-    :func:`delivery_checksum` of the *live* policy right after its publish. Receivers report
-    ``(receiver, version, checksum)`` with their Rollouts; :meth:`check` compares each report of a
-    recorded version and raises :class:`~fastlight.weights.publisher.WeightSyncError` on a mismatch. A
-    version stays recorded for ``keep`` versions (``--data.max_staleness`` + 1). ``verified`` counts the
-    (receiver, version) pairs found to match (``sync/verified``).
-    """
+    """The trainer's end of the delivery check (``--data.faults.verify_weights_every``): :meth:`published`
+    records, every ``every``-th version (0: never), the :func:`delivery_checksum` of the *live* policy
+    right after its publish; :meth:`check` compares the ``(receiver, version, checksum)`` reports that
+    come with Rollouts and raises :class:`~fastlight.weights.publisher.WeightSyncError` on a mismatch. A
+    version stays recorded for ``keep`` versions (``--data.max_staleness`` + 1); ``verified`` counts the
+    (receiver, version) pairs found to match (``sync/verified``)."""
 
     def __init__(self, every: int, *, keep: int, setting: str = "verify_weights_every") -> None:
         self.every, self.keep, self.setting = every, keep, setting
