@@ -15,12 +15,10 @@ import numpy as np
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
-    """Wilson score interval (Wilson 1927) of a binomial proportion ``successes / n``, e.g. a success rate.
-
+    """Wilson score interval (Wilson 1927) of a binomial proportion ``successes / n``, e.g. a success rate:
     ``(p + z²/2n ± z·sqrt(p(1-p)/n + z²/4n²)) / (1 + z²/n)`` with ``p = successes / n`` and ``z`` the
     two-sided normal quantile (95 %); unlike the normal (Wald) interval it is never degenerate at 0 or n
-    successes. Returns ``(low, high)``.
-    """
+    successes. Returns ``(low, high)``."""
     if n < 1 or not 0 <= successes <= n:
         raise ValueError(f"wilson_interval needs 0 <= successes <= n and n >= 1, got {successes} of {n}")
     p = successes / n
@@ -52,17 +50,10 @@ def percentiles(samples: np.ndarray, confidence: float) -> tuple[float, float]:
 def stratified_mean_ci(
     per_stratum: dict[str, np.ndarray], *, n_boot: int = 10_000, seed: int = 0, confidence: float = 0.95
 ) -> tuple[float, float, float]:
-    """Mean over strata of the per-stratum means, with a stratified percentile-bootstrap CI.
-
-    Args:
-        per_stratum: stratum (task) -> outcomes ``[n_k]`` (0/1 or bool for success rates; any
-            numbers work, e.g. returns). One stratum gives the plain bootstrap of a mean.
-        n_boot: bootstrap resamples.
-        seed: seed of the numpy ``Generator``.
-        confidence: coverage of the interval.
-
-    Returns ``(mean, low, high)``.
-    """
+    """Mean over strata of the per-stratum means, with a stratified percentile-bootstrap CI of ``n_boot``
+    resamples (a numpy ``Generator`` seeded with ``seed``) covering ``confidence``; returns ``(mean, low,
+    high)``. ``per_stratum``: stratum (task) -> outcomes ``[n_k]`` (0/1 or bool for success rates; any
+    numbers work, e.g. returns); one stratum gives the plain bootstrap of a mean."""
     arrays = check_strata(per_stratum, "stratified_mean_ci")
     rng = np.random.default_rng(seed)
     boot = np.zeros(n_boot)  # [n_boot], running sum of per-stratum resampled means

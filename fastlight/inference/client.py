@@ -26,17 +26,14 @@ WORKER_NAME = "fastlight-inference"
 
 
 def weight_path(trainer_device: torch.device | str, worker_device: torch.device | str) -> str:
-    """How the trainer's weights reach its inference worker (spawned on the trainer's host), from
-    where each end holds them; ``SyncStats.mode`` of its publishes:
+    """How the trainer's weights reach its inference worker (spawned on the trainer's host), from where
+    each end holds them (a bare ``"cuda"`` is device 0); ``SyncStats.mode`` of its publishes:
 
     - ``"shared_memory"``: a CPU worker; the double buffer in host shared memory
       (:mod:`fastlight.weights.double_buffer`).
-    - ``"cuda_ipc"``: trainer and worker on one CUDA device; the double buffer's slots on that
-      device, their CUDA IPC handles shared once (vLLM ipc weight transfer). NCCL cannot group two
-      processes on one GPU.
+    - ``"cuda_ipc"``: trainer and worker on one CUDA device, which NCCL cannot group; the double
+      buffer's slots on that device, their CUDA IPC handles shared once (vLLM ipc weight transfer).
     - ``"bucketed"``: any other CUDA worker; the broadcast group (NCCL between two GPUs, else gloo).
-
-    A bare ``"cuda"`` is device 0, as in ``choose_backend``.
     """
     trainer, worker = torch.device(trainer_device), torch.device(worker_device)
     if worker.type == "cpu":

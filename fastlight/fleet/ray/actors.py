@@ -1,10 +1,8 @@
 """The trainer's record of each sampler actor of a :class:`~fastlight.fleet.ray.fleet.RaySamplerFleet`,
-and what the fleet makes of a node lost without a word.
-
-A node whose raylet dies without a word stays ``Alive`` in ``ray.nodes()`` until Ray's health check
-declares it dead (about 15 s with Ray's defaults); until then calls on its actors fail with
-``ActorUnavailableError``, which is not a death: a replacement would land in the same bundle, on the
-dead node. So the fleet makes the call again, and judges such an actor by its heartbeat only after
+and what the fleet makes of a node lost without a word: its raylet dead, it stays ``Alive`` in
+``ray.nodes()`` until Ray's health check declares it dead; until then calls on its actors fail with
+``ActorUnavailableError``, which is not a death (a replacement would land in the same bundle, on the
+dead node). So the fleet makes the call again, and judges such an actor by its heartbeat only after
 :data:`NODE_VERDICT_S`.
 """
 
