@@ -90,8 +90,7 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
+    if (module := _EXPORTS.get(name)) is None:
         names = ", ".join(__all__)
         raise AttributeError(f"module 'fastlight' has no attribute {name!r} (public names: {names})")
     value = getattr(importlib.import_module(module), name)

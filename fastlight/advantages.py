@@ -88,8 +88,7 @@ def chunk_rewards(step_rewards: Tensor, env_steps: Tensor, gamma: float) -> tupl
         )
     if not 0.0 <= gamma <= 1.0:
         raise ValueError(f"chunk_rewards: gamma must be in [0, 1], got {gamma}")
-    h = step_rewards.shape[2]
-    i = torch.arange(h, device=step_rewards.device)
+    i = torch.arange(step_rewards.shape[2], device=step_rewards.device)
     # Powers in float64 (gamma^i, then cast), as the env-step recursion would accumulate them.
     powers = torch.tensor(gamma, dtype=torch.float64, device=step_rewards.device) ** i
     executed = i < env_steps.unsqueeze(-1)

@@ -170,8 +170,7 @@ def _driving_lines(driving: dict[str, dict[str, float] | None]) -> list[str]:
 
 def report(result: dict[str, Any]) -> str:
     s = result["summary"]
-    r = s["return"]
-    driving = s.get("driving")
+    r, driving = s["return"], s.get("driving")
     return "\n".join(
         [
             f"{PROG}: {result['ckpt']} ({result['module']}, policy_version {result['policy_version']}) "

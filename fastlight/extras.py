@@ -53,11 +53,9 @@ def check_extra(*modules: str, extra: str, what: str) -> None:
     installed, without importing them."""
     if extra not in EXTRAS:
         raise ValueError(f"check_extra: extra must be one of {sorted(EXTRAS)}, got {extra!r}")
-    unknown = [m for m in modules if m not in EXTRAS[extra]]
-    if unknown:
+    if unknown := [m for m in modules if m not in EXTRAS[extra]]:
         raise ValueError(f"check_extra: {unknown} are not in the {extra} extra {EXTRAS[extra]}")
-    missing = [m for m in modules if importlib.util.find_spec(m) is None]
-    if missing:
+    if missing := [m for m in modules if importlib.util.find_spec(m) is None]:
         names = ", ".join(repr(m) for m in missing)
         raise MissingExtraError(
             f"{what} needs the {extra} extra: pip install 'fastlight[{extra}]' (no module named {names})",

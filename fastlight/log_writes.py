@@ -53,8 +53,7 @@ class _GuardedWrite:
             return getattr(type(guard.logger), self.name)(guard.logger, *args, **kwargs)
         except Exception as e:
             # Lightning's TensorBoardLogger raises a ValueError from the writer's OSError.
-            cause = next((c for c in exception_chain(e) if isinstance(c, OSError)), None)
-            if cause is None:
+            if (cause := next((c for c in exception_chain(e) if isinstance(c, OSError)), None)) is None:
                 raise
             guard.failed = True
             status = args[0] if args else kwargs.get("status")
@@ -89,10 +88,8 @@ def log_write_line(logger: Any, error: OSError) -> str:
 
 def _quiet_writer_threads() -> None:
     """Drop TensorBoard's writer-thread traceback for an ``OSError``; installed once per process."""
-    previous = threading.excepthook
-    if isinstance(previous, _QuietWriterThreads):
-        return
-    threading.excepthook = _QuietWriterThreads(previous)
+    if not isinstance(threading.excepthook, _QuietWriterThreads):
+        threading.excepthook = _QuietWriterThreads(threading.excepthook)
 
 
 class _QuietWriterThreads:

@@ -119,8 +119,7 @@ def series(columns: dict[str, list[float]], x: str, y: str, metrics: Path) -> tu
     if x == "step":
         xs = steps
     elif x == "env_steps":
-        found = [c for c in ENV_STEPS if c in columns]
-        if not found:
+        if not (found := [c for c in ENV_STEPS if c in columns]):
             raise ValueError(
                 f"--x env_steps reads {' or '.join(ENV_STEPS)}, which {metrics} lacks (logged by the "
                 "EnvStepBudget and RolloutThroughput callbacks); use --x step"

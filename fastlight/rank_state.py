@@ -54,8 +54,7 @@ def gather_per_rank(value: Any) -> list[Any]:
 
 def per_rank_entries(state: dict[str, Any], own: dict[str, Any]) -> list[Any]:
     """The saved ranks' entries of ``state``: its ``per_rank`` list, or ``[own]`` when it has none."""
-    entries = state.get(PER_RANK_KEY)
-    if entries is None:
+    if (entries := state.get(PER_RANK_KEY)) is None:
         return [own]
     if not isinstance(entries, list) or not entries:
         raise ValueError(f"--ckpt_path: the checkpoint's per-rank state is not a list of ranks: {entries!r}")

@@ -79,14 +79,11 @@ def crashed_at_end(info: Mapping[str, Any]) -> bool | None:
 
 @dataclass
 class EpisodeRecord:
-    """One finished (or truncated) episode: the learner's and the evaluation's one record.
-
-    ``length`` is the number of valid steps the trajectory contributed; a trajectory cut by a
-    unified truncation counts at its cut length (FAST §short-time bias) and is marked ``cut``: its
-    outcome is not known. ``success`` follows :func:`success_after` and ``crashed``
-    :func:`crashed_at_end` (``None``: not reported). ``info`` keeps the numeric entries of the last
-    step's info. The evaluation player also fills in ``seed``, ``task`` and, when asked, ``frames``.
-    """
+    """One finished (or truncated) episode: the learner's and the evaluation's one record. ``length`` is
+    the number of valid steps the trajectory contributed; one cut by a unified truncation counts at its
+    cut length (FAST §short-time bias) and is marked ``cut`` (its outcome unknown). ``success`` follows
+    :func:`success_after`, ``crashed`` :func:`crashed_at_end` (``None``: not reported); ``info`` keeps the
+    last step's numeric info entries. The evaluation also fills in ``seed``, ``task`` and ``frames``."""
 
     length: int
     ret: float
@@ -106,13 +103,11 @@ class EpisodeRecord:
 class RolloutStats:
     """Sampler counters over the cycle(s) that produced a Rollout (FAST §effective throughput).
 
-    ``raw_steps`` counts every transition slot (dummy steps included), ``valid_steps`` only the
-    real ones, both in env steps: with action chunks a slot spans the chunk's env-step budget
-    (``H``, less where the cycle's budget ran out) and a valid transition counts the env steps it
-    executed. Times are seconds: ``step_time`` inside ``env.step``, ``reset_time`` inside
-    ``env.reset`` (wall time of the, possibly overlapped, resets), ``wall_time`` the whole
-    sampling cycle, policy inference and waiting included.
-    """
+    ``raw_steps`` counts every transition slot (dummy steps included), ``valid_steps`` only the real ones,
+    both in env steps: with action chunks a slot spans the chunk's env-step budget (``H``, less where the
+    cycle's budget ran out) and a valid transition counts the env steps it executed. Times are seconds:
+    ``step_time`` inside ``env.step``, ``reset_time`` inside ``env.reset`` (wall time of the, possibly
+    overlapped, resets), ``wall_time`` the whole sampling cycle, policy inference and waiting included."""
 
     raw_steps: int = 0
     valid_steps: int = 0

@@ -43,8 +43,7 @@ def safe_load(
         try:
             return torch.load(source, map_location=map_location, weights_only=True, mmap=mmap)
         except pickle.UnpicklingError as e:
-            asked = _unsafe_globals(source)
-            if not asked:
+            if not (asked := _unsafe_globals(source)):
                 raise
             raise UnsafeFileError(
                 f"{flag}: {os.fspath(source) if not hasattr(source, 'read') else 'the file'} is refused: it "

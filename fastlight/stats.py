@@ -21,8 +21,7 @@ def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float,
     successes. Returns ``(low, high)``."""
     if n < 1 or not 0 <= successes <= n:
         raise ValueError(f"wilson_interval needs 0 <= successes <= n and n >= 1, got {successes} of {n}")
-    p = successes / n
-    z2 = z * z
+    p, z2 = successes / n, z * z
     denom = 1.0 + z2 / n
     centre = (p + z2 / (2 * n)) / denom
     half = z * np.sqrt(p * (1.0 - p) / n + z2 / (4 * n * n)) / denom

@@ -101,8 +101,7 @@ class SamplerFleet(ABC):
         Restarts dead and silent samplers on the way; raises :class:`~fastlight.fleet.faults.SamplerError`
         past the budget, on a sampler's exception, and when no Rollout arrived for ``worker_timeout_s``."""
         self.watch()
-        item = self._receive(timeout)
-        if item is not None:
+        if (item := self._receive(timeout)) is not None:
             self._last_item = time.monotonic()
             return item
         self.watch(force=True)

@@ -31,8 +31,7 @@ class Watched(Protocol):
 def process_fault(child: Watched, now: float) -> tuple[str, str | None] | None:
     """What is wrong with ``child`` (dead, or silent past its heartbeat limits) and what its exit
     code means; None while it runs and makes progress (its memory is sampled then)."""
-    code = child.proc.exitcode
-    if code is not None:
+    if (code := child.proc.exitcode) is not None:
         return f"died with exit code {code}", exit_note(code, child.memory, now)
     child.memory = sample_memory(child.proc.pid) or child.memory
     hung = child.liveness.hang(now)  # until its first beat the child is starting: worker_timeout_s

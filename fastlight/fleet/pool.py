@@ -234,8 +234,7 @@ class SamplerPool(SamplerFleet):
                 self._restart_group(*fault)
             return
         for s in list(self.samplers):
-            found = self._sampler_fault(s, now)
-            if found is not None:
+            if (found := self._sampler_fault(s, now)) is not None:
                 self._restart_sampler(s, *found)
 
     def _raise_reported(self) -> None:

@@ -11,8 +11,7 @@ try:
     from fastlight.envs.registry import check_env_id
     from fastlight.fleet.start import PRELOAD_ENV_VAR
 
-    _env_id = os.environ.get(PRELOAD_ENV_VAR)
-    if _env_id:
+    if _env_id := os.environ.get(PRELOAD_ENV_VAR):
         check_env_id(_env_id)  # imports highway_env (or the module before ':') and checks the id
 except Exception:  # noqa: BLE001
     pass

@@ -130,8 +130,7 @@ class BatchingServer(ABC):
     def serve(self, batch: list[Any]) -> None:
         """One forward pass per kind of request in ``batch`` (acts and value queries apart)."""
         for kind in ("act", "value"):
-            reqs = [r for r in batch if r.kind == kind]
-            if not reqs:
+            if not (reqs := [r for r in batch if r.kind == kind]):
                 continue
             inputs = [self.inputs(r) for r in reqs]
             obs = {k: torch.cat([o[k] for o, _ in inputs]).to(self.device) for k in inputs[0][0]}

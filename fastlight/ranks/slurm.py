@@ -30,8 +30,7 @@ def slurm_requeue(trainer: L.Trainer, ckpt_path: str) -> str:
         link_as(ckpt_path, hpc)
     except OSError as e:
         return f"not requeued: linking the checkpoint as {hpc} failed ({e.strerror or e})"
-    job = slurm_job_id()
-    if job is None:
+    if (job := slurm_job_id()) is None:
         return f"not requeued: no SLURM_JOB_ID (the checkpoint is also {hpc})"
     cmd = ["scontrol", "requeue", job]
     try:

@@ -104,8 +104,7 @@ class DeliveryCheck:
     def check(self, held: Iterable[tuple[str, int, float]]) -> None:
         """Compare receivers' reports ``(receiver, version, checksum)`` with what the trainer published."""
         for receiver, version, value in held:
-            entry = self.expected.get(version)
-            if entry is None or (receiver, version) in self._seen:
+            if (entry := self.expected.get(version)) is None or (receiver, version) in self._seen:
                 continue
             want, mode = entry
             if not want.matches(value):

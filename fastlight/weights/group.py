@@ -132,8 +132,7 @@ class SyncGroup:
     def _make_backend(self, pstore: Any) -> Any:
         if self.cfg.backend == "gloo":
             return dist.ProcessGroupGloo(pstore, self.rank, 2, _gloo_options(self.cfg))
-        nccl = getattr(dist, "ProcessGroupNCCL", None)
-        if nccl is None:
+        if (nccl := getattr(dist, "ProcessGroupNCCL", None)) is None:
             raise WeightSyncError("backend 'nccl' requested but this torch build has no NCCL")
         torch.cuda.set_device(self.device)
         opts = nccl.Options()
@@ -171,8 +170,7 @@ class SyncGroup:
             torch.cuda.synchronize(self.device)
 
     def close(self) -> None:
-        pg = self.pg
-        if pg is not None and hasattr(pg, "shutdown"):  # older torch builds have no shutdown()
+        if self.pg is not None and hasattr(self.pg, "shutdown"):  # older torch builds have no shutdown()
             with contextlib.suppress(Exception):  # best effort on teardown
-                pg.shutdown()
+                self.pg.shutdown()
         self.pg = None

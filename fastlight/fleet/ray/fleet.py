@@ -223,8 +223,7 @@ class RaySamplerFleet(SamplerFleet):
         with self._lock:
             if self.stopping:
                 return None
-            i = self.pending.pop(done[0], None)
-            if i is None:  # a call of an actor replaced meanwhile
+            if (i := self.pending.pop(done[0], None)) is None:  # a call of an actor replaced meanwhile
                 return None
             actor = self.actors[i]
             try:
