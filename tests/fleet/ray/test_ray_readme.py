@@ -128,6 +128,7 @@ def test_the_readme_ray_commands_run_as_pasted(tmp_path):
         assert refused.returncode == 2 and "Traceback" not in err and "gcs_client" not in err, err[-4000:]
         errors = [x for x in err.splitlines() if x.startswith("fastlight: error:")]
         assert len(errors) == 1, err[-4000:]
+        assert not [x for x in err.splitlines() if x.startswith("fastlight: stopped")], err[-4000:]
         assert errors[0].startswith(
             f"fastlight: error: --data.fleet.init_args.address {address}: the Ray cluster there refuses this "
             "machine's token (InvalidAuthToken)"
