@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from typing import Any, Protocol
 
 from fastlight.extras import import_extra
@@ -164,7 +165,9 @@ class RayCluster:
         main = threading.current_thread() is threading.main_thread()
         sigterm = signal.getsignal(signal.SIGTERM) if main else None
         try:
-            with children_ignore_stop_signals():
+            with children_ignore_stop_signals(), warnings.catch_warnings():
+                # Ray Client's own advice on a failed ray:// join; the line below says it for fastlight
+                warnings.filterwarnings("ignore", "Ray Client connection timed out", UserWarning)
                 ray.init(**kwargs)
         except (ConnectionError, RuntimeError, ray.exceptions.RayError) as e:
             if address is None:
