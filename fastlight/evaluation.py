@@ -184,6 +184,8 @@ def _play_group(
         still = []
         for j, i in enumerate(live):
             chunk = [actions[j]] if action_chunk is None else actions[j][:action_chunk]
+            if len(chunk) == 0:  # the episode would never advance
+                raise ValueError(f"play_episodes: act returned an empty action chunk for episode {first + i}")
             for action in chunk:
                 ep = eps[i]
                 obs[i], reward, term, trunc, info = envs[i].step(action)

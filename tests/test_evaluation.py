@@ -244,3 +244,11 @@ def test_per_task_summary_numbers():
     assert s["per_task"]["b"]["rate"] == 1.0 and s["per_task"]["b"]["ci_high"] == 1.0
     assert s["mean"]["rate"] == pytest.approx(0.5) and s["mean"]["ci_low"] <= 0.5 <= s["mean"]["ci_high"]
     assert s["mean_length"] == pytest.approx(2.0) and s["mean_return"] == pytest.approx(3 / 5)
+
+
+def test_an_empty_action_chunk_is_refused_instead_of_looping_forever():
+    def act(obs, step):
+        return np.zeros((len(step), 0), dtype=np.int64)  # [B, H=0]: no action for any episode
+
+    with pytest.raises(ValueError, match="act returned an empty action chunk for episode 0"):
+        evaluation.play_episodes(act, [FixedLengthEnv(lengths=(3,))], seeded_specs(1, 0), action_chunk=4)
