@@ -117,8 +117,16 @@ def masked_gae(
     inf) the padded slots of ``rewards``/``values``/``bootstrap_values`` hold (every read of one goes
     through ``torch.where``). Raises ``ValueError`` on a shape/dtype mismatch or a broken episode.
     """
-    # The tensor arguments, by name in signature order (discounts only when given).
-    fields = {name: t for name, t in locals().items() if isinstance(t, Tensor)}
+    fields = dict(
+        rewards=rewards,
+        values=values,
+        bootstrap_values=bootstrap_values,
+        terminated=terminated,
+        truncated=truncated,
+        valid=valid,
+    )
+    if discounts is not None:
+        fields["discounts"] = discounts
     _check_gae_inputs(fields, gamma, lam)
     _check_episode_structure(terminated, truncated, valid)
     done = terminated | truncated

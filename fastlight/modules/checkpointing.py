@@ -61,7 +61,8 @@ def check_weights_fit(module: L.LightningModule, checkpoint: dict[str, Any]) -> 
     misfit = first_misfit(module.state_dict(), theirs, strict=module.strict_loading)
     if misfit is None:
         return
-    data = dict(getattr(trainer.datamodule if trainer is not None else None, "hparams", None) or {})
+    dm = trainer.datamodule if trainer is not None else None
+    data = dict(dm.hparams) if isinstance(dm, L.LightningDataModule) else {}
     saved = checkpoint.get(module.CHECKPOINT_HYPER_PARAMS_KEY) or {}
     diffs = setting_differences(
         saved, dict(module.hparams), checkpoint.get("datamodule_hyper_parameters") or {}, data
